@@ -1,0 +1,132 @@
+"""The `rankflow` command line.
+
+    rankflow run CONFIG [--set dotted.key=value ...]   run the pipeline (in-process Prefect by default)
+    rankflow serve CONFIG (--cron EXPR | --interval S)  serve it as a scheduled Prefect deployment
+    rankflow ui [--port P]                              start a Prefect server + UI on 127.0.0.1
+    rankflow s3 serve [--dir D] [--bucket B]            start a local S3 server (SeaweedFS)
+
+Exit status: 0 success; 2 bad config or input (nothing started, nothing
+written); 1 a failure during the run. `run` prints, as the last line of its
+standard output, one JSON object summarising the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from trainer_core.config import ConfigError, RunConfig, load_config
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _prefect_defaults() -> None:
+    # The temporary API server Prefect starts without PREFECT_API_URL can take
+    # longer than its default start-up limit on a 2-core machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+
+
+def _load(args: argparse.Namespace) -> RunConfig:
+    return load_config(args.config, args.set or [])
+
+
+def _summary(result: dict | None, wall_s: float, error: BaseException | None) -> dict:
+    if result is None:
+        return {"run_id": None, "status": "failed", "checkpoint_url": None, "steps": 0, "losses": [],
+                "wall_s": round(wall_s, 3), "error": f"{type(error).__name__}: {error}"}
+    summary = {**result, "wall_s": round(wall_s, 3)}
+    # Time outside torchrun launches and training: Prefect, planning, commits.
+    summary["orchestration_s"] = round(wall_s - result["launch_wall_s"] - result["export_wall_s"], 3)
+    summary["launch_overhead_s"] = round(result["launch_wall_s"] - result["train_s"], 3)
+    return summary
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    config = _load(args)
+    _prefect_defaults()
+    from trainer_core.data import DataError
+
+    from .pipeline import train_flow
+
+    result, error = None, None
+    try:
+        result = train_flow(config)
+    except DataError as bad_data:
+        print(f"rankflow: bad input: {bad_data}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as failure:  # noqa: BLE001 - reported in the summary line
+        error = failure
+        print(f"rankflow: run failed: {type(failure).__name__}: {failure}", file=sys.stderr)
+    print(json.dumps(_summary(result, time.perf_counter() - started, error)))
+    return EXIT_OK if error is None else EXIT_FAILED
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if (args.cron is None) == (args.interval is None):
+        raise ConfigError("rankflow serve: give exactly one of --cron EXPR or --interval SECONDS")
+    from .deployment import serve_deployment
+
+    serve_deployment(config, name=args.name, cron=args.cron, interval_s=args.interval)
+    return EXIT_OK
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from .ui import run_ui
+
+    return run_ui(port=args.port)
+
+
+def cmd_s3_serve(args: argparse.Namespace) -> int:
+    from infra.s3_server import serve_until_interrupted
+
+    return serve_until_interrupted(Path(args.dir), bucket=args.bucket)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rankflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("config", help="TOML run configuration")
+        sub.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. train.steps=10")
+
+    run = commands.add_parser("run", help="run the whole pipeline")
+    with_config(run)
+    run.set_defaults(handler=cmd_run)
+
+    serve = commands.add_parser("serve", help="serve the flow as a scheduled deployment")
+    with_config(serve)
+    serve.add_argument("--cron", help='cron schedule, e.g. "0 3 * * *"')
+    serve.add_argument("--interval", type=float, help="schedule every N seconds")
+    serve.add_argument("--name", default=None, help="deployment name (default: the run name)")
+    serve.set_defaults(handler=cmd_serve)
+
+    ui = commands.add_parser("ui", help="start a Prefect server and UI on 127.0.0.1")
+    ui.add_argument("--port", type=int, default=4200)
+    ui.set_defaults(handler=cmd_ui)
+
+    s3 = commands.add_parser("s3", help="local S3 server").add_subparsers(dest="s3_command", required=True)
+    s3_serve = s3.add_parser("serve", help="start SeaweedFS on 127.0.0.1 and print the AWS_* variables")
+    s3_serve.add_argument("--dir", default=".rankflow/s3", help="data directory")
+    s3_serve.add_argument("--bucket", default="rankflow", help="bucket to create")
+    s3_serve.set_defaults(handler=cmd_s3_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as error:
+        print(f"rankflow: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

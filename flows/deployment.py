@@ -1,0 +1,32 @@
+"""Serve the training flow as a Prefect deployment on a schedule.
+
+Scheduled runs appear in the Prefect UI of the server named by
+`PREFECT_API_URL` (start one with `rankflow ui`). Each scheduled run trains the
+same config; since the run id comes from the plan digest, a later run of
+unchanged inputs resumes and re-publishes the same run instead of retraining.
+"""
+
+from __future__ import annotations
+
+from prefect.deployments.runner import RunnerDeployment
+
+from trainer_core.config import RunConfig
+
+from .pipeline import train_flow
+
+
+def build_deployment(config: RunConfig, *, name: str | None, cron: str | None, interval_s: float | None) -> RunnerDeployment:
+    return train_flow.to_deployment(
+        name=name or config.run.name,
+        cron=cron,
+        interval=interval_s,
+        parameters={"config": config.model_dump(mode="json")},
+        description=f"rankflow training run {config.run.name}",
+        tags=["rankflow"],
+    )
+
+
+def serve_deployment(config: RunConfig, *, name: str | None, cron: str | None, interval_s: float | None) -> None:
+    from prefect import serve
+
+    serve(build_deployment(config, name=name, cron=cron, interval_s=interval_s))

@@ -1,0 +1,52 @@
+"""Typed values that travel between the pipeline's tasks."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class PlannedRun(BaseModel):
+    """What the plan stage decided: where the run lives and how it is cut."""
+
+    run_id: str
+    digest: str
+    run_dir: str
+    num_segments: int
+    segment_steps: list[tuple[int, int]]
+    """(start, end) optimizer steps of each segment, end exclusive."""
+    nproc_per_node: int
+    segment_timeout_s: float
+    storage_url: str
+
+
+class SegmentOutcome(BaseModel):
+    segment: int
+    start_step: int
+    end_step: int
+    losses: list[float]
+    num_tokens: int
+    tokens_per_s: float
+    train_s: float
+    launch_wall_s: float
+    """Wall time of the torchrun launch (0 when the segment's state was reused)."""
+    reused: bool
+
+
+class ExportOutcome(BaseModel):
+    segment: int
+    step: int
+    staged_dir: str
+    reused: bool
+    num_files: int
+    num_bytes: int
+    launch_wall_s: float
+
+
+class CommitRecord(BaseModel):
+    checkpoint_url: str
+    step: int
+    num_files_uploaded: int
+    num_files_skipped: int
+    bytes_uploaded: int
+    latest_moved: bool
+    wall_s: float

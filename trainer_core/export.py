@@ -1,0 +1,47 @@
+"""Turn a training state into an inference checkpoint in Hugging Face layout.
+
+The directory holds `config.json`, safetensors weights (sharded with an index
+past `export.max_shard_size`, as `save_pretrained` does it), the tokenizer with
+the chat template training used, and `MANIFEST.json` written last.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from .config import RunConfig
+from .data import CHATML_TEMPLATE, load_tokenizer
+from .manifest import write_manifest
+
+
+def build_export_tokenizer(config: RunConfig) -> PreTrainedTokenizerFast:
+    tokenizer_path = Path(config.tokenizer.path)
+    if tokenizer_path.is_dir() and (tokenizer_path / "tokenizer_config.json").is_file():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_path), local_files_only=True)
+    else:
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=load_tokenizer(tokenizer_path))
+        vocab = tokenizer.get_vocab()
+        if "<|endoftext|>" in vocab:
+            tokenizer.pad_token = "<|endoftext|>"
+        if "<|im_end|>" in vocab:
+            tokenizer.eos_token = "<|im_end|>"
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def export_checkpoint(config: RunConfig, model: PreTrainedModel, out_dir: Path, manifest_extra: dict) -> dict:
+    """Write the checkpoint into `out_dir` (replacing it) and return its manifest."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(str(tmp), max_shard_size=config.export.max_shard_size)
+    build_export_tokenizer(config).save_pretrained(str(tmp))
+    manifest = write_manifest(tmp, manifest_extra)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return manifest
