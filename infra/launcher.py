@@ -30,6 +30,8 @@ class LaunchResult:
     timed_out: bool
     tail: tuple[str, ...]
     """The last lines the launch printed, for error messages."""
+    rank_errors: tuple[str, ...] = ()
+    """The first `[rank N] ERROR …` lines: which rank failed and why."""
 
 
 def torchrun_command(module: str, args: list[str], nproc_per_node: int) -> list[str]:
@@ -79,12 +81,15 @@ def launch(
         text=True, errors="replace", env=child_env, start_new_session=True,
     )
     tail: deque[str] = deque(maxlen=tail_lines)
+    rank_errors: list[str] = []
 
     def pump() -> None:
         assert process.stdout is not None
         for line in process.stdout:
             line = line.rstrip("\n")
             tail.append(line)
+            if line.startswith("[rank ") and "] ERROR " in line and len(rank_errors) < 8:
+                rank_errors.append(line)
             on_line(line)
 
     reader = threading.Thread(target=pump, name=f"torchrun-log-{module}", daemon=True)
@@ -103,7 +108,7 @@ def launch(
     if reader.is_alive():
         _kill_group(process)
         reader.join(timeout=5)
-    return LaunchResult(process.returncode, time.perf_counter() - started, timed_out, tuple(tail))
+    return LaunchResult(process.returncode, time.perf_counter() - started, timed_out, tuple(tail), tuple(rank_errors))
 
 
 def launch_or_raise(module: str, args: list[str], **kwargs) -> LaunchResult:
@@ -112,7 +117,6 @@ def launch_or_raise(module: str, args: list[str], **kwargs) -> LaunchResult:
         raise LaunchError(f"{module} ran past its {kwargs.get('timeout_s')} s limit and was killed; "
                           "raise train.segment_timeout_s or look at the last lines:\n" + "\n".join(result.tail))
     if result.returncode != 0:
-        errors = [line for line in result.tail if "ERROR" in line]
-        cause = errors[0] if errors else f"exit status {result.returncode}"
+        cause = "; ".join(result.rank_errors) or f"exit status {result.returncode}"
         raise LaunchError(f"{module} failed: {cause}\n--- last lines ---\n" + "\n".join(result.tail))
     return result

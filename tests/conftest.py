@@ -1,0 +1,53 @@
+"""Shared fixtures: a tiny run config on the shipped example, and the Prefect harness."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trainer_core.config import RunConfig, config_from_dict
+
+pytest_plugins = ["tests.s3_fixture"]
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def tiny_tree(tmp_path: Path, **sections) -> dict:
+    """A small, fast config tree over the shipped example data; sections override keys."""
+    tree = {
+        "run": {"name": "test", "seed": 7, "work_dir": str(tmp_path / "work")},
+        "model": {"config": str(EXAMPLES / "tiny" / "model_config.json")},
+        "tokenizer": {"path": str(EXAMPLES / "tiny" / "tokenizer.json")},
+        "data": {"path": str(EXAMPLES / "tiny" / "sft.jsonl"), "max_seq_len": 128},
+        "train": {"steps": 6, "steps_per_segment": 3, "global_batch_size": 8, "learning_rate": 3e-3,
+                  "logical_dp": 2, "nproc_per_node": 2, "segment_timeout_s": 300},
+        "storage": {"url": str(tmp_path / "store")},
+    }
+    for section, values in sections.items():
+        tree.setdefault(section, {}).update(values)
+    return tree
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path) -> RunConfig:
+    return config_from_dict(tiny_tree(tmp_path), config_dir=tmp_path)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect API for the whole session (starting one takes ~15 s)."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+def copy_example(tmp_path: Path) -> Path:
+    """A private copy of the example directory, for tests that edit inputs."""
+    target = tmp_path / "examples"
+    shutil.copytree(EXAMPLES, target)
+    return target

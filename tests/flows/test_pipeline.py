@@ -1,0 +1,137 @@
+"""The whole pipeline under the Prefect test harness, on a local store and on real S3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from flows.cli import main
+from flows.pipeline import train_flow
+from infra import ledger
+from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
+from infra.storage import open_store
+from tests.conftest import tiny_tree
+from trainer_core.config import config_from_dict
+from trainer_core.faults import FAULT_ENV
+from trainer_core.model import build_model
+from trainer_core.plan import load_segment_shard, read_plan
+from trainer_core.state import load_training_state, state_dir_for
+
+pytestmark = [pytest.mark.flow, pytest.mark.distributed]
+
+
+def run_flow(tmp_path: Path, **sections):
+    config = config_from_dict(tiny_tree(tmp_path, **sections), config_dir=tmp_path)
+    return config, train_flow(config)
+
+
+def fetch_checkpoint(config, result, dest: Path) -> Path:
+    store = open_store(config.storage.url)
+    name = latest_checkpoint(store, result["run_id"])
+    assert name is not None and result["checkpoint_url"].endswith(name)
+    return download_checkpoint(store, result["run_id"], name, dest)
+
+
+def exported_weights(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
+    weights = {}
+    for file in sorted(checkpoint_dir.glob("*.safetensors")):
+        weights.update(load_file(str(file)))
+    return weights
+
+
+def assert_logits_match_trainer(config, result, checkpoint_dir: Path) -> None:
+    run_dir = Path(config.run.work_dir) / result["run_id"]
+    plan = read_plan(run_dir)
+    trainer_model = build_model(config)
+    load_training_state(state_dir_for(run_dir, len(plan.segments) - 1), trainer_model, optimizer=None)
+    exported = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), local_files_only=True, dtype=torch.float32)
+    shard = load_segment_shard(run_dir, plan.segments[0])
+    input_ids, attention_mask = shard["input_ids"][0], shard["attention_mask"][0]
+    trainer_model.eval(), exported.eval()
+    with torch.no_grad():
+        expected = trainer_model(input_ids=input_ids, attention_mask=attention_mask).logits
+        actual = exported(input_ids=input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def local_run(prefect_harness, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("local-run")
+    config, result = run_flow(tmp_path)
+    return tmp_path, config, result
+
+
+def test_local_run_commits_a_checkpoint_that_transformers_loads(local_run):
+    tmp_path, config, result = local_run
+    assert result["status"] == "completed" and result["steps"] == 6 and len(result["losses"]) == 6
+    assert result["losses"][-1] < result["losses"][0] - 0.5
+    checkpoint = fetch_checkpoint(config, result, tmp_path / "download")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "MANIFEST.json"} <= {p.name for p in checkpoint.iterdir()}
+    assert_logits_match_trainer(config, result, checkpoint)
+    run_dir = Path(config.run.work_dir) / result["run_id"]
+    stages = {(e["stage"], e["status"]) for e in ledger.read(run_dir)}
+    assert {("plan", "completed"), ("segment", "completed"), ("export", "completed"),
+            ("commit", "completed"), ("cleanup", "completed")} <= stages
+    assert not any((run_dir / "export").iterdir())  # cleanup removed the staging
+    assert Path(result["ledger_url"]).is_file()
+
+
+def test_rerun_of_a_finished_run_reuses_its_segments(local_run, prefect_harness):
+    tmp_path, config, result = local_run
+    again = train_flow(config)
+    assert again["run_id"] == result["run_id"] and again["losses"] == result["losses"]
+    assert again["launch_wall_s"] == 0  # no segment was trained again
+    entries = ledger.read(Path(config.run.work_dir) / result["run_id"])
+    assert sum(1 for e in entries if e["stage"] == "segment" and e["status"] == "reused") == 2
+
+
+@pytest.mark.s3
+def test_s3_run_with_sharded_export(prefect_harness, s3_env, s3_bucket_url, local_run, tmp_path):
+    _, local_config, local_result = local_run
+    config, result = run_flow(tmp_path, storage={"url": s3_bucket_url}, export={"max_shard_size": "1MB"})
+    assert result["checkpoint_url"].startswith(s3_bucket_url + "/")
+    assert result["run_id"] == local_result["run_id"]  # storage does not enter the plan digest
+    checkpoint = fetch_checkpoint(config, result, tmp_path / "download")
+    assert (checkpoint / "model.safetensors.index.json").is_file()
+    assert len(list(checkpoint.glob("model-*.safetensors"))) >= 2
+    assert_logits_match_trainer(config, result, checkpoint)
+    local_weights = exported_weights(fetch_checkpoint(local_config, local_result, tmp_path / "local"))
+    s3_weights = exported_weights(checkpoint)
+    assert local_weights.keys() == s3_weights.keys()
+    assert all(torch.equal(local_weights[k], s3_weights[k]) for k in local_weights)
+
+
+def test_failed_segment_is_retried_and_resumes_bitwise(prefect_harness, local_run, tmp_path, monkeypatch):
+    _, local_config, local_result = local_run
+    marker = tmp_path / "fault-happened"
+    monkeypatch.setenv(FAULT_ENV, f"4:1:{marker}")  # step 4 is inside the second segment, on rank 1
+    config, result = run_flow(tmp_path)
+    assert marker.is_file()
+    entries = ledger.read(Path(config.run.work_dir) / result["run_id"])
+    failures = [e for e in entries if e["stage"] == "segment" and e["status"] == "failed"]
+    assert len(failures) == 1 and failures[0]["segment"] == 1 and "rank 1" in failures[0]["error"]
+    assert result["losses"] == local_result["losses"]
+    resumed = exported_weights(fetch_checkpoint(config, result, tmp_path / "resumed"))
+    baseline = exported_weights(fetch_checkpoint(local_config, local_result, tmp_path / "baseline"))
+    assert all(torch.equal(resumed[k], baseline[k]) for k in baseline)
+
+
+def test_bad_data_exits_2_and_writes_nothing(prefect_harness, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    good = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
+    data.write_text(good + "\n" + json.dumps({"messages": [{"role": "wizard", "content": "x"}]}) + "\n")
+    tree = tiny_tree(tmp_path, data={"path": str(data)})
+    config_file = tmp_path / "run.toml"
+    config_file.write_text("\n".join(
+        f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
+        for section, values in tree.items()
+    ))
+    assert main(["run", str(config_file)]) == 2
+    assert f"{data}:2: field messages.0.role" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists() and not (tmp_path / "store").exists()
+    assert list_checkpoints(open_store(str(tmp_path / "store")), "anything") == []

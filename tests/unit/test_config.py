@@ -1,0 +1,73 @@
+"""Config validation: unknown keys, wrong types, impossible combinations, overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from tests.conftest import EXAMPLES, tiny_tree
+from trainer_core.config import ConfigError, config_from_dict, load_config
+
+
+def write_toml(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_example_config_loads_with_absolute_paths():
+    config = load_config(EXAMPLES / "tiny_sft.toml")
+    assert Path(config.data.path).is_absolute() and Path(config.data.path).is_file()
+    assert config.train.num_segments == 3
+    assert config.export_after_segment(2) and not config.export_after_segment(0)
+
+
+def test_set_overrides_parse_toml_values():
+    config = load_config(EXAMPLES / "tiny_sft.toml", ["train.steps=9", "train.learning_rate=1e-3", "run.name=other"])
+    assert config.train.steps == 9 and config.train.learning_rate == 1e-3 and config.run.name == "other"
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ({"train": {"stepz": 3}}, "train.stepz: unknown key"),
+        ({"train": {"steps": "ten"}}, "train.steps: Input should be a valid integer"),
+        ({"train": {"logical_dp": 3, "nproc_per_node": 2}}, "train.logical_dp=3 is not a multiple of train.nproc_per_node=2"),
+        ({"train": {"global_batch_size": 5}}, "train.global_batch_size=5 is not a multiple of train.logical_dp=2"),
+        ({"data": {"kind": "dpo"}}, "data.kind"),
+        ({"model": {"path": "/somewhere"}}, "set exactly one of model.path"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path, sections, expected):
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        config_from_dict(tiny_tree(tmp_path, **sections), config_dir=tmp_path)
+
+
+def test_missing_data_file_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"data\.path=.*does not exist"):
+        config_from_dict(tiny_tree(tmp_path, data={"path": str(tmp_path / "nope.jsonl")}), config_dir=tmp_path)
+
+
+def test_cli_bad_config_exits_2_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write_toml(tmp_path / "bad.toml", (EXAMPLES / "tiny_sft.toml").read_text())
+    code = main(["run", str(config), "--set", f"model.config={EXAMPLES}/tiny/model_config.json",
+                 "--set", f"tokenizer.path={EXAMPLES}/tiny/tokenizer.json",
+                 "--set", f"data.path={EXAMPLES}/tiny/sft.jsonl", "--set", "train.logical_dp=3"])
+    assert code == 2
+    assert "train.logical_dp=3 is not a multiple" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [config]
+
+
+def test_cli_unknown_key_exits_2(tmp_path, capsys):
+    config = write_toml(tmp_path / "bad.toml", "[train]\nsteps = 3\nlearning_rat = 0.1\n")
+    assert main(["run", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "train.learning_rat: unknown key" in err and "model: required key is missing" in err
+
+
+def test_cli_not_toml_exits_2(tmp_path, capsys):
+    config = write_toml(tmp_path / "bad.toml", "[train\n")
+    assert main(["run", str(config)]) == 2
+    assert "not valid TOML" in capsys.readouterr().err

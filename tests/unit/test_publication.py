@@ -1,0 +1,103 @@
+"""Commit protocol on a local store: manifest last, LATEST forward-only, retries skip uploads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
+from infra.publication import cleanup_staging, commit_checkpoint, read_latest
+from infra.storage import open_store
+from trainer_core.manifest import write_manifest
+
+RUN = "run-abc"
+
+
+def stage(tmp_path: Path, step: int, files: dict[str, bytes]) -> Path:
+    staged = tmp_path / "staging" / f"step-{step}"
+    staged.mkdir(parents=True)
+    for name, data in files.items():
+        (staged / name).write_bytes(data)
+    write_manifest(staged, {"run_id": RUN, "step": step})
+    return staged
+
+
+class FailingFS:
+    """Delegates to a real filesystem but fails the N-th put_file: a storage outage mid-commit."""
+
+    def __init__(self, fs, fail_at: int):
+        self._fs, self._fail_at, self.puts = fs, fail_at, 0
+
+    def put_file(self, *args, **kwargs):
+        self.puts += 1
+        if self.puts == self._fail_at:
+            raise ConnectionError("injected storage outage")
+        return self._fs.put_file(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+
+FILES = {"config.json": b"{}", "model-00001-of-00002.safetensors": b"a" * 1000, "model-00002-of-00002.safetensors": b"b" * 500}
+
+
+def test_commit_then_read_back(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    outcome = commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
+    assert outcome.num_files_uploaded == 3 and outcome.latest_moved
+    assert list_checkpoints(store, RUN) == ["step-00000010"] == [latest_checkpoint(store, RUN)]
+    copy = download_checkpoint(store, RUN, "step-00000010", tmp_path / "copy")
+    assert {p.name: p.read_bytes() for p in copy.iterdir() if p.name != "MANIFEST.json"} == FILES
+
+
+def test_reader_never_sees_a_checkpoint_without_its_manifest(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    staged = stage(tmp_path, 10, FILES)
+    failing = replace(store, fs=FailingFS(store.fs, fail_at=3))
+    with pytest.raises(ConnectionError):
+        commit_checkpoint(staged, failing, RUN)
+    # Two data files reached the store, but no manifest: nothing is visible.
+    remote = Path(store.path(RUN, "checkpoints", "step-00000010"))
+    assert len(list(remote.iterdir())) == 2
+    assert list_checkpoints(store, RUN) == [] and latest_checkpoint(store, RUN) is None and read_latest(store, RUN) is None
+    retried = commit_checkpoint(staged, store, RUN)
+    assert (retried.num_files_skipped, retried.num_files_uploaded) == (2, 1)
+    assert list_checkpoints(store, RUN) == ["step-00000010"]
+
+
+def test_a_checkpoint_missing_a_file_is_not_listed(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
+    Path(store.path(RUN, "checkpoints", "step-00000010", "config.json")).unlink()
+    assert list_checkpoints(store, RUN) == [] and latest_checkpoint(store, RUN) is None
+
+
+def test_latest_only_moves_forward(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    commit_checkpoint(stage(tmp_path, 20, FILES), store, RUN)
+    older = commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
+    assert not older.latest_moved
+    assert json.loads(Path(store.path(RUN, "LATEST")).read_text())["step"] == 20
+    assert list_checkpoints(store, RUN) == ["step-00000010", "step-00000020"]
+
+
+def test_cleanup_removes_staging_and_keeps_the_commit(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    staged = stage(tmp_path, 10, FILES)
+    commit_checkpoint(staged, store, RUN)
+    result = cleanup_staging(staged, store, RUN)
+    assert not staged.exists() and result["removed_bytes"] > 1500
+    assert cleanup_staging(staged, store, RUN)["removed_bytes"] == 0  # a retried cleanup is harmless
+    assert list_checkpoints(store, RUN) == ["step-00000010"]
+
+
+def test_commit_refuses_a_staging_that_no_longer_matches(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    staged = stage(tmp_path, 10, FILES)
+    (staged / "config.json").write_bytes(b"{ changed }")
+    with pytest.raises(ValueError, match="does not match its manifest"):
+        commit_checkpoint(staged, store, RUN)
+    assert list_checkpoints(store, RUN) == []
