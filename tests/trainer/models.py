@@ -1,0 +1,27 @@
+"""Tiny random Qwen3 models for trainer tests (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+
+def tiny_qwen3(seed: int = 0, *, dropout: float = 0.0, dtype=torch.float32, vocab: int = 97) -> Qwen3ForCausalLM:
+    config = Qwen3Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attention_dropout=dropout,
+        tie_word_embeddings=False, use_cache=False,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(dtype)
+    # sdpa's dropout draws differ from eager's; eager keeps replay and reference on one path.
+    model.config._attn_implementation = "eager"
+    return model
+
+
+def batch(seed: int = 1, size: int = 3, length: int = 12, vocab: int = 97) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, vocab, (size, length), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, -3:] = 0  # one right-padded row
+    return input_ids, attention_mask

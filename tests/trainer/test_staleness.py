@@ -1,0 +1,112 @@
+"""Bounded staleness: stale graphs differentiate at the weights they ran at, or error past the bound."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.trainer.models import batch, tiny_qwen3
+from tests.trainer.test_backward_state import reference_logprobs, sft_loss
+from trainer_core.checkpoints import OptimizerConfig
+from trainer_core.staleness import StalenessPolicy, StaleGraphError, importance_weights
+from trainer_core.trainer import Trainer
+
+OPTIMIZER = OptimizerConfig(learning_rate=1e-2, grad_clip=0.0)
+
+
+def make_trainer(max_staleness: int = 2, stale_mode: str = "snapshot") -> Trainer:
+    trainer = Trainer(tiny_qwen3().train(), staleness=StalenessPolicy(max_gradient_staleness=max_staleness, stale_mode=stale_mode))
+    trainer.add_base_checkpoint(optimizer=OPTIMIZER)
+    return trainer
+
+
+def take_steps(trainer: Trainer, count: int) -> None:
+    for seed in range(count):
+        ids, mask = batch(seed=100 + seed)
+        out = trainer.forward(ids, mask, mode="retain")
+        trainer.backward(sft_loss(out.logprobs, mask))
+        assert trainer.step()["base"].stepped
+
+
+def float64_grads(model, input_ids, attention_mask) -> list[torch.Tensor]:
+    oracle = copy.deepcopy(model).double()
+    sft_loss(reference_logprobs(oracle, input_ids, attention_mask), attention_mask).backward()
+    return [p.grad for p in oracle.parameters()]
+
+
+@pytest.mark.parametrize("mode", ["retain", "offload", "replay"])
+def test_a_graph_two_steps_old_gets_the_gradient_at_its_version(mode):
+    trainer = make_trainer()
+    ids, mask = batch(seed=1)
+    at_version = copy.deepcopy(trainer.model)
+    out = trainer.forward(ids, mask, mode=mode)
+    take_steps(trainer, 2)
+    report = trainer.backward(sft_loss(out.logprobs, mask))
+    assert list(report.ages.values()) == [{"base": 2}]
+    for live, oracle in zip(trainer.model.parameters(), float64_grads(at_version, ids, mask)):
+        torch.testing.assert_close(live.grad.double(), oracle, rtol=1e-4, atol=1e-6)
+
+
+def test_a_third_step_makes_it_an_error_naming_checkpoint_age_and_bound():
+    trainer = make_trainer()
+    ids, mask = batch(seed=1)
+    out = trainer.forward(ids, mask, mode="retain")
+    take_steps(trainer, 3)
+    with pytest.raises(StaleGraphError, match=r"checkpoint 'base': graph is 3 optimizer step\(s\) old, over max_gradient_staleness=2"):
+        trainer.backward(sft_loss(out.logprobs, mask))
+    assert all(p.grad is None for p in trainer.model.parameters())
+
+
+def test_strict_bound_refuses_any_step_in_between_and_keeps_no_snapshot():
+    trainer = make_trainer(max_staleness=0)
+    ids, mask = batch(seed=1)
+    out = trainer.forward(ids, mask, mode="retain")
+    params_before = [id(p) for p in trainer.model.parameters()]
+    take_steps(trainer, 1)
+    assert [id(p) for p in trainer.model.parameters()] == params_before  # stepped in place, no copy
+    with pytest.raises(StaleGraphError, match="1 optimizer step\\(s\\) old, over max_gradient_staleness=0"):
+        trainer.backward(sft_loss(out.logprobs, mask))
+
+
+def test_a_replaced_checkpoint_is_always_an_error():
+    trainer = make_trainer(max_staleness=5)
+    ids, mask = batch(seed=1)
+    out = trainer.forward(ids, mask, mode="retain")
+    checkpoint = trainer.checkpoints["base"]
+    checkpoint.replace({n: p.detach().clone() for n, p in checkpoint.parameters().items()})
+    with pytest.raises(StaleGraphError, match="checkpoint 'base' was replaced"):
+        trainer.backward(sft_loss(out.logprobs, mask))
+
+
+def test_importance_weight_formula_and_clamps_exactly():
+    current = torch.tensor([0.0, -1.0, -3.0, -0.5], dtype=torch.float64)
+    recorded = torch.tensor([0.0, -2.0, -1.0, -0.5 - 1e-3], dtype=torch.float64)
+    weights = importance_weights(current, recorded, 0.2, 2.0)
+    expected = torch.tensor([1.0, 2.0, 0.2, float(torch.exp(torch.tensor(1e-3, dtype=torch.float64)))], dtype=torch.float64)
+    assert torch.equal(weights, expected)  # e^1 clamps to 2.0, e^-2 to 0.2
+    assert not weights.requires_grad
+
+
+def test_importance_replay_uses_current_weights_with_weighted_logprob_cotangents():
+    trainer = make_trainer(stale_mode="importance")
+    low, high = trainer.staleness.importance_low, trainer.staleness.importance_high
+    ids, mask = batch(seed=1)
+    out = trainer.forward(ids, mask, mode="replay")
+    recorded = out.logprobs.detach().clone()
+    params_before = [id(p) for p in trainer.model.parameters()]
+    take_steps(trainer, 1)
+    assert [id(p) for p in trainer.model.parameters()] == params_before  # importance keeps no snapshot
+    current = copy.deepcopy(trainer.model)
+    trainer.backward(sft_loss(out.logprobs, mask))
+    logprobs_now = reference_logprobs(current, ids, mask)
+    weights = torch.exp(logprobs_now.detach() - recorded).clamp(low, high)
+    sft_loss(weights * logprobs_now, mask).backward()
+    for live, reference in zip(trainer.model.parameters(), current.parameters()):
+        torch.testing.assert_close(live.grad, reference.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_bad_policy_is_rejected():
+    with pytest.raises(ValueError, match="max_gradient_staleness=-1"):
+        StalenessPolicy(max_gradient_staleness=-1)
