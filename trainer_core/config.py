@@ -60,8 +60,8 @@ class TokenizerSection(_Section):
 class DataSection(_Section):
     path: str
     """JSONL file of conversations, one JSON object per line."""
-    kind: Literal["sft"] = "sft"
-    """Training objective of this data: `sft` (loss on assistant tokens)."""
+    kind: Literal["sft", "rl"] = "sft"
+    """Training objective: `sft` (loss on assistant tokens) or `rl` (clipped policy gradient on trajectories)."""
     max_seq_len: int = Field(512, ge=8)
     """Longest tokenized conversation; longer ones are handled by `overflow`."""
     overflow: Literal["error", "truncate", "drop"] = "error"
@@ -87,6 +87,12 @@ class TrainSection(_Section):
     """Logical data-parallel ranks; results do not depend on the physical world size."""
     nproc_per_node: int = Field(1, ge=1)
     """Physical ranks (torchrun processes); must divide logical_dp."""
+    backward_mode: Literal["retain", "offload", "replay", "auto"] = "retain"
+    """How each forward keeps its backward state; `auto` lets the memory planner choose per graph."""
+    saved_bytes_budget: int | None = Field(None, ge=0)
+    """Resident saved-tensor bytes the planner may keep (with backward_mode = auto)."""
+    max_gradient_staleness: int = Field(2, ge=0)
+    """Optimizer steps a forward's graph may lag behind at backward (0 = strict)."""
     segment_timeout_s: float = Field(1800, gt=0)
     """Wall-clock limit of one torchrun launch; past it the process group is killed."""
 
@@ -110,6 +116,21 @@ class TrainSection(_Section):
     @property
     def num_segments(self) -> int:
         return -(-self.steps // self.steps_per_segment)
+
+
+class RLSection(_Section):
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    """Lower clip of the importance ratio: r >= 1 - clip_low."""
+    clip_high: float = Field(0.28, ge=0)
+    """Upper clip of the importance ratio: r <= 1 + clip_high."""
+    sft_coef: float = Field(0.0, ge=0)
+    """Weight of an SFT term on the same loss tokens, added to the policy-gradient loss."""
+    initial_policy_version: int = Field(0, ge=0)
+    """Policy version of the initial weights; each optimizer step adds one."""
+    max_data_staleness: int | None = Field(None, ge=0)
+    """Trajectories generated more than this many policy versions ago are dropped or rejected (None: no bound)."""
+    stale_trajectories: Literal["drop", "error"] = "drop"
+    """What to do with a trajectory past max_data_staleness (drops are counted)."""
 
 
 class ExportSection(_Section):
@@ -136,6 +157,7 @@ class RunConfig(_Section):
     tokenizer: TokenizerSection
     data: DataSection
     train: TrainSection = TrainSection()
+    rl: RLSection = RLSection()
     export: ExportSection = ExportSection()
     storage: StorageSection = StorageSection()
 

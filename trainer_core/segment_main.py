@@ -3,8 +3,9 @@
     python -m torch.distributed.run … -m trainer_core.segment_main --run-dir D --segment K
 
 Resumes from segment K-1's state (or initialises the model), trains the
-segment's optimizer steps with SFT over the logical data-parallel ranks this
-rank owns, saves the state, and writes the segment's result JSON (rank 0).
+segment's optimizer steps through the trainer API (SFT, or the clipped policy
+gradient for RL data) over the logical data-parallel ranks this rank owns,
+saves the state, and writes the segment's result JSON (rank 0).
 """
 
 from __future__ import annotations
@@ -18,13 +19,18 @@ from pathlib import Path
 
 import torch
 
+from .checkpoints import Checkpoint, OptimizerConfig
+from .config import RunConfig
 from .distributed import Topology, all_reduce_sum_, init_distributed, log, run_rank_main
 from .faults import maybe_inject_fault
+from .memory.planner import MemoryPlanner
 from .model import build_model
-from .optim import build_optimizer, clip_and_step
+from .objectives import clipped_policy_gradient_sum, sft_loss_sum, stale_trajectory_mask
+from .schedule import learning_rate_at
 from .plan import load_segment_shard, read_plan
-from .sft import token_loss_sum
+from .staleness import StalenessPolicy
 from .state import load_training_state, save_training_state, state_dir_for
+from .trainer import Trainer
 
 
 def step_seed(seed: int, step: int, logical_rank: int) -> int:
@@ -37,6 +43,37 @@ def segment_result_path(run_dir: Path, segment_index: int) -> Path:
     return run_dir / "segments" / f"segment-{segment_index:04d}.json"
 
 
+def _build_trainer(config: RunConfig) -> tuple[Trainer, Checkpoint]:
+    model = build_model(config)
+    train = config.train
+    planner = MemoryPlanner(budget_bytes=train.saved_bytes_budget)
+    trainer = Trainer(model, staleness=StalenessPolicy(max_gradient_staleness=train.max_gradient_staleness), planner=planner)
+    base = trainer.add_base_checkpoint(optimizer=OptimizerConfig(
+        learning_rate=train.learning_rate, betas=train.betas, eps=train.eps,
+        weight_decay=train.weight_decay, grad_clip=train.grad_clip,
+    ))
+    return trainer, base
+
+
+def _micro_batch_loss_sum(config: RunConfig, logprobs: torch.Tensor, rows: dict[str, torch.Tensor], version: int) -> tuple[torch.Tensor, int]:
+    """The loss sum of one logical rank's rows, and how many rows were dropped as stale."""
+    loss_mask = rows["loss_mask"][:, 1:]
+    if config.data.kind == "sft":
+        return sft_loss_sum(logprobs, loss_mask), 0
+    keep, num_stale = (torch.ones(loss_mask.shape[0], dtype=torch.bool), 0)
+    if config.rl.max_data_staleness is not None:
+        keep, num_stale = stale_trajectory_mask(
+            rows["policy_version"], version, config.rl.max_data_staleness, config.rl.stale_trajectories)
+    mask = loss_mask & keep[:, None]
+    loss, _ = clipped_policy_gradient_sum(
+        logprobs, rows["behaviour_logprobs"][:, 1:], rows["advantages"][:, 1:], mask,
+        clip_low=config.rl.clip_low, clip_high=config.rl.clip_high,
+    )
+    if config.rl.sft_coef:
+        loss = loss + config.rl.sft_coef * sft_loss_sum(logprobs, mask)
+    return loss, num_stale
+
+
 def train_segment(run_dir: Path, segment_index: int) -> None:
     started = time.perf_counter()
     plan = read_plan(run_dir)
@@ -44,71 +81,76 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
     segment = plan.segments[segment_index]
     topology: Topology = init_distributed(config.train.logical_dp)
 
-    model = build_model(config)
-    optimizer = build_optimizer(model, config.train)
+    trainer, base = _build_trainer(config)
     if segment_index > 0:
-        meta = load_training_state(state_dir_for(run_dir, segment_index - 1), model, optimizer)
+        meta = load_training_state(state_dir_for(run_dir, segment_index - 1), trainer.model, base.optimizer)
         if meta["next_step"] != segment.start_step:
             raise RuntimeError(
                 f"state of segment {segment_index - 1} ends at step {meta['next_step']}, but segment "
                 f"{segment_index} starts at {segment.start_step}; the run directory mixes plans — start a new run"
             )
-    model.train()
+        base.revision = meta.get("revision", segment.start_step)
+    trainer.model.train()
     shard = load_segment_shard(run_dir, segment)
     setup_s = time.perf_counter() - started
     log(f"segment {segment_index}: steps {segment.start_step}..{segment.end_step - 1}, "
         f"{topology.world_size} rank(s) x {topology.logical_per_rank} logical, setup {setup_s:.2f}s")
 
+    mode = None if config.train.backward_mode == "auto" else config.train.backward_mode
     per_logical = config.train.global_batch_size // topology.logical_dp
     losses, grad_norms, skipped = [], [], []
-    num_input_tokens = 0
+    num_input_tokens = num_stale = 0
     train_started = time.perf_counter()
     for local_step in range(segment.num_steps):
         step = segment.start_step + local_step
         maybe_inject_fault(step, topology.rank)
-        input_ids, attention_mask, loss_mask = (shard[k][local_step] for k in ("input_ids", "attention_mask", "loss_mask"))
-        num_loss_tokens = int(loss_mask[:, 1:].sum())
+        batch = {name: tensor[local_step] for name, tensor in shard.items()}
+        num_loss_tokens = int(batch["loss_mask"][:, 1:].sum())
+        version = config.rl.initial_policy_version + base.revision
         loss_sum = torch.zeros(())
         for logical_rank in topology.local_logical_ranks:
-            rows = slice(logical_rank * per_logical, (logical_rank + 1) * per_logical)
+            rows = {name: tensor[logical_rank * per_logical:(logical_rank + 1) * per_logical] for name, tensor in batch.items()}
             torch.manual_seed(step_seed(config.run.seed, step, logical_rank))
-            micro_loss = token_loss_sum(model, input_ids[rows], attention_mask[rows], loss_mask[rows])
-            (micro_loss / num_loss_tokens).backward()
+            out = trainer.forward(rows["input_ids"], rows["attention_mask"], mode=mode)
+            micro_loss, micro_stale = _micro_batch_loss_sum(config, out.logprobs, rows, version)
+            trainer.backward(micro_loss / num_loss_tokens)
             loss_sum += micro_loss.detach()
-            num_input_tokens += int(attention_mask[rows].sum())
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        all_reduce_sum_(grads + [loss_sum])
-        norm, stepped = clip_and_step(optimizer, step, config.train)
+            num_stale += micro_stale
+            num_input_tokens += int(rows["attention_mask"].sum())
+        all_reduce_sum_([loss_sum])
+        report = trainer.step(learning_rate=learning_rate_at(step, config.train))[base.name]
         loss = float(loss_sum) / num_loss_tokens
         losses.append(loss)
-        grad_norms.append(norm)
-        if not stepped:
+        grad_norms.append(report.grad_norm)
+        if not report.stepped:
             skipped.append(step)
-            log(f"step {step}: non-finite gradient norm {norm}; update skipped on every rank")
+            log(f"step {step}: non-finite gradient norm {report.grad_norm}; update skipped on every rank")
         if topology.rank == 0:
-            log(f"step {step} loss {loss:.4f} grad_norm {norm:.3f}")
+            log(f"step {step} loss {loss:.4f} grad_norm {report.grad_norm:.3f}")
     train_s = time.perf_counter() - train_started
-    num_input_tokens_all = torch.tensor([float(num_input_tokens)])
-    all_reduce_sum_([num_input_tokens_all])
+    totals = torch.tensor([float(num_input_tokens), float(num_stale)])
+    all_reduce_sum_([totals])
 
     state_dir = state_dir_for(run_dir, segment_index)
     save_started = time.perf_counter()
     state_bytes = 0
     if topology.rank == 0:
         state_bytes = save_training_state(
-            state_dir, model, optimizer,
-            {"next_step": segment.end_step, "segment": segment_index, "plan_digest": plan.digest},
+            state_dir, trainer.model, base.optimizer,
+            {"next_step": segment.end_step, "segment": segment_index, "plan_digest": plan.digest, "revision": base.revision},
         )
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
     save_s = time.perf_counter() - save_started
     if topology.rank == 0:
-        tokens = int(num_input_tokens_all.item())
+        tokens = int(totals[0].item())
         result = {
             "segment": segment_index, "start_step": segment.start_step, "end_step": segment.end_step,
             "losses": losses, "grad_norms": grad_norms, "skipped_steps": skipped,
+            "num_stale_trajectories": int(totals[1].item()),
             "num_tokens": tokens, "tokens_per_s": tokens / train_s if train_s > 0 else 0.0,
             "setup_s": setup_s, "train_s": train_s, "save_s": save_s,
+            "peak_saved_bytes": trainer.peak_saved_bytes,
             "world_size": topology.world_size, "logical_dp": topology.logical_dp,
             "state_dir": str(state_dir), "state_bytes": state_bytes,
         }
