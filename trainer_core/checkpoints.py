@@ -71,6 +71,8 @@ class Checkpoint:
         self.identity = new_identity()
         self.revision = 0
         self.optimizer = self._new_optimizer()
+        self.adapter_config = None
+        """For a LoRA checkpoint, the peft LoraConfig it was injected with (exported beside it)."""
 
     def _new_optimizer(self) -> torch.optim.AdamW:
         c = self.optimizer_config

@@ -107,7 +107,9 @@ class Trainer:
                 param.requires_grad_(False)
         inject_adapter_in_model(lora_config, self.model, adapter_name=name)
         names = [n for n in trainable_names(self.model) if f".{name}." in n and "lora_" in n]
-        return self._add(Checkpoint(name, "lora", self.model, names, optimizer))
+        checkpoint = self._add(Checkpoint(name, "lora", self.model, names, optimizer))
+        checkpoint.adapter_config = lora_config
+        return checkpoint
 
     def add_module_checkpoint(self, name: str, module: nn.Module, optimizer: OptimizerConfig = OptimizerConfig()) -> Checkpoint:
         """A custom head applied to the last hidden state; `out.heads[name]` is its output."""

@@ -1,0 +1,76 @@
+"""Checkpoint-owned adapters and heads save, restore and export with their checkpoint."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel
+from safetensors.torch import load_file
+
+from tests.trainer.models import batch, tiny_qwen3
+from tests.trainer.test_backward_state import sft_loss
+from trainer_core.checkpoint_io import export_checkpoint_module, restore_checkpoint, save_checkpoint
+from trainer_core.checkpoints import OptimizerConfig
+from trainer_core.staleness import StaleGraphError
+from trainer_core.trainer import Trainer
+
+
+def trained_adapter_and_head():
+    base = tiny_qwen3().train()
+    pristine = copy.deepcopy(base)
+    trainer = Trainer(base)
+    trainer.add_lora_checkpoint("adapter", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+                                optimizer=OptimizerConfig(learning_rate=1e-2))
+    trainer.add_module_checkpoint("value", torch.nn.Linear(32, 1), optimizer=OptimizerConfig(learning_rate=1e-2))
+    for seed in range(2):
+        ids, mask = batch(seed=seed)
+        out = trainer.forward(ids, mask, outputs=("logprobs", "heads"))
+        trainer.backward(sft_loss(out.logprobs, mask) + out.heads["value"].pow(2).mean())
+        trainer.step()
+    return trainer, pristine
+
+
+def test_exported_adapter_loads_in_peft_with_the_trainers_logits(tmp_path):
+    trainer, pristine = trained_adapter_and_head()
+    ids, mask = batch(seed=5)
+    with torch.no_grad():
+        untrained = pristine.eval()(input_ids=ids, attention_mask=mask).logits
+    files = export_checkpoint_module(trainer, "adapter", tmp_path / "adapter")
+    assert files == ["adapter_config.json", "adapter_model.safetensors"]
+    loaded = PeftModel.from_pretrained(pristine, str(tmp_path / "adapter")).eval()
+    trainer.model.eval()
+    with torch.no_grad():
+        expected = trainer.model(input_ids=ids, attention_mask=mask).logits
+        actual = loaded(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-6)
+    assert (expected - untrained).abs().max() > 1e-3  # the adapter really changed the model
+
+
+def test_exported_head_holds_the_heads_weights(tmp_path):
+    trainer, _ = trained_adapter_and_head()
+    export_checkpoint_module(trainer, "value", tmp_path / "value")
+    weights = load_file(str(tmp_path / "value" / "model.safetensors"))
+    head = trainer.heads["value"]
+    assert torch.equal(weights["weight"], head.weight) and torch.equal(weights["bias"], head.bias)
+
+
+def test_save_and_restore_round_trips_weights_and_optimizer_with_a_new_identity(tmp_path):
+    trainer, _ = trained_adapter_and_head()
+    adapter = trainer.checkpoints["adapter"]
+    save_checkpoint(adapter, tmp_path / "saved")
+    saved = {n: p.detach().clone() for n, p in adapter.parameters().items()}
+    saved_moments = {n: adapter.optimizer.state[p]["exp_avg"].clone() for n, p in adapter.parameters().items()}
+    ids, mask = batch(seed=9)
+    stale = trainer.forward(ids, mask)
+    trainer.backward(sft_loss(trainer.forward(ids, mask).logprobs, mask))
+    trainer.step(["adapter"])  # move away from the saved state
+    old_identity = adapter.identity
+    restore_checkpoint(adapter, tmp_path / "saved")
+    assert adapter.identity != old_identity and adapter.revision == 2
+    for name, param in adapter.parameters().items():
+        assert torch.equal(param, saved[name])
+        assert torch.equal(adapter.optimizer.state[param]["exp_avg"], saved_moments[name])
+    with pytest.raises(StaleGraphError, match="checkpoint 'adapter' was replaced"):
+        trainer.backward(sft_loss(stale.logprobs, mask))

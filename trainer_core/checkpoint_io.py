@@ -1,0 +1,60 @@
+"""Save, restore and export checkpoint-owned parameters and modules.
+
+- `save_checkpoint` / `restore_checkpoint`: a checkpoint's training state
+  (weights, AdamW state, revision) in a directory. Restoring gives the
+  checkpoint a new identity, so graphs recorded before it cannot be backwarded.
+- `export_checkpoint_module`: the inference form — a Hugging Face directory for
+  the base model, a peft adapter directory (`adapter_config.json`,
+  `adapter_model.safetensors`, loadable with `PeftModel.from_pretrained`) for a
+  LoRA adapter, and `model.safetensors` for a custom module.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .checkpoints import Checkpoint
+
+VERSION_FILE = "version.json"
+
+
+def save_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    state = checkpoint.state_dict()
+    save_file({n: t.contiguous() for n, t in state["params"].items()}, str(directory / "params.safetensors"))
+    torch.save(state["optimizer"], directory / "optimizer.pt")
+    (directory / VERSION_FILE).write_text(json.dumps(
+        {"name": checkpoint.name, "kind": checkpoint.kind, "identity": checkpoint.identity, "revision": checkpoint.revision}))
+
+
+def restore_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
+    meta = json.loads((directory / VERSION_FILE).read_text())
+    if meta["kind"] != checkpoint.kind:
+        raise ValueError(f"{directory} holds a '{meta['kind']}' checkpoint, not '{checkpoint.kind}'; restore it into a checkpoint of that kind")
+    checkpoint.load_state_dict({
+        "params": load_file(str(directory / "params.safetensors")),
+        "optimizer": torch.load(directory / "optimizer.pt", weights_only=True),
+        "revision": meta["revision"],
+    })
+
+
+def export_checkpoint_module(trainer, name: str, directory: Path) -> list[str]:
+    """Write checkpoint `name` in its inference form; returns the files written."""
+    checkpoint = trainer.checkpoints[name]
+    directory.mkdir(parents=True, exist_ok=True)
+    if checkpoint.kind == "base":
+        trainer.model.save_pretrained(str(directory))
+    elif checkpoint.kind == "lora":
+        from peft import get_peft_model_state_dict
+
+        # PeftModel.from_pretrained expects the keys its own wrapper would save.
+        state = get_peft_model_state_dict(trainer.model, adapter_name=name)
+        save_file({f"base_model.model.{k}": v.contiguous() for k, v in state.items()}, str(directory / "adapter_model.safetensors"))
+        checkpoint.adapter_config.save_pretrained(str(directory))
+    else:
+        save_file({k: v.contiguous() for k, v in checkpoint.owner.state_dict().items()}, str(directory / "model.safetensors"))
+    return sorted(p.name for p in directory.iterdir())
