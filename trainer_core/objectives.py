@@ -54,21 +54,23 @@ def clipped_policy_gradient_sum(
 
 def stale_trajectory_mask(
     policy_versions: torch.Tensor, current_version: int, max_data_staleness: int,
-    policy: Literal["drop", "error"] = "drop",
+    policy: Literal["drop", "error"] = "drop", valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """Rows whose generating policy is at most `max_data_staleness` versions old.
+    """Which entries come from a policy at most `max_data_staleness` versions old.
 
-    Returns (keep mask per row, number of stale rows). With `error`, a stale
-    row raises instead of being dropped.
+    `policy_versions` is per row or per token (packed rows mix documents);
+    `valid` marks the entries that count (e.g. loss tokens). Returns (keep mask,
+    number of stale valid entries). With `error`, a stale entry raises instead.
     """
-    age = current_version - policy_versions
-    stale = age > max_data_staleness
+    stale = (current_version - policy_versions) > max_data_staleness
+    if valid is not None:
+        stale &= valid
     num_stale = int(stale.sum())
     if num_stale and policy == "error":
-        rows = stale.nonzero().flatten().tolist()
+        where = stale.nonzero()[:8].tolist()
         raise ValueError(
-            f"{num_stale} trajectories (rows {rows[:8]}) are more than max_data_staleness={max_data_staleness} "
-            f"policy versions older than the current version {current_version}; set rl.stale_trajectories='drop' "
-            "or raise the bound"
+            f"{num_stale} trajectory entries (first at {where}) come from a policy more than max_data_staleness="
+            f"{max_data_staleness} versions older than the current version {current_version}; set "
+            "rl.stale_trajectories='drop' or raise the bound"
         )
     return ~stale, num_stale

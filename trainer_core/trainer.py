@@ -243,7 +243,8 @@ class Trainer:
 
     # -- backward ----------------------------------------------------------------
 
-    def _differentiate(self, record: GraphRecord, cotangents: dict[str, torch.Tensor], ages: dict[str, int]) -> dict[tuple[str, str], torch.Tensor]:
+    def _differentiate(self, record: GraphRecord, cotangents: dict[str, torch.Tensor], ages: dict[str, int],
+                       keep_graph: bool = True) -> dict[tuple[str, str], torch.Tensor]:
         stale = any(ages.values())
         if record.mode == "replay":
             importance = stale and self.staleness.stale_mode == "importance"
@@ -261,7 +262,7 @@ class Trainer:
         inputs = [weights[c][p] for c, p in keys]
         grads = torch.autograd.grad(
             [internal[n] for n in names], inputs, grad_outputs=[cotangents[n] for n in names],
-            retain_graph=True, allow_unused=True,
+            retain_graph=keep_graph, allow_unused=True,
         )
         return {key: g for key, g in zip(keys, grads) if g is not None}
 
@@ -279,6 +280,11 @@ class Trainer:
         staged = StagedGradients(self.checkpoints)
         ages: dict[int, dict[str, int]] = {}
         error: BaseException | None = None
+        # Saved tensors are freed as autograd goes unless kept. Keep them when a
+        # later graph of this backward could fail and the whole backward be
+        # retried; a lone graph frees them, as plain autograd does (lower peak).
+        keep_graph = retain_graph or len(by_graph) > 1
+        entered: list[int] = []
         try:
             for graph_id, graph_cotangents in by_graph.items():
                 record = self.graphs.get(graph_id)
@@ -290,11 +296,15 @@ class Trainer:
                     name: graph_age(name, record.versions[name], checkpoint.version, self.staleness)
                     for name, checkpoint in self.checkpoints.items() if name in record.versions
                 }
-                for (checkpoint, param), grad in self._differentiate(record, graph_cotangents, ages[graph_id]).items():
+                entered.append(graph_id)
+                for (checkpoint, param), grad in self._differentiate(record, graph_cotangents, ages[graph_id], keep_graph).items():
                     staged.add(checkpoint, param, grad)
             staged.validate(self.nonfinite)
         except Exception as failure:  # noqa: BLE001 - every rank must hear of it before anyone raises
             error = failure
+            if not keep_graph:
+                for graph_id in entered:  # its saved tensors may be gone: no retry
+                    self.graphs.get(graph_id).consumed = True
         agree_across_ranks(error)
         num_gradients = len(staged)
         staged.commit()

@@ -38,6 +38,14 @@ class StagedGradients:
         current = self._grads.get(key)
         self._grads[key] = grad if current is None else current + grad
 
+    def _by_checkpoint(self):
+        """(checkpoint, {param: live tensor}, [(param, grad)]) — the live dict built once per checkpoint."""
+        grouped: dict[str, list[tuple[str, torch.Tensor]]] = {}
+        for (checkpoint, param), grad in self._grads.items():
+            grouped.setdefault(checkpoint, []).append((param, grad))
+        for checkpoint, items in grouped.items():
+            yield checkpoint, self._checkpoints[checkpoint].parameters(), items
+
     def validate(self, nonfinite: NonFinitePolicy) -> None:
         for name, checkpoint in self._checkpoints.items():
             if checkpoint.version != self._versions[name]:
@@ -45,27 +53,34 @@ class StagedGradients:
                     f"checkpoint '{name}' moved from {self._versions[name]} to {checkpoint.version} during backward; "
                     "do not step while a backward runs"
                 )
-        for (checkpoint, param), grad in self._grads.items():
-            live = self._checkpoints[checkpoint].parameters()[param]
-            if grad.shape != live.shape or grad.dtype != live.dtype:
+        for checkpoint, live, items in self._by_checkpoint():
+            for param, grad in items:
+                if grad.shape != live[param].shape or grad.dtype != live[param].dtype:
+                    raise GradientTransactionError(
+                        f"checkpoint '{checkpoint}' parameter {param}: gradient {tuple(grad.shape)}/{grad.dtype} does not "
+                        f"match the parameter {tuple(live[param].shape)}/{live[param].dtype}"
+                    )
+            # One fused test over all gradients (a non-finite element makes its sum
+            # non-finite); the per-tensor pass runs only then, to name the culprit
+            # (or to clear a sum that merely overflowed).
+            if nonfinite == "error" and not bool(torch.stack([g.sum() for _, g in items]).isfinite().all()):
+                culprit = next((p for p, g in items if not bool(torch.isfinite(g).all())), None)
+                if culprit is None:
+                    continue
                 raise GradientTransactionError(
-                    f"checkpoint '{checkpoint}' parameter {param}: gradient {tuple(grad.shape)}/{grad.dtype} does not "
-                    f"match the parameter {tuple(live.shape)}/{live.dtype}"
-                )
-            if nonfinite == "error" and not bool(torch.isfinite(grad).all()):
-                raise GradientTransactionError(
-                    f"checkpoint '{checkpoint}' parameter {param}: non-finite gradient; fix the loss, or construct the "
+                    f"checkpoint '{checkpoint}' parameter {culprit}: non-finite gradient; fix the loss, or construct the "
                     "trainer with nonfinite='allow' to let the optimizer step skip it"
                 )
 
     def commit(self) -> None:
         with torch.no_grad():
-            for (checkpoint, param), grad in self._grads.items():
-                live = self._checkpoints[checkpoint].parameters()[param]
-                if live.grad is None:
-                    live.grad = grad.detach()
-                else:
-                    live.grad.add_(grad)
+            for _, live, items in self._by_checkpoint():
+                for param, grad in items:
+                    target = live[param]
+                    if target.grad is None:
+                        target.grad = grad.detach()
+                    else:
+                        target.grad.add_(grad)
         self._grads.clear()
 
 

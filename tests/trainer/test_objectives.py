@@ -47,5 +47,9 @@ def test_stale_trajectories_are_dropped_and_counted_or_rejected():
     versions = torch.tensor([10, 7, 9, 4])
     keep, num_stale = stale_trajectory_mask(versions, current_version=10, max_data_staleness=2)
     assert keep.tolist() == [True, False, True, False] and num_stale == 2
-    with pytest.raises(ValueError, match=r"2 trajectories \(rows \[1, 3\]\) are more than max_data_staleness=2"):
+    with pytest.raises(ValueError, match=r"2 trajectory entries \(first at \[\[1\], \[3\]\]\) come from a policy more than max_data_staleness=2"):
         stale_trajectory_mask(versions, current_version=10, max_data_staleness=2, policy="error")
+    per_token = torch.tensor([[10, 10, -1], [3, 3, 9]])
+    valid = torch.tensor([[True, True, False], [True, True, True]])
+    keep, num_stale = stale_trajectory_mask(per_token, current_version=10, max_data_staleness=2, valid=valid)
+    assert keep.tolist() == [[True, True, True], [False, False, True]] and num_stale == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import weakref
 from typing import Literal
 
 import torch
@@ -24,16 +25,27 @@ class OffloadHooks:
         self._keep = keep_storages
         self._directory = directory
         self._files: list[str] = []
+        # Several autograd nodes often save the very same tensor; move it once.
+        self._packed: dict[tuple, tuple] = {}
         self.offloaded_bytes = 0
-        self.kept_bytes = 0
 
     def _storage_key(self, tensor: torch.Tensor) -> int:
         return tensor.untyped_storage().data_ptr()
 
     def pack(self, tensor: torch.Tensor):
         if self._storage_key(tensor) in self._keep or tensor.numel() == 0:
-            self.kept_bytes += 0  # parameters: referenced, not copied
-            return ("ref", tensor)
+            return ("ref", tensor)  # parameters: referenced, not copied
+        key = (self._storage_key(tensor), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        cached = self._packed.get(key)
+        # The weak reference proves it is the same tensor, not a new one that
+        # the allocator placed at a freed address.
+        if cached is not None and cached[0]() is tensor and cached[1] == tensor._version:
+            return cached[2]
+        packed = self._move_out(tensor)
+        self._packed[key] = (weakref.ref(tensor), tensor._version, packed)
+        return packed
+
+    def _move_out(self, tensor: torch.Tensor):
         num_bytes = tensor.numel() * tensor.element_size()
         self.offloaded_bytes += num_bytes
         if self.target == "host":
@@ -65,6 +77,7 @@ class OffloadHooks:
             except FileNotFoundError:
                 pass
         self._files.clear()
+        self._packed.clear()
         if self._directory is not None:
             try:
                 os.rmdir(self._directory)
