@@ -1,8 +1,10 @@
 """Regenerate the shipped tiny example in ``examples/tiny/``.
 
 Writes a synthetic chat SFT dataset (``sft.jsonl``), a byte-level BPE tokenizer
-trained on its ChatML rendering (``tokenizer.json``) and a tiny Qwen3 model
-config (``model_config.json``). Everything is derived from one seed, so running
+trained on its ChatML rendering (``tokenizer.json``), a tiny Qwen3 model
+config (``model_config.json``) and RL trajectories over the same tasks
+(``rl.jsonl``: groups of sampled answers with 0/1 rewards, synthetic behaviour
+logprobs, one tool-using task). Everything is derived from one seed, so running
 ``python examples/make_tiny_data.py`` twice yields byte-identical files.
 
 The assistant replies are templated answers to small synthetic tasks: most of
@@ -149,6 +151,80 @@ def render_chatml(messages: Iterable[dict[str, str]]) -> str:
     return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
 
 
+RL_SEED = SEED + 1  # a separate stream, so sft.jsonl is unchanged by the RL data
+NUM_RL_GROUPS = 48
+RL_GROUP_SIZE = 4
+TOOL_GROUP_FRACTION = 0.25
+
+
+def _rl_messages(rng: random.Random, use_tool: bool) -> tuple[list[dict], Callable[[bool], list[dict]]]:
+    """A prompt and a function that samples a (correct or wrong) assistant continuation."""
+    if use_tool:
+        country, capital = rng.choice(CAPITALS)
+        prompt = [{"role": "user", "content": f"Use the tool: what is the capital of {country}?"}]
+
+        def sample(correct: bool) -> list[dict]:
+            answer = capital if correct else rng.choice([c for _, c in CAPITALS if c != capital])
+            return [
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_0", "type": "function",
+                     "function": {"name": "capital", "arguments": {"country": country}}}]},
+                {"role": "tool", "tool_call_id": "call_0", "name": "capital", "content": capital},
+                {"role": "assistant", "content": f"The capital of {country} is {answer}."},
+            ]
+        return prompt, sample
+    task = rng.choice(TASKS)
+    question, answer = task(rng)
+
+    def sample(correct: bool) -> list[dict]:
+        if correct:
+            return [{"role": "assistant", "content": answer}]
+        wrong = answer
+        while wrong == answer:
+            wrong = task(rng)[1]
+        return [{"role": "assistant", "content": wrong}]
+    return [{"role": "user", "content": question}], sample
+
+
+def make_trajectories(tokenizer: Tokenizer, seed: int = RL_SEED) -> list[dict]:
+    """Groups of trajectories for the same prompt, with 0/1 rewards and behaviour logprobs.
+
+    Each message that carries loss gets one synthetic logprob (and its token id)
+    per token of its ChatML loss span: the content, any tool calls, and the
+    closing ``<|im_end|>``, tokenized on their own as training cuts them.
+    """
+    rng = random.Random(seed)
+    trajectories = []
+    for group in range(NUM_RL_GROUPS):
+        prompt, sample = _rl_messages(rng, use_tool=rng.random() < TOOL_GROUP_FRACTION)
+        for member in range(RL_GROUP_SIZE):
+            correct = rng.random() < 0.5
+            messages = [dict(m) for m in prompt + sample(correct)]
+            for message in messages:
+                if message["role"] != "assistant":
+                    continue
+                ids = tokenizer.encode(_chatml_loss_text(message), add_special_tokens=False).ids
+                message["logprobs"] = [round(-rng.uniform(0.01, 2.5), 4) for _ in ids]
+                message["token_ids"] = ids
+            trajectories.append({
+                "messages": messages, "reward": 1.0 if correct else 0.0,
+                "group_id": f"g{group:03d}", "policy_version": group // 12,
+            })
+    return trajectories
+
+
+def _chatml_loss_text(message: dict) -> str:
+    """What the ChatML loss span of an assistant message holds (see trainer_core/data/render.py)."""
+    parts = [message["content"]] if message.get("content") else []
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        parts.append(
+            f'<tool_call>\n{{"name": {json.dumps(function["name"], ensure_ascii=False)}, '
+            f'"arguments": {json.dumps(function["arguments"], ensure_ascii=False)}}}\n</tool_call>'
+        )
+    return "\n".join(parts) + "<|im_end|>"
+
+
 def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> Tokenizer:
     """Train a byte-level BPE tokenizer whose ``decode(encode(text))`` round-trips any text."""
     tokenizer = Tokenizer(models.BPE())
@@ -209,7 +285,7 @@ def model_config(vocab_size: int = VOCAB_SIZE) -> dict:
 
 
 def write_tiny_example(output_dir: Path, seed: int = SEED) -> None:
-    """Write ``sft.jsonl``, ``tokenizer.json`` and ``model_config.json`` into ``output_dir``."""
+    """Write ``sft.jsonl``, ``tokenizer.json``, ``model_config.json`` and ``rl.jsonl`` into ``output_dir``."""
     output_dir.mkdir(parents=True, exist_ok=True)
     conversations = make_conversations(seed)
     with open(output_dir / "sft.jsonl", "w", encoding="utf-8", newline="\n") as sft_file:
@@ -229,6 +305,10 @@ def write_tiny_example(output_dir: Path, seed: int = SEED) -> None:
     with open(output_dir / "model_config.json", "w", encoding="utf-8", newline="\n") as config_file:
         json.dump(model_config(VOCAB_SIZE), config_file, indent=2)
         config_file.write("\n")
+
+    with open(output_dir / "rl.jsonl", "w", encoding="utf-8", newline="\n") as rl_file:
+        for trajectory in make_trajectories(tokenizer):
+            rl_file.write(json.dumps(trajectory, ensure_ascii=False) + "\n")
 
 
 def main() -> None:

@@ -7,6 +7,10 @@ the training result, so the same inputs always give the same run id, and a
 re-run of the same config finds (and resumes) the same run directory.
 
 Nothing is written until the whole input has been validated.
+
+The data goes through the stages of `trainer_core.data` (render → tokenize →
+mask → align → pack); the tensors of a shard, and what each means, are the
+contract documented in `trainer_core/data/shards.py`.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -22,8 +27,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .config import RunConfig
-from .data import DataError, load_tokenizer, read_conversations, render_chatml, tokenize_rendered
-from .data.tokenize import TokenizedSequence
+from .data import DataError, DataOptions, Prepared, load_chat_template, load_tokenizer, prepare, read_records
+from .data.shards import packed_steps, round_up, stack_rows, unpacked_steps
 from .model import model_vocab_size
 
 PLAN_FILE = "plan.json"
@@ -55,6 +60,14 @@ class Plan:
     num_dropped: int
     num_tokens: int
     segments: list[SegmentPlan] = field(default_factory=list)
+    data_kind: str = "sft"
+    """`sft`, or `rl` when the data holds trajectories (the shards then carry the RL tensors)."""
+    packed: bool = False
+    """Whether the shards hold packed rows (`position_ids`, `document_ids`)."""
+    num_flat_groups: int = 0
+    """RL: reward groups whose rewards are all equal (advantage 0 throughout)."""
+    stage_digests: dict[str, str] = field(default_factory=dict)
+    """One digest per data stage (render, tokenize, mask, align) over the whole file."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -86,6 +99,9 @@ def _input_fingerprint(config: RunConfig) -> dict:
     tokenizer_path = Path(config.tokenizer.path)
     tokenizer_file = tokenizer_path / "tokenizer.json" if tokenizer_path.is_dir() else tokenizer_path
     fingerprint = {"data": _file_digest(Path(config.data.path)), "tokenizer": _file_digest(tokenizer_file)}
+    template = load_chat_template(tokenizer_path)
+    if template is not None:  # the tokenizer's own template decides the tokens and the masks
+        fingerprint["chat_template"] = hashlib.sha256(template.encode()).hexdigest()
     if config.model.config is not None:
         fingerprint["model_config"] = _file_digest(Path(config.model.config))
     else:
@@ -99,30 +115,6 @@ def _input_fingerprint(config: RunConfig) -> dict:
     return fingerprint
 
 
-def _fit_length(seqs: list[TokenizedSequence], config: RunConfig) -> tuple[list[TokenizedSequence], int, int]:
-    limit = config.data.max_seq_len
-    kept: list[TokenizedSequence] = []
-    truncated = dropped = 0
-    for index, seq in enumerate(seqs):
-        if len(seq.input_ids) <= limit:
-            kept.append(seq)
-        elif config.data.overflow == "truncate":
-            truncated += 1
-            kept.append(TokenizedSequence(seq.input_ids[:limit], seq.loss_mask[:limit]))
-        elif config.data.overflow == "drop":
-            dropped += 1
-        else:
-            raise DataError(
-                f"{config.data.path}: conversation {index + 1} (non-blank line) has {len(seq.input_ids)} tokens, "
-                f"over data.max_seq_len={limit}; raise max_seq_len or set data.overflow to 'truncate' or 'drop'"
-            )
-    # Position 0 is never a target (nothing predicts it), so it cannot carry loss.
-    kept = [s for s in kept if s.loss_mask[1:].any()] if kept else kept
-    if not kept:
-        raise DataError(f"{config.data.path}: no conversation left with loss tokens after applying data.max_seq_len={limit}")
-    return kept, truncated, dropped
-
-
 def _step_order(num_sequences: int, config: RunConfig) -> np.ndarray:
     """Sequence indices for every optimizer step: epochs of seeded permutations."""
     needed = config.train.steps * config.train.global_batch_size
@@ -132,25 +124,28 @@ def _step_order(num_sequences: int, config: RunConfig) -> np.ndarray:
     return order[:needed].reshape(config.train.steps, config.train.global_batch_size)
 
 
-def _segment_tensors(seqs: list[TokenizedSequence], rows: np.ndarray, pad_id: int) -> dict[str, torch.Tensor]:
-    steps, batch = rows.shape
-    length = max(len(seqs[i].input_ids) for i in rows.flat)
-    length = -(-length // 8) * 8  # a multiple of 8 keeps kernels on their fast paths
-    input_ids = np.full((steps, batch, length), pad_id, dtype=np.int64)
-    loss_mask = np.zeros((steps, batch, length), dtype=bool)
-    attention_mask = np.zeros((steps, batch, length), dtype=bool)
-    for s in range(steps):
-        for b in range(batch):
-            seq = seqs[rows[s, b]]
-            n = len(seq.input_ids)
-            input_ids[s, b, :n] = seq.input_ids
-            loss_mask[s, b, :n] = seq.loss_mask
-            attention_mask[s, b, :n] = True
-    loss_mask[:, :, 0] = False
+def _document_stream(num_documents: int, seed: int) -> Iterator[int]:
+    """Endless epochs of seeded permutations (packing does not know upfront how many it uses)."""
+    rng = np.random.default_rng(seed)
+    while True:
+        yield from (int(i) for i in rng.permutation(num_documents))
+
+
+def _segment_shards(prepared: Prepared, config: RunConfig, options: DataOptions, pad_id: int) -> dict[int, dict[str, torch.Tensor]]:
+    span = config.train.steps_per_segment
+    bounds = [(i * span, min((i + 1) * span, config.train.steps)) for i in range(config.train.num_segments)]
+    documents = prepared.documents
+    if options.pack:
+        stream = _document_stream(len(documents), config.run.seed)
+        row_len = round_up(options.max_seq_len)
+        return {
+            index: stack_rows(packed_steps(documents, stream, end - start, config.train.global_batch_size, row_len, pad_id), packed=True)
+            for index, (start, end) in enumerate(bounds)
+        }
+    order = _step_order(len(documents), config)
     return {
-        "input_ids": torch.from_numpy(input_ids),
-        "loss_mask": torch.from_numpy(loss_mask),
-        "attention_mask": torch.from_numpy(attention_mask),
+        index: stack_rows(unpacked_steps(documents, order[start:end], pad_id), packed=False)
+        for index, (start, end) in enumerate(bounds)
     }
 
 
@@ -162,9 +157,13 @@ def _tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def build_plan(config: RunConfig) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
-    """Validate, tokenize and lay out the run in memory; writes nothing."""
-    conversations = read_conversations(config.data.path)
+def build_plan(config: RunConfig, options: DataOptions | None = None) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
+    """Validate, tokenize and lay out the run in memory; writes nothing.
+
+    `options` overrides how the data stages run (default: from `config.data`);
+    tests use it for settings the config does not expose yet, such as packing.
+    """
+    records = read_records(config.data.path)
     tokenizer = load_tokenizer(config.tokenizer.path)
     vocab = model_vocab_size(config)
     if tokenizer.get_vocab_size() > vocab:
@@ -174,17 +173,17 @@ def build_plan(config: RunConfig) -> tuple[Plan, dict[int, dict[str, torch.Tenso
         )
     pad_id = tokenizer.token_to_id("<|endoftext|>")
     pad_id = 0 if pad_id is None else pad_id
-    sequences = tokenize_rendered(tokenizer, [render_chatml(c) for c in conversations])
-    sequences, num_truncated, num_dropped = _fit_length(sequences, config)
-    order = _step_order(len(sequences), config)
-
-    per_segment: dict[int, dict[str, torch.Tensor]] = {}
+    options = options or DataOptions.from_config(config.data)
+    prepared = prepare(records, tokenizer, load_chat_template(config.tokenizer.path), options)
+    if config.data.kind == "rl" and not prepared.is_rl:
+        raise DataError(f"{config.data.path}: data.kind='rl' but the records carry no reward or advantage; add them (see the README's Data section) or set data.kind='sft'")
+    if config.data.kind == "sft" and prepared.is_rl:
+        raise DataError(f"{config.data.path}: the records are RL trajectories (rewards, logprobs) but data.kind='sft'; set data.kind='rl', or drop the RL fields to train SFT on them")
+    per_segment = _segment_shards(prepared, config, options, pad_id)
     segment_specs = []
     span = config.train.steps_per_segment
-    for index in range(config.train.num_segments):
+    for index, tensors in per_segment.items():
         start, end = index * span, min((index + 1) * span, config.train.steps)
-        tensors = _segment_tensors(sequences, order[start:end], pad_id)
-        per_segment[index] = tensors
         segment_specs.append((index, start, end, int(tensors["loss_mask"].sum())))
 
     training_config = config.model_dump(mode="json")
@@ -208,14 +207,18 @@ def build_plan(config: RunConfig) -> tuple[Plan, dict[int, dict[str, torch.Tenso
         run_id=run_id,
         digest=digest,
         config=config.model_dump(mode="json"),
-        num_conversations=len(conversations),
-        num_truncated=num_truncated,
-        num_dropped=num_dropped,
-        num_tokens=int(sum(len(s.input_ids) for s in sequences)),
+        num_conversations=prepared.num_records,
+        num_truncated=prepared.num_truncated,
+        num_dropped=prepared.num_dropped,
+        num_tokens=int(sum(d.num_tokens for d in prepared.documents)),
         segments=[
             SegmentPlan(index=i, start_step=s, end_step=e, shard_file=f"plan/segment-{i:04d}.safetensors", num_loss_tokens=n)
             for i, s, e, n in segment_specs
         ],
+        data_kind="rl" if prepared.is_rl else "sft",
+        packed=options.pack,
+        num_flat_groups=prepared.advantage_stats.num_flat_groups if prepared.advantage_stats else 0,
+        stage_digests=prepared.stage_digests,
     )
     return plan, per_segment
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import EXAMPLES
-from trainer_core.data import Conversation, DataError, load_tokenizer, read_conversations, render_chatml, tokenize_rendered
+from trainer_core.data import Conversation, DataError, load_tokenizer, mask, read_conversations, render_chatml, tokenize
 
 
 def write_lines(path, lines):
@@ -52,7 +52,8 @@ def test_mask_selects_exactly_the_assistant_replies():
         {"role": "assistant", "content": "4 plus 4 is 8."},
     ]})
     rendered = render_chatml(conversation)
-    (seq,) = tokenize_rendered(tokenizer, [rendered])
+    (tokenized,) = tokenize(tokenizer, [rendered])
+    seq = mask(tokenized, rendered)
     assert tokenizer.decode(seq.input_ids.tolist(), skip_special_tokens=False) == rendered.text
     masked = seq.input_ids[seq.loss_mask].tolist()
     # The masked tokens are the two replies, each closed by <|im_end|>, and nothing else.
@@ -69,6 +70,7 @@ def test_mask_selects_exactly_the_assistant_replies():
 def test_example_data_is_valid_and_every_conversation_carries_loss():
     conversations = read_conversations(EXAMPLES / "tiny" / "sft.jsonl")
     tokenizer = load_tokenizer(EXAMPLES / "tiny" / "tokenizer.json")
-    sequences = tokenize_rendered(tokenizer, [render_chatml(c) for c in conversations])
+    rendered = [render_chatml(c) for c in conversations]
+    sequences = [mask(t, r) for t, r in zip(tokenize(tokenizer, rendered), rendered)]
     assert len(sequences) == len(conversations) > 1000
     assert all(np.any(s.loss_mask) for s in sequences)

@@ -43,3 +43,14 @@ def test_write_then_read_round_trips(tiny_config):
     run_dir = run_dir_for(tiny_config, plan.run_id)
     write_plan(plan, shards, run_dir)
     assert read_plan(run_dir) == plan
+
+
+def test_plan_records_one_digest_per_data_stage(tmp_path, tiny_config):
+    plan, _ = build_plan(tiny_config)
+    assert set(plan.stage_digests) == {"render", "tokenize", "mask", "align"} and plan.data_kind == "sft"
+    data = tmp_path / "edited.jsonl"
+    original = open(tiny_config.data.path, encoding="utf-8").read().splitlines()
+    data.write_text("\n".join([original[0].replace("Tokyo", "Kyoto"), *original[1:]]) + "\n")
+    edited, _ = build_plan(config_from_dict(tiny_tree(tmp_path, data={"path": str(data)}), config_dir=tmp_path))
+    assert all(edited.stage_digests[s] != plan.stage_digests[s] for s in plan.stage_digests)
+    assert edited.digest != plan.digest

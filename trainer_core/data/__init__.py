@@ -1,18 +1,54 @@
-"""Training data: schema, rendering and tokenization of conversations."""
+"""Training data: the JSONL schema and the staged pipeline that turns records into shard rows.
 
-from .render import CHATML_TEMPLATE, Rendered, render_chatml
-from .schema import Conversation, DataError, Message, read_conversations
-from .tokenize import TokenizedSequence, load_tokenizer, tokenize_rendered
+    read_records → render → tokenize → mask → align (+ advantages) → fit_length → pack / layout
+
+Each stage is a pure function whose output has a `digest()`; `prepare` runs
+the first ones over a whole file, and `shards` documents the tensors the plan
+writes.
+"""
+
+from .advantages import AdvantageStats, group_relative_advantages, resolve_advantages
+from .align import Aligned, align
+from .mask import Masked, mask
+from .pack import Rows, assign_rows, layout_rows, pack, packed_attention_inputs
+from .pipeline import DataOptions, Prepared, fit_length, prepare
+from .render import CHATML_TEMPLATE, Rendered, load_chat_template, render, render_chatml, render_with_template
+from .schema import Conversation, DataError, Message, Record, ToolCall, parse_record, read_conversations, read_records
+from .tokenize import Tokenized, array_digest, load_tokenizer, tokenize
 
 __all__ = [
     "CHATML_TEMPLATE",
+    "AdvantageStats",
+    "Aligned",
     "Conversation",
     "DataError",
+    "DataOptions",
+    "Masked",
     "Message",
+    "Prepared",
+    "Record",
     "Rendered",
-    "TokenizedSequence",
+    "Rows",
+    "ToolCall",
+    "Tokenized",
+    "align",
+    "array_digest",
+    "assign_rows",
+    "fit_length",
+    "group_relative_advantages",
+    "layout_rows",
+    "load_chat_template",
     "load_tokenizer",
+    "mask",
+    "pack",
+    "packed_attention_inputs",
+    "parse_record",
+    "prepare",
     "read_conversations",
+    "read_records",
+    "render",
     "render_chatml",
-    "tokenize_rendered",
+    "render_with_template",
+    "resolve_advantages",
+    "tokenize",
 ]

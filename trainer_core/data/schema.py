@@ -1,73 +1,219 @@
-"""JSONL conversation records validated into typed models.
+"""JSONL records (SFT conversations and RL trajectories) validated into typed models.
 
-Every problem is reported with the file, the line and the field, so a user can
-fix the data before any training starts.
+One JSON object per line. Every record has `messages`; an RL trajectory also
+has a reward or an advantage (per trajectory or per assistant turn), the
+behaviour policy's logprobs on every message that carries loss, and the policy
+version that sampled it. The README's "Data" section shows one of each kind.
+
+Every problem is reported as `FILE:LINE: field F: what is wrong; what to do`,
+so a user can fix the data before any training starts.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Logprob = Annotated[float, Field(allow_inf_nan=False, le=0.0)]
 
 
 class DataError(ValueError):
     """Bad training data: the message names the file, the line and the field."""
 
 
-class Message(BaseModel):
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    role: Literal["system", "user", "assistant"]
-    """Who speaks; the loss is taken on assistant messages."""
-    content: str
-    """The message text."""
+
+class ToolFunction(_Strict):
+    name: str = Field(min_length=1)
+    """The function the assistant calls."""
+    arguments: dict[str, Any] | str
+    """Its arguments: a JSON object, or a string rendered verbatim (OpenAI's wire format)."""
 
 
-class Conversation(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ToolCall(_Strict):
+    id: str | None = None
+    """The call id a `tool` message answers (`tool_call_id`); optional."""
+    type: Literal["function"] = "function"
+    function: ToolFunction
 
+
+class Message(_Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    """Who speaks; by default the loss is taken on assistant messages only."""
+    content: str | None
+    """The message text; `null` only for an assistant message that makes tool calls."""
+    tool_calls: list[ToolCall] | None = None
+    """Assistant only: the calls this turn makes (rendered after the content)."""
+    tool_call_id: str | None = None
+    """Tool only: the id of the call this message answers."""
+    name: str | None = None
+    """Tool only: the name of the function that produced this result."""
+    train: bool | None = None
+    """Whether this message carries loss; default: assistant messages do, others do not."""
+    logprobs: list[Logprob] | None = None
+    """RL: the behaviour policy's logprob of each loss token of this message, in order."""
+    token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    """RL, optional: the token ids the behaviour policy sampled; checked against tokenization."""
+    reward: FiniteFloat | None = None
+    """RL, per-turn: this assistant turn's reward (group-normalised into its advantage)."""
+    advantage: FiniteFloat | None = None
+    """RL, per-turn: this assistant turn's advantage, used as given."""
+
+    @model_validator(mode="after")
+    def _role_fields(self) -> "Message":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content: null is allowed only for an assistant message with tool_calls; give a string")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls: only assistant messages make tool calls, not {self.role!r}")
+        if (self.tool_call_id is not None or self.name is not None) and self.role != "tool":
+            raise ValueError(f"tool_call_id/name: only tool messages answer tool calls, not {self.role!r}")
+        if (self.reward is not None or self.advantage is not None) and self.role != "assistant":
+            raise ValueError(f"reward/advantage: per-turn values belong on assistant messages, not {self.role!r}")
+        if self.token_ids is not None and self.logprobs is not None and len(self.token_ids) != len(self.logprobs):
+            raise ValueError(f"token_ids: {len(self.token_ids)} ids but {len(self.logprobs)} logprobs; give one of each per sampled token")
+        return self
+
+    @property
+    def carries_loss(self) -> bool:
+        return self.train if self.train is not None else self.role == "assistant"
+
+
+class Conversation(_Strict):
     messages: list[Message] = Field(min_length=1)
-    """The turns, in order; at least one assistant message must carry loss."""
+    """The turns, in order; at least one must carry loss."""
+    id: str | None = None
+    """An optional name for the record, echoed nowhere but useful to its author."""
+    metadata: dict[str, Any] | None = None
+    """Free-form and ignored by training."""
+    reward: FiniteFloat | None = None
+    """RL: the trajectory's reward; with `group_id` and no advantage it is group-normalised."""
+    advantage: FiniteFloat | None = None
+    """RL: the trajectory's advantage, applied to every loss token."""
+    group_id: str | int | None = None
+    """RL: trajectories sampled for the same prompt share a group (group-relative advantages)."""
+    policy_version: Annotated[int, Field(ge=0)] | None = None
+    """RL: the version of the policy that sampled this trajectory."""
+
+    @property
+    def is_trajectory(self) -> bool:
+        """An RL record: it has a reward or an advantage, for the trajectory or a turn."""
+        return (
+            self.reward is not None or self.advantage is not None
+            or any(m.reward is not None or m.advantage is not None for m in self.messages)
+        )
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """The messages as chat templates see them (training-only fields left out)."""
+        keep = ("role", "content", "tool_calls", "tool_call_id", "name")
+        return [
+            {k: v for k, v in m.model_dump(include=set(keep), exclude_none=True).items()} | {"content": m.content or ""}
+            for m in self.messages
+        ]
+
+
+@dataclass(frozen=True)
+class Record:
+    """A validated conversation and where it came from (`FILE:LINE`), for error messages."""
+
+    where: str
+    conversation: Conversation
 
 
 def _describe(error: ValidationError) -> str:
     parts = []
     for item in error.errors():
         field = ".".join(str(p) for p in item["loc"]) or "(record)"
-        message = item["msg"]
+        message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field"
         elif item["type"] == "literal_error":
             message = f"{message} (got {item['input']!r})"
+        elif item["type"] == "finite_number":
+            message = f"{message} (got {item['input']!r}); rewards, advantages and logprobs must be finite"
         parts.append(f"field {field}: {message}")
     return "; ".join(parts)
 
 
-def read_conversations(path: str | Path) -> list[Conversation]:
-    """Parse and validate every line of a JSONL file; the first problem raises DataError."""
+def _check_trajectory(conversation: Conversation, where: str) -> None:
+    """RL-only rules that span several fields of one record."""
+    per_turn = any(m.reward is not None or m.advantage is not None for m in conversation.messages)
+    if per_turn and (conversation.reward is not None or conversation.advantage is not None):
+        raise DataError(f"{where}: field reward: give rewards/advantages either per trajectory or per assistant turn, not both")
+    if conversation.policy_version is None:
+        raise DataError(f"{where}: field policy_version: required for an RL trajectory; give the version of the policy that sampled it")
+    for index, message in enumerate(conversation.messages):
+        if message.carries_loss and message.logprobs is None:
+            raise DataError(
+                f"{where}: field messages.{index}.logprobs: required on every message that carries loss in an RL "
+                "trajectory (one behaviour logprob per loss token); add them or set train=false"
+            )
+        if message.logprobs is not None and not message.carries_loss:
+            raise DataError(f"{where}: field messages.{index}.logprobs: this message carries no loss, so its logprobs would be ignored; remove them or set train=true")
+    if per_turn:
+        for index, message in enumerate(conversation.messages):
+            if message.role == "assistant" and message.carries_loss and message.reward is None and message.advantage is None:
+                raise DataError(f"{where}: field messages.{index}.reward: with per-turn rewards every assistant turn that carries loss needs a reward or an advantage")
+
+
+def parse_record(raw: bytes | str, where: str) -> Conversation:
+    """Validate one JSONL line (a pure function; `where` is `FILE:LINE` for messages)."""
+    try:
+        record = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DataError(f"{where}: not valid JSON ({error}); each line must be one JSON object") from None
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object with a 'messages' list, got {type(record).__name__}")
+    try:
+        conversation = Conversation.model_validate(record)
+    except ValidationError as error:
+        raise DataError(f"{where}: {_describe(error)}") from None
+    if not any(m.carries_loss for m in conversation.messages):
+        if not any(m.role == "assistant" for m in conversation.messages):
+            raise DataError(f"{where}: field messages: no assistant message, so nothing would carry loss; add one or remove the line")
+        raise DataError(f"{where}: field messages: every message has train=false, so nothing would carry loss; train on one or remove the line")
+    if conversation.is_trajectory:
+        _check_trajectory(conversation, where)
+    else:
+        stray = [name for name in ("group_id", "policy_version") if getattr(conversation, name) is not None]
+        stray += [f"messages.{i}.logprobs" for i, m in enumerate(conversation.messages) if m.logprobs is not None]
+        if stray:
+            raise DataError(f"{where}: field {stray[0]}: RL fields without a reward or an advantage; add `reward` (with `group_id`) or `advantage`")
+    return conversation
+
+
+def read_records(path: str | Path) -> list[Record]:
+    """Parse and validate every line of a JSONL file; the first problem raises DataError.
+
+    A file holds one kind of record: SFT conversations, or RL trajectories.
+    """
     path = Path(path)
-    conversations: list[Conversation] = []
+    records: list[Record] = []
     with path.open("rb") as handle:
         for line_number, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue  # blank lines (often a trailing newline) carry nothing
             where = f"{path}:{line_number}"
-            try:
-                record = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                raise DataError(f"{where}: not valid JSON ({error}); each line must be one JSON object") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{where}: expected a JSON object with a 'messages' list, got {type(record).__name__}")
-            try:
-                conversation = Conversation.model_validate(record)
-            except ValidationError as error:
-                raise DataError(f"{where}: {_describe(error)}") from None
-            if not any(m.role == "assistant" for m in conversation.messages):
-                raise DataError(f"{where}: field messages: no assistant message, so nothing would carry loss; add one or remove the line")
-            conversations.append(conversation)
-    if not conversations:
+            conversation = parse_record(raw, where)
+            if records and conversation.is_trajectory != records[0].conversation.is_trajectory:
+                first = records[0]
+                kind = "an RL trajectory (it has a reward or an advantage)" if first.conversation.is_trajectory else "an SFT conversation (no reward or advantage)"
+                raise DataError(
+                    f"{where}: field reward: {first.where} is {kind} but this record is not; "
+                    "a file holds one kind of record, so split the file or complete this record"
+                )
+            records.append(Record(where=where, conversation=conversation))
+    if not records:
         raise DataError(f"{path}: no conversations found; the file is empty")
-    return conversations
+    return records
+
+
+def read_conversations(path: str | Path) -> list[Conversation]:
+    """The validated conversations of a JSONL file, without their line numbers."""
+    return [record.conversation for record in read_records(path)]

@@ -1,13 +1,17 @@
-"""Tokenize rendered conversations and derive the per-token loss mask.
+"""Stage 2, tokenize: rendered text to token ids with character offsets.
 
-Tokenization runs on the whole rendered text (batched, with offsets), and a
-token carries loss when its character span lies inside a loss span. This keeps
-the tokens identical to what inference sees, instead of stitching pieces that
-were tokenized separately.
+The text is cut at every loss-span boundary and the pieces are encoded in one
+batch (no special tokens added). Cutting there is what inference does: a
+prompt ending in `<|im_start|>assistant\\n` is tokenized, then the reply's
+tokens are sampled after it, so no token can straddle the start of a reply.
+Without the cut, a byte-level BPE may merge the header's newline with a reply
+that starts with whitespace, and the tokens would differ from the ones the
+behaviour policy produced. Decoding the ids gives back the text exactly.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,9 +22,33 @@ from .render import Rendered
 
 
 @dataclass(frozen=True)
-class TokenizedSequence:
-    input_ids: np.ndarray  # int64 [T]
-    loss_mask: np.ndarray  # bool [T]: token t is a target the loss is taken on
+class Tokenized:
+    input_ids: np.ndarray
+    """int64 [T]."""
+    offsets: np.ndarray
+    """int64 [T, 2]: each token's half-open character range in the rendered text."""
+
+    def update_digest(self, hasher: "hashlib._Hash") -> None:
+        update_digest(hasher, self.input_ids, self.offsets)
+
+    def digest(self) -> str:
+        return array_digest(self.input_ids, self.offsets)
+
+
+def update_digest(hasher: "hashlib._Hash", *arrays: np.ndarray | None) -> None:
+    """Feed dtypes, shapes and bytes of `arrays` into `hasher` (the stages' digests use it)."""
+    for array in arrays:
+        if array is None:
+            hasher.update(b"none;")
+            continue
+        hasher.update(f"{array.dtype.str}{array.shape};".encode())
+        hasher.update(np.ascontiguousarray(array).data)
+
+
+def array_digest(*arrays: np.ndarray | None) -> str:
+    hasher = hashlib.sha256()
+    update_digest(hasher, *arrays)
+    return hasher.hexdigest()
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -32,21 +60,43 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return Tokenizer.from_file(str(file))
 
 
-def mask_from_offsets(offsets: list[tuple[int, int]], spans: tuple[tuple[int, int], ...]) -> np.ndarray:
-    mask = np.zeros(len(offsets), dtype=bool)
-    if not spans:
-        return mask
-    starts = np.fromiter((s for s, _ in offsets), dtype=np.int64, count=len(offsets))
-    ends = np.fromiter((e for _, e in offsets), dtype=np.int64, count=len(offsets))
-    for span_start, span_end in spans:
-        mask |= (starts >= span_start) & (ends <= span_end) & (ends > starts)
-    return mask
+def _cuts(rendered: Rendered) -> list[int]:
+    points = {0, len(rendered.text)}
+    for start, end in rendered.loss_spans:
+        points.update((start, end))
+    return sorted(points)
 
 
-def tokenize_rendered(tokenizer: Tokenizer, rendered: list[Rendered]) -> list[TokenizedSequence]:
-    encodings = tokenizer.encode_batch([r.text for r in rendered], add_special_tokens=False)
-    sequences = []
-    for encoding, item in zip(encodings, rendered, strict=True):
-        ids = np.asarray(encoding.ids, dtype=np.int64)
-        sequences.append(TokenizedSequence(input_ids=ids, loss_mask=mask_from_offsets(encoding.offsets, item.loss_spans)))
-    return sequences
+def tokenize(tokenizer: Tokenizer, rendered: list[Rendered]) -> list[Tokenized]:
+    """Stage 2: encode every rendered text, cut at its loss-span boundaries, in one batch."""
+    pieces: list[str] = []
+    piece_starts: list[int] = []
+    pieces_per_text: list[int] = []
+    for item in rendered:
+        cuts = _cuts(item)
+        count = 0
+        for start, end in zip(cuts, cuts[1:]):
+            if end > start:
+                pieces.append(item.text[start:end])
+                piece_starts.append(start)
+                count += 1
+        pieces_per_text.append(count)
+    encodings = tokenizer.encode_batch(pieces, add_special_tokens=False) if pieces else []
+    # Flatten once and split with numpy: per-token Python work dominates otherwise.
+    flat_ids: list[int] = []
+    flat_offsets: list[tuple[int, int]] = []
+    tokens_per_piece = np.empty(len(encodings), dtype=np.int64)
+    for index, encoding in enumerate(encodings):
+        flat_ids.extend(encoding.ids)
+        flat_offsets.extend(encoding.offsets)
+        tokens_per_piece[index] = len(encoding.ids)
+    ids = np.asarray(flat_ids, dtype=np.int64)
+    offsets = np.asarray(flat_offsets, dtype=np.int64).reshape(len(flat_ids), 2)
+    offsets += np.repeat(np.asarray(piece_starts, dtype=np.int64), tokens_per_piece)[:, None]
+    piece_ends = np.cumsum(np.asarray(pieces_per_text, dtype=np.int64))
+    token_ends = np.concatenate([[0], np.cumsum(tokens_per_piece)])[piece_ends]
+    bounds = np.concatenate([[0], token_ends]).tolist()
+    return [
+        Tokenized(input_ids=ids[a:b], offsets=offsets[a:b])
+        for a, b in zip(bounds, bounds[1:])
+    ]

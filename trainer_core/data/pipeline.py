@@ -1,0 +1,134 @@
+"""The staged pipeline over a whole file: records to documents ready for the shards.
+
+    render → tokenize (one batch) → mask → [advantages] → align → fit_length
+
+Every stage is pure; `prepare` chains them and keeps one digest per stage (a
+sha256 over its outputs, in record order, as each output's `digest` hashes
+itself), so a change in any
+stage shows in the plan as the stage where the outputs first differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tokenizers import Tokenizer
+
+from .advantages import AdvantageStats, Normalization, resolve_advantages
+from .align import Aligned, align
+from .mask import mask
+from .render import render
+from .schema import DataError, Record
+from .tokenize import tokenize
+
+STAGES = ("render", "tokenize", "mask", "align")
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """How the data stages run; read from the config's `data` section."""
+
+    max_seq_len: int = 512
+    overflow: Literal["error", "truncate", "drop"] = "error"
+    pack: bool = False
+    """Pack several documents per row (position ids and document ids in the shard)."""
+    advantage_normalization: Normalization = "mean_std"
+
+    @classmethod
+    def from_config(cls, data_section: Any) -> "DataOptions":
+        return cls(
+            max_seq_len=data_section.max_seq_len,
+            overflow=data_section.overflow,
+            pack=data_section.pack,
+            advantage_normalization=data_section.advantage_normalization,
+        )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    documents: list[Aligned]
+    """The documents kept, in file order."""
+    wheres: list[str]
+    """`FILE:LINE` of each kept document."""
+    is_rl: bool
+    num_records: int
+    num_truncated: int = 0
+    num_dropped: int = 0
+    """Over max_seq_len with overflow=drop, or left without a loss token by truncation."""
+    advantage_stats: AdvantageStats | None = None
+    stage_digests: dict[str, str] = field(default_factory=dict)
+
+
+def _stage_digest(outputs: Sequence[Any]) -> str:
+    hasher = hashlib.sha256()
+    for output in outputs:
+        output.update_digest(hasher)
+    return hasher.hexdigest()
+
+
+def fit_length(
+    documents: Sequence[Aligned], wheres: Sequence[str], max_seq_len: int, overflow: str
+) -> tuple[list[Aligned], list[str], int, int]:
+    """Apply the length limit by policy: error, truncate or drop (counted).
+
+    A document whose only loss tokens were cut off (or sit at position 0, which
+    nothing predicts) is dropped and counted as dropped (not as truncated),
+    since it would teach nothing.
+    """
+    kept: list[Aligned] = []
+    kept_wheres: list[str] = []
+    truncated = dropped = 0
+    for doc, where in zip(documents, wheres, strict=True):
+        if doc.num_tokens > max_seq_len:
+            if overflow == "error":
+                raise DataError(
+                    f"{where}: field messages: {doc.num_tokens} tokens, over data.max_seq_len={max_seq_len}; "
+                    "raise max_seq_len or set data.overflow to 'truncate' or 'drop'"
+                )
+            if overflow == "drop":
+                dropped += 1
+                continue
+            doc = doc.truncated(max_seq_len)
+            if doc.loss_mask[1:].any():
+                truncated += 1
+        if not doc.loss_mask[1:].any():
+            dropped += 1
+            continue
+        kept.append(doc)
+        kept_wheres.append(where)
+    return kept, kept_wheres, truncated, dropped
+
+
+def prepare(records: Sequence[Record], tokenizer: Tokenizer, template: str | None, options: DataOptions) -> Prepared:
+    """Run every per-document stage over `records`; the first bad record raises DataError."""
+    conversations = [r.conversation for r in records]
+    wheres = [r.where for r in records]
+    rendered = [render(c, template, where=w) for c, w in zip(conversations, wheres)]
+    tokenized = tokenize(tokenizer, rendered)
+    masked = [mask(t, r) for t, r in zip(tokenized, rendered)]
+    is_rl = bool(conversations) and conversations[0].is_trajectory
+    stats = None
+    if is_rl:
+        message_advantages, stats = resolve_advantages(conversations, wheres, options.advantage_normalization)
+    else:
+        message_advantages = [None] * len(conversations)
+    aligned = [
+        align(m, c, a, where=w) for m, c, a, w in zip(masked, conversations, message_advantages, wheres)
+    ]
+    digests = {
+        "render": _stage_digest(rendered),
+        "tokenize": _stage_digest(tokenized),
+        "mask": _stage_digest(masked),
+        "align": _stage_digest(aligned),
+    }
+    documents, kept_wheres, truncated, dropped = fit_length(aligned, wheres, options.max_seq_len, options.overflow)
+    if not documents:
+        source = wheres[0].rsplit(":", 1)[0] if wheres else "(data)"
+        raise DataError(f"{source}: no conversation left with loss tokens after applying data.max_seq_len={options.max_seq_len}")
+    return Prepared(
+        documents=documents, wheres=kept_wheres, is_rl=is_rl, num_records=len(records),
+        num_truncated=truncated, num_dropped=dropped, advantage_stats=stats, stage_digests=digests,
+    )
