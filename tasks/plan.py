@@ -36,7 +36,8 @@ def plan_run_fn(config: RunConfig) -> PlannedRun:
     ledger.record(
         run_dir, "plan", "reused" if reused else "completed", run_id=plan.run_id, digest=plan.digest,
         num_conversations=plan.num_conversations, num_tokens=plan.num_tokens, num_truncated=plan.num_truncated,
-        num_dropped=plan.num_dropped, num_segments=len(plan.segments), wall_s=time.perf_counter() - started,
+        num_dropped=plan.num_dropped, num_segments=len(plan.segments), data_kind=plan.data_kind, packed=plan.packed,
+        num_flat_groups=plan.num_flat_groups, stage_digests=plan.stage_digests, wall_s=time.perf_counter() - started,
     )
     return _planned(plan, run_dir, config)
 

@@ -66,6 +66,10 @@ class DataSection(_Section):
     """Longest tokenized conversation; longer ones are handled by `overflow`."""
     overflow: Literal["error", "truncate", "drop"] = "error"
     """What to do with a conversation longer than max_seq_len (drops are counted)."""
+    pack: bool = False
+    """Pack several conversations per row of max_seq_len tokens, with attention kept within each."""
+    advantage_normalization: Literal["mean_std", "mean"] = "mean_std"
+    """RL rewards without advantages: group-relative advantages, (r - mean) / std or r - mean."""
 
 
 class TrainSection(_Section):

@@ -21,6 +21,7 @@ import torch
 
 from .checkpoints import Checkpoint, OptimizerConfig
 from .config import RunConfig
+from .data.pack import packed_attention_inputs
 from .distributed import Topology, all_reduce_sum_, init_distributed, log, run_rank_main
 from .faults import maybe_inject_fault
 from .memory.planner import MemoryPlanner
@@ -55,16 +56,33 @@ def _build_trainer(config: RunConfig) -> tuple[Trainer, Checkpoint]:
     return trainer, base
 
 
+def _count_documents(selected: torch.Tensor, rows: dict[str, torch.Tensor]) -> int:
+    """Documents with any selected target token (a packed row holds several)."""
+    if "document_ids" not in rows:
+        return int(selected.any(dim=1).sum())
+    documents = rows["document_ids"][:, 1:].long()
+    row_index = torch.arange(documents.shape[0])[:, None].expand_as(documents)
+    keys = (row_index * (int(documents.max()) + 1) + documents)[selected]
+    return int(keys.unique().numel())
+
+
 def _micro_batch_loss_sum(config: RunConfig, logprobs: torch.Tensor, rows: dict[str, torch.Tensor], version: int) -> tuple[torch.Tensor, int]:
-    """The loss sum of one logical rank's rows, and how many rows were dropped as stale."""
+    """The loss sum of one logical rank's rows, and how many trajectories were dropped as stale.
+
+    Shard tensors are aligned per target token t; `logprobs[:, t-1]` is the
+    logprob of target t, hence the `[:, 1:]` slices.
+    """
     loss_mask = rows["loss_mask"][:, 1:]
     if config.data.kind == "sft":
         return sft_loss_sum(logprobs, loss_mask), 0
-    keep, num_stale = (torch.ones(loss_mask.shape[0], dtype=torch.bool), 0)
+    num_stale = 0
+    mask = loss_mask
     if config.rl.max_data_staleness is not None:
-        keep, num_stale = stale_trajectory_mask(
-            rows["policy_version"], version, config.rl.max_data_staleness, config.rl.stale_trajectories)
-    mask = loss_mask & keep[:, None]
+        keep, num_stale_tokens = stale_trajectory_mask(
+            rows["policy_version"][:, 1:], version, config.rl.max_data_staleness, config.rl.stale_trajectories, valid=loss_mask)
+        if num_stale_tokens:
+            num_stale = _count_documents(loss_mask & ~keep, rows)
+            mask = loss_mask & keep
     loss, _ = clipped_policy_gradient_sum(
         logprobs, rows["behaviour_logprobs"][:, 1:], rows["advantages"][:, 1:], mask,
         clip_low=config.rl.clip_low, clip_high=config.rl.clip_high,
@@ -72,6 +90,15 @@ def _micro_batch_loss_sum(config: RunConfig, logprobs: torch.Tensor, rows: dict[
     if config.rl.sft_coef:
         loss = loss + config.rl.sft_coef * sft_loss_sum(logprobs, mask)
     return loss, num_stale
+
+
+def _forward(trainer: Trainer, rows: dict[str, torch.Tensor], mode):
+    if "position_ids" not in rows:
+        return trainer.forward(rows["input_ids"], rows["attention_mask"], mode=mode)
+    # Packed rows: no 2D attention mask (documents would see each other); the
+    # model builds per-document causal attention from the restarting positions.
+    packed = packed_attention_inputs(rows["input_ids"], rows["position_ids"], rows["document_ids"])
+    return trainer.forward(packed["input_ids"], packed.get("attention_mask"), position_ids=packed["position_ids"], mode=mode)
 
 
 def train_segment(run_dir: Path, segment_index: int) -> None:
@@ -111,7 +138,7 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
         for logical_rank in topology.local_logical_ranks:
             rows = {name: tensor[logical_rank * per_logical:(logical_rank + 1) * per_logical] for name, tensor in batch.items()}
             torch.manual_seed(step_seed(config.run.seed, step, logical_rank))
-            out = trainer.forward(rows["input_ids"], rows["attention_mask"], mode=mode)
+            out = _forward(trainer, rows, mode)
             micro_loss, micro_stale = _micro_batch_loss_sum(config, out.logprobs, rows, version)
             trainer.backward(micro_loss / num_loss_tokens)
             loss_sum += micro_loss.detach()
