@@ -7,7 +7,8 @@ import time
 from prefect import flow
 
 from tasks.export import export_segment
-from tasks.outcomes import CommitRecord, SegmentOutcome
+from infra.publication import CommitOutcome
+from tasks.outcomes import SegmentOutcome
 from tasks.plan import plan_run
 from tasks.publish import cleanup, commit
 from tasks.report import report
@@ -21,7 +22,7 @@ def train_flow(config: RunConfig) -> dict:
     started = time.perf_counter()
     planned = plan_run(config)
     segments: list[SegmentOutcome] = []
-    commits: list[CommitRecord] = []
+    commits: list[CommitOutcome] = []
     export_wall_s = 0.0
     for index in range(planned.num_segments):
         segments.append(train_segment(planned, index))

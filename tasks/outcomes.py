@@ -40,13 +40,3 @@ class ExportOutcome(BaseModel):
     num_files: int
     num_bytes: int
     launch_wall_s: float
-
-
-class CommitRecord(BaseModel):
-    checkpoint_url: str
-    step: int
-    num_files_uploaded: int
-    num_files_skipped: int
-    bytes_uploaded: int
-    latest_moved: bool
-    wall_s: float

@@ -11,7 +11,9 @@ from prefect.cache_policies import NO_CACHE
 from infra import ledger
 from infra.storage import open_store
 
-from .outcomes import CommitRecord, PlannedRun, SegmentOutcome
+from infra.publication import CommitOutcome
+
+from .outcomes import PlannedRun, SegmentOutcome
 
 
 def _artifact_key(run_id: str, what: str) -> str:
@@ -27,7 +29,7 @@ def publish_ledger_fn(planned: PlannedRun) -> str:
 
 
 @task(name="report", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 5])
-def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[CommitRecord]) -> str:
+def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[CommitOutcome]) -> str:
     create_table_artifact(
         key=_artifact_key(planned.run_id, "segments"),
         table=[

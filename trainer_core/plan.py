@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .config import RunConfig
+from .manifest import sha256_file
 from .data import DataError, DataOptions, Prepared, load_chat_template, load_tokenizer, prepare, read_records
 from .data.shards import packed_steps, round_up, stack_rows, unpacked_steps
 from .model import model_vocab_size
@@ -86,24 +87,16 @@ def run_dir_for(config: RunConfig, run_id: str) -> Path:
     return Path(config.run.work_dir) / run_id
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _input_fingerprint(config: RunConfig) -> dict:
     """Digests of the inputs that decide the result (paths themselves do not)."""
     tokenizer_path = Path(config.tokenizer.path)
     tokenizer_file = tokenizer_path / "tokenizer.json" if tokenizer_path.is_dir() else tokenizer_path
-    fingerprint = {"data": _file_digest(Path(config.data.path)), "tokenizer": _file_digest(tokenizer_file)}
+    fingerprint = {"data": sha256_file(Path(config.data.path)), "tokenizer": sha256_file(tokenizer_file)}
     template = load_chat_template(tokenizer_path)
     if template is not None:  # the tokenizer's own template decides the tokens and the masks
         fingerprint["chat_template"] = hashlib.sha256(template.encode()).hexdigest()
     if config.model.config is not None:
-        fingerprint["model_config"] = _file_digest(Path(config.model.config))
+        fingerprint["model_config"] = sha256_file(Path(config.model.config))
     else:
         model_dir = Path(config.model.path)
         # Hashing multi-GB weights would dominate planning; name + size + config is
@@ -111,7 +104,7 @@ def _input_fingerprint(config: RunConfig) -> dict:
         fingerprint["model_dir"] = sorted(
             (p.name, p.stat().st_size) for p in model_dir.iterdir() if p.is_file()
         )
-        fingerprint["model_config"] = _file_digest(model_dir / "config.json")
+        fingerprint["model_config"] = sha256_file(model_dir / "config.json")
     return fingerprint
 
 
