@@ -8,7 +8,7 @@ unchanged inputs resumes and re-publishes the same run instead of retraining.
 
 from __future__ import annotations
 
-from prefect.deployments.runner import RunnerDeployment
+from prefect.deployments.runner import EntrypointType, RunnerDeployment
 
 from trainer_core.config import RunConfig
 
@@ -23,6 +23,8 @@ def build_deployment(config: RunConfig, *, name: str | None, cron: str | None, i
         parameters={"config": config.model_dump(mode="json")},
         description=f"rankflow training run {config.run.name}",
         tags=["rankflow"],
+        # The installed module, not a file path: runs start from any directory.
+        entrypoint_type=EntrypointType.MODULE_PATH,
     )
 
 
