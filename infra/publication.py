@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .storage import StoreLocation, write_small_atomic
+from .storage import StoreLocation, storage_errors, write_small_atomic
 
 MANIFEST_FILE = "MANIFEST.json"
 LATEST_FILE = "LATEST"
@@ -75,6 +75,11 @@ def read_latest(store: StoreLocation, run_id: str) -> dict | None:
 
 def commit_checkpoint(staged_dir: Path, store: StoreLocation, run_id: str) -> CommitOutcome:
     """Upload a staged checkpoint: data files, then the manifest, then LATEST."""
+    with storage_errors(store, f"commit of {staged_dir.name} for run {run_id}"):
+        return _commit(staged_dir, store, run_id)
+
+
+def _commit(staged_dir: Path, store: StoreLocation, run_id: str) -> CommitOutcome:
     started = time.perf_counter()
     manifest = read_staged_manifest(staged_dir)
     step = int(manifest["step"])
@@ -117,6 +122,11 @@ def abort_dangling_uploads(store: StoreLocation, prefix: str) -> int:
 
 def cleanup_staging(staged_dir: Path, store: StoreLocation, run_id: str) -> dict:
     """Remove local staging of a committed checkpoint; never touches committed objects."""
+    with storage_errors(store, f"cleanup of {staged_dir.name} for run {run_id}"):
+        return _cleanup(staged_dir, store, run_id)
+
+
+def _cleanup(staged_dir: Path, store: StoreLocation, run_id: str) -> dict:
     removed_bytes = 0
     if staged_dir.exists():
         removed_bytes = sum(p.stat().st_size for p in staged_dir.rglob("*") if p.is_file())

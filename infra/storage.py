@@ -6,8 +6,10 @@ when a filesystem is made (never at import), and never logged.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import fsspec
@@ -76,3 +78,23 @@ def write_small_atomic(store: StoreLocation, path: str, data: bytes) -> None:
         os.replace(tmp, path)
     else:
         store.fs.pipe_file(path, data)
+
+
+@contextlib.contextmanager
+def storage_errors(store: StoreLocation, what: str) -> Iterator[None]:
+    """Translate client-level failures (an unreachable endpoint) into ConnectionError.
+
+    s3fs already maps S3's HTTP errors to OSError subclasses; a refused or
+    dropped connection surfaces as a botocore exception, which callers and
+    Prefect's retries should see as the OSError it is.
+    """
+    if store.is_local:
+        yield
+        return
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        yield
+    except BotoCoreError as error:
+        raise ConnectionError(f"{what}: object storage at {store.url} is unreachable ({error}); "
+                              "check the endpoint and retry — finished uploads are kept") from error

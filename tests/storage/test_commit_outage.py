@@ -1,0 +1,69 @@
+"""A real storage outage mid-commit: nothing half-visible, and a retry after the restart completes it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
+from infra.publication import commit_checkpoint
+from infra.s3_server import start_s3_server
+from infra.storage import open_store
+from trainer_core.manifest import write_manifest
+
+pytestmark = pytest.mark.s3
+
+RUN = "outage-run"
+
+
+def stage(tmp_path: Path) -> Path:
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    for index in range(4):
+        (staged / f"model-{index:05d}.safetensors").write_bytes(os.urandom(200_000))
+    write_manifest(staged, {"run_id": RUN, "step": 8})
+    return staged
+
+
+def use_server(monkeypatch, server) -> None:
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    # Fail fast while the server is down instead of retrying for minutes.
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    monkeypatch.setenv("AWS_RETRY_MODE", "standard")
+
+
+def test_server_stopped_mid_commit_then_retried_after_restart(tmp_path, monkeypatch):
+    staged = stage(tmp_path)
+    data_dir = tmp_path / "s3"
+    server = start_s3_server(data_dir)
+    try:
+        server.create_bucket("outage")
+        use_server(monkeypatch, server)
+        store = open_store("s3://outage/runs")
+        real_put = store.fs.put_file
+        uploads = []
+
+        def put_then_crash(local, remote, **kwargs):
+            real_put(local, remote, **kwargs)
+            uploads.append(remote)
+            if len(uploads) == 2:
+                server.stop(timeout_s=3)  # the storage goes away mid-commit
+
+        monkeypatch.setattr(store.fs, "put_file", put_then_crash)
+        with pytest.raises(ConnectionError, match="object storage at s3://outage/runs is unreachable"):
+            commit_checkpoint(staged, store, RUN)
+    finally:
+        server.stop(timeout_s=3)
+    with start_s3_server(data_dir) as restarted:  # same data, new port and credentials
+        use_server(monkeypatch, restarted)
+        store = open_store("s3://outage/runs")
+        assert list_checkpoints(store, RUN) == [] and latest_checkpoint(store, RUN) is None
+        outcome = commit_checkpoint(staged, store, RUN)
+        assert (outcome.num_files_skipped, outcome.num_files_uploaded) == (2, 2)  # two landed before the outage
+        assert latest_checkpoint(store, RUN) == "step-00000008"
+        copy = download_checkpoint(store, RUN, "step-00000008", tmp_path / "copy")
+        for file in staged.glob("*.safetensors"):
+            assert (copy / file.name).read_bytes() == file.read_bytes()
