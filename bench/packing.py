@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 from trainer_core.config import load_config
-from trainer_core.data import DataOptions
 from trainer_core.plan import build_plan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -28,7 +27,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def _measure(config, pack: bool) -> dict[str, float]:
     started = time.perf_counter()
-    _, shards = build_plan(config, DataOptions(max_seq_len=config.data.max_seq_len, overflow=config.data.overflow, pack=pack))
+    config.data.pack = pack
+    _, shards = build_plan(config)
     wall_s = time.perf_counter() - started
     total = real = loss = documents = 0
     for tensors in shards.values():

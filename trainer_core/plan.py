@@ -150,11 +150,11 @@ def _tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def build_plan(config: RunConfig, options: DataOptions | None = None) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
+def build_plan(config: RunConfig) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
     """Validate, tokenize and lay out the run in memory; writes nothing.
 
-    `options` overrides how the data stages run (default: from `config.data`);
-    tests use it for settings the config does not expose yet, such as packing.
+    Everything comes from the config (the data stages from `config.data`), so
+    the digest really names the plan.
     """
     records = read_records(config.data.path)
     tokenizer = load_tokenizer(config.tokenizer.path)
@@ -166,7 +166,7 @@ def build_plan(config: RunConfig, options: DataOptions | None = None) -> tuple[P
         )
     pad_id = tokenizer.token_to_id("<|endoftext|>")
     pad_id = 0 if pad_id is None else pad_id
-    options = options or DataOptions.from_config(config.data)
+    options = DataOptions.from_config(config.data)
     prepared = prepare(records, tokenizer, load_chat_template(config.tokenizer.path), options)
     if config.data.kind == "rl" and not prepared.is_rl:
         raise DataError(f"{config.data.path}: data.kind='rl' but the records carry no reward or advantage; add them (see the README's Data section) or set data.kind='sft'")

@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import config_from_dict
-from trainer_core.data import DataOptions, packed_attention_inputs
+from trainer_core.data import packed_attention_inputs
 from trainer_core.plan import build_plan
 
 
@@ -29,8 +29,9 @@ def target_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tens
 def packed_shard(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("packed")
     config = config_from_dict(tiny_tree(tmp_path, train={"steps": 2, "steps_per_segment": 2, "global_batch_size": 4,
-                                                         "logical_dp": 1, "nproc_per_node": 1}), config_dir=tmp_path)
-    plan, shards = build_plan(config, DataOptions(max_seq_len=128, pack=True))
+                                                         "logical_dp": 1, "nproc_per_node": 1},
+                                        data={"pack": True}), config_dir=tmp_path)
+    plan, shards = build_plan(config)
     assert plan.packed
     return shards[0]
 
@@ -67,7 +68,8 @@ def test_packed_rows_give_the_unpacked_logprobs(packed_shard, attn_implementatio
 def test_packing_wastes_less_than_padding_and_keeps_every_loss_token(tmp_path):
     config = config_from_dict(tiny_tree(tmp_path), config_dir=tmp_path)
     _, unpacked = build_plan(config)
-    _, packed = build_plan(config, DataOptions(max_seq_len=128, pack=True))
+    config.data.pack = True
+    _, packed = build_plan(config)
     for shards in (unpacked, packed):
         for tensors in shards.values():
             assert not tensors["loss_mask"][..., 0].any()

@@ -11,7 +11,7 @@ import torch
 
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import config_from_dict
-from trainer_core.data import DataError, DataOptions, parse_record, resolve_advantages
+from trainer_core.data import DataError, parse_record, resolve_advantages
 from trainer_core.plan import build_plan
 
 RL_DATA = EXAMPLES / "tiny" / "rl.jsonl"
@@ -39,7 +39,9 @@ def expected_documents() -> dict[tuple[int, ...], list[tuple[np.ndarray, float, 
 
 @pytest.mark.parametrize("pack", [False, True])
 def test_example_trajectories_land_in_the_shard_aligned_to_their_tokens(tmp_path, pack):
-    plan, shards = build_plan(rl_config(tmp_path), DataOptions(max_seq_len=160, pack=pack))
+    config = rl_config(tmp_path)
+    config.data.max_seq_len, config.data.pack = 160, pack
+    plan, shards = build_plan(config)
     assert plan.data_kind == "rl" and plan.num_flat_groups > 0
     oracle = expected_documents()
     checked = 0
