@@ -88,3 +88,26 @@ def test_replay_keeps_a_fraction_of_retains_saved_bytes():
         kept[mode] = trainer.graphs.resident_saved_bytes()
         del out
     assert kept["replay"] < 0.1 * kept["retain"] and kept["offload"] == 0 < kept["retain"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_topk_logits_and_hidden_outputs_match_plain_autograd(mode):
+    input_ids, attention_mask = batch()
+    model = tiny_qwen3(dropout=0.1).train()
+    reference = copy.deepcopy(model)
+    trainer = Trainer(model)
+    trainer.add_base_checkpoint()
+
+    def loss_of(topk, logits, hidden):
+        return topk.exp().sum() * 1e-2 + logits.pow(2).mean() * 1e-3 + hidden.tanh().mean()
+
+    torch.manual_seed(11)
+    out = trainer.forward(input_ids, attention_mask, outputs=("topk", "logits", "hidden"), top_k=3, mode=mode)
+    assert out.topk_logprobs.shape == (3, 11, 3) and out.topk_ids.shape == (3, 11, 3) and out.logprobs is None
+    trainer.backward(loss_of(out.topk_logprobs, out.logits, out.hidden_states))
+    torch.manual_seed(11)
+    result = reference(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    values, ids = torch.log_softmax(result.logits[:, :-1], -1).topk(3, dim=-1)
+    assert torch.equal(ids, out.topk_ids)
+    loss_of(values, result.logits, result.hidden_states[-1]).backward()
+    assert_same_grads(model, reference)
