@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from .distributed import init_distributed, log, run_rank_main
 from .export import export_checkpoint
+from .faults import maybe_inject_export_fault
 from .manifest import verify_staged
 from .model import build_model
 from .plan import read_plan
@@ -42,6 +43,7 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
     topology = init_distributed(config.train.logical_dp)
     model = build_model(config)
     meta = load_training_state(state_dir_for(run_dir, segment_index), model, optimizer=None)
+    maybe_inject_export_fault(topology.rank)
     digest = weights_digest(model)
     if topology.world_size > 1:
         digests: list[str | None] = [None] * topology.world_size

@@ -2,7 +2,9 @@
 
 `RANKFLOW_FAULT_ONCE=STEP:RANK:MARKER` makes rank RANK fail when it reaches
 optimizer step STEP, once: the marker file records that the fault happened,
-so the retried launch runs through. Read when called, never at import.
+so the retried launch runs through. `RANKFLOW_EXPORT_FAULT_ONCE=RANK:MARKER`
+does the same to the export stage, once its rank has loaded the state.
+Read when called, never at import.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 from pathlib import Path
 
 FAULT_ENV = "RANKFLOW_FAULT_ONCE"
+EXPORT_FAULT_ENV = "RANKFLOW_EXPORT_FAULT_ONCE"
 
 
 class InjectedFault(RuntimeError):
@@ -22,10 +25,19 @@ def maybe_inject_fault(step: int, rank: int) -> None:
     if not spec:
         return
     fault_step, fault_rank, marker = spec.split(":", 2)
-    if step != int(fault_step) or rank != int(fault_rank):
+    if step == int(fault_step):
+        _fail_once(rank, int(fault_rank), Path(marker), f"step {step}", FAULT_ENV)
+
+
+def maybe_inject_export_fault(rank: int) -> None:
+    spec = os.environ.get(EXPORT_FAULT_ENV)
+    if spec:
+        fault_rank, marker = spec.split(":", 1)
+        _fail_once(rank, int(fault_rank), Path(marker), "export", EXPORT_FAULT_ENV)
+
+
+def _fail_once(rank: int, fault_rank: int, marker: Path, where: str, variable: str) -> None:
+    if rank != fault_rank or marker.exists():
         return
-    marker_path = Path(marker)
-    if marker_path.exists():
-        return
-    marker_path.write_text(f"step {step} rank {rank}\n")
-    raise InjectedFault(f"injected fault at step {step} on rank {rank} ({FAULT_ENV})")
+    marker.write_text(f"{where} rank {rank}\n")
+    raise InjectedFault(f"injected fault at {where} on rank {rank} ({variable})")

@@ -17,7 +17,7 @@ from infra.checkpoints import download_checkpoint, latest_checkpoint, list_check
 from infra.storage import open_store
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
-from trainer_core.faults import FAULT_ENV
+from trainer_core.faults import EXPORT_FAULT_ENV, FAULT_ENV
 from trainer_core.model import build_model
 from trainer_core.plan import load_segment_shard, read_plan
 from trainer_core.state import load_training_state, state_dir_for
@@ -135,3 +135,16 @@ def test_bad_data_exits_2_and_writes_nothing(prefect_harness, tmp_path, capsys):
     assert f"{data}:2: field messages.0.role" in capsys.readouterr().err
     assert not (tmp_path / "work").exists() and not (tmp_path / "store").exists()
     assert list_checkpoints(open_store(str(tmp_path / "store")), "anything") == []
+
+
+def test_failed_export_is_retried_without_retraining(prefect_harness, tmp_path, monkeypatch):
+    marker = tmp_path / "export-fault-happened"
+    monkeypatch.setenv(EXPORT_FAULT_ENV, f"1:{marker}")  # rank 1 fails the first export launch
+    config, result = run_flow(tmp_path)
+    assert marker.is_file() and result["status"] == "completed"
+    entries = ledger.read(Path(config.run.work_dir) / result["run_id"])
+    exports = [(e["status"], e.get("error", "")) for e in entries if e["stage"] == "export"]
+    assert [s for s, _ in exports] == ["failed", "completed"] and "rank 1" in exports[0][1]
+    trained = [e["segment"] for e in entries if e["stage"] == "segment" and e["status"] == "completed"]
+    assert trained == [0, 1]  # each segment trained once: the retry redid only the export
+    assert latest_checkpoint(open_store(config.storage.url), result["run_id"]) is not None
