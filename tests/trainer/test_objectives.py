@@ -19,7 +19,7 @@ def test_clipped_surrogate_matches_a_hand_written_reference():
     for i in range(3):
         for t in range(5):
             if mask[i, t]:
-                r = float(torch.exp(logprobs[i, t] - behaviour[i, t]))
+                r = float(torch.exp(logprobs[i, t].detach() - behaviour[i, t]))
                 a = float(advantages[i, t])
                 clipped = min(max(r, 0.8), 1.28) * a
                 expected += -min(r * a, clipped)
