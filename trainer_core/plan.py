@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import RunConfig
 from .manifest import sha256_file
+from .data.cache import cache_key
 from .data import DataError, DataOptions, Prepared, load_chat_template, load_tokenizer, prepare, read_records
 from .data.shards import packed_steps, round_up, stack_rows, unpacked_steps
 from .model import model_vocab_size
@@ -151,10 +152,11 @@ def _tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def build_plan(config: RunConfig) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
-    """Validate, tokenize and lay out the run in memory; writes nothing.
+    """Validate, tokenize and lay out the run in memory.
 
     Everything comes from the config (the data stages from `config.data`), so
-    the digest really names the plan.
+    the digest really names the plan. The only thing written is the stage
+    cache under `run.work_dir/cache`, and only for data that passed every check.
     """
     records = read_records(config.data.path)
     tokenizer = load_tokenizer(config.tokenizer.path)
@@ -167,7 +169,12 @@ def build_plan(config: RunConfig) -> tuple[Plan, dict[int, dict[str, torch.Tenso
     pad_id = tokenizer.token_to_id("<|endoftext|>")
     pad_id = 0 if pad_id is None else pad_id
     options = DataOptions.from_config(config.data)
-    prepared = prepare(records, tokenizer, load_chat_template(config.tokenizer.path), options)
+    template = load_chat_template(config.tokenizer.path)
+    fingerprint = _input_fingerprint(config)
+    prepared = prepare(
+        records, tokenizer, template, options, cache_dir=Path(config.run.work_dir) / "cache",
+        cache_key=cache_key(fingerprint["data"], fingerprint["tokenizer"], template, options.advantage_normalization),
+    )
     if config.data.kind == "rl" and not prepared.is_rl:
         raise DataError(f"{config.data.path}: data.kind='rl' but the records carry no reward or advantage; add them (see the README's Data section) or set data.kind='sft'")
     if config.data.kind == "sft" and prepared.is_rl:
@@ -190,7 +197,7 @@ def build_plan(config: RunConfig) -> tuple[Plan, dict[int, dict[str, torch.Tenso
         training_config[section].pop("config", None)
     digest = hashlib.sha256(
         json.dumps(
-            {"config": training_config, "inputs": _input_fingerprint(config),
+            {"config": training_config, "inputs": fingerprint,
              "shards": [_tensor_digest(per_segment[i]) for i in sorted(per_segment)]},
             sort_keys=True,
         ).encode()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
-from tests.conftest import tiny_tree
+from tests.conftest import EXAMPLES, tiny_tree
+from trainer_core.data import pipeline
 from trainer_core.config import config_from_dict
 from trainer_core.plan import build_plan, read_plan, run_dir_for, write_plan
 
@@ -54,3 +58,28 @@ def test_plan_records_one_digest_per_data_stage(tmp_path, tiny_config):
     edited, _ = build_plan(config_from_dict(tiny_tree(tmp_path, data={"path": str(data)}), config_dir=tmp_path))
     assert all(edited.stage_digests[s] != plan.stage_digests[s] for s in plan.stage_digests)
     assert edited.digest != plan.digest
+
+
+def test_replanning_unchanged_inputs_reuses_the_stage_cache(tiny_config, monkeypatch):
+    first, shards_first = build_plan(tiny_config)
+    assert len(list((Path(tiny_config.run.work_dir) / "cache").glob("*.safetensors"))) == 1
+    monkeypatch.setattr(pipeline, "tokenize", lambda *args, **kwargs: pytest.fail("tokenized again despite the cache"))
+    second, shards_second = build_plan(tiny_config)
+    assert (second.digest, second.stage_digests) == (first.digest, first.stage_digests)
+    for index in shards_first:
+        for name in shards_first[index]:
+            assert torch.equal(shards_first[index][name], shards_second[index][name])
+    # The length limit applies after the cached stages, so a new limit reuses them too.
+    tiny_config.data.max_seq_len, tiny_config.data.overflow = 40, "drop"
+    assert build_plan(tiny_config)[0].num_dropped > 0
+
+
+def test_rl_trajectories_round_trip_through_the_stage_cache(tmp_path):
+    tree = tiny_tree(tmp_path, data={"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl"})
+    config = config_from_dict(tree, config_dir=tmp_path)
+    fresh, fresh_shards = build_plan(config)
+    cached, cached_shards = build_plan(config)
+    assert cached.num_flat_groups == fresh.num_flat_groups and cached.digest == fresh.digest
+    assert set(cached_shards[0]) >= {"advantages", "behaviour_logprobs", "policy_version"}
+    for name, tensor in fresh_shards[0].items():
+        assert torch.equal(tensor, cached_shards[0][name]), name

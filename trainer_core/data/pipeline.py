@@ -2,6 +2,10 @@
 
     render → tokenize (one batch) → mask → [advantages] → align → fit_length
 
+The stages up to align depend only on the file, the tokenizer, the template
+and the advantage normalisation, so the plan caches their outputs (cache.py);
+fit_length, which depends on the length limit, always runs.
+
 Every stage is pure; `prepare` chains them and keeps one digest per stage (a
 sha256 over its outputs, in record order, as each output's `digest` hashes
 itself), so a change in any
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,6 +24,7 @@ from tokenizers import Tokenizer
 
 from .advantages import AdvantageStats, Normalization, resolve_advantages
 from .align import Aligned, align
+from .cache import load_staged, save_staged
 from .mask import mask
 from .render import render
 from .schema import DataError, Record
@@ -102,8 +108,8 @@ def fit_length(
     return kept, kept_wheres, truncated, dropped
 
 
-def prepare(records: Sequence[Record], tokenizer: Tokenizer, template: str | None, options: DataOptions) -> Prepared:
-    """Run every per-document stage over `records`; the first bad record raises DataError."""
+def _stage_outputs(records: Sequence[Record], tokenizer: Tokenizer, template: str | None,
+                   normalization: Normalization) -> tuple[list[Aligned], bool, AdvantageStats | None, dict[str, str]]:
     conversations = [r.conversation for r in records]
     wheres = [r.where for r in records]
     rendered = [render(c, template, where=w) for c, w in zip(conversations, wheres)]
@@ -112,7 +118,7 @@ def prepare(records: Sequence[Record], tokenizer: Tokenizer, template: str | Non
     is_rl = bool(conversations) and conversations[0].is_trajectory
     stats = None
     if is_rl:
-        message_advantages, stats = resolve_advantages(conversations, wheres, options.advantage_normalization)
+        message_advantages, stats = resolve_advantages(conversations, wheres, normalization)
     else:
         message_advantages = [None] * len(conversations)
     aligned = [
@@ -124,10 +130,30 @@ def prepare(records: Sequence[Record], tokenizer: Tokenizer, template: str | Non
         "mask": _stage_digest(masked),
         "align": _stage_digest(aligned),
     }
+    return aligned, is_rl, stats, digests
+
+
+def prepare(records: Sequence[Record], tokenizer: Tokenizer, template: str | None, options: DataOptions,
+            *, cache_dir: Path | None = None, cache_key: str | None = None) -> Prepared:
+    """Run every per-document stage over `records`; the first bad record raises DataError.
+
+    With `cache_dir` and `cache_key`, the stages' outputs are loaded from the
+    cache when present and stored there otherwise (see cache.py).
+    """
+    cached = load_staged(cache_dir, cache_key) if cache_dir and cache_key else None
+    fresh = cached is None or len(cached[0]) != len(records)
+    if fresh:
+        aligned, is_rl, stats, digests = _stage_outputs(records, tokenizer, template, options.advantage_normalization)
+    else:
+        aligned, is_rl, stats, digests = cached
+    wheres = [r.where for r in records]
     documents, kept_wheres, truncated, dropped = fit_length(aligned, wheres, options.max_seq_len, options.overflow)
     if not documents:
         source = wheres[0].rsplit(":", 1)[0] if wheres else "(data)"
         raise DataError(f"{source}: no conversation left with loss tokens after applying data.max_seq_len={options.max_seq_len}")
+    if fresh and cache_dir and cache_key:
+        # Only data that passed every check is cached: bad input writes nothing.
+        save_staged(cache_dir, cache_key, aligned, is_rl, stats, digests)
     return Prepared(
         documents=documents, wheres=kept_wheres, is_rl=is_rl, num_records=len(records),
         num_truncated=truncated, num_dropped=dropped, advantage_stats=stats, stage_digests=digests,
