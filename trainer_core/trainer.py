@@ -247,11 +247,14 @@ class Trainer:
                        keep_graph: bool = True) -> dict[tuple[str, str], torch.Tensor]:
         stale = any(ages.values())
         if record.mode == "replay":
-            importance = stale and self.staleness.stale_mode == "importance"
-            weights = {n: dict(c.parameters()) for n, c in self.checkpoints.items()} if importance else record.weights
+            # Stale with snapshots: re-run at the weights the forward used. Otherwise
+            # (fresh, or the importance policy) at the live weights — for a fresh
+            # graph those are the very tensors the forward used.
+            at_recorded = stale and self.staleness.stale_mode == "snapshot"
+            weights = record.weights if at_recorded else {n: dict(c.parameters()) for n, c in self.checkpoints.items()}
             with record.replay.restored():
-                internal = self._compute(record.call, weights if stale and not importance else None)
-            if importance and "logprobs" in cotangents:
+                internal = self._compute(record.call, weights if at_recorded else None)
+            if stale and not at_recorded and "logprobs" in cotangents:
                 w = importance_weights(internal["logprobs"], record.recorded_logprobs, self.staleness.importance_low, self.staleness.importance_high)
                 cotangents = {**cotangents, "logprobs": cotangents["logprobs"] * w}
         else:

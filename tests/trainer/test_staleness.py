@@ -110,3 +110,16 @@ def test_importance_replay_uses_current_weights_with_weighted_logprob_cotangents
 def test_bad_policy_is_rejected():
     with pytest.raises(ValueError, match="max_gradient_staleness=-1"):
         StalenessPolicy(max_gradient_staleness=-1)
+
+
+def test_importance_policy_leaves_a_fresh_replayed_graph_exact():
+    trainer = make_trainer(stale_mode="importance")
+    reference = copy.deepcopy(trainer.model)
+    ids, mask = batch(seed=1)
+    torch.manual_seed(0)
+    out = trainer.forward(ids, mask, mode="replay")
+    trainer.backward(sft_loss(out.logprobs, mask))
+    torch.manual_seed(0)
+    sft_loss(reference_logprobs(reference, ids, mask), mask).backward()
+    for live, expected in zip(trainer.model.parameters(), reference.parameters()):
+        torch.testing.assert_close(live.grad, expected.grad, rtol=1e-5, atol=1e-7)
