@@ -31,13 +31,14 @@ def save_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
         {"name": checkpoint.name, "kind": checkpoint.kind, "identity": checkpoint.identity, "revision": checkpoint.revision}))
 
 
-def restore_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
+def restore_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimizer: bool = True) -> None:
+    """Load a saved checkpoint (its AdamW state too, unless `with_optimizer` is False)."""
     meta = json.loads((directory / VERSION_FILE).read_text())
     if meta["kind"] != checkpoint.kind:
         raise ValueError(f"{directory} holds a '{meta['kind']}' checkpoint, not '{checkpoint.kind}'; restore it into a checkpoint of that kind")
     checkpoint.load_state_dict({
         "params": load_file(str(directory / "params.safetensors")),
-        "optimizer": torch.load(directory / "optimizer.pt", weights_only=True),
+        "optimizer": torch.load(directory / "optimizer.pt", weights_only=True) if with_optimizer else None,
         "revision": meta["revision"],
     })
 

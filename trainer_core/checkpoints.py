@@ -137,7 +137,8 @@ class Checkpoint:
                 if name not in state["params"]:
                     raise KeyError(f"checkpoint '{self.name}': saved state lacks parameter {name}")
                 param.copy_(state["params"][name])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.revision = int(state["revision"])
         self.identity = new_identity()
 

@@ -11,29 +11,20 @@ a retried export does not serialize the same checkpoint again.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from .distributed import init_distributed, log, run_rank_main
 from .export import export_checkpoint
 from .faults import maybe_inject_export_fault
+from .files import tensors_sha256, write_text_atomic
 from .manifest import verify_staged
-from .model import build_model
+from .model import build_trainer
 from .plan import read_plan
 from .state import load_training_state, state_dir_for
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
@@ -41,10 +32,11 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
     plan = read_plan(run_dir)
     config = plan.run_config()
     topology = init_distributed(config.train.logical_dp)
-    model = build_model(config)
-    meta = load_training_state(state_dir_for(run_dir, segment_index), model, optimizer=None)
+    trainer = build_trainer(config)
+    model = trainer.model
+    meta = load_training_state(state_dir_for(run_dir, segment_index), trainer.checkpoints, with_optimizer=False)
     maybe_inject_export_fault(topology.rank)
-    digest = weights_digest(model)
+    digest = tensors_sha256(model.state_dict())
     if topology.world_size > 1:
         digests: list[str | None] = [None] * topology.world_size
         dist.all_gather_object(digests, digest)
@@ -60,7 +52,7 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
             export_checkpoint(config, model, out_dir, {"run_id": plan.run_id, "step": step, "weights_sha256": digest})
         result = {"segment": segment_index, "step": step, "out_dir": str(out_dir), "reused": reused,
                   "weights_sha256": digest, "export_s": time.perf_counter() - started}
-        (out_dir.parent / f"{out_dir.name}.result.json").write_text(json.dumps(result, indent=2))
+        write_text_atomic(out_dir.parent / f"{out_dir.name}.result.json", json.dumps(result, indent=2))
         log(f"export of step {step} {'reused (manifest verifies)' if reused else 'written'} at {out_dir}")
     if dist.is_initialized():
         dist.barrier()

@@ -7,19 +7,12 @@ verifies is, by definition, not there.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
+from .files import sha256_file, write_text_atomic
+
 MANIFEST_FILE = "MANIFEST.json"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def build_manifest(directory: Path, extra: dict | None = None) -> dict:
@@ -33,9 +26,7 @@ def build_manifest(directory: Path, extra: dict | None = None) -> dict:
 
 def write_manifest(directory: Path, extra: dict | None = None) -> dict:
     manifest = build_manifest(directory, extra)
-    tmp = directory / (MANIFEST_FILE + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    tmp.replace(directory / MANIFEST_FILE)
+    write_text_atomic(directory / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
 
 

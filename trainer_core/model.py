@@ -1,4 +1,4 @@
-"""Build the Hugging Face causal LM a run trains: from a local directory or a config.
+"""Build the Hugging Face causal LM a run trains (from a local directory or a config), and its Trainer.
 
 Nothing is downloaded: `model.path` is a local directory, `model.config` a
 config.json for a randomly initialised model (tests and examples).
@@ -12,7 +12,11 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from .checkpoints import OptimizerConfig
 from .config import RunConfig
+from .memory.planner import MemoryPlanner
+from .staleness import StalenessPolicy
+from .trainer import Trainer
 
 
 def load_model_config(config: RunConfig) -> PretrainedConfig:
@@ -41,3 +45,18 @@ def build_model(config: RunConfig) -> PreTrainedModel:
             model = AutoModelForCausalLM.from_config(load_model_config(config), dtype=torch.float32)
     model.config.use_cache = False
     return model
+
+
+def build_trainer(config: RunConfig) -> Trainer:
+    """The model of `config` in a Trainer with its checkpoint (full fine-tuning), as segments and exports use it."""
+    train = config.train
+    trainer = Trainer(
+        build_model(config),
+        staleness=StalenessPolicy(max_gradient_staleness=train.max_gradient_staleness),
+        planner=MemoryPlanner(budget_bytes=train.saved_bytes_budget),
+    )
+    trainer.add_base_checkpoint(optimizer=OptimizerConfig(
+        learning_rate=train.learning_rate, betas=train.betas, eps=train.eps,
+        weight_decay=train.weight_decay, grad_clip=train.grad_clip,
+    ))
+    return trainer

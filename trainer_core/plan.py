@@ -27,10 +27,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .config import RunConfig
-from .manifest import sha256_file
-from .data.cache import cache_key
 from .data import DataError, DataOptions, Prepared, load_chat_template, load_tokenizer, prepare, read_records
+from .data.cache import cache_key
 from .data.shards import packed_steps, round_up, stack_rows, unpacked_steps
+from .files import sha256_file, tensors_sha256, write_text_atomic
 from .model import model_vocab_size
 
 PLAN_FILE = "plan.json"
@@ -143,14 +143,6 @@ def _segment_shards(prepared: Prepared, config: RunConfig, options: DataOptions,
     }
 
 
-def _tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        digest.update(name.encode())
-        digest.update(tensors[name].contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
 def build_plan(config: RunConfig) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
     """Validate, tokenize and lay out the run in memory.
 
@@ -198,7 +190,7 @@ def build_plan(config: RunConfig) -> tuple[Plan, dict[int, dict[str, torch.Tenso
     digest = hashlib.sha256(
         json.dumps(
             {"config": training_config, "inputs": fingerprint,
-             "shards": [_tensor_digest(per_segment[i]) for i in sorted(per_segment)]},
+             "shards": [tensors_sha256(per_segment[i]) for i in sorted(per_segment)]},
             sort_keys=True,
         ).encode()
     ).hexdigest()
@@ -232,9 +224,7 @@ def write_plan(plan: Plan, shards: dict[int, dict[str, torch.Tensor]], run_dir: 
         save_file(shards[segment.index], str(tmp), metadata={"run_id": plan.run_id})
         os.replace(tmp, target)
     plan_path = run_dir / PLAN_FILE
-    tmp = plan_path.with_suffix(".tmp")
-    tmp.write_text(plan.to_json())
-    os.replace(tmp, plan_path)
+    write_text_atomic(plan_path, plan.to_json())
     return plan_path
 
 

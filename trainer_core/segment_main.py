@@ -13,23 +13,20 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 
-from .checkpoints import Checkpoint, OptimizerConfig
 from .config import RunConfig
 from .data.pack import packed_attention_inputs
 from .distributed import Topology, all_reduce_sum_, init_distributed, log, run_rank_main
 from .faults import maybe_inject_fault
-from .memory.planner import MemoryPlanner
-from .model import build_model
+from .files import write_text_atomic
+from .model import build_trainer
 from .objectives import clipped_policy_gradient_sum, sft_loss_sum, stale_trajectory_mask
-from .schedule import learning_rate_at
 from .plan import load_segment_shard, read_plan
-from .staleness import StalenessPolicy
+from .schedule import learning_rate_at
 from .state import load_training_state, save_training_state, state_dir_for
 from .trainer import Trainer
 
@@ -42,18 +39,6 @@ def step_seed(seed: int, step: int, logical_rank: int) -> int:
 
 def segment_result_path(run_dir: Path, segment_index: int) -> Path:
     return run_dir / "segments" / f"segment-{segment_index:04d}.json"
-
-
-def _build_trainer(config: RunConfig) -> tuple[Trainer, Checkpoint]:
-    model = build_model(config)
-    train = config.train
-    planner = MemoryPlanner(budget_bytes=train.saved_bytes_budget)
-    trainer = Trainer(model, staleness=StalenessPolicy(max_gradient_staleness=train.max_gradient_staleness), planner=planner)
-    base = trainer.add_base_checkpoint(optimizer=OptimizerConfig(
-        learning_rate=train.learning_rate, betas=train.betas, eps=train.eps,
-        weight_decay=train.weight_decay, grad_clip=train.grad_clip,
-    ))
-    return trainer, base
 
 
 def _count_documents(selected: torch.Tensor, rows: dict[str, torch.Tensor]) -> int:
@@ -108,15 +93,15 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
     segment = plan.segments[segment_index]
     topology: Topology = init_distributed(config.train.logical_dp)
 
-    trainer, base = _build_trainer(config)
+    trainer = build_trainer(config)
+    (base,) = trainer.checkpoints.values()
     if segment_index > 0:
-        meta = load_training_state(state_dir_for(run_dir, segment_index - 1), trainer.model, base.optimizer)
+        meta = load_training_state(state_dir_for(run_dir, segment_index - 1), trainer.checkpoints)
         if meta["next_step"] != segment.start_step:
             raise RuntimeError(
                 f"state of segment {segment_index - 1} ends at step {meta['next_step']}, but segment "
                 f"{segment_index} starts at {segment.start_step}; the run directory mixes plans — start a new run"
             )
-        base.revision = meta.get("revision", segment.start_step)
     trainer.model.train()
     shard = load_segment_shard(run_dir, segment)
     setup_s = time.perf_counter() - started
@@ -163,8 +148,7 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
     state_bytes = 0
     if topology.rank == 0:
         state_bytes = save_training_state(
-            state_dir, trainer.model, base.optimizer,
-            {"next_step": segment.end_step, "segment": segment_index, "plan_digest": plan.digest, "revision": base.revision},
+            state_dir, trainer.checkpoints, {"next_step": segment.end_step, "segment": segment_index, "plan_digest": plan.digest},
         )
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
@@ -181,11 +165,7 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
             "world_size": topology.world_size, "logical_dp": topology.logical_dp,
             "state_dir": str(state_dir), "state_bytes": state_bytes,
         }
-        path = segment_result_path(run_dir, segment_index)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=2))
-        os.replace(tmp, path)
+        write_text_atomic(segment_result_path(run_dir, segment_index), json.dumps(result, indent=2))
         log(f"segment {segment_index} done: loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
             f"{result['tokens_per_s']:.0f} tokens/s, state {state_bytes} bytes")
 

@@ -1,9 +1,11 @@
-"""Training state between segments: weights, optimizer state and the data cursor.
+"""Training state between segments: every checkpoint's weights, AdamW state and revision, and the data cursor.
 
-Rank 0 writes the state into a temporary directory and renames it into place,
-so a state directory either exists whole or not at all; a crashed segment never
-leaves a half-written state for its retry to resume from. Weights are
-replicated over data-parallel ranks, so one copy is enough.
+Each checkpoint is saved with `checkpoint_io.save_checkpoint` into one
+directory per checkpoint, beside `meta.json` (the next step). Rank 0 writes the
+whole state into a temporary directory and renames it into place, so a state
+directory either exists whole or not at all; a crashed segment never leaves a
+half-written state for its retry to resume from. Weights are replicated over
+data-parallel ranks, so one copy is enough.
 
 RNG needs no saving: every random draw is seeded from (seed, step, logical
 rank), which also makes dropout independent of the physical world size.
@@ -14,10 +16,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
-import torch
-from safetensors.torch import load_model, save_model
+from .checkpoint_io import restore_checkpoint, save_checkpoint
+from .checkpoints import Checkpoint
 
 META_FILE = "meta.json"
 
@@ -30,24 +33,24 @@ def has_state(state_dir: Path) -> bool:
     return (state_dir / META_FILE).is_file()
 
 
-def save_training_state(state_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict) -> int:
+def save_training_state(state_dir: Path, checkpoints: Mapping[str, Checkpoint], meta: dict) -> int:
     """Write the state atomically; returns its size in bytes."""
     tmp = state_dir.with_name(state_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    for name, checkpoint in checkpoints.items():
+        save_checkpoint(checkpoint, tmp / name)
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
     if state_dir.exists():
         shutil.rmtree(state_dir)
     os.replace(tmp, state_dir)
-    return sum(p.stat().st_size for p in state_dir.iterdir())
+    return sum(p.stat().st_size for p in state_dir.rglob("*") if p.is_file())
 
 
-def load_training_state(state_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+def load_training_state(state_dir: Path, checkpoints: Mapping[str, Checkpoint], *, with_optimizer: bool = True) -> dict:
+    """Restore every checkpoint (weights, revision, and AdamW state unless told not to); returns meta."""
     if not has_state(state_dir):
         raise FileNotFoundError(f"no complete training state at {state_dir}; rerun the segment that writes it")
-    load_model(model, str(state_dir / "model.safetensors"))
-    if optimizer is not None:
-        optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
+    for name, checkpoint in checkpoints.items():
+        restore_checkpoint(checkpoint, state_dir / name, with_optimizer=with_optimizer)
     return json.loads((state_dir / META_FILE).read_text())

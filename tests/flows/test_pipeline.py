@@ -18,7 +18,7 @@ from infra.storage import open_store
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
 from trainer_core.faults import EXPORT_FAULT_ENV, FAULT_ENV
-from trainer_core.model import build_model
+from trainer_core.model import build_trainer
 from trainer_core.plan import load_segment_shard, read_plan
 from trainer_core.state import load_training_state, state_dir_for
 
@@ -47,8 +47,9 @@ def exported_weights(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
 def assert_logits_match_trainer(config, result, checkpoint_dir: Path) -> None:
     run_dir = Path(config.run.work_dir) / result["run_id"]
     plan = read_plan(run_dir)
-    trainer_model = build_model(config)
-    load_training_state(state_dir_for(run_dir, len(plan.segments) - 1), trainer_model, optimizer=None)
+    trainer = build_trainer(config)
+    load_training_state(state_dir_for(run_dir, len(plan.segments) - 1), trainer.checkpoints, with_optimizer=False)
+    trainer_model = trainer.model
     exported = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), local_files_only=True, dtype=torch.float32)
     shard = load_segment_shard(run_dir, plan.segments[0])
     input_ids, attention_mask = shard["input_ids"][0], shard["attention_mask"][0]
