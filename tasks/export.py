@@ -9,9 +9,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
-from infra.launcher import launch_or_raise
 from infra.publication import checkpoint_name
 
+from ._launch import launch_stage
 from ._logging import rank_line_logger
 from .outcomes import ExportOutcome, PlannedRun
 
@@ -25,15 +25,7 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     run_dir = Path(planned.run_dir)
     out_dir = staged_dir_for(planned, segment_index)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        launched = launch_or_raise(
-            "trainer_core.export_main",
-            ["--run-dir", str(run_dir), "--segment", str(segment_index), "--out", str(out_dir)],
-            nproc_per_node=planned.nproc_per_node, timeout_s=planned.segment_timeout_s, on_line=on_line,
-        )
-    except Exception as error:
-        ledger.record(run_dir, "export", "failed", segment=segment_index, error=str(error).splitlines()[0])
-        raise
+    launched = launch_stage(planned, "export", "trainer_core.export_main", segment_index, ["--out", str(out_dir)], on_line)
     result = json.loads((out_dir.parent / f"{out_dir.name}.result.json").read_text())
     manifest = json.loads((out_dir / "MANIFEST.json").read_text())
     outcome = ExportOutcome(

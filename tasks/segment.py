@@ -13,10 +13,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
-from infra.launcher import launch_or_raise
 from trainer_core.segment_main import segment_result_path
 from trainer_core.state import has_state, state_dir_for
 
+from ._launch import launch_stage
 from ._logging import rank_line_logger
 from .outcomes import PlannedRun, SegmentOutcome
 
@@ -36,14 +36,7 @@ def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) -> 
         outcome = _outcome(json.loads(result_path.read_text()), 0.0, reused=True)
         ledger.record(run_dir, "segment", "reused", segment=segment_index)
         return outcome
-    try:
-        launched = launch_or_raise(
-            "trainer_core.segment_main", ["--run-dir", str(run_dir), "--segment", str(segment_index)],
-            nproc_per_node=planned.nproc_per_node, timeout_s=planned.segment_timeout_s, on_line=on_line,
-        )
-    except Exception as error:
-        ledger.record(run_dir, "segment", "failed", segment=segment_index, error=str(error).splitlines()[0])
-        raise
+    launched = launch_stage(planned, "segment", "trainer_core.segment_main", segment_index, [], on_line)
     result = json.loads(result_path.read_text())
     outcome = _outcome(result, launched.wall_s, reused=False)
     ledger.record(run_dir, "segment", "completed", launch_wall_s=launched.wall_s,

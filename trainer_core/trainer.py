@@ -31,6 +31,8 @@ from .staleness import StalenessPolicy, graph_age, importance_weights
 from .transaction import NonFinitePolicy, StagedGradients, agree_across_ranks
 
 OUTPUT_KINDS = ("logprobs", "topk", "logits", "hidden", "heads")
+# Internal output name → ManagedOutputs field.
+_OUTPUT_FIELDS = {"logprobs": "logprobs", "topk": "topk_logprobs", "logits": "logits", "hidden": "hidden_states"}
 
 
 class GraphConsumedError(RuntimeError):
@@ -236,7 +238,7 @@ class Trainer:
             if name.startswith("head:"):
                 managed.heads[name.removeprefix("head:")] = leaf
             else:
-                setattr(managed, {"logprobs": "logprobs", "topk": "topk_logprobs", "logits": "logits", "hidden": "hidden_states"}[name], leaf)
+                setattr(managed, _OUTPUT_FIELDS[name], leaf)
         self.graphs.add(record, leaves)
         self.peak_saved_bytes = max(self.peak_saved_bytes, self.graphs.resident_saved_bytes())
         return managed
