@@ -93,9 +93,15 @@ def _gib(num_bytes: int) -> str:
 
 
 def _steps_in_memory(config: RunConfig, size: PlanSize, memory_bytes: int) -> int:
+    """The most steps whose plan fits in `memory_bytes` (the inverse of `estimate_plan_size`'s peak)."""
     train = config.train
-    stacking = min(train.steps_per_segment, train.steps) * train.global_batch_size * size.bytes_per_row
-    return max(0, (memory_bytes - stacking) // (train.global_batch_size * (size.bytes_per_row + _ORDER_BYTES_PER_ROW)))
+    row = train.global_batch_size
+    # Up to one segment, that segment is all the steps: it is held twice while stacked.
+    within_one_segment = memory_bytes // (row * (2 * size.bytes_per_row + _ORDER_BYTES_PER_ROW))
+    if within_one_segment < train.steps_per_segment:
+        return max(0, within_one_segment)
+    stacking = train.steps_per_segment * row * size.bytes_per_row
+    return max(train.steps_per_segment, (memory_bytes - stacking) // (row * (size.bytes_per_row + _ORDER_BYTES_PER_ROW)))
 
 
 def _advice(steps_that_fit: int, change: str) -> str:

@@ -70,6 +70,10 @@ def _tokenizer_case(name: str, files: dict, where: str, fix: str, path: str = "{
     return Case(name, "tokenizer", where, fix, files=files, config={"tokenizer": {"path": path}})
 
 
+def _set_case(name: str, override: str, where: str, fix: str) -> Case:
+    return Case(name, "override", where, fix, argv=("--set", override))
+
+
 def _model_path_case(name: str, builder, where: str, fix: str) -> Case:
     return Case(name, "model", where, fix, files={"model": builder},
                 config={"model": {"config": None, "path": "{dir}/model"}})
@@ -182,22 +186,22 @@ CASES: list[Case] = [
     Case("work_dir_under_a_file", "storage", r"run\.work_dir='{dir}/file/work' cannot be a directory \(its parent '{dir}/file' is a regular file\)",
          r"point run\.work_dir at a directory", files={"file": "x"}, config={"run": {"work_dir": "{dir}/file/work"}}),
     # --- --set overrides
-    Case("set_unknown_key", "override", r"  train\.stepz \(from --set\): unknown key", r"did you mean 'steps'\?",
-         argv=("--set", "train.stepz=3")),
-    Case("set_bad_value", "override", r"  train\.steps \(from --set\): must be a whole number \(got 'abc'\)", r"write a whole number",
-         argv=("--set", "train.steps=abc")),
-    Case("set_inf", "override", r"  train\.learning_rate \(from --set\): must be a finite number", r"set a finite value",
-         argv=("--set", "train.learning_rate=inf")),
-    Case("set_without_equals", "override", r"--set 'train\.steps': expected dotted\.key=value", r"e\.g\. --set train\.steps=10",
-         argv=("--set", "train.steps")),
-    Case("set_into_a_value", "override", r"--set train\.steps\.x=1: 'steps' is a value, not a section", r"set train\.steps itself",
-         argv=("--set", "train.steps.x=1")),
-    Case("set_empty_key_segment", "override", r"--set train\.\.steps=1: empty key segment", r"write it as section\.key=value",
-         argv=("--set", "train..steps=1")),
-    Case("set_section_to_a_value", "override", r"  train \(from --set\): must be a table of keys \(got 5\)", r"write it as a \[train\] section",
-         argv=("--set", "train=5")),
-    Case("set_unknown_section", "override", r"  trian \(from --set\): unknown key", r"did you mean 'train'\?",
-         argv=("--set", "trian.steps=3")),
+    _set_case("set_unknown_key", "train.stepz=3", r"  train\.stepz \(from --set\): unknown key",
+              r"did you mean 'steps'\?"),
+    _set_case("set_bad_value", "train.steps=abc", r"  train\.steps \(from --set\): must be a whole number \(got 'abc'\)",
+              r"write a whole number"),
+    _set_case("set_inf", "train.learning_rate=inf", r"  train\.learning_rate \(from --set\): must be a finite number",
+              r"set a finite value"),
+    _set_case("set_without_equals", "train.steps", r"--set 'train\.steps': expected dotted\.key=value",
+              r"e\.g\. --set train\.steps=10"),
+    _set_case("set_into_a_value", "train.steps.x=1", r"--set train\.steps\.x=1: 'steps' is a value, not a section",
+              r"set train\.steps itself"),
+    _set_case("set_empty_key_segment", "train..steps=1", r"--set train\.\.steps=1: empty key segment",
+              r"write it as section\.key=value"),
+    _set_case("set_section_to_a_value", "train=5", r"  train \(from --set\): must be a table of keys \(got 5\)",
+              r"write it as a \[train\] section"),
+    _set_case("set_unknown_section", "trian.steps=3", r"  trian \(from --set\): unknown key",
+              r"did you mean 'train'\?"),
     # --- the model: model.config
     Case("model_config_missing", "model", r"model\.config='{dir}/nope\.json' does not exist", r"point it at a config\.json",
          config={"model": {"config": "{dir}/nope.json"}}),
