@@ -133,8 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except BadInputError as error:
-        print(f"rankflow: bad input: {error}", file=sys.stderr)
+        print(f"rankflow: bad input: {_without_credentials(str(error))}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+_CREDENTIAL_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+
+
+def _without_credentials(message: str) -> str:
+    """A last guard: a message about a storage setting never shows a credential, whoever wrote it."""
+    for name in _CREDENTIAL_VARIABLES:
+        secret = os.environ.get(name, "")
+        if len(secret) >= 4:
+            message = message.replace(secret, f"<{name}>")
+    return message
 
 
 if __name__ == "__main__":
