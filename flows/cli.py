@@ -3,6 +3,8 @@
     rankflow run CONFIG [--set dotted.key=value ...]   run the pipeline (in-process Prefect by default)
     rankflow serve CONFIG (--cron EXPR | --interval S)  serve it as a scheduled Prefect deployment
     rankflow ui [--port P]                              start a Prefect server + UI on 127.0.0.1
+    rankflow server [--port P] [--db URL | --pg-dir D]  start a Prefect server on PostgreSQL, for workers
+    rankflow deploy CONFIG --pool NAME [--cron EXPR]    deploy the flow to a work pool of that server
     rankflow s3 serve [--dir D] [--bucket B]            start a local S3 server (SeaweedFS)
 
 Exit status: 0 success; 2 bad config or input (nothing started, nothing
@@ -28,6 +30,9 @@ from pathlib import Path
 from trainer_core.config import RunConfig, load_config
 from trainer_core.errors import BadInputError
 from trainer_core.validate import validate_inputs
+
+from .deploy_command import add_deploy_parser
+from .server import add_server_parser
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -119,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     ui = commands.add_parser("ui", help="start a Prefect server and UI on 127.0.0.1")
     ui.add_argument("--port", type=int, default=4200)
     ui.set_defaults(handler=cmd_ui)
+
+    add_server_parser(commands)
+    add_deploy_parser(commands, with_config)
 
     s3 = commands.add_parser("s3", help="local S3 server").add_subparsers(dest="s3_command", required=True)
     s3_serve = s3.add_parser("serve", help="start SeaweedFS on 127.0.0.1 and print the AWS_* variables")
