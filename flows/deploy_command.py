@@ -88,7 +88,7 @@ def _check_schedule(cron: str | None, interval_s: float | None) -> None:
     if cron is None and interval_s is None:
         return  # on demand: `prefect deployment run`, the UI, or run_deployment
     if cron is not None and interval_s is not None:
-        raise ConfigError('rankflow deploy: give at most one of --cron EXPR or --interval SECONDS, e.g. --cron "0 3 * * *"')
+        raise ConfigError('--cron and --interval: give at most one of them, e.g. --cron "0 3 * * *" or --interval 3600')
     from .schedule import check_schedule
 
     check_schedule(cron, interval_s)
@@ -99,7 +99,7 @@ def _require_api_url() -> str:
 
     api_url = get_current_settings().api.url
     if not api_url:
-        raise ConfigError("rankflow deploy: no Prefect server to register with; set PREFECT_API_URL to its API, e.g. "
+        raise ConfigError("PREFECT_API_URL is not set, so there is no Prefect server to deploy to; set it to the server's API, e.g. "
                           "export PREFECT_API_URL=http://127.0.0.1:4200/api (`rankflow server` prints it). Without it "
                           "the deployment would go to a temporary API that disappears when this command exits")
     return api_url

@@ -238,3 +238,59 @@ def test_deployed_tiny_job_runs_on_a_worker_and_commits_to_s3(prefect_server, po
 
     record_property("deployment_latency", latency)
     print(f"\ndeployment run -> first step through a worker: {json.dumps(latency)}")
+
+
+def test_redeploy_updates_the_deployment_in_place(prefect_server, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.deploy import deploy_training
+    from trainer_core.config import config_from_dict
+
+    config = config_from_dict(tiny_tree(tmp_path), config_dir=tmp_path)
+    with temporary_settings(updates={PREFECT_API_URL: prefect_server.api_url}), get_client(sync_client=True) as client:
+        first = deploy_training(config, pool="redeploy-pool", name="nightly", cron="0 3 * * *")
+        config.train.steps = 9
+        second = deploy_training(config, pool="redeploy-pool", name="nightly", cron="30 4 * * *",
+                                 job_variables={"working_dir": str(tmp_path)})
+        deployment = client.read_deployment(second.deployment_id)
+    assert second.deployment_id == first.deployment_id
+    assert [schedule.schedule.cron for schedule in deployment.schedules] == ["30 4 * * *"]
+    assert deployment.parameters["config"]["train"]["steps"] == 9
+    assert deployment.job_variables == {"working_dir": str(tmp_path)}
+
+
+def test_rankflow_server_with_its_own_cluster_stops_everything_on_ctrl_c(postgres_cluster, tmp_path_factory):
+    del postgres_cluster  # only for its skip (or CI failure) where PostgreSQL is not installed
+    import shutil
+    import tempfile
+    import urllib.request
+
+    # As root PostgreSQL runs as another user, who must be able to enter the directory's parents.
+    base = Path(tempfile.mkdtemp(prefix="rankflow-server-"))
+    os.chmod(base, 0o755)
+    try:
+        pg_dir, logs = base / "pg", tmp_path_factory.mktemp("own-cluster")
+        port = pick_free_port()
+        env = _client_env("unused", logs / "home")
+        for name in ("PREFECT_API_URL", "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
+            env.pop(name, None)
+        output = logs / "stdout.txt"
+        with output.open("wb") as sink:
+            process = subprocess.Popen([RANKFLOW, "server", "--port", str(port), "--pg-dir", str(pg_dir),
+                                        "--log", str(logs / "server.log")], stdin=subprocess.DEVNULL, stdout=sink,
+                                       stderr=subprocess.STDOUT, env=env, cwd=logs, start_new_session=True)
+        try:
+            _wait_for_output(output, "Stop with Ctrl-C", process, _SERVER_START_TIMEOUT_S)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=10) as response:
+                assert response.status == 200
+            password = (pg_dir / "password").read_text().strip()
+            assert "postgresql+asyncpg://rankflow:***@127.0.0.1:" in output.read_text()
+            assert password not in output.read_text() and password not in (logs / "server.log").read_text()
+        finally:
+            exit_code = _stop_and_check_gone(process, signal.SIGINT, 60, "rankflow server --pg-dir")
+        assert exit_code == 0, output.read_text()[-3000:]
+        assert "database system is shut down" in (pg_dir / "postgres.log").read_text()
+        assert (pg_dir / "pgdata" / "PG_VERSION").is_file()  # kept for the next start
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
