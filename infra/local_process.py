@@ -31,6 +31,8 @@ _NUM_LOG_TAIL_LINES = 40
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:
     """Whether a TCP listener could bind `host:port` now (TIME_WAIT leftovers do not count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # Servers set SO_REUSEADDR (Go's listeners in weed, PostgreSQL, uvicorn), so a port
+        # held only by TIME_WAIT connections is usable by them; mirror that to avoid false "busy".
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
@@ -52,9 +54,16 @@ def pick_free_port(rng: random.Random | None = None, port_range: tuple[int, int]
 
 
 def process_is_running(pid: int, process: subprocess.Popen | None) -> bool:
-    """Whether the process lives; with its Popen handle a zombie is reaped and counts as gone."""
+    """Whether the process lives; a zombie counts as gone (and is reaped if it is our child)."""
     if process is not None:
         return process.poll() is None
+    try:
+        reaped_pid, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not our child
+    else:
+        if reaped_pid == pid:
+            return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

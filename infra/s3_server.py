@@ -20,7 +20,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +34,8 @@ import botocore.config
 import botocore.exceptions
 import botocore.session
 import s3fs
+
+from .local_process import port_is_free, process_is_running, stop_process_group
 
 __all__ = [
     "CONFLICTING_AWS_ENV_VARS",
@@ -156,9 +157,7 @@ class S3Server:
 
     def is_running(self) -> bool:
         """Whether the weed process still exists (a zombie counts as gone)."""
-        if self._process is not None:
-            return self._process.poll() is None
-        return _pid_exists(self.pid)
+        return process_is_running(self.pid, self._process)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM weed's process group, SIGKILL it after `timeout_s`; idempotent.
@@ -168,42 +167,8 @@ class S3Server:
         Data already acknowledged survives a SIGKILL (it is in the OS page
         cache); pass 15 s or more where a clean shutdown matters.
         """
-        # Checking first matters: once weed is reaped its PID may be reused,
-        # and signalling that group would hit an unrelated process.
-        if self.is_running():
-            self._terminate(timeout_s)
+        stop_process_group(self.pid, self._process, signal.SIGTERM, timeout_s, "weed")
         _remove_leftover_sockets(self._listen_ports)
-
-    def _terminate(self, timeout_s: float) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        if self._wait_for_exit(timeout_s):
-            return
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        if not self._wait_for_exit(timeout_s):
-            raise RuntimeError(
-                f"weed (pid {self.pid}) survived SIGKILL for {timeout_s}s; "
-                f"check it with `ps -o pid,stat,cmd -p {self.pid}` (state D means stuck in I/O)"
-            )
-
-    def _wait_for_exit(self, timeout_s: float) -> bool:
-        if self._process is not None:
-            try:
-                self._process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                return False
-            return True
-        deadline = time.monotonic() + timeout_s
-        while _pid_exists(self.pid):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        return True
 
     def __enter__(self) -> S3Server:
         return self
@@ -379,7 +344,7 @@ def _pick_free_ports(rng: random.Random) -> dict[str, int]:
             return chosen
         port = rng.randrange(*_PORT_RANGE)
         pair = {port, port + _GRPC_PORT_OFFSET}
-        if pair & taken or not all(_port_is_free(candidate) for candidate in pair):
+        if pair & taken or not all(port_is_free(candidate, _HOST) for candidate in pair):
             continue
         chosen[_PORT_ROLES[len(chosen)]] = port
         taken |= pair
@@ -390,18 +355,6 @@ def _pick_free_ports(rng: random.Random) -> dict[str, int]:
         f"in {_PORT_RANGE[0]}-{_PORT_RANGE[1] + _GRPC_PORT_OFFSET} on {_HOST} after {_NUM_PORT_DRAWS} "
         "draws; stop other local servers (`ss -ltn` lists them) and retry"
     )
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # Go listeners set SO_REUSEADDR, so a port held only by TIME_WAIT
-        # connections is usable by weed; mirror that to avoid false "busy".
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((_HOST, port))
-        except OSError:
-            return False
-    return True
 
 
 def _weed_command(
@@ -518,21 +471,3 @@ def _remove_leftover_sockets(ports: tuple[int, ...]) -> None:
         for path in _WEED_SOCKET_DIR.glob(f"seaweedfs-*-{port}.sock"):
             if path.is_socket():
                 path.unlink(missing_ok=True)
-
-
-def _pid_exists(pid: int) -> bool:
-    # Reap it first if it is our child, so a zombie does not read as alive.
-    try:
-        reaped_pid, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    else:
-        if reaped_pid == pid:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
