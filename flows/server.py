@@ -20,10 +20,14 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from infra.local_process import LOOPBACK, port_is_free
 from trainer_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from infra.prefect_server import PrefectServer
 
 EXIT_OK, EXIT_FAILED = 0, 1
 _ASYNC_DRIVER = "postgresql+asyncpg"
@@ -88,6 +92,8 @@ def run_server(*, port: int, host: str, db_url: str | None, pg_dir: Path, log_pa
     from infra.postgres import start_postgres
     from infra.prefect_server import start_prefect_server
 
+    # A signal during start-up is honoured once the start-up returns: stopping
+    # half-started services from a handler would race the code starting them.
     stop_requested = threading.Event()
     previous = {signum: signal.signal(signum, lambda *_: stop_requested.set()) for signum in (signal.SIGINT, signal.SIGTERM)}
     cluster = server = None
@@ -95,7 +101,7 @@ def run_server(*, port: int, host: str, db_url: str | None, pg_dir: Path, log_pa
         if db_url is None:
             try:
                 cluster = start_postgres(pg_dir)
-            except FileNotFoundError as error:
+            except (FileNotFoundError, RuntimeError) as error:  # not installed; did not come up (log tail)
                 print(f"rankflow server: {error}", file=sys.stderr)
                 return EXIT_FAILED
             db_url = cluster.url()
@@ -110,7 +116,7 @@ def run_server(*, port: int, host: str, db_url: str | None, pg_dir: Path, log_pa
         while not stop_requested.wait(timeout=0.5):
             for name, process in (("the Prefect server", server), ("PostgreSQL", cluster)):
                 if process is not None and not process.is_running():
-                    print(f"rankflow server: {name} exited on its own; see {getattr(process, 'log_path')}",
+                    print(f"rankflow server: {name} exited on its own; see {process.log_path}",
                           file=sys.stderr)
                     return EXIT_FAILED
         print("Stopping ...", flush=True)
@@ -126,7 +132,7 @@ def run_server(*, port: int, host: str, db_url: str | None, pg_dir: Path, log_pa
                 signal.signal(signum, handler)
 
 
-def _print_usage(server, redacted_db_url: str) -> None:
+def _print_usage(server: PrefectServer, redacted_db_url: str) -> None:
     print(f"Prefect server at {server.api_url} on {redacted_db_url} (pid {server.pid}, log {server.log_path})")
     print(f"UI: {server.ui_url}")
     print("In another shell (and on every worker machine):")
