@@ -37,8 +37,9 @@ ONE_RUN_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=Concurren
 """A run that would start while another run of the same deployment is active is cancelled, not queued.
 
 Two runs of one config share a run id (it comes from the plan digest) and its
-run lease: a second one could only wait. A schedule that fires while a long
-run trains skips that slot instead of piling runs up behind it.
+work dir: side by side they would train the same segments twice and race to
+publish them. A schedule that fires while a long run trains skips that slot
+instead of piling runs up behind it.
 """
 
 
