@@ -1,7 +1,9 @@
 """The trainer core: everything that runs under torchrun. No Prefect import here.
 
 Public names: the run configuration, the plan, and the entry points
-`trainer_core.segment_main` and `trainer_core.export_main`.
+`trainer_core.segment_main` and `trainer_core.export_main`. The trainer API
+(Trainer, checkpoints, backward state, staleness, transactions) is the
+subpackage `trainer_core.training`.
 """
 
 from .config import ConfigError, RunConfig, load_config

@@ -12,11 +12,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from .checkpoints import OptimizerConfig
 from .config import RunConfig
-from .memory.planner import MemoryPlanner
-from .staleness import StalenessPolicy
-from .trainer import Trainer
+from .training import MemoryPlanner, OptimizerConfig, StalenessPolicy, Trainer
 
 
 def load_model_config(config: RunConfig) -> PretrainedConfig:
@@ -54,6 +51,9 @@ def build_trainer(config: RunConfig) -> Trainer:
         build_model(config),
         staleness=StalenessPolicy(max_gradient_staleness=train.max_gradient_staleness),
         planner=MemoryPlanner(budget_bytes=train.saved_bytes_budget),
+        # Non-finite gradients reach the step, whose norm every rank agrees on;
+        # the segment runner applies train.nonfinite to the step's report.
+        nonfinite="skip",
     )
     trainer.add_base_checkpoint(optimizer=OptimizerConfig(
         learning_rate=train.learning_rate, betas=train.betas, eps=train.eps,

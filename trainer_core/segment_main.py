@@ -28,7 +28,7 @@ from .objectives import clipped_policy_gradient_sum, sft_loss_sum, stale_traject
 from .plan import load_segment_shard, read_plan
 from .schedule import learning_rate_at
 from .state import load_training_state, save_training_state, state_dir_for
-from .trainer import Trainer
+from .training import Trainer
 
 
 def step_seed(seed: int, step: int, logical_rank: int) -> int:

@@ -9,15 +9,13 @@ import torch
 
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.test_backward_state import reference_logprobs, sft_loss
-from trainer_core.checkpoints import OptimizerConfig
-from trainer_core.staleness import StalenessPolicy, StaleGraphError, importance_weights
-from trainer_core.trainer import Trainer
+from trainer_core.training import OptimizerConfig, StaleGraphError, StalenessPolicy, Trainer, importance_weights
 
 OPTIMIZER = OptimizerConfig(learning_rate=1e-2, grad_clip=0.0)
 
 
-def make_trainer(max_staleness: int = 2, stale_mode: str = "snapshot") -> Trainer:
-    trainer = Trainer(tiny_qwen3().train(), staleness=StalenessPolicy(max_gradient_staleness=max_staleness, stale_mode=stale_mode))
+def make_trainer(max_staleness: int = 2, stale_mode: str = "snapshot", dtype=torch.float32) -> Trainer:
+    trainer = Trainer(tiny_qwen3(dtype=dtype).train(), staleness=StalenessPolicy(max_gradient_staleness=max_staleness, stale_mode=stale_mode))
     trainer.add_base_checkpoint(optimizer=OPTIMIZER)
     return trainer
 
@@ -36,9 +34,14 @@ def float64_grads(model, input_ids, attention_mask) -> list[torch.Tensor]:
     return [p.grad for p in oracle.parameters()]
 
 
+# A float64 trainer is held to float64 precision; a float32 one to float32's.
+TOLERANCES = {torch.float64: {"rtol": 1e-10, "atol": 1e-13}, torch.float32: {"rtol": 1e-4, "atol": 1e-6}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("mode", ["retain", "offload", "replay"])
-def test_a_graph_two_steps_old_gets_the_gradient_at_its_version(mode):
-    trainer = make_trainer()
+def test_a_graph_two_steps_old_gets_the_gradient_at_its_version(mode, dtype):
+    trainer = make_trainer(dtype=dtype)
     ids, mask = batch(seed=1)
     at_version = copy.deepcopy(trainer.model)
     out = trainer.forward(ids, mask, mode=mode)
@@ -46,7 +49,8 @@ def test_a_graph_two_steps_old_gets_the_gradient_at_its_version(mode):
     report = trainer.backward(sft_loss(out.logprobs, mask))
     assert list(report.ages.values()) == [{"base": 2}]
     for live, oracle in zip(trainer.model.parameters(), float64_grads(at_version, ids, mask)):
-        torch.testing.assert_close(live.grad.double(), oracle, rtol=1e-4, atol=1e-6)
+        assert live.grad.dtype == dtype
+        torch.testing.assert_close(live.grad.double(), oracle, **TOLERANCES[dtype])
 
 
 def test_a_third_step_makes_it_an_error_naming_checkpoint_age_and_bound():
