@@ -127,3 +127,27 @@ def test_importance_policy_leaves_a_fresh_replayed_graph_exact():
     sft_loss(reference_logprobs(reference, ids, mask), mask).backward()
     for live, expected in zip(trainer.model.parameters(), reference.parameters()):
         torch.testing.assert_close(live.grad, expected.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", ["retain", "offload", "replay"])
+def test_a_stale_graph_through_a_value_head_gets_both_checkpoints_gradients_at_its_version(mode):
+    trainer = make_trainer()
+    torch.manual_seed(3)
+    head = torch.nn.Linear(32, 1)
+    trainer.add_module_checkpoint("value", head, optimizer=OPTIMIZER)
+    ids, mask = batch(seed=1)
+    model_then, head_then = copy.deepcopy(trainer.model), copy.deepcopy(head)
+    out = trainer.forward(ids, mask, outputs=("logprobs", "heads"), mode=mode)
+    for seed in range(2):  # both checkpoints step twice while `out` waits
+        other_ids, other_mask = batch(seed=100 + seed)
+        other = trainer.forward(other_ids, other_mask, outputs=("logprobs", "heads"))
+        trainer.backward(sft_loss(other.logprobs, other_mask) + other.heads["value"].pow(2).mean())
+        assert all(report.stepped for report in trainer.step().values())
+    report = trainer.backward(sft_loss(out.logprobs, mask) + out.heads["value"].pow(2).mean())
+    assert list(report.ages.values()) == [{"base": 2, "value": 2}]
+    result = model_then(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    logprobs = torch.log_softmax(result.logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    (sft_loss(logprobs, mask) + head_then(result.hidden_states[-1]).pow(2).mean()).backward()
+    for live, expected in [(trainer.model, model_then), (head, head_then)]:
+        for p, q in zip(live.parameters(), expected.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)

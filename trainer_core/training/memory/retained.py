@@ -44,7 +44,10 @@ def saved_tensor_bytes(outputs: Outputs, excluded_storages: set[int]) -> int:
             continue
         seen.add(node)
         for attribute in _saved_attributes(type(node)):
-            value = getattr(node, attribute)
+            try:
+                value = getattr(node, attribute)
+            except RuntimeError:  # a saved variable that cannot be unpacked holds nothing we could count
+                continue
             for tensor in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(tensor, torch.Tensor):
                     storage = tensor.untyped_storage()
