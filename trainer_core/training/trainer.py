@@ -102,8 +102,8 @@ class Trainer(CheckpointRegistry):
         if mode is None:
             mode = self.planner.choose(call.num_tokens, self.graphs.resident_saved_bytes())
         state, values = self._record(mode, call)
-        weights = {n: c.parameters() for n, c in self.checkpoints.items()} if self.staleness.keeps_weights(
-            mode == "replay") else {}
+        held = self.staleness.keeps_weights(replayed=mode == "replay")
+        weights = {name: c.parameters() for name, c in self.checkpoints.items()} if held else {}
         graph = Graph(self.graphs.new_id(), versions, weights, state)
         managed = self._managed(values, graph, versions)
         self.peak_saved_bytes = max(self.peak_saved_bytes, self.graphs.resident_saved_bytes())
@@ -158,7 +158,10 @@ class Trainer(CheckpointRegistry):
         direct, unowned = [], []
         for tensor in found.others:
             owner = owners.get(id(tensor))
-            (direct.append((*owner, tensor)) if owner is not None else unowned.append(tensor))
+            if owner is None:
+                unowned.append(tensor)
+            else:
+                direct.append((*owner, tensor))
         if not found.managed and not direct:
             raise ValueError("the loss depends on no managed output; build it from the outputs of trainer.forward(...)")
         if unowned:
