@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoints import Checkpoint, OptimizerConfig, StepReport
+from .checkpoints import Checkpoint, StepReport
 from .graphs import (
     Graph, GraphConsumedError, GraphTable, LossLeaves, ManagedOutputs, leaf_tag, loss_leaves, make_leaf,
 )
@@ -317,5 +317,3 @@ class Trainer(CheckpointRegistry):
     def world_size(self) -> int:
         return dist.get_world_size() if dist.is_initialized() else 1
 
-
-__all__ = ["BackwardReport", "GraphConsumedError", "OptimizerConfig", "Trainer"]
