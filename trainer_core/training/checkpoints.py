@@ -28,12 +28,14 @@ import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
 
 from .versions import Version, new_identity
 
+CheckpointKind = Literal["base", "lora", "module"]
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
@@ -86,7 +88,7 @@ def _locations(root: nn.Module, params: Sequence[nn.Parameter]) -> dict[int, lis
 
 
 class Checkpoint:
-    def __init__(self, name: str, kind: str, owner: nn.Module, params: Sequence[tuple[str, nn.Parameter]],
+    def __init__(self, name: str, kind: CheckpointKind, owner: nn.Module, params: Sequence[tuple[str, nn.Parameter]],
                  optimizer: OptimizerConfig):
         if not params:
             raise ValueError(f"checkpoint '{name}' has no trainable parameters; register a module with requires_grad parameters")
