@@ -134,11 +134,10 @@ class PlainLoop:
 
 
 class TrainerLoop:
-    """The candidate: the same step through `trainer_core.trainer.Trainer` in one backward-state mode."""
+    """The candidate: the same step through `trainer_core.training.Trainer` in one backward-state mode."""
 
     def __init__(self, model: torch.nn.Module, mode: str):
-        from trainer_core.checkpoints import OptimizerConfig
-        from trainer_core.trainer import Trainer
+        from trainer_core.training import OptimizerConfig, Trainer
 
         self.mode = mode
         self.trainer = Trainer(model)
@@ -150,9 +149,9 @@ class TrainerLoop:
     def step(self, batch: Batch) -> float:
         out = self.trainer.forward(batch.input_ids, batch.attention_mask, outputs=("logprobs",), mode=self.mode)
         self.resident_after_forward_bytes = self.trainer.graphs.resident_saved_bytes()
-        record = self.trainer.graphs.get(out.graph_id)
-        if record is not None and record.offload is not None:
-            self.offloaded_bytes = record.offload.offloaded_bytes
+        graph = self.trainer.graphs.get(out.graph_id)
+        if graph is not None and hasattr(graph.state, "offloaded_bytes"):
+            self.offloaded_bytes = graph.state.offloaded_bytes
         loss = -(out.logprobs * batch.loss_mask).sum() / batch.loss_mask.sum()
         self.trainer.backward(loss)
         self.trainer.step()

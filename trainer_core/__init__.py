@@ -2,7 +2,9 @@
 
 Public names: the run configuration, the input pre-flight (`validate_inputs`;
 every bad-input error is a `BadInputError`), the plan, and the entry points
-`trainer_core.segment_main` and `trainer_core.export_main`.
+`trainer_core.segment_main` and `trainer_core.export_main`. The trainer API
+(Trainer, checkpoints, backward state, staleness, transactions) is the
+subpackage `trainer_core.training`.
 """
 
 from .config import ConfigError, RunConfig, load_config

@@ -103,8 +103,10 @@ class TrainSection(_Section):
     """How each forward keeps its backward state; `auto` lets the memory planner choose per graph."""
     saved_bytes_budget: int | None = Field(None, ge=0)
     """Resident saved-tensor bytes the planner may keep (with backward_mode = auto)."""
-    max_gradient_staleness: int = Field(2, ge=0)
+    max_gradient_staleness: int = Field(2, ge=0, strict=True)
     """Optimizer steps a forward's graph may lag behind at backward (0 = strict)."""
+    nonfinite: Literal["skip", "error"] = "skip"
+    """A non-finite gradient norm: `skip` the update on every rank (counted in the segment result) or fail the segment."""
     segment_timeout_s: float = Field(1800, gt=0)
     """Wall-clock limit of one torchrun launch; past it the process group is killed."""
 

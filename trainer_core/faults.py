@@ -4,6 +4,8 @@
 optimizer step STEP, once: the marker file records that the fault happened,
 so the retried launch runs through. `RANKFLOW_EXPORT_FAULT_ONCE=RANK:MARKER`
 does the same to the export stage, once its rank has loaded the state.
+`RANKFLOW_NONFINITE_LOSS=STEP:RANK` makes rank RANK's loss NaN at optimizer
+step STEP, every time (to test the `train.nonfinite` policy).
 Read when called, never at import.
 """
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 FAULT_ENV = "RANKFLOW_FAULT_ONCE"
 EXPORT_FAULT_ENV = "RANKFLOW_EXPORT_FAULT_ONCE"
+NONFINITE_LOSS_ENV = "RANKFLOW_NONFINITE_LOSS"
 
 
 class InjectedFault(RuntimeError):
@@ -34,6 +37,15 @@ def maybe_inject_export_fault(rank: int) -> None:
     if spec:
         fault_rank, marker = spec.split(":", 1)
         _fail_once(rank, int(fault_rank), Path(marker), "export", EXPORT_FAULT_ENV)
+
+
+def nonfinite_loss_factor(step: int, rank: int) -> float:
+    """NaN where RANKFLOW_NONFINITE_LOSS asks for a non-finite loss, else 1."""
+    spec = os.environ.get(NONFINITE_LOSS_ENV)
+    if not spec:
+        return 1.0
+    fault_step, fault_rank = (int(part) for part in spec.split(":", 1))
+    return float("nan") if (step, rank) == (fault_step, fault_rank) else 1.0
 
 
 def _fail_once(rank: int, fault_rank: int, marker: Path, where: str, variable: str) -> None:

@@ -6,16 +6,12 @@ config.json for a randomly initialised model (tests and examples).
 
 from __future__ import annotations
 
-
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from .checkpoints import OptimizerConfig
 from .config import RunConfig
-from .memory.planner import MemoryPlanner
 from .model_checks import read_model_config
-from .staleness import StalenessPolicy
-from .trainer import Trainer
+from .training import MemoryPlanner, OptimizerConfig, StalenessPolicy, Trainer
 
 
 def load_model_config(config: RunConfig) -> PretrainedConfig:
@@ -44,6 +40,9 @@ def build_trainer(config: RunConfig) -> Trainer:
         build_model(config),
         staleness=StalenessPolicy(max_gradient_staleness=train.max_gradient_staleness),
         planner=MemoryPlanner(budget_bytes=train.saved_bytes_budget),
+        # Non-finite gradients reach the step, whose norm every rank agrees on;
+        # the segment runner applies train.nonfinite to the step's report.
+        nonfinite="skip",
     )
     trainer.add_base_checkpoint(optimizer=OptimizerConfig(
         learning_rate=train.learning_rate, betas=train.betas, eps=train.eps,

@@ -21,14 +21,14 @@ import torch
 from .config import RunConfig
 from .data.pack import packed_attention_inputs
 from .distributed import Topology, all_reduce_sum_, init_distributed, log, run_rank_main
-from .faults import maybe_inject_fault
+from .faults import maybe_inject_fault, nonfinite_loss_factor
 from .files import write_text_atomic
 from .model import build_trainer
 from .objectives import clipped_policy_gradient_sum, sft_loss_sum, stale_trajectory_mask
 from .plan import load_segment_shard, read_plan
 from .schedule import learning_rate_at
 from .state import load_training_state, save_training_state, state_dir_for
-from .trainer import Trainer
+from .training import Trainer
 
 
 def step_seed(seed: int, step: int, logical_rank: int) -> int:
@@ -125,6 +125,7 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
             torch.manual_seed(step_seed(config.run.seed, step, logical_rank))
             out = _forward(trainer, rows, mode)
             micro_loss, micro_stale = _micro_batch_loss_sum(config, out.logprobs, rows, version)
+            micro_loss = micro_loss * nonfinite_loss_factor(step, topology.rank)
             trainer.backward(micro_loss / num_loss_tokens)
             loss_sum += micro_loss.detach()
             num_stale += micro_stale
@@ -134,7 +135,15 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
         loss = float(loss_sum) / num_loss_tokens
         losses.append(loss)
         grad_norms.append(report.grad_norm)
-        if not report.stepped:
+        if not report.stepped and report.skipped_reason == "no gradient":
+            skipped.append(step)
+            log(f"step {step}: no gradient on any rank (every loss token masked); nothing to update")
+        elif not report.stepped:
+            # Every rank holds the same reduced norm, so every rank takes this branch alike.
+            if config.train.nonfinite == "error":
+                raise RuntimeError(f"step {step}: non-finite gradient norm {report.grad_norm} ({report.skipped_reason}); "
+                                   "failing the segment as train.nonfinite = 'error' asks — set it to 'skip' to skip "
+                                   "such updates instead")
             skipped.append(step)
             log(f"step {step}: non-finite gradient norm {report.grad_norm}; update skipped on every rank")
         if topology.rank == 0:
@@ -157,7 +166,7 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
         tokens = int(totals[0].item())
         result = {
             "segment": segment_index, "start_step": segment.start_step, "end_step": segment.end_step,
-            "losses": losses, "grad_norms": grad_norms, "skipped_steps": skipped,
+            "losses": losses, "grad_norms": grad_norms, "skipped_steps": skipped, "num_skipped_steps": len(skipped),
             "num_stale_trajectories": int(totals[1].item()),
             "num_tokens": tokens, "tokens_per_s": tokens / train_s if train_s > 0 else 0.0,
             "setup_s": setup_s, "train_s": train_s, "save_s": save_s,

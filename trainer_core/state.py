@@ -19,8 +19,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from .checkpoint_io import restore_checkpoint, save_checkpoint
-from .checkpoints import Checkpoint
+from .training import Checkpoint, restore_checkpoint, save_checkpoint
 
 META_FILE = "meta.json"
 

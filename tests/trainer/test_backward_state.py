@@ -9,7 +9,7 @@ import torch
 from peft import LoraConfig
 
 from tests.trainer.models import batch, tiny_qwen3
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 MODES = ["retain", "offload", "replay"]
 
@@ -20,8 +20,10 @@ def sft_loss(logprobs: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tens
 
 
 def reference_logprobs(model, input_ids, attention_mask):
+    """Plain autograd's token logprobs, in float32 or wider (a float64 model stays float64)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    return torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))
+    return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
 def assert_same_grads(trained, reference) -> None:

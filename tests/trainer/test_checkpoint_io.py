@@ -11,10 +11,9 @@ from safetensors.torch import load_file
 
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.test_backward_state import sft_loss
-from trainer_core.checkpoint_io import export_checkpoint_module, restore_checkpoint, save_checkpoint
-from trainer_core.checkpoints import OptimizerConfig
-from trainer_core.staleness import StaleGraphError
-from trainer_core.trainer import Trainer
+from trainer_core.training import (
+    OptimizerConfig, StaleGraphError, Trainer, export_checkpoint_module, restore_checkpoint, save_checkpoint,
+)
 
 
 def trained_adapter_and_head():

@@ -6,8 +6,7 @@ import torch
 
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.test_backward_state import sft_loss
-from trainer_core.memory.planner import MemoryPlanner
-from trainer_core.trainer import Trainer
+from trainer_core.training import MemoryPlanner, Trainer
 
 
 def test_no_budget_always_retains():

@@ -9,15 +9,13 @@ import torch
 
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.test_backward_state import reference_logprobs, sft_loss
-from trainer_core.checkpoints import OptimizerConfig
-from trainer_core.staleness import StalenessPolicy, StaleGraphError, importance_weights
-from trainer_core.trainer import Trainer
+from trainer_core.training import OptimizerConfig, StaleGraphError, StalenessPolicy, Trainer, importance_weights
 
 OPTIMIZER = OptimizerConfig(learning_rate=1e-2, grad_clip=0.0)
 
 
-def make_trainer(max_staleness: int = 2, stale_mode: str = "snapshot") -> Trainer:
-    trainer = Trainer(tiny_qwen3().train(), staleness=StalenessPolicy(max_gradient_staleness=max_staleness, stale_mode=stale_mode))
+def make_trainer(max_staleness: int = 2, stale_mode: str = "snapshot", dtype=torch.float32) -> Trainer:
+    trainer = Trainer(tiny_qwen3(dtype=dtype).train(), staleness=StalenessPolicy(max_gradient_staleness=max_staleness, stale_mode=stale_mode))
     trainer.add_base_checkpoint(optimizer=OPTIMIZER)
     return trainer
 
@@ -36,9 +34,14 @@ def float64_grads(model, input_ids, attention_mask) -> list[torch.Tensor]:
     return [p.grad for p in oracle.parameters()]
 
 
+# A float64 trainer is held to float64 precision; a float32 one to float32's.
+TOLERANCES = {torch.float64: {"rtol": 1e-10, "atol": 1e-13}, torch.float32: {"rtol": 1e-4, "atol": 1e-6}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("mode", ["retain", "offload", "replay"])
-def test_a_graph_two_steps_old_gets_the_gradient_at_its_version(mode):
-    trainer = make_trainer()
+def test_a_graph_two_steps_old_gets_the_gradient_at_its_version(mode, dtype):
+    trainer = make_trainer(dtype=dtype)
     ids, mask = batch(seed=1)
     at_version = copy.deepcopy(trainer.model)
     out = trainer.forward(ids, mask, mode=mode)
@@ -46,7 +49,8 @@ def test_a_graph_two_steps_old_gets_the_gradient_at_its_version(mode):
     report = trainer.backward(sft_loss(out.logprobs, mask))
     assert list(report.ages.values()) == [{"base": 2}]
     for live, oracle in zip(trainer.model.parameters(), float64_grads(at_version, ids, mask)):
-        torch.testing.assert_close(live.grad.double(), oracle, rtol=1e-4, atol=1e-6)
+        assert live.grad.dtype == dtype
+        torch.testing.assert_close(live.grad.double(), oracle, **TOLERANCES[dtype])
 
 
 def test_a_third_step_makes_it_an_error_naming_checkpoint_age_and_bound():
@@ -123,3 +127,27 @@ def test_importance_policy_leaves_a_fresh_replayed_graph_exact():
     sft_loss(reference_logprobs(reference, ids, mask), mask).backward()
     for live, expected in zip(trainer.model.parameters(), reference.parameters()):
         torch.testing.assert_close(live.grad, expected.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", ["retain", "offload", "replay"])
+def test_a_stale_graph_through_a_value_head_gets_both_checkpoints_gradients_at_its_version(mode):
+    trainer = make_trainer()
+    torch.manual_seed(3)
+    head = torch.nn.Linear(32, 1)
+    trainer.add_module_checkpoint("value", head, optimizer=OPTIMIZER)
+    ids, mask = batch(seed=1)
+    model_then, head_then = copy.deepcopy(trainer.model), copy.deepcopy(head)
+    out = trainer.forward(ids, mask, outputs=("logprobs", "heads"), mode=mode)
+    for seed in range(2):  # both checkpoints step twice while `out` waits
+        other_ids, other_mask = batch(seed=100 + seed)
+        other = trainer.forward(other_ids, other_mask, outputs=("logprobs", "heads"))
+        trainer.backward(sft_loss(other.logprobs, other_mask) + other.heads["value"].pow(2).mean())
+        assert all(report.stepped for report in trainer.step().values())
+    report = trainer.backward(sft_loss(out.logprobs, mask) + out.heads["value"].pow(2).mean())
+    assert list(report.ages.values()) == [{"base": 2, "value": 2}]
+    result = model_then(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    logprobs = torch.log_softmax(result.logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    (sft_loss(logprobs, mask) + head_then(result.hidden_states[-1]).pow(2).mean()).backward()
+    for live, expected in [(trainer.model, model_then), (head, head_then)]:
+        for p, q in zip(live.parameters(), expected.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)

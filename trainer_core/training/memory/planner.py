@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
-BackwardMode = Literal["retain", "offload", "replay"]
-BACKWARD_MODES: tuple[str, ...] = ("retain", "offload", "replay")
+from .base import BackwardMode
 
 
 def _ema(old: float | None, new: float, weight: float = 0.3) -> float:

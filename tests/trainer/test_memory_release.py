@@ -1,0 +1,151 @@
+"""Graphs are freed: after outputs are dropped, after any backward, in every backward mode.
+
+Each pattern runs 50 times after a warm-up; resident memory must come back to
+where it was (within 1 MB, after `malloc_trim` hands freed heap pages back),
+no tensor may survive in Python's heap, and weak references on an autograd
+node of the graph (through its `metadata` dict) and on the weight snapshot a
+stale graph holds must die.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import tempfile
+import weakref
+
+import pytest
+import torch
+
+from tests.trainer.models import batch, tiny_qwen3
+from tests.trainer.test_backward_state import sft_loss
+from trainer_core.training import GradientTransactionError, StalenessPolicy, Trainer
+
+MODES = ["retain", "offload", "replay"]
+ITERATIONS = 50
+MAX_GROWTH_BYTES = 1 << 20
+
+
+class _Probe:
+    """A weakly referenceable object hung on an autograd node: it dies with the node."""
+
+
+def resident_bytes() -> int:
+    gc.collect()
+    try:  # glibc keeps freed heap pages mapped; hand them back so RSS measures what is live
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def live_tensors() -> int:
+    gc.collect()
+    return sum(1 for obj in gc.get_objects() if issubclass(type(obj), torch.Tensor))
+
+
+def graph_node(trainer: Trainer, graph_id: int):
+    """An autograd node of the graph a retained or offloaded forward recorded."""
+    return trainer.graphs.get(graph_id).state.outputs["logprobs"].grad_fn
+
+
+def _drop(trainer, ids, mask, mode):
+    trainer.forward(ids, mask, mode=mode)
+
+
+def _single(trainer, ids, mask, mode):
+    out = trainer.forward(ids, mask, mode=mode)
+    trainer.backward(sft_loss(out.logprobs, mask))
+
+
+def _two_graphs(trainer, ids, mask, mode):
+    first, second = trainer.forward(ids, mask, mode=mode), trainer.forward(ids, mask, mode=mode)
+    trainer.backward(sft_loss(first.logprobs, mask) + sft_loss(second.logprobs, mask))
+
+
+def _retain_graph(trainer, ids, mask, mode):
+    out = trainer.forward(ids, mask, mode=mode)
+    trainer.backward(sft_loss(out.logprobs, mask), retain_graph=True)
+
+
+def _failed_transaction(trainer, ids, mask, mode):
+    first, second = trainer.forward(ids, mask, mode=mode), trainer.forward(ids, mask, mode=mode)
+    with pytest.raises(GradientTransactionError, match="non-finite"):
+        trainer.backward(sft_loss(first.logprobs, mask) + second.logprobs.sum() * float("inf"))
+
+
+PATTERNS = {"dropped": _drop, "single_backward": _single, "two_graph_backward": _two_graphs,
+            "retain_graph": _retain_graph, "failed_transaction": _failed_transaction}
+
+
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_returns_to_baseline(mode, pattern):
+    run = PATTERNS[pattern]
+    # Offload to host memory, so that resident memory sees whether the offloaded copies are freed too.
+    trainer = Trainer(tiny_qwen3().train(), offload_target="host")
+    trainer.add_base_checkpoint()
+    ids, mask = batch(size=2, length=32)
+    for _ in range(5):  # warm-up: allocator pools, lazily built kernels
+        run(trainer, ids, mask, mode)
+    trainer.zero_grad()
+    baseline_bytes, baseline_tensors = resident_bytes(), live_tensors()
+    for _ in range(ITERATIONS):
+        run(trainer, ids, mask, mode)
+    trainer.zero_grad()
+    growth = resident_bytes() - baseline_bytes
+    assert trainer.graphs.live() == [] and trainer.graphs.resident_saved_bytes() == 0
+    assert live_tensors() <= baseline_tensors, "tensors survived their graphs"
+    assert growth <= MAX_GROWTH_BYTES, f"resident memory grew by {growth / 1e6:.1f} MB over {ITERATIONS} iterations"
+
+
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+def test_disk_offload_removes_its_files(pattern, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    trainer = Trainer(tiny_qwen3().train(), offload_target="disk")
+    trainer.add_base_checkpoint()
+    ids, mask = batch(size=2, length=16)
+    for _ in range(3):
+        PATTERNS[pattern](trainer, ids, mask, "offload")
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("pattern", ["dropped", "retain_graph", "two_graph_backward"])
+@pytest.mark.parametrize("mode", ["retain", "offload"])
+def test_a_weakref_on_the_autograd_node_dies_with_the_graph(mode, pattern):
+    trainer = Trainer(tiny_qwen3().train())
+    trainer.add_base_checkpoint()
+    ids, mask = batch()
+    outs = [trainer.forward(ids, mask, mode=mode) for _ in range(2 if pattern == "two_graph_backward" else 1)]
+    probes = []
+    for out in outs:
+        probe = _Probe()
+        graph_node(trainer, out.graph_id).metadata["probe"] = probe
+        probes.append(weakref.ref(probe))
+        del probe, out
+    if pattern == "retain_graph":
+        trainer.backward(sft_loss(outs[0].logprobs, mask), retain_graph=True)
+    elif pattern == "two_graph_backward":
+        trainer.backward(sum(sft_loss(out.logprobs, mask) for out in outs))
+    del outs
+    gc.collect()
+    assert all(ref() is None for ref in probes), "the autograd graph outlived its outputs"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_weight_snapshot_of_a_stale_graph_is_released_after_its_backward(mode):
+    trainer = Trainer(tiny_qwen3().train(), staleness=StalenessPolicy(max_gradient_staleness=2))
+    trainer.add_base_checkpoint()
+    ids, mask = batch()
+    stale = trainer.forward(ids, mask, mode=mode)
+    snapshot = weakref.ref(next(trainer.model.parameters()))
+    trainer.backward(sft_loss(trainer.forward(ids, mask, mode=mode).logprobs, mask))
+    trainer.step()
+    assert snapshot() is not None and snapshot() is not next(trainer.model.parameters())  # held for `stale`
+    trainer.backward(sft_loss(stale.logprobs, mask))
+    del stale
+    gc.collect()
+    assert snapshot() is None, "the weight snapshot outlived the graph that needed it"

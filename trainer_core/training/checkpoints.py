@@ -1,0 +1,266 @@
+"""Checkpoints: named sets of trainable parameters, each with its own AdamW and version.
+
+A checkpoint owns parameters of a module: the whole base model (full
+fine-tuning), the LoRA adapter peft injected into it, or a custom module the
+caller registered (a value head). Its parameters train, version, save, restore
+and export with it.
+
+Ownership is by identity: a checkpoint holds the Parameter objects themselves
+and every place (module, attribute) that holds each one — not names, which
+change when peft wraps a layer (`q_proj.weight` becomes
+`q_proj.base_layer.weight`). Names are kept only as stable keys for saving.
+
+Low-precision parameters (bf16, fp16) train through FP32 master weights: the
+optimizer (and its moments) works on an FP32 copy, and the parameter gets the
+master's value cast back after every step, so an update far below the
+parameter's resolution still accumulates.
+
+Before an optimizer step, if live graphs still reference the current weights
+and may be differentiated later (bounded staleness), the checkpoint *detaches
+the revision*: the tensors those graphs saved keep their values, and the
+optimizer continues on fresh copies, written into every place the forward
+reads them from. That copy is the snapshot the DESIGN speaks of.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from .versions import Version, new_identity
+
+CheckpointKind = Literal["base", "lora", "module"]
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    learning_rate: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    """Global-norm clipping of this checkpoint's gradient (0 disables)."""
+
+
+@dataclass(frozen=True)
+class StepReport:
+    checkpoint: str
+    stepped: bool
+    grad_norm: float
+    version: Version
+    """The version after the step (unchanged when the update was skipped)."""
+    skipped_reason: str | None = None
+    """Why the update was skipped: "no gradient", or the non-finite norm that stopped every checkpoint."""
+
+
+class _Slot:
+    """One distinct parameter: the live tensor, every (module, attribute) holding it, its FP32 master."""
+
+    __slots__ = ("name", "param", "locations", "master")
+
+    def __init__(self, name: str, param: nn.Parameter, locations: list[tuple[nn.Module, str]]):
+        self.name, self.param, self.locations = name, param, locations
+        self.master: torch.Tensor | None = (
+            param.detach().float().clone().requires_grad_(param.requires_grad) if param.dtype in LOW_PRECISION else None
+        )
+
+    @property
+    def optimized(self) -> torch.Tensor:
+        """The tensor AdamW updates: the FP32 master, or the parameter itself."""
+        return self.master if self.master is not None else self.param
+
+
+def _locations(root: nn.Module, params: Sequence[nn.Parameter]) -> dict[int, list[tuple[nn.Module, str]]]:
+    wanted = {id(p) for p in params}
+    found: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in root.modules():
+        for attribute, param in module._parameters.items():
+            if param is not None and id(param) in wanted:
+                found.setdefault(id(param), []).append((module, attribute))
+    return found
+
+
+class Checkpoint:
+    def __init__(self, name: str, kind: CheckpointKind, owner: nn.Module, params: Sequence[tuple[str, nn.Parameter]],
+                 optimizer: OptimizerConfig):
+        if not params:
+            raise ValueError(f"checkpoint '{name}' has no trainable parameters; register a module with requires_grad parameters")
+        self.name = name
+        self.kind = kind
+        self.owner = owner
+        self.optimizer_config = optimizer
+        distinct: dict[int, tuple[str, nn.Parameter]] = {}
+        for qualified, param in params:  # tied weights: one slot under the first name
+            distinct.setdefault(id(param), (qualified, param))
+        locations = _locations(owner, [p for _, p in distinct.values()])
+        self._slots = [_Slot(qualified, param, locations[id(param)]) for qualified, param in distinct.values()]
+        self.identity = new_identity()
+        self.revision = 0
+        self.optimizer = self._new_optimizer()
+        self.adapter_config = None
+        """For a LoRA checkpoint, the peft LoraConfig it was injected with (exported beside it)."""
+
+    def _new_optimizer(self) -> torch.optim.AdamW:
+        c = self.optimizer_config
+        return torch.optim.AdamW([s.optimized for s in self._slots], lr=c.learning_rate, betas=c.betas, eps=c.eps,
+                                 weight_decay=c.weight_decay)
+
+    @property
+    def version(self) -> Version:
+        return Version(self.identity, self.revision)
+
+    def parameters(self) -> dict[str, nn.Parameter]:
+        """The live parameters, one entry per distinct tensor (tied aliases folded), by their registration names."""
+        return {slot.name: slot.param for slot in self._slots}
+
+    def master_weights(self) -> dict[str, torch.Tensor]:
+        """The FP32 masters of low-precision parameters."""
+        return {slot.name: slot.master for slot in self._slots if slot.master is not None}
+
+    def has_gradient(self) -> list[bool]:
+        return [slot.param.grad is not None for slot in self._slots]
+
+    def clear_gradients(self) -> None:
+        for slot in self._slots:
+            slot.param.grad = None
+            if slot.master is not None:
+                slot.master.grad = None
+
+    # -- the step, in the order the trainer drives it -----------------------------
+
+    def gather_gradients(self, present_anywhere: Sequence[bool]) -> list[torch.Tensor]:
+        """Move gradients onto the optimized tensors (FP32 for masters) and return them, ready to be summed over ranks.
+
+        A parameter without a local gradient gets zeros when another rank has
+        one (every rank reduces the same tensors); one that no rank has a
+        gradient for keeps none, so AdamW leaves it alone as torch's does.
+        """
+        grads = []
+        for slot, anywhere in zip(self._slots, present_anywhere, strict=True):
+            grad = slot.param.grad
+            if grad is None and not anywhere:
+                continue
+            if grad is None:
+                grad = torch.zeros_like(slot.optimized)
+            if slot.master is not None:
+                slot.master.grad = grad.float()
+                slot.param.grad = None
+            else:
+                slot.param.grad = grad
+            grads.append(slot.optimized.grad)
+        return grads
+
+    def gradient_norm(self) -> torch.Tensor | None:
+        """The global L2 norm of the (reduced) gradient, as torch's clip_grad_norm_ computes it; None without one."""
+        grads = [s.optimized.grad for s in self._slots if s.optimized.grad is not None]
+        return torch.nn.utils.get_total_norm(grads) if grads else None
+
+    def apply(self, norm: torch.Tensor, learning_rate: float | None) -> None:
+        """Clip with the precomputed norm and take one AdamW step; the revision advances."""
+        clip = self.optimizer_config.grad_clip
+        tensors = [s.optimized for s in self._slots if s.optimized.grad is not None]
+        if clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(tensors, clip, norm)
+        if learning_rate is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = learning_rate
+        self.optimizer.step()
+        with torch.no_grad():
+            for slot in self._slots:
+                if slot.master is not None:
+                    slot.param.copy_(slot.master)
+        self.revision += 1
+        self.clear_gradients()
+
+    def learning_rate(self, override: float | None) -> float:
+        return override if override is not None else self.optimizer.param_groups[0]["lr"]
+
+    def detach_revision(self) -> None:
+        """Give the optimizer fresh parameter tensors; the old ones keep this revision's values for live graphs."""
+        for slot in self._slots:
+            old = slot.param
+            new = nn.Parameter(old.detach().clone(), requires_grad=old.requires_grad)
+            new.grad, old.grad = old.grad, None
+            self._relocate(slot, new)
+            if slot.master is None:  # the optimizer's key is the parameter itself
+                for group in self.optimizer.param_groups:
+                    group["params"] = [new if p is old else p for p in group["params"]]
+                if old in self.optimizer.state:
+                    self.optimizer.state[new] = self.optimizer.state.pop(old)
+
+    def _where(self, slot: _Slot) -> list[tuple[nn.Module, str]]:
+        """Every (module, attribute) the forward reads `slot.param` from — found again if peft re-wrapped a module."""
+        if not all(module._parameters.get(attribute) is slot.param for module, attribute in slot.locations):
+            slot.locations = _locations(self.owner, [slot.param]).get(id(slot.param), [])
+            if not slot.locations:
+                raise RuntimeError(f"checkpoint '{self.name}': parameter {slot.name} is no longer part of its module; "
+                                   "do not replace registered parameters by hand")
+        return slot.locations
+
+    def _relocate(self, slot: _Slot, new: nn.Parameter) -> None:
+        for module, attribute in self._where(slot):
+            module._parameters[attribute] = new
+        slot.param = new
+
+    @contextlib.contextmanager
+    def swapped_in(self, tensors: Mapping[str, torch.Tensor]):
+        """Run with `tensors` (e.g. a stale graph's weight snapshot) where the forward reads this checkpoint's weights."""
+        swaps = [(module, attribute, tensors[slot.name], slot.param) for slot in self._slots
+                 if tensors[slot.name] is not slot.param for module, attribute in self._where(slot)]
+        try:
+            for module, attribute, tensor, _ in swaps:
+                module._parameters[attribute] = tensor
+            yield
+        finally:
+            for module, attribute, _, live in swaps:
+                module._parameters[attribute] = live
+
+    # -- state ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Weights (the FP32 masters where there are masters), AdamW state and revision."""
+        return {
+            "params": {s.name: (s.master if s.master is not None else s.param).detach().clone() for s in self._slots},
+            "optimizer": self.optimizer.state_dict(),
+            "revision": self.revision,
+        }
+
+    def _load_weights(self, params: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for slot in self._slots:
+                if slot.name not in params:
+                    raise KeyError(f"checkpoint '{self.name}': saved state lacks parameter {slot.name}")
+                slot.param.copy_(params[slot.name])
+                if slot.master is not None:
+                    slot.master.copy_(params[slot.name])
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore weights and optimizer state. The identity changes: graphs and gradients from before are void."""
+        self._load_weights(state["params"])
+        if state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.revision = int(state["revision"])
+        self.identity = new_identity()
+        self.clear_gradients()
+
+    def replace(self, params: dict[str, torch.Tensor]) -> None:
+        """Load new weights with a fresh optimizer: a new identity, revision 0, no accumulated gradient."""
+        self._load_weights(params)
+        self.optimizer = self._new_optimizer()
+        self.identity, self.revision = new_identity(), 0
+        self.clear_gradients()
+
+
+def nonfinite_reason(norms: dict[str, float]) -> str | None:
+    bad = {name: norm for name, norm in norms.items() if not math.isfinite(norm)}
+    if not bad:
+        return None
+    listed = ", ".join(f"'{name}' ({norm})" for name, norm in bad.items())
+    return f"non-finite gradient norm in checkpoint(s) {listed}; no checkpoint stepped"

@@ -1,0 +1,169 @@
+"""Versioned forward graphs, the managed outputs that lead back to them, and what a loss depends on.
+
+A forward returns its outputs as leaf tensors the trainer owns (the caller's
+loss graph ends at them) and keeps a `Graph`: the versions it ran at, the
+weights it holds for its backward, and its backward state — one of
+`RetainedGraph`, `OffloadedGraph`, `ReplayedGraph`. When every managed output
+of a forward has been dropped, the graph is released; a graph that was
+backwarded (without retain_graph) or can never be differentiated again (past
+the staleness bound, or its checkpoint replaced) is released at once and keeps
+only what its error message needs.
+
+Every output is tagged with its trainer's table token, so a loss over two
+trainers' outputs is refused instead of routed to the wrong graphs.
+"""
+
+from __future__ import annotations
+
+import uuid
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from .memory.base import BackwardMode, BackwardState
+from .versions import Version
+
+GRAPH_ATTRIBUTE = "_rankflow_output"
+
+GraphStatus = Literal["live", "consumed", "expired"]
+
+
+class GraphConsumedError(RuntimeError):
+    """A forward's graph was already used by a backward without retain_graph=True."""
+
+
+@dataclass(eq=False)
+class Graph:
+    graph_id: int
+    versions: Mapping[str, Version]
+    weights: dict[str, dict[str, torch.Tensor]]
+    """Per checkpoint, the parameter tensors the forward used, held for the backward (empty when not needed)."""
+    state: BackwardState | None
+    live_outputs: int = 0
+    status: GraphStatus = "live"
+    mode: BackwardMode = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.mode = self.state.mode
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.state.saved_bytes if self.state is not None else 0
+
+    def holds_weights_of(self, checkpoint: str, version: Version) -> bool:
+        return self.state is not None and checkpoint in self.weights and self.versions.get(checkpoint) == version
+
+    def release(self, status: GraphStatus) -> None:
+        if self.state is not None:
+            self.state.release()
+        self.state, self.weights, self.status = None, {}, status
+
+
+@dataclass
+class ManagedOutputs:
+    """The outputs of one forward; tensors are owned by the trainer."""
+
+    graph_id: int | None
+    """None for a forward run under torch.no_grad(): its outputs have no graph."""
+    versions: dict[str, Version]
+    logprobs: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None
+    heads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def make_leaf(tensor: torch.Tensor, token: str, graph_id: int, name: str) -> torch.Tensor:
+    leaf = tensor.detach().requires_grad_(True)
+    setattr(leaf, GRAPH_ATTRIBUTE, (token, graph_id, name))
+    return leaf
+
+
+@dataclass
+class LossLeaves:
+    """The leaves a loss depends on, sorted by who owns them."""
+
+    managed: list[torch.Tensor] = field(default_factory=list)
+    """Managed outputs of this trainer."""
+    foreign: list[torch.Tensor] = field(default_factory=list)
+    """Managed outputs of another trainer."""
+    others: list[torch.Tensor] = field(default_factory=list)
+    """Any other tensor that requires grad (a checkpoint's parameter used directly, or something unowned)."""
+
+
+def loss_leaves(loss: torch.Tensor, token: str) -> LossLeaves:
+    """Walk the loss's autograd graph down to its leaves."""
+    found = LossLeaves()
+
+    def sort(variable: torch.Tensor) -> None:
+        tag = getattr(variable, GRAPH_ATTRIBUTE, None)
+        if tag is None:
+            found.others.append(variable)
+        elif tag[0] == token:
+            found.managed.append(variable)
+        else:
+            found.foreign.append(variable)
+
+    if loss.grad_fn is None:
+        if loss.requires_grad:
+            sort(loss)
+        return found
+    seen, stack = set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # AccumulateGrad nodes hold their leaf
+        if variable is not None:
+            sort(variable)
+            continue
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def leaf_tag(leaf: torch.Tensor) -> tuple[int, str]:
+    _, graph_id, name = getattr(leaf, GRAPH_ATTRIBUTE)
+    return graph_id, name
+
+
+class GraphTable:
+    """Live graphs of one trainer, released when their last managed output is dropped."""
+
+    def __init__(self) -> None:
+        self._graphs: dict[int, Graph] = {}
+        self._next_id = 0
+        self.token = uuid.uuid4().hex
+        """Tags this trainer's outputs; graph ids alone restart at 1 in every trainer."""
+
+    def new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def add(self, graph: Graph, leaves: list[torch.Tensor]) -> None:
+        graph.live_outputs = len(leaves)
+        self._graphs[graph.graph_id] = graph
+        for leaf in leaves:
+            weakref.finalize(leaf, self._output_dropped, graph.graph_id)
+
+    def _output_dropped(self, graph_id: int) -> None:
+        graph = self._graphs.get(graph_id)
+        if graph is None:
+            return
+        graph.live_outputs -= 1
+        if graph.live_outputs <= 0:
+            graph.release("consumed")
+            del self._graphs[graph_id]
+
+    def get(self, graph_id: int) -> Graph | None:
+        return self._graphs.get(graph_id)
+
+    def live(self) -> list[Graph]:
+        return [g for g in self._graphs.values() if g.status == "live"]
+
+    def resident_saved_bytes(self) -> int:
+        return sum(g.saved_bytes for g in self._graphs.values())

@@ -1,0 +1,88 @@
+"""Retained backward state: autograd's own graph, saved tensors left where autograd put them.
+
+No saved-tensor hooks: a pack hook that returns the tensor itself makes, for
+every op that saves its own output (softmax, rsqrt, exp), a reference cycle
+through C++ that the garbage collector cannot see — the whole graph leaked —
+and hooks switch off autograd's version check of saved tensors, so an input
+buffer or a parameter changed in place between forward and backward would be
+differentiated silently wrong. Without hooks, autograd frees the graph when the
+outputs go and raises its own "modified by an inplace operation" error.
+
+The saved bytes are counted after the forward by walking the graph's nodes and
+their `_saved_*` tensors (distinct storages, parameters excluded): what is
+actually saved, padding included.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+import torch
+
+from .base import BackwardMode, CotangentsFor, Gradients, Outputs, Rerun, gradients
+
+
+@functools.cache
+def _saved_attributes(node_type: type) -> tuple[str, ...]:
+    """The names under which nodes of this type expose their saved tensors (a pure function of the type)."""
+    names = [name for name in dir(node_type) if name.startswith("_saved_")]
+    if hasattr(node_type, "saved_tensors"):  # custom autograd.Function nodes
+        names.append("saved_tensors")
+    return tuple(names)
+
+
+def saved_tensor_bytes(outputs: Outputs, excluded_storages: set[int]) -> int:
+    """Bytes of the distinct storages the graph behind `outputs` saved, parameters' storages excluded."""
+    counted: dict[int, int] = {}
+    seen: set = set()
+    stack = [t.grad_fn for t in outputs.values() if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for attribute in _saved_attributes(type(node)):
+            try:
+                value = getattr(node, attribute)
+            except RuntimeError:  # a saved variable that cannot be unpacked holds nothing we could count
+                continue
+            for tensor in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(tensor, torch.Tensor):
+                    storage = tensor.untyped_storage()
+                    key = storage.data_ptr()
+                    if key not in excluded_storages:
+                        counted[key] = storage.nbytes()
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return sum(counted.values())
+
+
+class RetainedGraph:
+    mode: ClassVar[BackwardMode] = "retain"
+    survives_failed_backward = False
+
+    def __init__(self, outputs: dict[str, torch.Tensor], saved_bytes: int):
+        self._outputs: dict[str, torch.Tensor] | None = outputs
+        self._saved_bytes = saved_bytes
+
+    @classmethod
+    def record(cls, run: Callable[[], dict[str, torch.Tensor]], parameter_storages: set[int]) -> tuple["RetainedGraph", dict]:
+        values = run()
+        return cls(values, saved_tensor_bytes(values, parameter_storages)), values
+
+    @property
+    def saved_bytes(self) -> int:
+        return self._saved_bytes if self._outputs is not None else 0
+
+    @property
+    def outputs(self) -> Outputs:
+        assert self._outputs is not None, "differentiating a released graph"
+        return self._outputs
+
+    def differentiate(self, inputs: Sequence[torch.Tensor], cotangents_for: CotangentsFor, *, keep_graph: bool,
+                      rerun: Rerun) -> Gradients:
+        return gradients(self.outputs, cotangents_for(self.outputs), inputs, keep_graph)
+
+    def release(self) -> None:
+        self._outputs = None

@@ -1,0 +1,100 @@
+"""What a forward computes: the model run and the outputs derived from it (logprobs, top-k, logits, hidden, heads).
+
+One function, `compute_outputs`, serves the original forward and every replay,
+so a replay computes exactly what the forward did. Log-probabilities are
+computed in float32 or wider: a bf16 model gets float32 logprobs, a float64
+model keeps float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+OUTPUT_KINDS = ("logprobs", "topk", "logits", "hidden", "heads")
+HEAD_PREFIX = "head:"
+
+
+@dataclass(frozen=True)
+class ForwardCall:
+    """What a forward was asked for; enough to run it again."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    position_ids: torch.Tensor | None
+    targets: torch.Tensor | None
+    outputs: tuple[str, ...]
+    top_k: int
+
+    def __post_init__(self) -> None:
+        unknown = set(self.outputs) - set(OUTPUT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown outputs {sorted(unknown)}; choose from {OUTPUT_KINDS}")
+        if "topk" in self.outputs and self.top_k <= 0:
+            raise ValueError("outputs include 'topk' but top_k=0; pass top_k=K")
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum()) if self.attention_mask is not None else self.input_ids.numel()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.input_ids, self.attention_mask, self.position_ids, self.targets) if t is not None]
+
+    def copied(self) -> "ForwardCall":
+        """A call over private copies of the inputs: the caller may refill its buffers after the forward."""
+        def copy(tensor):
+            return None if tensor is None else tensor.detach().clone()
+
+        return replace(self, input_ids=copy(self.input_ids), attention_mask=copy(self.attention_mask),
+                       position_ids=copy(self.position_ids), targets=copy(self.targets))
+
+
+def _logprob_dtype(logits: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
+def compute_outputs(model: nn.Module, heads: Mapping[str, nn.Module], call: ForwardCall,
+                    topk_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Run the model on the call's inputs and derive the requested outputs.
+
+    Keys: `logprobs`, `topk` (+ `topk_ids`), `logits`, `hidden`, `head:NAME`.
+    With `topk_ids` (a replay), the top-k entries are gathered at those ids
+    instead of chosen again, so their cotangents land on the same tokens even
+    when the weights moved since the forward.
+    """
+    wants = set(call.outputs)
+    need_hidden = "hidden" in wants or ("heads" in wants and bool(heads))
+    kwargs = dict(input_ids=call.input_ids, attention_mask=call.attention_mask, output_hidden_states=need_hidden)
+    if call.position_ids is not None:
+        kwargs["position_ids"] = call.position_ids
+    result = model(**kwargs)
+    logits = result.logits
+    targets = call.targets if call.targets is not None else call.input_ids[:, 1:]
+    target_logits = logits if call.targets is not None else logits[:, :-1]
+    out: dict[str, torch.Tensor] = {}
+    if "logits" in wants:
+        out["logits"] = logits
+    if "logprobs" in wants:
+        vocab = target_logits.shape[-1]
+        # cross_entropy is fused and saves only the logits, unlike log_softmax + gather.
+        flat = target_logits.reshape(-1, vocab).to(_logprob_dtype(target_logits))
+        nll = F.cross_entropy(flat, targets.reshape(-1), reduction="none", ignore_index=-100)
+        out["logprobs"] = -nll.view(targets.shape)
+    if "topk" in wants:
+        logprobs = torch.log_softmax(target_logits.to(_logprob_dtype(target_logits)), dim=-1)
+        if topk_ids is None:
+            values, ids = logprobs.topk(call.top_k, dim=-1)
+        else:
+            values, ids = logprobs.gather(-1, topk_ids), topk_ids
+        out["topk"], out["topk_ids"] = values, ids
+    if need_hidden:
+        hidden = result.hidden_states[-1]
+        if "hidden" in wants:
+            out["hidden"] = hidden
+        for name, head in heads.items() if "heads" in wants else ():
+            out[HEAD_PREFIX + name] = head(hidden)
+    return out

@@ -1,0 +1,99 @@
+"""Registering checkpoints on a model: the base weights, a peft LoRA adapter, custom heads — owned by identity.
+
+Every parameter belongs to at most one checkpoint, decided by the Parameter
+object, never by its name. Registering a LoRA adapter after the base
+checkpoint keeps the base trainable (peft freezes everything but the adapter
+when it injects one; the trainer turns the registered base back on), so both
+train exactly as plain autograd on the peft model would. The other order is
+refused: after peft froze the base, "every trainable parameter" no longer
+means the base weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from .checkpoints import Checkpoint, OptimizerConfig
+
+
+class CheckpointRegistry:
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.checkpoints: dict[str, Checkpoint] = {}
+        self.heads: dict[str, nn.Module] = {}
+
+    def _add(self, checkpoint: Checkpoint) -> Checkpoint:
+        if checkpoint.name in self.checkpoints:
+            raise ValueError(f"a checkpoint named '{checkpoint.name}' is already registered; choose another name")
+        owners = self.parameter_owners()
+        for param_name, param in checkpoint.parameters().items():
+            if id(param) in owners:
+                owner, owner_name = owners[id(param)]
+                raise ValueError(f"checkpoint '{checkpoint.name}': parameter {param_name} already belongs to checkpoint "
+                                 f"'{owner}' (as {owner_name}); a parameter can train in one checkpoint only")
+        self.checkpoints[checkpoint.name] = checkpoint
+        return checkpoint
+
+    def add_base_checkpoint(self, name: str = "base", optimizer: OptimizerConfig = OptimizerConfig()) -> Checkpoint:
+        """Full fine-tuning: every trainable parameter of the model that no other checkpoint owns."""
+        lora = [c.name for c in self.checkpoints.values() if c.kind == "lora"]
+        if lora:
+            raise ValueError(f"register the base checkpoint before the LoRA adapter '{lora[0]}': peft froze the base "
+                             "weights when it injected the adapter")
+        owners = self.parameter_owners()
+        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad and id(p) not in owners]
+        return self._add(Checkpoint(name, "base", self.model, params, optimizer))
+
+    def add_lora_checkpoint(self, name: str, lora_config, optimizer: OptimizerConfig = OptimizerConfig()) -> Checkpoint:
+        """A LoRA adapter injected with peft. Weights no checkpoint owns stay frozen; a registered base keeps training."""
+        from peft import inject_adapter_in_model
+
+        existing = [c.name for c in self.checkpoints.values() if c.kind == "lora"]
+        if existing:
+            raise ValueError(f"a LoRA adapter ('{existing[0]}') is already registered; peft activates only the newest "
+                             "adapter, so one trainer trains one adapter")
+        owned = self.parameter_owners()
+        before = {id(p) for p in self.model.parameters()}
+        for param in self.model.parameters():
+            if id(param) not in owned:
+                param.requires_grad_(False)
+        inject_adapter_in_model(lora_config, self.model, adapter_name=name)
+        adapter = [(n, p) for n, p in self.model.named_parameters() if id(p) not in before]
+        for checkpoint in self.checkpoints.values():  # peft froze them; registered weights still train
+            for param in checkpoint.parameters().values():
+                param.requires_grad_(True)
+        checkpoint = self._add(Checkpoint(name, "lora", self.model, adapter, optimizer))
+        checkpoint.adapter_config = lora_config
+        return checkpoint
+
+    def add_module_checkpoint(self, name: str, module: nn.Module, optimizer: OptimizerConfig = OptimizerConfig()) -> Checkpoint:
+        """A custom head applied to the last hidden state; `out.heads[name]` is its output."""
+        module.to(next(self.model.parameters()).device)
+        params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        checkpoint = self._add(Checkpoint(name, "module", module, params, optimizer))
+        self.heads[name] = module
+        return checkpoint
+
+    # -- lookups ---------------------------------------------------------------------
+
+    def parameter_owners(self) -> dict[int, tuple[str, str]]:
+        """id(parameter) → (checkpoint name, parameter name), for every parameter a checkpoint owns."""
+        return {id(p): (c.name, n) for c in self.checkpoints.values() for n, p in c.parameters().items()}
+
+    def _all_parameters(self) -> list[torch.Tensor]:
+        return [p for root in (self.model, *self.heads.values()) for p in root.parameters()]
+
+    def _parameter_storages(self) -> set[int]:
+        return {p.untyped_storage().data_ptr() for p in self._all_parameters()}
+
+    @contextlib.contextmanager
+    def weights_swapped_in(self, weights: Mapping[str, Mapping[str, torch.Tensor]]):
+        """Run with each checkpoint's weights taken from `weights` (a snapshot) instead of the live ones."""
+        with contextlib.ExitStack() as stack:
+            for name, tensors in weights.items():
+                stack.enter_context(self.checkpoints[name].swapped_in(tensors))
+            yield

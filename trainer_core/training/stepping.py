@@ -1,0 +1,78 @@
+"""The optimizer step over the selected checkpoints: agree across ranks, reduce, every norm first, then all or none.
+
+1. Every rank says which checkpoints it steps, at which revision, with which
+   learning rate and optimizer settings, and which parameters have a gradient
+   (one all-gather). Terms that differ are an error on every rank, naming the
+   ranks and what differs; a parameter's gradient counts if any rank has one.
+2. Gradients move onto the optimized tensors (FP32 masters for low-precision
+   parameters); a parameter with a gradient elsewhere gets zeros here, one with
+   none anywhere stays without (AdamW leaves it alone, as torch's does).
+   Everything is summed over ranks as one message.
+3. Every checkpoint's norm is computed. If any is non-finite, no checkpoint
+   steps — on any rank, since all hold the same sums — and every report says
+   which. A checkpoint without a gradient does not step ("no gradient").
+4. The others clip with their own norm and take one AdamW step each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import astuple
+
+import torch.distributed as dist
+
+from ..distributed import all_reduce_sum_
+from .checkpoints import Checkpoint, StepReport, nonfinite_reason
+
+_TERM_FIELDS = ("checkpoints", "revision", "learning_rate", "optimizer settings")
+
+
+def _terms(checkpoints: Sequence[Checkpoint], learning_rate: float | None) -> tuple[tuple, ...]:
+    names = tuple(c.name for c in checkpoints)
+    return (names, tuple(c.revision for c in checkpoints), tuple(c.learning_rate(learning_rate) for c in checkpoints),
+            tuple(astuple(c.optimizer_config) for c in checkpoints))
+
+
+def agree_on_step(terms: tuple[tuple, ...], has_gradient: list[bool]) -> list[bool]:
+    """Check that every rank steps alike; returns, per parameter, whether any rank has a gradient."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return has_gradient
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (terms, has_gradient))
+    differing = [field for index, field in enumerate(_TERM_FIELDS) if len({g[0][index] for g in gathered}) > 1]
+    if differing:
+        per_rank = "; ".join(
+            f"rank {rank}: checkpoints {list(t[0])}, revisions {list(t[1])}, learning_rate {list(t[2])}"
+            for rank, (t, _) in enumerate(gathered)
+        )
+        raise ValueError(
+            f"step() differs across ranks — they differ in {', '.join(differing)} ({per_rank}); every rank must "
+            "step the same checkpoints with the same learning rate and settings; nothing was stepped"
+        )
+    return [any(flags) for flags in zip(*(g[1] for g in gathered), strict=True)]
+
+
+def step_checkpoints(checkpoints: Sequence[Checkpoint], learning_rate: float | None,
+                     before_update: Callable[[Checkpoint], None]) -> dict[str, StepReport]:
+    """Step the checkpoints together; `before_update` runs on each one just before its weights change."""
+    flags = [c.has_gradient() for c in checkpoints]
+    anywhere = agree_on_step(_terms(checkpoints, learning_rate), [f for per in flags for f in per])
+    grads, offset = [], 0
+    for checkpoint, local in zip(checkpoints, flags):
+        grads += checkpoint.gather_gradients(anywhere[offset:offset + len(local)])
+        offset += len(local)
+    all_reduce_sum_(grads)
+    norms = {c.name: c.gradient_norm() for c in checkpoints}
+    values = {name: float(norm) if norm is not None else 0.0 for name, norm in norms.items()}
+    reason = nonfinite_reason(values)
+    reports = {}
+    for checkpoint in checkpoints:
+        name, norm = checkpoint.name, norms[checkpoint.name]
+        if reason is not None or norm is None:
+            checkpoint.clear_gradients()
+            reports[name] = StepReport(name, False, values[name], checkpoint.version, reason or "no gradient")
+            continue
+        before_update(checkpoint)
+        checkpoint.apply(norm, learning_rate)
+        reports[name] = StepReport(name, True, values[name], checkpoint.version)
+    return reports

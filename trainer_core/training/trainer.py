@@ -1,0 +1,319 @@
+"""The trainer API: forward now, compute a loss later, step in between, still get correct gradients.
+
+    trainer = Trainer(model)
+    trainer.add_base_checkpoint()                   # or add_lora_checkpoint / add_module_checkpoint
+    out = trainer.forward(input_ids, attention_mask, outputs=("logprobs",), mode="replay")
+    loss = my_loss(out.logprobs, …)                 # any graph that ends at managed outputs
+    trainer.backward(loss)                          # cotangents → each forward's graph → staged → committed
+    trainer.step()                                  # AdamW per checkpoint, versions advance
+
+Gradients are summed over ranks at `step`; normalise the loss accordingly.
+Registration lives in `registry.py`, the optimizer step in `stepping.py`,
+backward state in `memory/`, the staleness rule in `staleness.py`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .checkpoints import Checkpoint, StepReport
+from .graphs import (
+    Graph, GraphConsumedError, GraphTable, LossLeaves, ManagedOutputs, leaf_tag, loss_leaves, make_leaf,
+)
+from .memory import BACKWARD_MODES, BackwardMode, MemoryPlanner, OffloadedGraph, ReplayedGraph, RetainedGraph, Rerun
+from .memory.offload import OffloadTarget
+from .outputs import HEAD_PREFIX, ForwardCall, compute_outputs
+from .registry import CheckpointRegistry
+from .staleness import StaleGraphError, StalenessPolicy, importance_weights
+from .stepping import step_checkpoints
+from .transaction import NonFinitePolicy, StagedGradients, ranks_agree
+
+# Internal output name → ManagedOutputs field.
+_OUTPUT_FIELDS = {"logprobs": "logprobs", "topk": "topk_logprobs", "logits": "logits", "hidden": "hidden_states"}
+# Outputs whose cotangents a stale replay at current weights scales by the importance weight.
+_IMPORTANCE_WEIGHTED = ("logprobs", "topk")
+
+
+@dataclass(frozen=True)
+class BackwardReport:
+    num_graphs: int
+    ages: dict[int, dict[str, int]]
+    """Per graph id, its age in optimizer steps per checkpoint."""
+    num_gradients: int
+
+
+class Trainer(CheckpointRegistry):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        staleness: StalenessPolicy | None = None,
+        planner: MemoryPlanner | None = None,
+        offload_target: OffloadTarget | None = None,
+        nonfinite: NonFinitePolicy = "error",
+    ):
+        super().__init__(model)
+        self.staleness = staleness or StalenessPolicy()
+        self.planner = planner or MemoryPlanner()
+        device = next(model.parameters()).device
+        # On a CPU-only machine host memory *is* device memory: offload to disk.
+        self.offload_target: OffloadTarget = offload_target or ("host" if device.type == "cuda" else "disk")
+        if nonfinite not in ("error", "skip"):
+            raise ValueError(f"nonfinite={nonfinite!r}; choose 'error' (refuse non-finite gradients at backward) "
+                             "or 'skip' (accept them; the step then skips the update on every rank)")
+        self.nonfinite = nonfinite
+        self.graphs = GraphTable()
+        self.peak_saved_bytes = 0
+
+    # -- forward -----------------------------------------------------------------
+
+    def _current_versions(self) -> dict:
+        return {name: c.version for name, c in self.checkpoints.items()}
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        targets: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        outputs: Iterable[str] = ("logprobs",),
+        top_k: int = 0,
+        mode: BackwardMode | None = None,
+    ) -> ManagedOutputs:
+        """Run the model and return managed outputs; `mode` None lets the planner choose.
+
+        Without `targets`, `logprobs[:, t]` is the log-probability of `input_ids[:, t+1]`.
+        Under `torch.no_grad()` the outputs are plain tensors with no graph (nothing is kept).
+        """
+        call = ForwardCall(input_ids, attention_mask, position_ids, targets, tuple(outputs), top_k)
+        if mode is not None and mode not in BACKWARD_MODES:
+            raise ValueError(f"mode={mode!r}; choose one of {BACKWARD_MODES} or None for the planner")
+        versions = self._current_versions()
+        if not torch.is_grad_enabled():
+            return self._managed(compute_outputs(self.model, self.heads, call), None, versions)
+        self._expire_graphs()
+        if mode is None:
+            mode = self.planner.choose(call.num_tokens, self.graphs.resident_saved_bytes())
+        state, values = self._record(mode, call)
+        held = self.staleness.keeps_weights(replayed=mode == "replay")
+        weights = {name: c.parameters() for name, c in self.checkpoints.items()} if held else {}
+        graph = Graph(self.graphs.new_id(), versions, weights, state)
+        managed = self._managed(values, graph, versions)
+        self.peak_saved_bytes = max(self.peak_saved_bytes, self.graphs.resident_saved_bytes())
+        return managed
+
+    def _record(self, mode: BackwardMode, call: ForwardCall):
+        started = time.perf_counter()
+        if mode == "replay":
+            state, values = ReplayedGraph.record(
+                lambda c: compute_outputs(self.model, self.heads, c), call,
+                modules=[m for root in (self.model, *self.heads.values()) for m in root.modules()],
+                parameters=self._all_parameters())
+            self.planner.observe_forward(time.perf_counter() - started, call.num_tokens)
+        elif mode == "offload":
+            state, values = OffloadedGraph.record(lambda: compute_outputs(self.model, self.heads, call),
+                                                  self.offload_target, self._parameter_storages(), call.input_ids.is_cuda)
+            self.planner.observe_offload(state.offloaded_bytes, time.perf_counter() - started)
+        else:
+            state, values = RetainedGraph.record(lambda: compute_outputs(self.model, self.heads, call),
+                                                 self._parameter_storages())
+            self.planner.observe_retained(state.saved_bytes, call.num_tokens)
+        return state, values
+
+    def _managed(self, values: dict[str, torch.Tensor], graph: Graph | None, versions: dict) -> ManagedOutputs:
+        managed = ManagedOutputs(graph_id=None if graph is None else graph.graph_id, versions=versions)
+        leaves = []
+        for name, value in values.items():
+            if name == "topk_ids":
+                managed.topk_ids = value
+                continue
+            leaf = value.detach() if graph is None else make_leaf(value, self.graphs.token, graph.graph_id, name)
+            leaves.append(leaf)
+            if name.startswith(HEAD_PREFIX):
+                managed.heads[name.removeprefix(HEAD_PREFIX)] = leaf
+            else:
+                setattr(managed, _OUTPUT_FIELDS[name], leaf)
+        if graph is not None:
+            self.graphs.add(graph, leaves)
+        return managed
+
+    # -- backward ----------------------------------------------------------------
+
+    def _sorted_leaves(self, loss: torch.Tensor) -> tuple[list[torch.Tensor], list[tuple[str, str, torch.Tensor]]]:
+        """This trainer's managed outputs in the loss, and its checkpoints' parameters used directly; refuse the rest."""
+        found: LossLeaves = loss_leaves(loss, self.graphs.token)
+        if found.foreign:
+            raise ValueError(
+                "the loss depends on managed outputs of another Trainer; give each trainer a loss over its own outputs "
+                "(policy.backward(policy_loss); critic.backward(critic_loss)) — nothing was accumulated"
+            )
+        owners = self.parameter_owners()
+        direct, unowned = [], []
+        for tensor in found.others:
+            owner = owners.get(id(tensor))
+            if owner is None:
+                unowned.append(tensor)
+            else:
+                direct.append((*owner, tensor))
+        if not found.managed and not direct:
+            raise ValueError("the loss depends on no managed output; build it from the outputs of trainer.forward(...)")
+        if unowned:
+            shapes = ", ".join(f"{tuple(t.shape)}/{t.dtype}" for t in unowned[:4])
+            raise ValueError(
+                f"the loss depends on {len(unowned)} tensor(s) that require grad but no checkpoint owns ({shapes}); "
+                "register their module with add_module_checkpoint, or detach them — nothing was accumulated"
+            )
+        return found.managed, direct
+
+    def backward(self, loss: torch.Tensor, gradient: torch.Tensor | None = None, *,
+                 retain_graph: bool = False) -> BackwardReport:
+        """Push the loss's cotangents through every forward it depends on, as one transaction.
+
+        As `loss.backward(gradient, retain_graph)`: `gradient` is required for a
+        non-scalar loss, and `retain_graph=True` keeps the loss's graph and the
+        forwards' graphs for another backward.
+        """
+        error: BaseException | None = None
+        entered: list[Graph] = []
+        keep_graph = True
+        try:
+            graphs, staged, keep_graph, ages = self._stage(loss, gradient, retain_graph, entered)
+            staged.validate(self.nonfinite)
+            staged.build()
+        except Exception as failure:  # noqa: BLE001 - every rank must hear of it before anyone raises
+            error = failure
+        error = ranks_agree(error)
+        self._settle(entered, succeeded=error is None, keep_graph=keep_graph, retain_graph=retain_graph)
+        if error is not None:
+            raise error
+        num_gradients = len(staged)
+        staged.publish()
+        return BackwardReport(len(graphs), ages, num_gradients)
+
+    def _stage(self, loss: torch.Tensor, gradient: torch.Tensor | None, retain_graph: bool, entered: list[Graph]):
+        """Every gradient the loss gives this trainer's checkpoints, staged; graphs differentiated go into `entered`."""
+        managed, direct = self._sorted_leaves(loss)
+        wrt = managed + [param for _, _, param in direct]
+        cotangents = torch.autograd.grad(loss, wrt, grad_outputs=gradient, retain_graph=retain_graph, allow_unused=True)
+        by_graph: dict[int, dict[str, torch.Tensor]] = {}
+        for leaf, cotangent in zip(managed, cotangents):
+            if cotangent is not None:
+                graph_id, name = leaf_tag(leaf)
+                by_graph.setdefault(graph_id, {})[name] = cotangent
+        foreign = [c for c in cotangents if c is not None] + ([gradient] if gradient is not None else [])
+        staged = StagedGradients(self.checkpoints, foreign)
+        for (checkpoint, param, _), grad in zip(direct, cotangents[len(managed):]):
+            if grad is not None:
+                staged.add(checkpoint, param, grad)
+        graphs = [self._backwardable(graph_id) for graph_id in by_graph]
+        # Saved tensors are freed as autograd goes unless kept. Keep them while a
+        # retry is possible: retain_graph, a later graph of this backward that may
+        # fail, or another rank that may. A lone graph on one rank frees them as
+        # plain autograd does (a lower peak).
+        keep_graph = retain_graph or len(graphs) > 1 or self.world_size > 1
+        ages: dict[int, dict[str, int]] = {}
+        for graph in graphs:
+            ages[graph.graph_id] = self.staleness.ages(graph.versions, self._current_versions())
+            entered.append(graph)
+            grads = self._differentiate(graph, by_graph[graph.graph_id], ages[graph.graph_id], keep_graph)
+            for (checkpoint, param), grad in grads.items():
+                staged.add(checkpoint, param, grad)
+        return graphs, staged, keep_graph, ages
+
+    def _backwardable(self, graph_id: int) -> Graph:
+        graph = self.graphs.get(graph_id)
+        if graph is None or graph.status == "consumed":
+            raise GraphConsumedError(
+                f"graph {graph_id} was already used by a backward; pass retain_graph=True to backward it again"
+            )
+        if graph.status == "expired":
+            self.staleness.ages(graph.versions, self._current_versions())  # raises, naming checkpoint and age
+            raise StaleGraphError(f"graph {graph_id} can no longer be differentiated; run the forward again")
+        return graph
+
+    def _settle(self, graphs: list[Graph], *, succeeded: bool, keep_graph: bool, retain_graph: bool) -> None:
+        """Decide, once every rank agreed, which graphs this backward consumed."""
+        for graph in graphs:
+            if succeeded and not retain_graph:
+                graph.release("consumed")
+            elif not succeeded and not keep_graph and not graph.state.survives_failed_backward:
+                graph.release("consumed")  # autograd already freed its saved tensors: no retry
+
+    def _differentiate(self, graph: Graph, cotangents: dict[str, torch.Tensor], ages: dict[str, int],
+                       keep_graph: bool) -> dict[tuple[str, str], torch.Tensor]:
+        """One graph's gradients, per (checkpoint, parameter), at the weights the staleness policy says."""
+        replayed = isinstance(graph.state, ReplayedGraph)
+        at_current = {name for name, age in ages.items() if replayed and self.staleness.replays_at_current_weights(age)}
+        weights: dict[str, Mapping[str, torch.Tensor]] = {
+            name: (graph.weights[name] if name in graph.weights and name not in at_current else c.parameters())
+            for name, c in self.checkpoints.items() if name in graph.versions
+        }
+        keys = [(c, p) for c, tensors in weights.items() for p, t in tensors.items() if t.requires_grad]
+        inputs = [weights[c][p] for c, p in keys]
+        rerun = Rerun(lambda call, topk_ids: self._rerun(call, topk_ids, weights),
+                      frozenset(id(p) for name in at_current for p in self.checkpoints[name].parameters().values()))
+
+        def cotangents_for(outputs):
+            if not at_current:
+                return cotangents
+            low, high = self.staleness.importance_low, self.staleness.importance_high
+            recorded = graph.state.recorded_outputs
+            return {name: cotangent * importance_weights(outputs[name], recorded[name], low, high)
+                    if name in _IMPORTANCE_WEIGHTED else cotangent for name, cotangent in cotangents.items()}
+
+        grads = graph.state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)
+        return {key: g for key, g in zip(keys, grads) if g is not None}
+
+    def _rerun(self, call: ForwardCall, topk_ids: torch.Tensor | None,
+               weights: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Run the forward again with each checkpoint at `weights` (the live ones unless a snapshot is due)."""
+        with self.weights_swapped_in(weights):
+            return compute_outputs(self.model, self.heads, call, topk_ids)
+
+    # -- optimizer step ----------------------------------------------------------
+
+    def _hand_over_weights(self, checkpoint: Checkpoint) -> None:
+        """Before the checkpoint's weights change: live graphs that may still be differentiated keep the old ones."""
+        if any(graph.holds_weights_of(checkpoint.name, checkpoint.version)
+               and self.staleness.usable_after_step(graph.versions[checkpoint.name], checkpoint.version)
+               for graph in self.graphs.live()):
+            checkpoint.detach_revision()
+
+    def _expire_graphs(self) -> None:
+        """Release every graph that can never be differentiated again: its weights and saved tensors go now."""
+        current = self._current_versions()
+        for graph in self.graphs.live():
+            if self.staleness.expired(graph.versions, current):
+                graph.release("expired")
+
+    def step(self, names: Iterable[str] | None = None, *, learning_rate: float | None = None) -> dict[str, StepReport]:
+        """Reduce gradients over ranks; if every selected checkpoint's norm is finite, clip and step each one's AdamW.
+
+        A non-finite norm anywhere skips the update of every checkpoint on every
+        rank (the reports say why); a checkpoint with no gradient on any rank does
+        not step. Every rank must select the same checkpoints with the same settings.
+        """
+        selected = list(self.checkpoints) if names is None else list(names)
+        unknown = [name for name in selected if name not in self.checkpoints]
+        if unknown:
+            raise ValueError(f"unknown checkpoint(s) {unknown}; registered: {sorted(self.checkpoints)}")
+        self._expire_graphs()
+        reports = step_checkpoints([self.checkpoints[name] for name in selected], learning_rate, self._hand_over_weights)
+        self._expire_graphs()
+        return reports
+
+    def zero_grad(self) -> None:
+        for checkpoint in self.checkpoints.values():
+            checkpoint.clear_gradients()
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size() if dist.is_initialized() else 1
+
