@@ -25,9 +25,17 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _prefect_defaults() -> None:
+    """Prefect settings for rankflow's commands, set before Prefect reads its settings.
+
+    Servers rankflow starts (the temporary one of `run`, the one of `ui`)
+    inherit them. A user's own value wins.
+    """
     # The temporary API server Prefect starts without PREFECT_API_URL can take
     # longer than its default start-up limit on a 2-core machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    # Server telemetry is on by default and DO_NOT_TRACK does not stop it; offline
+    # it fails with a "database is locked" traceback at the first run.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 def _load(args: argparse.Namespace) -> RunConfig:
@@ -38,6 +46,7 @@ def _summary(result: dict | None, wall_s: float, error: BaseException | None) ->
     if result is None:
         return {"run_id": None, "status": "failed", "checkpoint_url": None, "steps": 0, "losses": [],
                 "wall_s": round(wall_s, 3), "error": f"{type(error).__name__}: {error}"}
+    # Launches and training time count this invocation's own segments only (see flows/run_record.py).
     summary = {**result, "wall_s": round(wall_s, 3)}
     # Time outside torchrun launches and training: Prefect, planning, commits.
     summary["orchestration_s"] = round(wall_s - result["launch_wall_s"] - result["export_wall_s"], 3)
@@ -48,10 +57,9 @@ def _summary(result: dict | None, wall_s: float, error: BaseException | None) ->
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     config = _load(args)
-    _prefect_defaults()
     from trainer_core.data import DataError
 
-    from .pipeline import train_flow
+    from .pipeline import RunFailed, train_flow
 
     result, error = None, None
     try:
@@ -61,6 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     except Exception as failure:  # noqa: BLE001 - reported in the summary line
         error = failure
+        result = failure.summary if isinstance(failure, RunFailed) else None  # the figures so far
         print(f"rankflow: run failed: {type(failure).__name__}: {failure}", file=sys.stderr)
     print(json.dumps(_summary(result, time.perf_counter() - started, error)))
     return EXIT_OK if error is None else EXIT_FAILED
@@ -120,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _prefect_defaults()
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)

@@ -99,6 +99,10 @@ class TrainSection(_Section):
     """Optimizer steps a forward's graph may lag behind at backward (0 = strict)."""
     segment_timeout_s: float = Field(1800, gt=0)
     """Wall-clock limit of one torchrun launch; past it the process group is killed."""
+    stall_timeout_s: float = Field(300, gt=0)
+    """Watchdog: a launch with no progress (setup done, a step, the state saved) for this long is killed and retried."""
+    collective_timeout_s: float = Field(600, gt=0)
+    """Timeout of every collective (init_process_group), set explicitly; a peer silent this long fails the rank."""
 
     @model_validator(mode="after")
     def _divisibility(self) -> "TrainSection":
@@ -142,6 +146,8 @@ class ExportSection(_Section):
     """Also export after every N segments (0: only at the end, which always happens)."""
     max_shard_size: str = "2GB"
     """Safetensors shard size limit, as transformers' `save_pretrained` takes it."""
+    timeout_s: float = Field(1800, gt=0)
+    """Wall-clock limit of one export launch; past it the process group is killed."""
 
 
 class StorageSection(_Section):
