@@ -124,6 +124,11 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def _record_detail(record: dict) -> str:
+    first_line = (record["message"].splitlines() or [""])[0]
+    return f"{record['type']}: {first_line[:300]}"
+
+
 def _waiting_in_collective(lines: tuple[str, ...]) -> bool:
     """Whether a rank's stack dump (printed on SIGUSR1) shows it blocked in torch.distributed."""
     return any("torch/distributed/" in line for line in lines)
@@ -146,18 +151,29 @@ def diagnose_launch(result, stage: str | None = None) -> Failure:
         return failure(FailureClass.RANK_STALLED, rank, f"{result.stalled}; stacks are in the ranks' logs")
     if result.timed_out:
         return failure(FailureClass.LAUNCH_TIMEOUT, None, "the launch ran past its wall-clock limit")
-    killed = {r: c for r, c in result.rank_exits.items() if c < 0}
-    if killed:
-        rank, code = min(killed.items())
-        preempted = -code in _PREEMPTION_SIGNALS
-        cause = FailureClass.PREEMPTED if preempted else FailureClass.RANK_DIED
+    # A rank that recorded an error told its own story; a rank killed without one did not choose to fail.
+    recorded = {r["rank"] for r in result.error_records}
+    signalled = {r: c for r, c in result.rank_exits.items() if c < 0 and r not in recorded}
+    # torchrun ends the surviving ranks with SIGTERM, so a SIGTERM is only the cause when nothing else is.
+    hard = {r: c for r, c in signalled.items() if -c not in _PREEMPTION_SIGNALS}
+    if hard:
+        rank, code = min(hard.items())
         how = "SIGKILL: the kernel's OOM killer or an operator" if code == -signal.SIGKILL else _signal_name(code)
-        return failure(cause, rank, f"killed by {how}")
+        return failure(FailureClass.RANK_DIED, rank, f"killed by {how}")
     records = [(r, classify_error(r["type"], r["message"])) for r in result.error_records]
-    causes = [(r, c) for r, c in records if c is not FailureClass.COLLECTIVE_TIMEOUT] or records
-    if causes:
-        record, cause = causes[0]
-        return failure(cause, record["rank"], f"{record['type']}: {record['message'].splitlines()[0][:300] if record['message'] else ''}")
+    own = [(r, c) for r, c in records if c is not FailureClass.COLLECTIVE_TIMEOUT]
+    if own:
+        return failure(own[0][1], own[0][0]["rank"], _record_detail(own[0][0]))
+    timeouts = [r for r, _ in records if "timed out" in r["message"].lower() or "timeout" in r["message"].lower()]
+    if timeouts:  # a peer went silent: the silent rank (ended by torchrun, no error of its own) is the one to name
+        silent = min(signalled) if signalled else timeouts[0]["rank"]
+        return failure(FailureClass.COLLECTIVE_TIMEOUT, silent,
+                       f"rank {timeouts[0]['rank']}'s collective timed out waiting for its peers ({_record_detail(timeouts[0])})")
+    if signalled:
+        rank, code = min(signalled.items())
+        return failure(FailureClass.PREEMPTED, rank, f"stopped by {_signal_name(code)} (a preemption or an operator)")
+    if records:
+        return failure(records[0][1], records[0][0]["rank"], _record_detail(records[0][0]))
     for line in result.rank_errors:  # a rank that printed its error but recorded none
         rank = int(line.split("]", 1)[0].removeprefix("[rank "))
         type_name, _, message = line.split("] ERROR ", 1)[1].partition(": ")

@@ -227,14 +227,14 @@ def _end_launch(process: subprocess.Popen) -> tuple[int, ...]:
     return stopped
 
 
-def launch_or_raise(module: str, args: list[str], **kwargs) -> LaunchResult:
+def launch_or_raise(module: str, args: list[str], *, stage: str = "launch", **kwargs) -> LaunchResult:
     """Launch; a failure raises LaunchError carrying the result and the diagnosis (`infra.failures`)."""
     from .failures import diagnose_launch
 
     result = launch(module, args, **kwargs)
     if result.returncode == 0 and not result.timed_out and not result.stalled:
         return result
-    failure = diagnose_launch(result)
+    failure = diagnose_launch(result, stage)
     if result.timed_out:
         message = (f"{module} ran past its {kwargs.get('timeout_s')} s limit and was killed; "
                    "raise the stage's timeout or look at the last lines:\n")
