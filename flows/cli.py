@@ -88,7 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_ui(args: argparse.Namespace) -> int:
     from .ui import run_ui
 
-    return run_ui(port=args.port)
+    return run_ui(port=args.port, log_path=Path(args.log))
 
 
 def cmd_s3_serve(args: argparse.Namespace) -> int:
@@ -98,6 +98,8 @@ def cmd_s3_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .ui import DEFAULT_LOG
+
     parser = argparse.ArgumentParser(prog="rankflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -118,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ui = commands.add_parser("ui", help="start a Prefect server and UI on 127.0.0.1")
     ui.add_argument("--port", type=int, default=4200)
+    ui.add_argument("--log", default=DEFAULT_LOG, help=f"where the server's output goes (default {DEFAULT_LOG})")
     ui.set_defaults(handler=cmd_ui)
 
     s3 = commands.add_parser("s3", help="local S3 server").add_subparsers(dest="s3_command", required=True)
