@@ -35,9 +35,11 @@ def server_command(port: int) -> list[str]:
     return [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
 
 
-def server_env() -> dict[str, str]:
+def server_env(port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Without it the UI's pages call the API on the default port (4200), whatever --port says.
+    env.setdefault("PREFECT_UI_API_URL", f"http://127.0.0.1:{port}/api")
     return env
 
 
@@ -47,7 +49,7 @@ def start_server(port: int, log_path: Path, command: Sequence[str] | None = None
     with log_path.open("ab") as log:  # the child keeps its own descriptor
         process = subprocess.Popen(
             list(command or server_command(port)), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=server_env(), start_new_session=True,
+            env=server_env(port), start_new_session=True,
         )
     return process, f"http://127.0.0.1:{port}/api"
 

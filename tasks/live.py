@@ -87,6 +87,7 @@ class LivePublisher:
         self._rows: list[dict] = []
         self._last_update = -math.inf
         self._steps_done: int | None = None
+        self._pending = False
 
     def __call__(self, records: list[dict]) -> None:
         for record in records:
@@ -95,12 +96,14 @@ class LivePublisher:
                 self._steps_done = record["step"] + 1
             elif record["event"] == "ready" and self._steps_done is None:
                 self._steps_done = record["start_step"]
-        if time.monotonic() - self._last_update >= self._min_interval_s:
+            self._pending = True
+        if self._pending and time.monotonic() - self._last_update >= self._min_interval_s:
             self.flush()
 
     def flush(self) -> None:
         if self._steps_done is None:
             return
+        self._pending = False
         self._last_update = time.monotonic()
         total = self._live.total_steps
         where = f"segment {self._segment_index}: {self._steps_done} of {total} optimizer steps done"

@@ -44,7 +44,7 @@ def write_run_loss_curve(planned: PlannedRun, segments: list[SegmentOutcome]) ->
 
 
 def _link(url: str) -> str:
-    return f"[`{url}`]({url if '://' in url else 'file://' + url})"
+    return f"[{url}]({url if '://' in url else 'file://' + url})"
 
 
 def summary_markdown(planned: PlannedRun, commits: list[CommitOutcome], locations: dict[str, str], curve: Path) -> str:

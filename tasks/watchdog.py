@@ -40,8 +40,8 @@ class SegmentWatch:
             self._last_progress = self._clock()
             self.last_record = records[-1]
             self.records.extend(records)
-            if self._on_records is not None:
-                self._on_records(records)
+        if self._on_records is not None:
+            self._on_records(records)  # also when empty: the live view flushes what it held back
         silent_s = self._clock() - self._last_progress
         if silent_s <= self._stall_timeout_s:
             return None

@@ -49,10 +49,15 @@ def test_telemetry_is_off_for_rankflow_commands_unless_asked(monkeypatch):
     monkeypatch.delenv("PREFECT_SERVER_ANALYTICS_ENABLED", raising=False)
     cli._prefect_defaults()
     assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
-    assert server_env()["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    assert server_env(4300)["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "true")  # the user's choice wins
     cli._prefect_defaults()
-    assert server_env()["PREFECT_SERVER_ANALYTICS_ENABLED"] == "true"
+    assert server_env(4300)["PREFECT_SERVER_ANALYTICS_ENABLED"] == "true"
+
+
+def test_the_ui_calls_the_api_on_the_port_it_was_given(monkeypatch):
+    monkeypatch.delenv("PREFECT_UI_API_URL", raising=False)
+    assert server_env(4321)["PREFECT_UI_API_URL"] == "http://127.0.0.1:4321/api"
 
 
 def test_every_command_sets_the_defaults_before_prefect_loads(monkeypatch):
