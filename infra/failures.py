@@ -154,21 +154,22 @@ def diagnose_launch(result, stage: str | None = None) -> Failure:
     # A rank that recorded an error told its own story; a rank killed without one did not choose to fail.
     recorded = {r["rank"] for r in result.error_records}
     signalled = {r: c for r, c in result.rank_exits.items() if c < 0 and r not in recorded}
+    records = [(r, classify_error(r["type"], r["message"])) for r in result.error_records]
+    timeouts = [r for r, c in records if c is FailureClass.COLLECTIVE_TIMEOUT
+                and ("timed out" in r["message"].lower() or "timeout" in r["message"].lower())]
+    if timeouts:  # a peer went silent (a hang, a stop): name it; torchrun then ended it, with SIGTERM or, past its grace, SIGKILL
+        silent = min(signalled) if signalled else timeouts[0]["rank"]
+        return failure(FailureClass.COLLECTIVE_TIMEOUT, silent,
+                       f"rank {timeouts[0]['rank']}'s collective timed out waiting for its peers ({_record_detail(timeouts[0])})")
     # torchrun ends the surviving ranks with SIGTERM, so a SIGTERM is only the cause when nothing else is.
     hard = {r: c for r, c in signalled.items() if -c not in _PREEMPTION_SIGNALS}
     if hard:
         rank, code = min(hard.items())
         how = "SIGKILL: the kernel's OOM killer or an operator" if code == -signal.SIGKILL else _signal_name(code)
         return failure(FailureClass.RANK_DIED, rank, f"killed by {how}")
-    records = [(r, classify_error(r["type"], r["message"])) for r in result.error_records]
     own = [(r, c) for r, c in records if c is not FailureClass.COLLECTIVE_TIMEOUT]
     if own:
         return failure(own[0][1], own[0][0]["rank"], _record_detail(own[0][0]))
-    timeouts = [r for r, _ in records if "timed out" in r["message"].lower() or "timeout" in r["message"].lower()]
-    if timeouts:  # a peer went silent: the silent rank (ended by torchrun, no error of its own) is the one to name
-        silent = min(signalled) if signalled else timeouts[0]["rank"]
-        return failure(FailureClass.COLLECTIVE_TIMEOUT, silent,
-                       f"rank {timeouts[0]['rank']}'s collective timed out waiting for its peers ({_record_detail(timeouts[0])})")
     if signalled:
         rank, code = min(signalled.items())
         return failure(FailureClass.PREEMPTED, rank, f"stopped by {_signal_name(code)} (a preemption or an operator)")

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from trainer_core.rank_process import ERRORS_DIR_ENV, error_path
 
-from .processes import PARENT_PID_ENV, kill_launch, process_state, rank_pids, signal_pids
+from .processes import PARENT_PID_ENV, handles_signal, kill_launch, process_state, rank_pids, signal_pids
 from .rank_logs import RankLogTail
 
 STACK_DUMP_WAIT_S = 1.5
@@ -221,7 +221,8 @@ def _end_launch(process: subprocess.Popen) -> tuple[int, ...]:
     """Ask the ranks for their stacks (for the failure report), then kill the launch; returns stopped ranks."""
     ranks = rank_pids(process.pid)
     stopped = tuple(sorted(r for r, pid in ranks.items() if process_state(pid) == "T"))
-    signal_pids([pid for r, pid in ranks.items() if r not in stopped], signal.SIGUSR1)
+    # Only ranks that installed the stack dump (a rank still importing would die of SIGUSR1).
+    signal_pids([pid for r, pid in ranks.items() if r not in stopped and handles_signal(pid, signal.SIGUSR1)], signal.SIGUSR1)
     time.sleep(STACK_DUMP_WAIT_S)
     kill_launch(process)
     return stopped

@@ -33,6 +33,17 @@ def process_state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
+def handles_signal(pid: int, sig: int) -> bool:
+    """Whether the process has a handler installed for `sig` (its SigCgt mask in /proc)."""
+    try:
+        for line in (PROC / str(pid) / "status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except OSError:
+        pass  # gone
+    return False
+
+
 def is_alive(pid: int) -> bool:
     return process_state(pid) not in (None, "Z", "X")
 

@@ -3,11 +3,13 @@
 It tails the progress file rank 0 writes (`trainer_core.progress`): `ready`
 when setup is done, one `step` record per optimizer step, `saving` and `saved`
 around the state save. Each record resets the clock, which starts when the
-launch starts. So setup (process start, rendezvous, building the model,
-restoring the state), every step, and the state save must each finish within
-`stall_timeout_s`; a rank that is stopped, hung, or blocked in a collective
-on a dead peer stops the records, and the launch is ended after
-`stall_timeout_s` plus a few seconds, not after the collective timeout.
+launch starts. Every step and the state save must finish within
+`stall_timeout_s`; setup (process start, imports, rendezvous, building the
+model, restoring the state) gets `max(stall_timeout_s, SETUP_GRACE_S)`, since
+on a busy machine starting the ranks alone can outlast a short step budget.
+A rank that is stopped, hung, or blocked in a collective on a dead peer stops
+the records, and the launch is ended after `stall_timeout_s` plus a few
+seconds, not after the collective timeout.
 
 The watch is the launcher's `monitor`: called every half second in the
 task's thread, it hands new records to the live view and returns the reason
@@ -21,6 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainer_core.progress import ProgressReader
+
+SETUP_GRACE_S = 120.0
+"""The least time setup gets before the first record, whatever stall_timeout_s is."""
 
 
 class SegmentWatch:
@@ -43,7 +48,8 @@ class SegmentWatch:
         if self._on_records is not None:
             self._on_records(records)  # also when empty: the live view flushes what it held back
         silent_s = self._clock() - self._last_progress
-        if silent_s <= self._stall_timeout_s:
+        limit_s = self._stall_timeout_s if self.last_record else max(self._stall_timeout_s, SETUP_GRACE_S)
+        if silent_s <= limit_s:
             return None
         return f"no progress for {silent_s:.0f} s (train.stall_timeout_s={self._stall_timeout_s:g}); {self._where()}"
 

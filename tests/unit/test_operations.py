@@ -13,7 +13,7 @@ from infra.launcher import LaunchError, LaunchResult, parse_rank_exits
 from infra.loss_curve import write_loss_curve
 from tasks.outcomes import SegmentOutcome
 from tasks.retry_policy import retry_if_retriable
-from tasks.watchdog import SegmentWatch
+from tasks.watchdog import SETUP_GRACE_S, SegmentWatch
 from trainer_core.data import DataError
 from trainer_core.progress import ProgressReader, ProgressWriter
 
@@ -41,8 +41,12 @@ def test_watchdog_fires_only_after_stall_timeout_without_progress(tmp_path):
     path = tmp_path / "p.jsonl"
     seen = []
     watch = SegmentWatch(path, stall_timeout_s=10, on_records=seen.extend, clock=lambda: now[0])
+    now[0] = 100.0 + SETUP_GRACE_S - 1
+    assert watch() is None  # setup gets at least SETUP_GRACE_S
+    now[0] = 100.0 + SETUP_GRACE_S + 1
+    assert "setup never finished" in watch()
     now[0] = 109.0
-    assert watch() is None  # setup has 10 s, like any step
+    watch = SegmentWatch(path, stall_timeout_s=10, on_records=seen.extend, clock=lambda: now[0])
     writer = ProgressWriter(path, rank=0)
     writer.write("ready", start_step=0)
     now[0] = 112.0
@@ -73,6 +77,8 @@ def test_diagnosis_names_the_killed_rank_not_the_peer_that_lost_it():
     timeout = {"rank": 0, "time": 1.0, "type": "RuntimeError", "message": "Timed out waiting 8000ms for recv operation"}
     hung = diagnose_launch(_result(rank_exits={0: 1, 1: -15}, error_records=(timeout,)), "segment")
     assert (hung.cause, hung.rank) == (FailureClass.COLLECTIVE_TIMEOUT, 1)
+    escalated = diagnose_launch(_result(rank_exits={0: 1, 1: -9}, error_records=(timeout,)), "segment")
+    assert (escalated.cause, escalated.rank) == (FailureClass.COLLECTIVE_TIMEOUT, 1)  # torchrun's SIGKILL after its grace
     stopped = diagnose_launch(_result(stalled="no progress for 12 s", stopped_ranks=(1,)), "segment")
     assert (stopped.cause, stopped.rank) == (FailureClass.RANK_STALLED, 1)
     stacks = {0: ('  File "/x/torch/distributed/distributed_c10d.py", line 1 in all_reduce',),
