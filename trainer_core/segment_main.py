@@ -83,15 +83,15 @@ def _micro_batch_loss_sum(config: RunConfig, logprobs: torch.Tensor, rows: dict[
     return loss, num_stale
 
 
-def _step_figures(step: int, loss: float, report, learning_rate: float, sums: torch.Tensor, step_s: float) -> dict:
+def _step_figures(step: int, loss: float, report, learning_rate: float, sums: torch.Tensor, step_s: float, rl: bool) -> dict:
     """One step's live figures (global: `sums` is already reduced over ranks)."""
     tokens, stale, clipped, ratio_sum, rl_tokens = (float(x) for x in sums)
     figures = {"step": step, "loss": loss, "grad_norm": float(report.grad_norm), "learning_rate": learning_rate,
                "stepped": bool(report.stepped), "tokens": int(tokens), "step_s": step_s,
                "tokens_per_s": tokens / step_s if step_s > 0 else 0.0}
-    if rl_tokens:
-        figures.update(stale_trajectories_dropped=int(stale), clip_fraction=clipped / rl_tokens,
-                       mean_importance_ratio=ratio_sum / rl_tokens)
+    if rl:  # fractions over the loss tokens kept; None when the step kept none (all stale)
+        figures.update(stale_trajectories_dropped=int(stale), clip_fraction=clipped / rl_tokens if rl_tokens else None,
+                       mean_importance_ratio=ratio_sum / rl_tokens if rl_tokens else None)
     return figures
 
 
@@ -165,7 +165,8 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
             log(f"step {step}: non-finite gradient norm {report.grad_norm}; update skipped on every rank")
         if topology.rank == 0:
             log(f"step {step} loss {loss:.4f} grad_norm {report.grad_norm:.3f}")
-        progress.write("step", **_step_figures(step, loss, report, learning_rate, step_sums, time.perf_counter() - step_started))
+        progress.write("step", **_step_figures(step, loss, report, learning_rate, step_sums, time.perf_counter() - step_started,
+                                               rl=config.data.kind == "rl"))
     train_s = time.perf_counter() - train_started
     totals = torch.tensor([float(num_input_tokens), float(num_stale)])
     all_reduce_sum_([totals])
