@@ -15,6 +15,7 @@ import math
 import time
 from uuid import UUID
 
+from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
@@ -105,6 +106,13 @@ class LivePublisher:
             return
         self._pending = False
         self._last_update = time.monotonic()
+        try:
+            self._update()
+        except Exception as error:  # noqa: BLE001 - a hiccup of the Prefect API must not end the training launch
+            self._pending = True  # try again at the next poll
+            get_run_logger().warning(f"live artifacts not updated this time: {type(error).__name__}: {error}")
+
+    def _update(self) -> None:
         total = self._live.total_steps
         where = f"segment {self._segment_index}: {self._steps_done} of {total} optimizer steps done"
         update_progress_artifact(self._live.progress_id, 100.0 * self._steps_done / total, description=f"Run {self._live.run_id}, {where}")

@@ -103,3 +103,16 @@ def test_a_hung_rank_times_out_its_peers_collective(planned, monkeypatch, tmp_pa
     assert failure.cause is FailureClass.COLLECTIVE_TIMEOUT and failure.retriable
     assert failure.rank == 1  # the silent rank, not the one whose collective timed out
     assert time_to_fail_s < 60
+
+
+def test_the_export_launch_has_its_own_timeout(tmp_path):
+    from tasks.export import export_segment_fn
+
+    config = config_from_dict(tiny_tree(tmp_path, export={"timeout_s": 1.5}), config_dir=tmp_path)
+    planned = plan_run_fn(config)
+    assert planned.export_timeout_s == 1.5 and planned.segment_timeout_s == 300
+    started = time.monotonic()
+    with pytest.raises(LaunchError, match="ran past its 1.5 s limit") as raised:
+        export_segment_fn(planned, 1, on_line=lambda _: None)
+    assert raised.value.failure.cause is FailureClass.LAUNCH_TIMEOUT and time.monotonic() - started < 30
+    assert launch_processes(Path(planned.run_dir)) == []

@@ -127,3 +127,21 @@ def test_loss_curve_is_a_png_of_the_expected_size(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (640, 360) and len(data) > 5000
+
+
+def test_a_prefect_api_error_does_not_stop_the_live_view(prefect_harness):
+    from uuid import uuid4
+
+    from prefect import task
+
+    from tasks.live import LiveArtifacts, LivePublisher
+
+    @task
+    def publish_to_missing_artifacts() -> bool:
+        live = LiveArtifacts(run_id="r", progress_id=uuid4(), metrics_id=uuid4(), total_steps=4)
+        publisher = LivePublisher(live, 0, min_interval_s=0)
+        publisher([{"event": "step", "step": 0, "loss": 1.0, "grad_norm": 1.0, "learning_rate": 1e-3, "stepped": True,
+                    "tokens_per_s": 1.0, "step_s": 0.1}])  # the API answers 404: logged, kept for the next poll
+        return publisher._pending
+
+    assert publish_to_missing_artifacts() is True
