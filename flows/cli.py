@@ -8,6 +8,12 @@
 Exit status: 0 success; 2 bad config or input (nothing started, nothing
 written); 1 a failure during the run. `run` prints, as the last line of its
 standard output, one JSON object summarising the run.
+
+Bad input is found before Prefect starts: `validate_inputs` reads and checks
+the config, tokenizer, model and data, so a bad input costs seconds and prints
+one message (`rankflow: bad input: …`, naming the file and line or the key and
+the fix) and no traceback. Any `BadInputError` — raised here, in the flow, or
+by a storage pre-flight that finds a configuration error — exits 2.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from trainer_core.config import ConfigError, RunConfig, load_config
+from trainer_core.config import RunConfig, load_config
+from trainer_core.errors import BadInputError
+from trainer_core.validate import validate_inputs
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -57,16 +65,15 @@ def _summary(result: dict | None, wall_s: float, error: BaseException | None) ->
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     config = _load(args)
-    from trainer_core.data import DataError
-
+    # Every input is read and checked before Prefect (and its temporary server) starts.
+    validate_inputs(config).store_cache()
     from .pipeline import RunFailed, train_flow
 
     result, error = None, None
     try:
         result = train_flow(config)
-    except DataError as bad_data:
-        print(f"rankflow: bad input: {bad_data}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except BadInputError:
+        raise  # found inside the flow (an input changed since the check, or a storage setting): still exit 2
     except Exception as failure:  # noqa: BLE001 - reported in the summary line
         error = failure
         result = failure.summary if isinstance(failure, RunFailed) else None  # the figures so far
@@ -76,9 +83,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .schedule import check_schedule
+
     config = _load(args)
-    if (args.cron is None) == (args.interval is None):
-        raise ConfigError("rankflow serve: give exactly one of --cron EXPR or --interval SECONDS")
+    check_schedule(args.cron, args.interval)
+    validate_inputs(config)  # a deployment whose every run would fail on its input is not served
     from .deployment import serve_deployment
 
     serve_deployment(config, name=args.name, cron=args.cron, interval_s=args.interval)
@@ -136,9 +145,21 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except ConfigError as error:
-        print(f"rankflow: {error}", file=sys.stderr)
+    except BadInputError as error:
+        print(f"rankflow: bad input: {_without_credentials(str(error))}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+_CREDENTIAL_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+
+
+def _without_credentials(message: str) -> str:
+    """A last guard: a message about a storage setting never shows a credential, whoever wrote it."""
+    for name in _CREDENTIAL_VARIABLES:
+        secret = os.environ.get(name, "")
+        if len(secret) >= 4:
+            message = message.replace(secret, f"<{name}>")
+    return message
 
 
 if __name__ == "__main__":

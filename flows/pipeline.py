@@ -35,8 +35,8 @@ def train_flow(config: RunConfig) -> dict:
     """Train `config` in segments, exporting and committing checkpoints as configured."""
     run = RunRecord(config)
     with run.failures_reported():
+        check_storage(config.storage.url)
         planned = run.planned(plan_run(config))
-        check_storage(planned)
         live = create_live_artifacts(planned.run_id, planned.total_steps, steps_done=0)
         previous = None
         for index in range(planned.num_segments):

@@ -24,11 +24,11 @@ from prefect.runtime import flow_run
 from infra import ledger
 from infra.publication import CommitOutcome
 from tasks.events import RUN_FAILED, emit_run_event, flow_run_url
-from tasks.failure_report import failure_of, report_failure
+from tasks.failure_report import report_failure
 from tasks.live import in_prefect_run
 from tasks.outcomes import ExportOutcome, PlannedRun, SegmentOutcome
-from trainer_core.config import ConfigError, RunConfig
-from trainer_core.data import DataError
+from trainer_core.config import RunConfig
+from trainer_core.errors import BadInputError
 
 
 class RunFailed(RuntimeError):
@@ -99,14 +99,15 @@ class RunRecord:
     def failures_reported(self) -> Iterator[None]:
         try:
             yield
-        except (DataError, ConfigError):
-            raise  # bad input: the CLI prints one clean message; there is no run to report
+        except BadInputError:
+            raise  # bad input (a storage setting included): the CLI prints one clean message and exits 2
         except Exception as error:
             failure = self._reported_failure()
-            if failure is None and self.planned_run is not None:
-                failure = report_failure(Path(self.planned_run.run_dir), self.planned_run.run_id, "flow", error).to_dict()
-            elif failure is None:
-                failure = failure_of("plan", error).to_dict()
+            if failure is None:
+                planned = self.planned_run
+                failure = report_failure(Path(planned.run_dir) if planned else None,
+                                         planned.run_id if planned else self.config.run.name,
+                                         "flow" if planned else "plan", error).to_dict()
             summary = self.summary("failed")
             summary.update(error=f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}",
                            failed_stage=failure["stage"], failure_cause=failure["cause"], failed_rank=failure["rank"])

@@ -23,7 +23,7 @@ def failure_of(stage: str, error: BaseException) -> Failure:
     if isinstance(diagnosed, Failure):
         return Failure(stage, diagnosed.cause, diagnosed.rank, diagnosed.detail, diagnosed.log_tail)
     message = (str(error).splitlines() or [""])[0][:300]
-    return Failure(stage, classify_exception(error), None, f"{type(error).__name__}: {message}")
+    return Failure(getattr(error, "stage", stage), classify_exception(error), None, f"{type(error).__name__}: {message}")
 
 
 def _attempt() -> str:
@@ -46,10 +46,11 @@ def failure_markdown(run_id: str, failure: Failure, attempt: str = "") -> str:
     )
 
 
-def report_failure(run_dir: Path, run_id: str, stage: str, error: BaseException, **where) -> Failure:
-    """Record the failure in the ledger and, inside a Prefect run, as the run's failure artifact."""
+def report_failure(run_dir: Path | None, run_id: str, stage: str, error: BaseException, **where) -> Failure:
+    """Record the failure in the ledger (once the run has a directory) and, inside a Prefect run, as an artifact."""
     failure = failure_of(stage, error)
-    ledger.record(run_dir, stage, "failed", error=failure.headline(), failure=failure.to_dict(), **where)
+    if run_dir is not None:
+        ledger.record(run_dir, failure.stage, "failed", error=failure.headline(), failure=failure.to_dict(), **where)
     if in_prefect_run():
         attempt = _attempt()
         create_markdown_artifact(

@@ -11,26 +11,34 @@ the current directory. `load_config` returns a config whose paths are absolute.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .config_messages import describe_validation_error
+from .errors import ConfigError
+from .storage_url import check_storage_url
 
-class ConfigError(ValueError):
-    """Bad configuration: the message names the key and the fix."""
+__all__ = ["ConfigError", "RunConfig", "config_from_dict", "load_config"]
+
+_INT64_MAX = 2**63 - 1
+# AdamW's decay rates: a beta of 1 never forgets, a negative one oscillates.
+_Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class _Section(BaseModel):
     # Unknown keys are errors: a typo must not silently fall back to a default.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are never a meaningful setting, and nan slips past bounds (nan > 0 is False).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunSection(_Section):
     name: str = Field("rankflow", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Run name; with the plan digest it forms the run id (`NAME-DIGEST12`)."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=_INT64_MAX)
     """Seed for model initialisation, data order and every rank's RNG."""
     work_dir: str = ".rankflow"
     """Local scratch directory: plan shards, training states, staged exports, ledger."""
@@ -81,7 +89,7 @@ class TrainSection(_Section):
     """Sequences per optimizer step, over all logical ranks."""
     learning_rate: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[_Beta, _Beta] = (0.9, 0.95)
     eps: float = Field(1e-8, gt=0)
     warmup_steps: int = Field(0, ge=0)
     """Linear warm-up steps, then a constant learning rate."""
@@ -133,9 +141,9 @@ class RLSection(_Section):
     """Upper clip of the importance ratio: r <= 1 + clip_high."""
     sft_coef: float = Field(0.0, ge=0)
     """Weight of an SFT term on the same loss tokens, added to the policy-gradient loss."""
-    initial_policy_version: int = Field(0, ge=0)
+    initial_policy_version: int = Field(0, ge=0, le=_INT64_MAX)
     """Policy version of the initial weights; each optimizer step adds one."""
-    max_data_staleness: int | None = Field(None, ge=0)
+    max_data_staleness: int | None = Field(None, ge=0, le=_INT64_MAX)
     """Trajectories generated more than this many policy versions ago are dropped or rejected (None: no bound)."""
     stale_trajectories: Literal["drop", "error"] = "drop"
     """What to do with a trajectory past max_data_staleness (drops are counted)."""
@@ -149,10 +157,30 @@ class ExportSection(_Section):
     timeout_s: float = Field(1800, gt=0)
     """Wall-clock limit of one export launch; past it the process group is killed."""
 
+    @field_validator("max_shard_size")
+    @classmethod
+    def _shard_size(cls, value: str) -> str:
+        # Checked here, not at export: a typo must not cost a whole training run.
+        from transformers.utils.hub import convert_file_size_to_int
+
+        try:
+            size_bytes = convert_file_size_to_int(value.strip())
+        except ValueError:
+            size_bytes = None
+        if size_bytes is None or size_bytes <= 0:
+            raise ValueError(f"max_shard_size={value!r} is not a positive size; write a whole number and a unit, "
+                             "such as \"2GB\", \"500MB\" or \"1GiB\"")
+        return value
+
 
 class StorageSection(_Section):
     url: str = ".rankflow/store"
     """Where checkpoints are committed: a local path, `file://…` or `s3://bucket/prefix`."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return check_storage_url(value)
 
     @property
     def is_s3(self) -> bool:
@@ -178,37 +206,28 @@ class RunConfig(_Section):
         return last or (every > 0 and (segment_index + 1) % every == 0)
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, raw_value: str) -> None:
-    """Apply one `--set a.b=value` override; the value is parsed as TOML when it can be."""
+def _set_dotted(tree: dict[str, Any], dotted: str, raw_value: str, created: list[str]) -> None:
+    """Apply one `--set a.b=value` override; the value is parsed as TOML when it can be.
+
+    Sections it has to create are appended to `created`.
+    """
     keys = dotted.split(".")
     if not all(keys):
-        raise ConfigError(f"--set {dotted}=…: empty key segment; write it as section.key=value")
+        raise ConfigError(f"--set {dotted}={raw_value}: empty key segment; write it as section.key=value, e.g. train.steps=10")
     try:
         value = tomllib.loads(f"v = {raw_value}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw_value  # a bare string such as a path or a name
     node = tree
-    for key in keys[:-1]:
+    for depth, key in enumerate(keys[:-1]):
+        if key not in node:
+            created.append(".".join(keys[: depth + 1]))  # a section the file does not have: its errors come from --set
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {dotted}: '{key}' is a value, not a section")
+            raise ConfigError(f"--set {dotted}={raw_value}: '{key}' is a value, not a section; "
+                              f"set {'.'.join(keys[:keys.index(key) + 1])} itself, or check the key's spelling")
         node = child
     node[keys[-1]] = value
-
-
-def _format_validation_error(error: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
-    for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"]
-        if item["type"] == "extra_forbidden":
-            message = "unknown key; check its spelling against the README's config reference"
-        elif item["type"] == "missing":
-            message = "required key is missing; add it to the config"
-        elif "input" in item and item["type"] not in ("value_error",):
-            message = f"{message} (got {item['input']!r})"
-        lines.append(f"  {key}: {message.removeprefix('Value error, ')}")
-    return "\n".join(lines)
 
 
 def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
@@ -228,12 +247,8 @@ def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
     url = config.storage.url
     if url.startswith("file://"):
         url = url.removeprefix("file://")
-    if "://" not in url:
+    if "://" not in url:  # the scheme itself was checked by StorageSection's validator
         config.storage.url = out(url)
-    elif not url.startswith("s3://"):
-        raise ConfigError(
-            f"storage.url={url!r}: unsupported scheme; use a local path, file://PATH or s3://BUCKET/PREFIX"
-        )
     return config
 
 
@@ -249,12 +264,17 @@ def _check_inputs_exist(config: RunConfig) -> None:
             raise ConfigError(f"{key}={value!r} does not exist; point it at {what}")
 
 
-def config_from_dict(tree: dict[str, Any], *, config_dir: Path, source: str = "(dict)") -> RunConfig:
-    """Validate a config tree, resolve its paths and check that its inputs exist."""
+def config_from_dict(tree: dict[str, Any], *, config_dir: Path, source: str = "(dict)",
+                     overridden: tuple[str, ...] = ()) -> RunConfig:
+    """Validate a config tree, resolve its paths and check that its inputs exist.
+
+    `overridden` lists the dotted keys set on the command line, so that their
+    errors say so.
+    """
     try:
         config = RunConfig.model_validate(tree)
     except ValidationError as error:
-        raise ConfigError(_format_validation_error(error, source)) from None
+        raise ConfigError(describe_validation_error(error, RunConfig, source, overridden)) from None
     config = _resolve_paths(config, config_dir)
     _check_inputs_exist(config)
     return config
@@ -262,16 +282,28 @@ def config_from_dict(tree: dict[str, Any], *, config_dir: Path, source: str = "(
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Read a TOML config, apply `dotted.key=value` overrides and validate it."""
+    from .input_files import read_input_text
+
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist; pass the path of a TOML config")
+    text = read_input_text(path, f"config file {str(path)!r}", "pass the path of a TOML config file")
     try:
-        tree = tomllib.loads(path.read_text())
+        tree = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"config file {path}: not valid TOML: {error}") from None
+        raise ConfigError(_toml_error(path, error)) from None
+    overridden = []
     for override in overrides:
         dotted, sep, raw_value = override.partition("=")
         if not sep:
-            raise ConfigError(f"--set {override!r}: expected dotted.key=value")
-        _set_dotted(tree, dotted.strip(), raw_value.strip())
-    return config_from_dict(tree, config_dir=path.resolve().parent, source=str(path))
+            raise ConfigError(f"--set {override!r}: expected dotted.key=value, e.g. --set train.steps=10")
+        _set_dotted(tree, dotted.strip(), raw_value.strip(), overridden)
+        overridden.append(dotted.strip())
+    return config_from_dict(tree, config_dir=path.resolve().parent, source=str(path), overridden=tuple(overridden))
+
+
+def _toml_error(path: Path, error: tomllib.TOMLDecodeError) -> str:
+    """`FILE:LINE:COL: not valid TOML (what); fix`, from tomllib's message (3.11 has no lineno attribute)."""
+    message = str(error)
+    found = re.search(r" \(at line (\d+), column (\d+)\)$", message)
+    where = f"{path}:{found[1]}:{found[2]}" if found else str(path)
+    what = message[: found.start()] if found else message.removesuffix(" (at end of document)")
+    return f"{where}: not valid TOML ({what}); fix the syntax there (the TOML rules: https://toml.io)"

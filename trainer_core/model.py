@@ -6,31 +6,21 @@ config.json for a randomly initialised model (tests and examples).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from .checkpoints import OptimizerConfig
 from .config import RunConfig
 from .memory.planner import MemoryPlanner
+from .model_checks import read_model_config
 from .staleness import StalenessPolicy
 from .trainer import Trainer
 
 
 def load_model_config(config: RunConfig) -> PretrainedConfig:
-    if config.model.path is not None:
-        return AutoConfig.from_pretrained(config.model.path, local_files_only=True)
-    raw = json.loads(Path(config.model.config).read_text())
-    model_type = raw.pop("model_type", None)
-    if model_type is None:
-        raise ValueError(f"model.config={config.model.config!r} has no 'model_type'; add one such as \"qwen3\"")
-    return AutoConfig.for_model(model_type, **raw)
-
-
-def model_vocab_size(config: RunConfig) -> int:
-    return int(load_model_config(config).vocab_size)
+    """The model's Hugging Face config (read and checked by `model_checks`)."""
+    return read_model_config(config)
 
 
 def build_model(config: RunConfig) -> PreTrainedModel:

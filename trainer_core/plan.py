@@ -27,11 +27,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .config import RunConfig
-from .data import DataError, DataOptions, Prepared, load_chat_template, load_tokenizer, prepare, read_records
-from .data.cache import cache_key
+from .data import DataOptions, Prepared
 from .data.shards import packed_steps, round_up, stack_rows, unpacked_steps
-from .files import sha256_file, tensors_sha256, write_text_atomic
-from .model import model_vocab_size
+from .files import tensors_sha256, write_text_atomic
+from .validate import CheckedInputs, validate_inputs
 
 PLAN_FILE = "plan.json"
 
@@ -88,27 +87,6 @@ def run_dir_for(config: RunConfig, run_id: str) -> Path:
     return Path(config.run.work_dir) / run_id
 
 
-def _input_fingerprint(config: RunConfig) -> dict:
-    """Digests of the inputs that decide the result (paths themselves do not)."""
-    tokenizer_path = Path(config.tokenizer.path)
-    tokenizer_file = tokenizer_path / "tokenizer.json" if tokenizer_path.is_dir() else tokenizer_path
-    fingerprint = {"data": sha256_file(Path(config.data.path)), "tokenizer": sha256_file(tokenizer_file)}
-    template = load_chat_template(tokenizer_path)
-    if template is not None:  # the tokenizer's own template decides the tokens and the masks
-        fingerprint["chat_template"] = hashlib.sha256(template.encode()).hexdigest()
-    if config.model.config is not None:
-        fingerprint["model_config"] = sha256_file(Path(config.model.config))
-    else:
-        model_dir = Path(config.model.path)
-        # Hashing multi-GB weights would dominate planning; name + size + config is
-        # enough to notice a different model in the same directory.
-        fingerprint["model_dir"] = sorted(
-            (p.name, p.stat().st_size) for p in model_dir.iterdir() if p.is_file()
-        )
-        fingerprint["model_config"] = sha256_file(model_dir / "config.json")
-    return fingerprint
-
-
 def _step_order(num_sequences: int, config: RunConfig) -> np.ndarray:
     """Sequence indices for every optimizer step: epochs of seeded permutations."""
     needed = config.train.steps * config.train.global_batch_size
@@ -143,34 +121,21 @@ def _segment_shards(prepared: Prepared, config: RunConfig, options: DataOptions,
     }
 
 
-def build_plan(config: RunConfig) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
+def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
     """Validate, tokenize and lay out the run in memory.
 
     Everything comes from the config (the data stages from `config.data`), so
-    the digest really names the plan. The only thing written is the stage
-    cache under `run.work_dir/cache`, and only for data that passed every check.
+    the digest really names the plan. The inputs are checked first
+    (`validate_inputs`, unless the caller passes what it already checked); the
+    only thing written is the stage cache under `run.work_dir/cache`, and only
+    for inputs that passed every check.
     """
-    records = read_records(config.data.path)
-    tokenizer = load_tokenizer(config.tokenizer.path)
-    vocab = model_vocab_size(config)
-    if tokenizer.get_vocab_size() > vocab:
-        raise DataError(
-            f"tokenizer.path={config.tokenizer.path!r} has {tokenizer.get_vocab_size()} tokens but the model's "
-            f"vocab_size is {vocab}; use a model whose vocab_size covers the tokenizer"
-        )
+    if checked is None:
+        checked = validate_inputs(config)
+    checked.store_cache()
+    tokenizer, prepared, options, fingerprint = checked.tokenizer, checked.prepared, checked.options, checked.fingerprint
     pad_id = tokenizer.token_to_id("<|endoftext|>")
     pad_id = 0 if pad_id is None else pad_id
-    options = DataOptions.from_config(config.data)
-    template = load_chat_template(config.tokenizer.path)
-    fingerprint = _input_fingerprint(config)
-    prepared = prepare(
-        records, tokenizer, template, options, cache_dir=Path(config.run.work_dir) / "cache",
-        cache_key=cache_key(fingerprint["data"], fingerprint["tokenizer"], template, options.advantage_normalization),
-    )
-    if config.data.kind == "rl" and not prepared.is_rl:
-        raise DataError(f"{config.data.path}: data.kind='rl' but the records carry no reward or advantage; add them (see the README's Data section) or set data.kind='sft'")
-    if config.data.kind == "sft" and prepared.is_rl:
-        raise DataError(f"{config.data.path}: the records are RL trajectories (rewards, logprobs) but data.kind='sft'; set data.kind='rl', or drop the RL fields to train SFT on them")
     per_segment = _segment_shards(prepared, config, options, pad_id)
     segment_specs = []
     span = config.train.steps_per_segment

@@ -222,7 +222,7 @@ def test_a_code_error_is_not_retried_and_the_summary_keeps_the_run(prefect_harne
     assert failed[-1].resource["rankflow.cause"] == "code_error"
 
 
-def test_an_unreachable_store_stops_the_run_before_training(prefect_harness, tmp_path, monkeypatch):
+def test_an_unreachable_store_stops_the_run_before_anything_is_written(prefect_harness, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: nothing answers
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret-never-shown")
@@ -232,5 +232,15 @@ def test_an_unreachable_store_stops_the_run_before_training(prefect_harness, tmp
     summary = raised.value.summary
     assert summary["failed_stage"] == "storage-check" and summary["failure_cause"] == "storage_outage"
     assert "http://127.0.0.1:9" in str(raised.value) and "secret-never-shown" not in str(raised.value)
-    entries = ledger.read(tmp_path / "work" / summary["run_id"])
-    assert not [e for e in entries if e["stage"] == "segment"]  # nothing was launched
+    assert not (tmp_path / "work").exists()  # checked first: no plan, no run directory
+
+
+@pytest.mark.s3
+def test_a_refused_store_setting_is_bad_input_exit_2(prefect_harness, s3_env, s3_bucket_url, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-never-shown")
+    config_file = write_toml(tmp_path, tiny_tree(tmp_path, storage={"url": s3_bucket_url}))
+    assert main(["run", str(config_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rankflow: bad input: storage.url=") and s3_env.endpoint_url in err
+    assert "wrong-secret-never-shown" not in err and "Traceback" not in err
+    assert not (tmp_path / "work" / "test-").exists() and not list((tmp_path / "work").glob("test-*"))

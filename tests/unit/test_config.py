@@ -32,7 +32,7 @@ def test_set_overrides_parse_toml_values():
     ("sections", "expected"),
     [
         ({"train": {"stepz": 3}}, "train.stepz: unknown key"),
-        ({"train": {"steps": "ten"}}, "train.steps: Input should be a valid integer"),
+        ({"train": {"steps": "ten"}}, "train.steps: must be a whole number (got 'ten'); write a whole number"),
         ({"train": {"logical_dp": 3, "nproc_per_node": 2}}, "train.logical_dp=3 is not a multiple of train.nproc_per_node=2"),
         ({"train": {"global_batch_size": 5}}, "train.global_batch_size=5 is not a multiple of train.logical_dp=2"),
         ({"data": {"kind": "dpo"}}, "data.kind"),
@@ -64,7 +64,7 @@ def test_cli_unknown_key_exits_2(tmp_path, capsys):
     config = write_toml(tmp_path / "bad.toml", "[train]\nsteps = 3\nlearning_rat = 0.1\n")
     assert main(["run", str(config)]) == 2
     err = capsys.readouterr().err
-    assert "train.learning_rat: unknown key" in err and "model: required key is missing" in err
+    assert "train.learning_rat: unknown key" in err and "model: required section is missing; add a [model] table" in err
 
 
 def test_cli_not_toml_exits_2(tmp_path, capsys):

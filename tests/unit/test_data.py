@@ -27,7 +27,7 @@ GOOD = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "ass
         (json.dumps({"messages": [{"role": "robot", "content": "x"}]}), r"bad\.jsonl:2: field messages\.0\.role"),
         (json.dumps({"messages": [{"role": "user"}]}), r"bad\.jsonl:2: field messages\.0\.content: Field required"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}]}), r"bad\.jsonl:2: field messages: no assistant message"),
-        (json.dumps({"msgs": []}), r"bad\.jsonl:2: field messages: Field required; field msgs: unknown field"),
+        (json.dumps({"msgs": []}), r"bad\.jsonl:2: field messages: Field required; add it .*; field msgs: unknown field; remove it"),
         ("[1, 2]", r"bad\.jsonl:2: expected a JSON object"),
     ],
 )

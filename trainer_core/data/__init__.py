@@ -11,7 +11,7 @@ from .advantages import AdvantageStats, group_relative_advantages, resolve_advan
 from .align import Aligned, align
 from .mask import Masked, mask
 from .pack import Rows, assign_rows, layout_rows, pack, packed_attention_inputs
-from .pipeline import DataOptions, Prepared, fit_length, prepare
+from .pipeline import DataOptions, Prepared, Staged, finish, fit_length, prepare, stage_documents, store_staged
 from .render import CHATML_TEMPLATE, Rendered, load_chat_template, render, render_chatml, render_with_template
 from .schema import Conversation, DataError, Message, Record, ToolCall, parse_record, read_conversations, read_records
 from .tokenize import Tokenized, array_digest, load_tokenizer, tokenize
@@ -28,12 +28,14 @@ __all__ = [
     "Prepared",
     "Record",
     "Rendered",
+    "Staged",
     "Rows",
     "ToolCall",
     "Tokenized",
     "align",
     "array_digest",
     "assign_rows",
+    "finish",
     "fit_length",
     "group_relative_advantages",
     "layout_rows",
@@ -49,6 +51,8 @@ __all__ = [
     "render",
     "render_chatml",
     "render_with_template",
+    "stage_documents",
+    "store_staged",
     "resolve_advantages",
     "tokenize",
 ]

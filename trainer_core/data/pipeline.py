@@ -6,7 +6,9 @@ The stages up to align depend only on the file, the tokenizer, the template
 and the advantage normalisation, so the plan caches their outputs (cache.py);
 fit_length, which depends on the length limit, always runs.
 
-Every stage is pure; `prepare` chains them and keeps one digest per stage (a
+Every stage is pure; `stage_documents` runs (or loads) the cached stages
+without writing anything, `finish` applies the length limit, and `prepare`
+chains them and stores the cache and keeps one digest per stage (a
 sha256 over its outputs, in record order, as each output's `digest` hashes
 itself), so a change in any
 stage shows in the plan as the stage where the outputs first differ.
@@ -66,6 +68,18 @@ class Prepared:
     """Over max_seq_len with overflow=drop, or left without a loss token by truncation."""
     advantage_stats: AdvantageStats | None = None
     stage_digests: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The outputs of the cached stages (up to align) over a whole file, in record order."""
+
+    documents: list[Aligned]
+    is_rl: bool
+    advantage_stats: AdvantageStats | None
+    stage_digests: dict[str, str]
+    from_cache: bool
+    """Loaded from the cache (so there is nothing to store)."""
 
 
 def _stage_digest(outputs: Sequence[Any]) -> str:
@@ -133,28 +147,56 @@ def _stage_outputs(records: Sequence[Record], tokenizer: Tokenizer, template: st
     return aligned, is_rl, stats, digests
 
 
+def stage_documents(records: Sequence[Record], tokenizer: Tokenizer, template: str | None,
+                    normalization: Normalization, *, cache_dir: Path | None = None,
+                    cache_key: str | None = None) -> Staged:
+    """render → tokenize → mask → [advantages] → align over `records`, or their cached outputs.
+
+    Writes nothing: the first bad record raises DataError, and a caller stores
+    the outputs (`store_staged`) only once every later check has passed too.
+    """
+    cached = load_staged(cache_dir, cache_key) if cache_dir and cache_key else None
+    if cached is not None and len(cached[0]) == len(records):
+        return Staged(*cached, from_cache=True)
+    aligned, is_rl, stats, digests = _stage_outputs(records, tokenizer, template, normalization)
+    return Staged(aligned, is_rl, stats, digests, from_cache=False)
+
+
+def store_staged(staged: Staged, cache_dir: Path, cache_key: str) -> None:
+    """Write staged outputs to the cache, unless they came from it."""
+    if not staged.from_cache:
+        save_staged(cache_dir, cache_key, staged.documents, staged.is_rl, staged.advantage_stats, staged.stage_digests)
+
+
+def finish(staged: Staged, records: Sequence[Record], options: DataOptions) -> Prepared:
+    """Apply the length limit (see `fit_length`); an input left with nothing to train on is a DataError."""
+    wheres = [r.where for r in records]
+    documents, kept_wheres, truncated, dropped = fit_length(staged.documents, wheres, options.max_seq_len, options.overflow)
+    if not documents:
+        source = wheres[0].rsplit(":", 1)[0] if wheres else "(data)"
+        shortest = min((d.num_tokens for d in staged.documents), default=0)
+        raise DataError(
+            f"{source}: no conversation left with loss tokens after applying data.max_seq_len={options.max_seq_len} "
+            f"(data.overflow={options.overflow!r}); raise data.max_seq_len (the shortest conversation has {shortest} tokens)"
+        )
+    return Prepared(
+        documents=documents, wheres=kept_wheres, is_rl=staged.is_rl, num_records=len(records),
+        num_truncated=truncated, num_dropped=dropped, advantage_stats=staged.advantage_stats,
+        stage_digests=staged.stage_digests,
+    )
+
+
 def prepare(records: Sequence[Record], tokenizer: Tokenizer, template: str | None, options: DataOptions,
             *, cache_dir: Path | None = None, cache_key: str | None = None) -> Prepared:
     """Run every per-document stage over `records`; the first bad record raises DataError.
 
     With `cache_dir` and `cache_key`, the stages' outputs are loaded from the
-    cache when present and stored there otherwise (see cache.py).
+    cache when present and stored there otherwise (see cache.py), and only
+    for data that passed every check: bad input writes nothing.
     """
-    cached = load_staged(cache_dir, cache_key) if cache_dir and cache_key else None
-    fresh = cached is None or len(cached[0]) != len(records)
-    if fresh:
-        aligned, is_rl, stats, digests = _stage_outputs(records, tokenizer, template, options.advantage_normalization)
-    else:
-        aligned, is_rl, stats, digests = cached
-    wheres = [r.where for r in records]
-    documents, kept_wheres, truncated, dropped = fit_length(aligned, wheres, options.max_seq_len, options.overflow)
-    if not documents:
-        source = wheres[0].rsplit(":", 1)[0] if wheres else "(data)"
-        raise DataError(f"{source}: no conversation left with loss tokens after applying data.max_seq_len={options.max_seq_len}")
-    if fresh and cache_dir and cache_key:
-        # Only data that passed every check is cached: bad input writes nothing.
-        save_staged(cache_dir, cache_key, aligned, is_rl, stats, digests)
-    return Prepared(
-        documents=documents, wheres=kept_wheres, is_rl=is_rl, num_records=len(records),
-        num_truncated=truncated, num_dropped=dropped, advantage_stats=stats, stage_digests=digests,
-    )
+    staged = stage_documents(records, tokenizer, template, options.advantage_normalization,
+                             cache_dir=cache_dir, cache_key=cache_key)
+    prepared = finish(staged, records, options)
+    if cache_dir and cache_key:
+        store_staged(staged, cache_dir, cache_key)
+    return prepared

@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..input_files import read_input_json_object, read_input_text
 from .schema import Conversation, DataError, Message
 
 IM_START = "<|im_start|>"
@@ -164,16 +165,19 @@ def load_chat_template(tokenizer_path: str | Path) -> str | None:
     path = Path(tokenizer_path)
     if not path.is_dir():
         return None
+    label = f"tokenizer.path={str(path)!r}"
     jinja_file = path / "chat_template.jinja"
-    if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
+    if jinja_file.exists():
+        return read_input_text(jinja_file, label, "remove chat_template.jinja to train with ChatML")
     config_file = path / "tokenizer_config.json"
-    if not config_file.is_file():
+    if not config_file.exists():
         return None
-    template = json.loads(config_file.read_text(encoding="utf-8")).get("chat_template")
+    tokenizer_config = read_input_json_object(config_file, label, "remove tokenizer_config.json to use tokenizer.json alone")
+    template = tokenizer_config.get("chat_template")
     if isinstance(template, list):
         named = {item.get("name"): item.get("template") for item in template if isinstance(item, dict)}
         template = named.get("default")
     if template is not None and not isinstance(template, str):
-        raise DataError(f"{config_file}: field chat_template: expected a Jinja string or a list of named templates")
+        raise DataError(f"{config_file}: field chat_template: expected a Jinja string or a list of named templates "
+                        f"(got {type(template).__name__}); fix it, or remove it to train with ChatML")
     return template

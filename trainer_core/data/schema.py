@@ -11,18 +11,27 @@ so a user can fix the data before any training starts.
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..errors import BadInputError
+from ..input_files import open_input
+
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Logprob = Annotated[float, Field(allow_inf_nan=False, le=0.0)]
+# Ids and versions become int64 tensors: a larger integer would overflow there, far from its line.
+Int64 = Annotated[int, Field(ge=0, le=2**63 - 1)]
+# A JSON escape of a UTF-16 surrogate; only then can a string hold a lone one (see _lone_surrogate).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-class DataError(ValueError):
+class DataError(BadInputError):
     """Bad training data: the message names the file, the line and the field."""
 
 
@@ -59,7 +68,7 @@ class Message(_Strict):
     """Whether this message carries loss; default: assistant messages do, others do not."""
     logprobs: list[Logprob] | None = None
     """RL: the behaviour policy's logprob of each loss token of this message, in order."""
-    token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    token_ids: list[Int64] | None = None
     """RL, optional: the token ids the behaviour policy sampled; checked against tokenization."""
     reward: FiniteFloat | None = None
     """RL, per-turn: this assistant turn's reward (group-normalised into its advantage)."""
@@ -71,11 +80,14 @@ class Message(_Strict):
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError("content: null is allowed only for an assistant message with tool_calls; give a string")
         if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError(f"tool_calls: only assistant messages make tool calls, not {self.role!r}")
+            raise ValueError(f"tool_calls: only assistant messages make tool calls, not {self.role!r}; "
+                             "move them to the assistant message that makes them")
         if (self.tool_call_id is not None or self.name is not None) and self.role != "tool":
-            raise ValueError(f"tool_call_id/name: only tool messages answer tool calls, not {self.role!r}")
+            raise ValueError(f"tool_call_id/name: only tool messages answer tool calls, not {self.role!r}; "
+                             "remove them or set role to 'tool'")
         if (self.reward is not None or self.advantage is not None) and self.role != "assistant":
-            raise ValueError(f"reward/advantage: per-turn values belong on assistant messages, not {self.role!r}")
+            raise ValueError(f"reward/advantage: per-turn values belong on assistant messages, not {self.role!r}; "
+                             "move them to the assistant turn they score")
         if self.token_ids is not None and self.logprobs is not None and len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"token_ids: {len(self.token_ids)} ids but {len(self.logprobs)} logprobs; give one of each per sampled token")
         return self
@@ -98,7 +110,7 @@ class Conversation(_Strict):
     """RL: the trajectory's advantage, applied to every loss token."""
     group_id: str | int | None = None
     """RL: trajectories sampled for the same prompt share a group (group-relative advantages)."""
-    policy_version: Annotated[int, Field(ge=0)] | None = None
+    policy_version: Int64 | None = None
     """RL: the version of the policy that sampled this trajectory."""
 
     @property
@@ -126,19 +138,67 @@ class Record:
     conversation: Conversation
 
 
+def _known_fields() -> list[str]:
+    return sorted({name for model in (Conversation, Message, ToolCall, ToolFunction) for name in model.model_fields})
+
+
 def _describe(error: ValidationError) -> str:
+    """Each of pydantic's errors as `field F: what is wrong (got V); what to do`."""
     parts = []
     for item in error.errors():
         field = ".".join(str(p) for p in item["loc"]) or "(record)"
+        kind = item["type"]
         message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown field"
-        elif item["type"] == "literal_error":
-            message = f"{message} (got {item['input']!r})"
-        elif item["type"] == "finite_number":
-            message = f"{message} (got {item['input']!r}); rewards, advantages and logprobs must be finite"
+        got = f" (got {item['input']!r})" if "input" in item and not isinstance(item["input"], (dict, list)) else ""
+        if kind == "extra_forbidden":
+            close = difflib.get_close_matches(str(item["loc"][-1]), _known_fields(), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            message = f"unknown field; remove it or fix its spelling{hint}, see the README's Data section"
+        elif kind == "missing":
+            message = f"{message}; add it (the README's Data section shows each field)"
+        elif kind == "literal_error":
+            message = f"{message}{got}; use one of those"
+        elif kind == "finite_number":
+            message = f"{message}{got}; rewards, advantages and logprobs must be finite"
+        elif kind in _BOUND_FIXES:
+            message = f"{message}{got}; {_bound_fix(field)}"
+        elif kind == "too_short":
+            message = f"{message}; give at least one message"
+        elif kind != "value_error":  # our own validators already say what to do
+            message = f"{message}{got}; fix the value (the README's Data section shows each field's type)"
         parts.append(f"field {field}: {message}")
     return "; ".join(parts)
+
+
+_BOUND_FIXES = ("greater_than_equal", "less_than_equal")
+
+
+def _bound_fix(field: str) -> str:
+    if ".logprobs." in f".{field}.":
+        return "a logprob is the log of a probability, so it is at most 0"
+    if ".token_ids." in f".{field}.":
+        return "token ids index the tokenizer's vocabulary"
+    if field == "policy_version":
+        return "give the (non-negative) version of the policy that sampled the trajectory"
+    return "fix the value"
+
+
+def _lone_surrogate(value: Any, field: str = "") -> str | None:
+    """The field of the first string holding a lone UTF-16 surrogate (not a character), if any."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return field or "(record)"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in items:
+        path = f"{field}.{key}" if field else str(key)
+        found = _lone_surrogate(key, path) if isinstance(key, str) else None
+        found = found or _lone_surrogate(child, path)
+        if found:
+            return found
+    return None
 
 
 def _check_trajectory(conversation: Conversation, where: str) -> None:
@@ -166,10 +226,25 @@ def parse_record(raw: bytes | str, where: str) -> Conversation:
     """Validate one JSONL line (a pure function; `where` is `FILE:LINE` for messages)."""
     try:
         record = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise DataError(f"{where}: not valid JSON ({error}); each line must be one JSON object") from None
+    except UnicodeDecodeError as error:
+        raise DataError(f"{where}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at column {error.start + 1}); "
+                        "save the file as UTF-8") from None
+    except json.JSONDecodeError as error:
+        raise DataError(f"{where}: not valid JSON ({error.msg} at column {error.pos + 1}); each line must be one "
+                        "JSON object") from None
+    except RecursionError:
+        raise DataError(f"{where}: not valid JSON (nested too deeply to read); each line must be one JSON object "
+                        "of messages, nested a few levels deep") from None
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if _SURROGATE_ESCAPE.search(raw):
+        field = _lone_surrogate(record)
+        if field is not None:
+            raise DataError(f"{where}: field {field}: holds a lone UTF-16 surrogate escape (such as \\ud800), which "
+                            "is not a character; fix the escape (a pair like \\ud83d\\ude00 is one character) or remove it")
     if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object with a 'messages' list, got {type(record).__name__}")
+        raise DataError(f"{where}: expected a JSON object with a 'messages' list, got {type(record).__name__}; "
+                        'write each line as {"messages": [{"role": …, "content": …}, …]}')
     try:
         conversation = Conversation.model_validate(record)
     except ValidationError as error:
@@ -195,7 +270,7 @@ def read_records(path: str | Path) -> list[Record]:
     """
     path = Path(path)
     records: list[Record] = []
-    with path.open("rb") as handle:
+    with open_input(path, f"data.path={str(path)!r}", "point data.path at a JSONL file of conversations") as handle:
         for line_number, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue  # blank lines (often a trailing newline) carry nothing

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from ..errors import ConfigError
+from ..input_files import parse_json_object, read_input_text
 from .render import Rendered
 
 
@@ -51,13 +53,34 @@ def array_digest(*arrays: np.ndarray | None) -> str:
     return hasher.hexdigest()
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load `tokenizer.json`, or the one inside a tokenizer directory."""
+_TOKENIZER_FIX = "point tokenizer.path at a complete tokenizer.json (as tokenizers' Tokenizer.save writes it) or a directory holding one"
+
+
+def tokenizer_file(path: str | Path) -> Path:
+    """The tokenizer.json a `tokenizer.path` names: the file itself, or the one inside a directory."""
     path = Path(path)
-    file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
-        raise FileNotFoundError(f"tokenizer.path={str(path)!r}: no tokenizer.json there; point it at a tokenizer.json file or a directory holding one")
-    return Tokenizer.from_file(str(file))
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load `tokenizer.json`, or the one inside a tokenizer directory.
+
+    A missing, unreadable, empty, non-UTF-8, malformed or incomplete file is a
+    ConfigError naming the file and the fix.
+    """
+    file = tokenizer_file(path)
+    label = f"tokenizer.path={str(path)!r}"
+    if file != Path(path) and not file.exists():
+        raise ConfigError(f"{label}: the directory has no tokenizer.json; {_TOKENIZER_FIX}")
+    text = read_input_text(file, label, _TOKENIZER_FIX)
+    parse_json_object(text, file, label, _TOKENIZER_FIX)  # FILE:LINE:COL for broken JSON
+    try:
+        tokenizer = Tokenizer.from_str(text)
+    except Exception as error:  # noqa: BLE001 - the tokenizers library raises a bare Exception
+        raise ConfigError(f"{label}: {file} is not a usable tokenizer ({error}); {_TOKENIZER_FIX}") from None
+    if tokenizer.get_vocab_size() == 0:
+        raise ConfigError(f"{label}: {file} has an empty vocabulary; {_TOKENIZER_FIX}")
+    return tokenizer
 
 
 def _cuts(rendered: Rendered) -> list[int]:

@@ -1,0 +1,45 @@
+"""Check the shape of a `storage.url` before anything touches the store.
+
+A local path, `file://PATH` or `s3://BUCKET/PREFIX`. Only the URL is checked
+here (no network): a missing bucket, a bucket name no S3 server accepts, an
+empty or `..` path segment, or an unknown scheme. Whether the store is
+reachable and writable is checked by the storage pre-flight before training.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# S3's rules (3-63 characters of lowercase letters, digits, '.' and '-', starting and
+# ending with a letter or digit), widened to the legacy upper case and '_' some servers keep.
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]$")
+_FORMS = "a local path, file://PATH or s3://BUCKET/PREFIX"
+
+
+def check_storage_url(url: str) -> str:
+    """Return `url` unchanged, or raise ValueError saying what is wrong and what to write."""
+    if not url.strip():
+        raise ValueError(f"storage.url is empty; set {_FORMS}")
+    if url != url.strip():
+        raise ValueError(f"storage.url={url!r} starts or ends with whitespace; remove it")
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        return url  # a local path
+    if scheme[1] == "file":
+        if not url.removeprefix("file://"):
+            raise ValueError(f"storage.url={url!r} has no path; write file:///absolute/path or a plain path")
+        return url
+    if scheme[1] != "s3":
+        raise ValueError(f"storage.url={url!r}: unsupported scheme {scheme[1]!r}; use {_FORMS}")
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise ValueError(f"storage.url={url!r} names no bucket; write s3://BUCKET/PREFIX, e.g. s3://rankflow/runs")
+    if not _BUCKET.match(bucket):
+        raise ValueError(f"storage.url={url!r}: {bucket!r} is not a valid S3 bucket name; bucket names are 3-63 "
+                         "lowercase letters, digits, '.' and '-', starting and ending with a letter or digit")
+    segments = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
+    if "" in segments or ".." in segments or "." in segments:
+        raise ValueError(f"storage.url={url!r} has an empty, '.' or '..' path segment; write the prefix as "
+                         "plain names joined by single '/', e.g. s3://rankflow/runs/team-a")
+    return url
