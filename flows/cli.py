@@ -2,7 +2,7 @@
 
     rankflow run CONFIG [--set dotted.key=value ...]   run the pipeline (in-process Prefect by default)
     rankflow serve CONFIG (--cron EXPR | --interval S)  serve it as a scheduled Prefect deployment
-    rankflow ui [--port P]                              start a Prefect server + UI on 127.0.0.1
+    rankflow ui [--port P] [--log FILE]                 start a Prefect server + UI on 127.0.0.1 (output to FILE)
     rankflow s3 serve [--dir D] [--bucket B]            start a local S3 server (SeaweedFS)
 
 Exit status: 0 success; 2 bad config or input (nothing started, nothing
