@@ -48,5 +48,3 @@ class ExportOutcome(BaseModel):
     num_files: int
     num_bytes: int
     launch_wall_s: float
-    committed_url: str | None = None
-    """Set when this step's checkpoint was already committed and verified: nothing was launched."""
