@@ -2,7 +2,7 @@
 
     rankflow run CONFIG [--set dotted.key=value ...]   run the pipeline (in-process Prefect by default)
     rankflow serve CONFIG (--cron EXPR | --interval S)  serve it as a scheduled Prefect deployment
-    rankflow ui [--port P]                              start a Prefect server + UI on 127.0.0.1
+    rankflow ui [--port P] [--log FILE]                 start a Prefect server + UI on 127.0.0.1 (output to FILE)
     rankflow server [--port P] [--db URL | --pg-dir D]  start a Prefect server on PostgreSQL, for workers
     rankflow deploy CONFIG --pool NAME [--cron EXPR]    deploy the flow to a work pool of that server
     rankflow s3 serve [--dir D] [--bucket B]            start a local S3 server (SeaweedFS)
@@ -38,9 +38,17 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _prefect_defaults() -> None:
+    """Prefect settings for rankflow's commands, set before Prefect reads its settings.
+
+    Servers rankflow starts (the temporary one of `run`, the one of `ui`)
+    inherit them. A user's own value wins.
+    """
     # The temporary API server Prefect starts without PREFECT_API_URL can take
     # longer than its default start-up limit on a 2-core machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    # Server telemetry is on by default and DO_NOT_TRACK does not stop it; offline
+    # it fails with a "database is locked" traceback at the first run.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 def _load(args: argparse.Namespace) -> RunConfig:
@@ -51,6 +59,7 @@ def _summary(result: dict | None, wall_s: float, error: BaseException | None) ->
     if result is None:
         return {"run_id": None, "status": "failed", "checkpoint_url": None, "steps": 0, "losses": [],
                 "wall_s": round(wall_s, 3), "error": f"{type(error).__name__}: {error}"}
+    # Launches and training time count this invocation's own segments only (see flows/run_record.py).
     summary = {**result, "wall_s": round(wall_s, 3)}
     # Time outside torchrun launches and training: Prefect, planning, commits.
     summary["orchestration_s"] = round(wall_s - result["launch_wall_s"] - result["export_wall_s"], 3)
@@ -63,8 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args)
     # Every input is read and checked before Prefect (and its temporary server) starts.
     validate_inputs(config).store_cache()
-    _prefect_defaults()
-    from .pipeline import train_flow
+    from .pipeline import RunFailed, train_flow
 
     result, error = None, None
     try:
@@ -73,6 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise  # found inside the flow (an input changed since the check, or a storage setting): still exit 2
     except Exception as failure:  # noqa: BLE001 - reported in the summary line
         error = failure
+        result = failure.summary if isinstance(failure, RunFailed) else None  # the figures so far
         print(f"rankflow: run failed: {type(failure).__name__}: {failure}", file=sys.stderr)
     print(json.dumps(_summary(result, time.perf_counter() - started, error)))
     return EXIT_OK if error is None else EXIT_FAILED
@@ -93,7 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_ui(args: argparse.Namespace) -> int:
     from .ui import run_ui
 
-    return run_ui(port=args.port)
+    return run_ui(port=args.port, log_path=Path(args.log))
 
 
 def cmd_s3_serve(args: argparse.Namespace) -> int:
@@ -103,6 +112,8 @@ def cmd_s3_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .ui import DEFAULT_LOG
+
     parser = argparse.ArgumentParser(prog="rankflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -123,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ui = commands.add_parser("ui", help="start a Prefect server and UI on 127.0.0.1")
     ui.add_argument("--port", type=int, default=4200)
+    ui.add_argument("--log", default=DEFAULT_LOG, help=f"where the server's output goes (default {DEFAULT_LOG})")
     ui.set_defaults(handler=cmd_ui)
 
     add_server_parser(commands)
@@ -137,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _prefect_defaults()
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)

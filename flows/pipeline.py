@@ -1,48 +1,62 @@
-"""The training pipeline as a Prefect flow: plan → segments → export → commit → cleanup."""
+"""The training pipeline as a Prefect flow: plan → segments → export → commit → cleanup → report."""
 
 from __future__ import annotations
 
-import time
-
 from prefect import flow
+from prefect.runtime import flow_run
 
-from tasks.export import export_segment
 from infra.publication import CommitOutcome
-from tasks.outcomes import SegmentOutcome
+from tasks.committed import already_committed
+from tasks.events import CHECKPOINT_COMMITTED, emit_run_event, flow_run_url
+from tasks.export import export_segment
+from tasks.live import create_live_artifacts, show_steps_done
+from tasks.outcomes import PlannedRun
 from tasks.plan import plan_run
 from tasks.publish import cleanup, commit
 from tasks.report import report
 from tasks.segment import train_segment
+from tasks.storage_check import check_storage
 from trainer_core.config import RunConfig
 
+from .run_record import RunFailed, RunRecord
 
-@flow(name="rankflow-train", log_prints=True)
+__all__ = ["RunFailed", "train_flow"]
+
+
+def _planning_name() -> str:
+    """The flow run's name until the plan names the run (the run id is the plan's digest)."""
+    config = flow_run.parameters["config"]
+    name = config.run.name if isinstance(config, RunConfig) else config["run"]["name"]
+    return f"{name} (planning)"
+
+
+@flow(name="rankflow-train", flow_run_name=_planning_name, log_prints=True)
 def train_flow(config: RunConfig) -> dict:
     """Train `config` in segments, exporting and committing checkpoints as configured."""
-    started = time.perf_counter()
-    planned = plan_run(config)
-    segments: list[SegmentOutcome] = []
-    commits: list[CommitOutcome] = []
-    export_wall_s = 0.0
-    for index in range(planned.num_segments):
-        segments.append(train_segment(planned, index))
-        if config.export_after_segment(index):
-            staged = export_segment(planned, index)
-            export_wall_s += staged.launch_wall_s
-            commits.append(commit(planned, staged))
-            cleanup(planned, staged)
-    ledger_url = report(planned, segments, commits)
-    return {
-        "run_id": planned.run_id,
-        "status": "completed",
-        "checkpoint_url": commits[-1].checkpoint_url,
-        "steps": planned.segment_steps[-1][1],
-        "losses": [loss for s in segments for loss in s.losses],
-        "flow_s": time.perf_counter() - started,
-        "launch_wall_s": sum(s.launch_wall_s for s in segments),
-        "export_wall_s": export_wall_s,
-        "train_s": sum(s.train_s for s in segments),
-        "tokens": sum(s.num_tokens for s in segments),
-        "tokens_per_s": sum(s.num_tokens for s in segments) / max(1e-9, sum(s.train_s for s in segments)),
-        "ledger_url": ledger_url,
-    }
+    run = RunRecord(config)
+    with run.failures_reported():
+        check_storage(config.storage.url)
+        planned = run.planned(plan_run(config))
+        live = create_live_artifacts(planned.run_id, planned.total_steps, steps_done=0)
+        previous = None
+        for index in range(planned.num_segments):
+            previous = train_segment(planned, index, live, wait_for=[previous] if previous else None, return_state=True)
+            run.segments.append(previous.result())
+            show_steps_done(live, run.segments[-1].end_step)
+            if config.export_after_segment(index):
+                run.commits.append(publish_checkpoint(run, planned, index))
+        run.files = report(planned, run.segments, run.commits)
+    return run.summary("completed")
+
+
+def publish_checkpoint(run: RunRecord, planned: PlannedRun, index: int) -> CommitOutcome:
+    """export → commit → cleanup of segment `index`'s state, unless its checkpoint is already committed."""
+    committed = already_committed(planned, index)
+    if committed is not None:
+        return committed
+    staged = run.exported(export_segment(planned, index))
+    committed = commit(planned, staged)
+    cleanup(planned, staged)
+    emit_run_event(CHECKPOINT_COMMITTED, planned.run_id, loss=run.segments[-1].losses[-1], step=committed.step,
+                   url=committed.checkpoint_url, flow_run_url=flow_run_url())
+    return committed

@@ -1,26 +1,54 @@
-"""Launch a trainer-core entry point under torchrun and stream its ranks' logs.
+"""Launch a trainer-core entry point under torchrun, stream its ranks' logs, and watch it.
 
 torchrun runs with `--max-restarts=0` (restarts hung after a rank failure on
 this kind of machine; retries belong to the orchestrator, which resumes from
-the last saved state). The launch runs in its own process group so that a
-timeout kills torchrun and every rank, never leaving orphans behind.
+the last saved state). Single-node launches rendezvous over 127.0.0.1 only
+(`infra.loopback_torchrun`). The launch runs in its own process group; a
+timeout, a stall reported by the caller's monitor, or an interrupted caller
+ends torchrun and every rank (`infra.processes.kill_launch`), and a dead
+caller takes the launch with it (PR_SET_PDEATHSIG on torchrun and each rank).
+
+Each rank's output goes to its own file (torchrun `--redirects=3`) and is
+forwarded as whole lines (`infra.rank_logs`); the result keeps each rank's last
+lines, the errors the ranks recorded, how each failed rank exited, and which
+ranks were stopped when a stall was detected, so `infra.failures` can name
+the first failing rank and the cause.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainer_core.rank_process import ERRORS_DIR_ENV, error_path
+
+from .processes import PARENT_PID_ENV, handles_signal, kill_launch, process_state, rank_pids, signal_pids
+from .rank_logs import RankLogTail
+
+STACK_DUMP_WAIT_S = 1.5
+"""How long a stalled launch's ranks get to print their stacks before they are killed."""
 
 
 class LaunchError(RuntimeError):
-    """A torchrun launch failed; the message carries the last lines it printed."""
+    """A torchrun launch failed; `result` holds what is known about it, `failure` the diagnosis."""
+
+    def __init__(self, message: str, result: "LaunchResult", failure=None) -> None:
+        super().__init__(message)
+        self.result = result
+        self.failure = failure
 
 
 @dataclass(frozen=True)
@@ -29,16 +57,31 @@ class LaunchResult:
     wall_s: float
     timed_out: bool
     tail: tuple[str, ...]
-    """The last lines the launch printed, for error messages."""
+    """The last lines the launch printed (all ranks and torchrun), for error messages."""
     rank_errors: tuple[str, ...] = ()
     """The first `[rank N] ERROR …` lines: which rank failed and why."""
+    stalled: str | None = None
+    """Why the caller's monitor stopped the launch (no progress), or None."""
+    rank_tails: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """Each rank's last lines."""
+    rank_exits: dict[int, int] = field(default_factory=dict)
+    """Exit status of each rank torchrun reported as failed (negative: killed by that signal)."""
+    error_records: tuple[dict, ...] = ()
+    """The errors ranks recorded (rank, time, type, message, traceback), oldest first."""
+    stopped_ranks: tuple[int, ...] = ()
+    """Ranks found stopped (SIGSTOP) when the launch was ended for a stall or timeout."""
+    log_dir: str | None = None
+    """Where each rank's full log is, when the caller asked to keep them."""
 
 
-def torchrun_command(module: str, args: list[str], nproc_per_node: int) -> list[str]:
+def torchrun_command(module: str, args: list[str], nproc_per_node: int, log_dir: Path) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", "--nnodes=1", f"--nproc-per-node={nproc_per_node}",
+        sys.executable, "-m", "infra.loopback_torchrun",
+        "--nnodes=1", f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex}",
+        "--local-addr=127.0.0.1",
         "--max-restarts=0", "--monitor-interval=0.5",
+        f"--log-dir={log_dir}", "--redirects=3",
         "-m", module, *args,
     ]
 
@@ -47,17 +90,35 @@ def _threads_per_rank(nproc_per_node: int) -> str:
     return str(max(1, (os.cpu_count() or 1) // nproc_per_node))
 
 
-def _kill_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+_FAILED_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def parse_rank_exits(torchrun_lines: list[str] | tuple[str, ...]) -> dict[int, int]:
+    """{rank: exit status} from torchrun's failure summary (`rank : R (local_rank: L)` / `exitcode : C`)."""
+    return {int(rank): int(code) for rank, code in _FAILED_RANK.findall("\n".join(torchrun_lines))}
+
+
+def _read_error_records(directory: Path, nproc_per_node: int) -> tuple[dict, ...]:
+    records = []
+    for rank in range(nproc_per_node):
+        path = error_path(directory, rank)
+        if path.is_file():
+            try:
+                records.append(json.loads(path.read_text()))
+            except ValueError:
+                continue  # a rank killed while writing: its log still tells
+    return tuple(sorted(records, key=lambda r: r["time"]))
+
+
+def _child_env(env: dict[str, str] | None, nproc_per_node: int, errors_dir: Path) -> dict[str, str]:
+    child_env = {**os.environ, **(env or {})}
+    child_env.setdefault("OMP_NUM_THREADS", _threads_per_rank(nproc_per_node))
+    # Collective traffic of a single-node launch stays on loopback as well.
+    child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    child_env["PYTHONUNBUFFERED"] = "1"
+    child_env[ERRORS_DIR_ENV] = str(errors_dir)
+    child_env[PARENT_PID_ENV] = str(os.getpid())
+    return child_env
 
 
 def launch(
@@ -69,54 +130,117 @@ def launch(
     on_line: Callable[[str], None] = print,
     env: dict[str, str] | None = None,
     tail_lines: int = 40,
+    monitor: Callable[[], str | None] | None = None,
+    log_dir: Path | None = None,
+    poll_s: float = 0.5,
 ) -> LaunchResult:
-    """Run `module` on `nproc_per_node` ranks; returns when every rank has exited."""
-    child_env = {**os.environ, **(env or {})}
-    child_env.setdefault("OMP_NUM_THREADS", _threads_per_rank(nproc_per_node))
-    child_env["PYTHONUNBUFFERED"] = "1"
+    """Run `module` on `nproc_per_node` ranks; returns when every rank has exited.
+
+    `monitor` is called every `poll_s` in the calling thread while the launch
+    runs; a string it returns is the reason to end the launch (a stall).
+    `log_dir` keeps each rank's log there; without it they go to a temporary
+    directory removed at the end.
+    """
+    keep_logs = log_dir is not None
+    log_dir = Path(log_dir) if keep_logs else Path(tempfile.mkdtemp(prefix="rankflow-launch-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    # The thread that starts torchrun is the one that waits for it: PR_SET_PDEATHSIG
+    # follows the thread that forked, so it must outlive the launch.
     process = subprocess.Popen(
-        torchrun_command(module, args, nproc_per_node),
+        torchrun_command(module, args, nproc_per_node, log_dir),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        text=True, errors="replace", env=child_env, start_new_session=True,
+        text=True, errors="replace", env=_child_env(env, nproc_per_node, log_dir), start_new_session=True,
     )
     tail: deque[str] = deque(maxlen=tail_lines)
+    torchrun_lines: list[str] = []
     rank_errors: list[str] = []
+    lock = threading.Lock()
 
-    def pump() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            line = line.rstrip("\n")
+    def forward(line: str) -> None:
+        with lock:
             tail.append(line)
             if line.startswith("[rank ") and "] ERROR " in line and len(rank_errors) < 8:
                 rank_errors.append(line)
             on_line(line)
 
-    reader = threading.Thread(target=pump, name=f"torchrun-log-{module}", daemon=True)
-    reader.start()
-    timed_out = False
+    rank_logs = RankLogTail(log_dir, forward)
+    done = threading.Event()
+
+    def pump_torchrun() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            torchrun_lines.append(line.rstrip("\n"))
+            forward(line.rstrip("\n"))
+
+    def pump_ranks() -> None:
+        while not done.wait(0.2):
+            rank_logs.poll()
+
+    readers = [threading.Thread(target=pump_torchrun, name=f"torchrun-log-{module}", daemon=True),
+               threading.Thread(target=pump_ranks, name=f"rank-logs-{module}", daemon=True)]
+    for reader in readers:
+        reader.start()
+    timed_out, stalled, stopped = False, None, ()
     try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(process)
+        deadline = time.monotonic() + timeout_s
+        while process.poll() is None:
+            try:
+                process.wait(timeout=poll_s)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            timed_out = time.monotonic() > deadline
+            stalled = None if timed_out or monitor is None else monitor()
+            if timed_out or stalled:
+                stopped = _end_launch(process)
+                break
     except BaseException:
-        _kill_group(process)  # an interrupted caller must not leave ranks running
+        kill_launch(process)  # an interrupted caller must not leave ranks running
         raise
-    # Ranks may have left children holding the pipe open; the group kill ends them.
-    reader.join(timeout=5)
-    if reader.is_alive():
-        _kill_group(process)
-        reader.join(timeout=5)
-    return LaunchResult(process.returncode, time.perf_counter() - started, timed_out, tuple(tail), tuple(rank_errors))
-
-
-def launch_or_raise(module: str, args: list[str], **kwargs) -> LaunchResult:
-    result = launch(module, args, **kwargs)
-    if result.timed_out:
-        raise LaunchError(f"{module} ran past its {kwargs.get('timeout_s')} s limit and was killed; "
-                          "raise train.segment_timeout_s or look at the last lines:\n" + "\n".join(result.tail))
-    if result.returncode != 0:
-        cause = "; ".join(result.rank_errors) or f"exit status {result.returncode}"
-        raise LaunchError(f"{module} failed: {cause}\n--- last lines ---\n" + "\n".join(result.tail))
+    finally:
+        done.set()
+        readers[1].join(timeout=5)
+        readers[0].join(timeout=5)
+        if readers[0].is_alive():  # a straggler still holds torchrun's pipe
+            kill_launch(process)
+            readers[0].join(timeout=5)
+        rank_logs.poll(final=True)
+    result = LaunchResult(
+        process.returncode, time.perf_counter() - started, timed_out, tuple(tail), tuple(rank_errors),
+        stalled=stalled, rank_tails={r: rank_logs.last_lines(r) for r in sorted(rank_logs.tails)},
+        rank_exits=parse_rank_exits(torchrun_lines), error_records=_read_error_records(log_dir, nproc_per_node),
+        stopped_ranks=stopped, log_dir=str(log_dir) if keep_logs else None,
+    )
+    if not keep_logs:
+        shutil.rmtree(log_dir, ignore_errors=True)
     return result
+
+
+def _end_launch(process: subprocess.Popen) -> tuple[int, ...]:
+    """Ask the ranks for their stacks (for the failure report), then kill the launch; returns stopped ranks."""
+    ranks = rank_pids(process.pid)
+    stopped = tuple(sorted(r for r, pid in ranks.items() if process_state(pid) == "T"))
+    # Only ranks that installed the stack dump (a rank still importing would die of SIGUSR1).
+    signal_pids([pid for r, pid in ranks.items() if r not in stopped and handles_signal(pid, signal.SIGUSR1)], signal.SIGUSR1)
+    time.sleep(STACK_DUMP_WAIT_S)
+    kill_launch(process)
+    return stopped
+
+
+def launch_or_raise(module: str, args: list[str], *, stage: str = "launch", **kwargs) -> LaunchResult:
+    """Launch; a failure raises LaunchError carrying the result and the diagnosis (`infra.failures`)."""
+    from .failures import diagnose_launch
+
+    result = launch(module, args, **kwargs)
+    if result.returncode == 0 and not result.timed_out and not result.stalled:
+        return result
+    failure = diagnose_launch(result, stage)
+    if result.timed_out:
+        message = (f"{module} ran past its {kwargs.get('timeout_s')} s limit and was killed; "
+                   "raise the stage's timeout or look at the last lines:\n")
+    elif result.stalled:
+        message = f"{module} was killed by the stall watchdog: {result.stalled}\n"
+    else:
+        message = f"{module} failed: {'; '.join(result.rank_errors) or f'exit status {result.returncode}'}\n"
+    raise LaunchError(f"{failure.headline()}\n{message}--- last lines ---\n" + "\n".join(result.tail), result, failure)

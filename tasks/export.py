@@ -25,7 +25,8 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     run_dir = Path(planned.run_dir)
     out_dir = staged_dir_for(planned, segment_index)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    launched = launch_stage(planned, "export", "trainer_core.export_main", segment_index, ["--out", str(out_dir)], on_line)
+    launched = launch_stage(planned, "export", "trainer_core.export_main", segment_index, ["--out", str(out_dir)], on_line,
+                            timeout_s=planned.export_timeout_s)
     result = json.loads((out_dir.parent / f"{out_dir.name}.result.json").read_text())
     manifest = json.loads((out_dir / "MANIFEST.json").read_text())
     outcome = ExportOutcome(

@@ -17,6 +17,14 @@ class PlannedRun(BaseModel):
     nproc_per_node: int
     segment_timeout_s: float
     storage_url: str
+    stall_timeout_s: float = 300.0
+    """The segment watchdog's limit (train.stall_timeout_s)."""
+    export_timeout_s: float = 1800.0
+    """Wall-clock limit of an export launch (export.timeout_s)."""
+
+    @property
+    def total_steps(self) -> int:
+        return self.segment_steps[-1][1]
 
 
 class SegmentOutcome(BaseModel):

@@ -1,7 +1,14 @@
-"""The report stage: the run's summary, its Prefect artifacts and the stored ledger."""
+"""The report stage: the run's loss curve, its Prefect artifacts and the stored ledger.
+
+The loss curve (PNG) is written beside the ledger in the run directory and
+uploaded with it beside the run's checkpoints; a markdown artifact links the
+newest committed checkpoint, the ledger and the curve (and shows the curve
+inline, so it is visible in the UI without access to the store).
+"""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 from prefect import task
@@ -9,29 +16,54 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
+from infra.loss_curve import LOSS_CURVE_FILE, write_loss_curve
+from infra.publication import CommitOutcome
 from infra.storage import open_store
 
-from infra.publication import CommitOutcome
-
+from .live import artifact_key
 from .outcomes import PlannedRun, SegmentOutcome
 
 
-def _artifact_key(run_id: str, what: str) -> str:
-    # Artifact keys allow lowercase letters, digits and dashes only.
-    return "".join(c if c.isalnum() else "-" for c in f"{run_id}-{what}".lower())
-
-
-def publish_ledger_fn(planned: PlannedRun) -> str:
-    """Upload the ledger beside the run's checkpoints; returns its location."""
+def publish_run_files_fn(planned: PlannedRun) -> dict[str, str]:
+    """Upload the ledger and the loss curve beside the run's checkpoints; returns their locations."""
     store = open_store(planned.storage_url)
-    store.fs.put_file(str(Path(planned.run_dir) / ledger.LEDGER_FILE), store.path(planned.run_id, ledger.LEDGER_FILE))
-    return store.url_of(planned.run_id, ledger.LEDGER_FILE)
+    run_dir = Path(planned.run_dir)
+    locations = {}
+    for name in (ledger.LEDGER_FILE, LOSS_CURVE_FILE):
+        if (run_dir / name).is_file():
+            store.fs.put_file(str(run_dir / name), store.path(planned.run_id, name))
+            locations[name] = store.url_of(planned.run_id, name)
+    return locations
+
+
+def write_run_loss_curve(planned: PlannedRun, segments: list[SegmentOutcome]) -> Path:
+    steps = [s.start_step + i for s in segments for i in range(len(s.losses))]
+    losses = [loss for s in segments for loss in s.losses]
+    return write_loss_curve(Path(planned.run_dir) / LOSS_CURVE_FILE, steps, losses, [s.start_step for s in segments],
+                            title=f"{planned.run_id}: loss per optimizer step")
+
+
+def _link(url: str) -> str:
+    return f"[{url}]({url if '://' in url else 'file://' + url})"
+
+
+def summary_markdown(planned: PlannedRun, commits: list[CommitOutcome], locations: dict[str, str], curve: Path) -> str:
+    checkpoint = _link(commits[-1].checkpoint_url) if commits else "none committed"
+    inline = base64.b64encode(curve.read_bytes()).decode()
+    return (
+        f"## Run {planned.run_id}\n\n"
+        f"| what | where |\n|---|---|\n"
+        f"| newest committed checkpoint (step {commits[-1].step if commits else '—'}) | {checkpoint} |\n"
+        f"| ledger | {_link(locations[ledger.LEDGER_FILE])} |\n"
+        f"| loss curve | {_link(locations[LOSS_CURVE_FILE])} |\n\n"
+        f"![loss curve of {planned.run_id}](data:image/png;base64,{inline})\n"
+    )
 
 
 @task(name="report", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 5])
-def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[CommitOutcome]) -> str:
+def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[CommitOutcome]) -> dict[str, str]:
     create_table_artifact(
-        key=_artifact_key(planned.run_id, "segments"),
+        key=artifact_key(planned.run_id, "segments"),
         table=[
             {"segment": s.segment, "steps": f"{s.start_step}-{s.end_step - 1}", "first_loss": round(s.losses[0], 4),
              "last_loss": round(s.losses[-1], 4), "tokens": s.num_tokens, "tokens_per_s": round(s.tokens_per_s),
@@ -40,11 +72,11 @@ def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[Co
         ],
         description=f"Segment metrics of run {planned.run_id}",
     )
-    if commits:
-        lines = [f"| step {c.step} | `{c.checkpoint_url}` | {c.num_files_uploaded} uploaded, {c.num_files_skipped} skipped |" for c in commits]
-        create_markdown_artifact(
-            key=_artifact_key(planned.run_id, "checkpoint"),
-            markdown="## Committed checkpoints\n\n| step | location | files |\n|---|---|---|\n" + "\n".join(lines),
-            description=f"Newest checkpoint: {commits[-1].checkpoint_url}",
-        )
-    return publish_ledger_fn(planned)
+    curve = write_run_loss_curve(planned, segments)
+    locations = publish_run_files_fn(planned)
+    create_markdown_artifact(
+        key=artifact_key(planned.run_id, "checkpoint"),
+        markdown=summary_markdown(planned, commits, locations, curve),
+        description=f"Newest checkpoint: {commits[-1].checkpoint_url}" if commits else "No checkpoint committed",
+    )
+    return locations

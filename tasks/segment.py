@@ -1,7 +1,11 @@
 """The segment stage: one torchrun launch of the trainer core over a range of steps.
 
-Retried by Prefect; a retry resumes from the previous segment's saved state, and
-a segment whose own state is already saved is not trained again.
+Retried by Prefect when the failure's class says a retry can help
+(`tasks.retry_policy`); a retry resumes from the previous segment's saved
+state, and a segment whose own state is already saved is not trained again:
+its task run ends in the state named "Reused". While it trains, a watchdog
+ends a launch that stops making progress (`tasks.watchdog`) and the run's
+live artifacts follow its steps (`tasks.live`).
 """
 
 from __future__ import annotations
@@ -11,14 +15,24 @@ from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import task_run
+from prefect.states import Completed
 
 from infra import ledger
+from trainer_core.progress import progress_path
 from trainer_core.segment_main import segment_result_path
 from trainer_core.state import has_state, state_dir_for
 
 from ._launch import launch_stage
 from ._logging import rank_line_logger
+from .events import SEGMENT_COMPLETED, emit_run_event, flow_run_url
+from .live import LiveArtifacts, in_prefect_run, publisher_for
 from .outcomes import PlannedRun, SegmentOutcome
+from .retry_policy import retry_if_retriable
+from .watchdog import SegmentWatch
+
+REUSED = "Reused"
+"""State name of a segment task run whose state was already saved (nothing trained)."""
 
 
 def _outcome(result: dict, launch_wall_s: float, reused: bool) -> SegmentOutcome:
@@ -29,21 +43,40 @@ def _outcome(result: dict, launch_wall_s: float, reused: bool) -> SegmentOutcome
     )
 
 
-def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) -> SegmentOutcome:
+def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, live: LiveArtifacts | None = None) -> SegmentOutcome:
     run_dir = Path(planned.run_dir)
     result_path = segment_result_path(run_dir, segment_index)
     if has_state(state_dir_for(run_dir, segment_index)) and result_path.is_file():
         outcome = _outcome(json.loads(result_path.read_text()), 0.0, reused=True)
         ledger.record(run_dir, "segment", "reused", segment=segment_index)
         return outcome
-    launched = launch_stage(planned, "segment", "trainer_core.segment_main", segment_index, [], on_line)
+    progress_file = progress_path(run_dir, segment_index)
+    progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
+    publisher = publisher_for(live, segment_index)
+    watch = SegmentWatch(progress_file, planned.stall_timeout_s, on_records=publisher)
+    launched = launch_stage(planned, "segment", "trainer_core.segment_main", segment_index, [], on_line,
+                            timeout_s=planned.segment_timeout_s, monitor=watch)
+    watch()  # the records written after the last poll
+    if publisher is not None:
+        publisher.flush()
     result = json.loads(result_path.read_text())
     outcome = _outcome(result, launched.wall_s, reused=False)
     ledger.record(run_dir, "segment", "completed", launch_wall_s=launched.wall_s,
                   **{k: v for k, v in result.items() if k not in ("grad_norms",)})
+    if in_prefect_run():
+        emit_run_event(SEGMENT_COMPLETED, planned.run_id, loss=outcome.losses[-1], segment=segment_index,
+                       step=outcome.end_step, tokens_per_s=outcome.tokens_per_s, url=flow_run_url())
     return outcome
 
 
-@task(name="segment", task_run_name="segment-{segment_index}", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
-def train_segment(planned: PlannedRun, segment_index: int) -> SegmentOutcome:
-    return train_segment_fn(planned, segment_index, on_line=rank_line_logger())
+def _run_name() -> str:
+    parameters = task_run.parameters
+    start, end = parameters["planned"].segment_steps[parameters["segment_index"]]
+    return f"segment-{parameters['segment_index']} steps {start}-{end - 1}"
+
+
+@task(name="segment", task_run_name=_run_name, retries=2, retry_delay_seconds=[2, 10],
+      retry_condition_fn=retry_if_retriable, cache_policy=NO_CACHE)
+def train_segment(planned: PlannedRun, segment_index: int, live: LiveArtifacts | None = None) -> SegmentOutcome:
+    outcome = train_segment_fn(planned, segment_index, on_line=rank_line_logger(), live=live)
+    return Completed(name=REUSED, data=outcome, message="state already saved; nothing trained") if outcome.reused else outcome

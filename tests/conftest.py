@@ -40,6 +40,7 @@ def tiny_config(tmp_path: Path) -> RunConfig:
 def prefect_harness():
     """One temporary Prefect API for the whole session (starting one takes ~15 s)."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # as rankflow's own commands do
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=90):

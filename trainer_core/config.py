@@ -109,6 +109,10 @@ class TrainSection(_Section):
     """A non-finite gradient norm: `skip` the update on every rank (counted in the segment result) or fail the segment."""
     segment_timeout_s: float = Field(1800, gt=0)
     """Wall-clock limit of one torchrun launch; past it the process group is killed."""
+    stall_timeout_s: float = Field(300, gt=0)
+    """Watchdog: a launch with no progress (setup done, a step, the state saved) for this long is killed and retried."""
+    collective_timeout_s: float = Field(600, gt=0)
+    """Timeout of every collective (init_process_group), set explicitly; a peer silent this long fails the rank."""
 
     @model_validator(mode="after")
     def _divisibility(self) -> "TrainSection":
@@ -152,6 +156,8 @@ class ExportSection(_Section):
     """Also export after every N segments (0: only at the end, which always happens)."""
     max_shard_size: str = "2GB"
     """Safetensors shard size limit, as transformers' `save_pretrained` takes it."""
+    timeout_s: float = Field(1800, gt=0)
+    """Wall-clock limit of one export launch; past it the process group is killed."""
 
     @field_validator("max_shard_size")
     @classmethod

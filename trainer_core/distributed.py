@@ -8,12 +8,13 @@ which names the rank, so the launcher can stream all ranks' lines as one log.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from .rank_process import die_with_parent, dump_stacks_on, record_error, write_line
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,18 @@ class Topology:
 
 
 def log(message: str) -> None:
+    """One line per call, prefixed with the rank, written whole (see rank_process.write_line)."""
     rank = os.environ.get("RANK", "0")
-    print(f"[rank {rank}] {message}", flush=True)
+    for line in str(message).splitlines() or [""]:
+        write_line(f"[rank {rank}] {line}")
 
 
-def init_distributed(logical_dp: int, timeout_s: float = 120.0) -> Topology:
-    """Join torchrun's process group (gloo on CPU, NCCL on GPU), or run alone."""
+def init_distributed(logical_dp: int, timeout_s: float) -> Topology:
+    """Join torchrun's process group (gloo on CPU, NCCL on GPU), or run alone.
+
+    `timeout_s` (train.collective_timeout_s) bounds every collective, set here
+    explicitly rather than inherited from the backend's default (30 min for gloo).
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world_size > 1 and not dist.is_initialized():
@@ -76,19 +83,23 @@ def all_reduce_sum_(tensors: list[torch.Tensor]) -> None:
 
 
 def run_rank_main(main) -> None:
-    """Run a rank's main; on error print it with the rank named and exit 1.
+    """Run a rank's main; on error record it, print it with the rank named and exit 1.
 
     torchrun then stops the other ranks, so one rank's failure fails the launch
-    instead of leaving its peers blocked in a collective.
+    instead of leaving its peers blocked in a collective. The rank dies with
+    torchrun, and prints its stacks on SIGUSR1 (asked by the stall watchdog).
     """
+    die_with_parent()
+    dump_stacks_on()
+    os.dup2(1, 2)  # stderr (warnings, stack dumps) in order with stdout, in the rank's one log
     try:
         main()
     except BaseException as error:  # noqa: BLE001 - report anything, then fail the rank
         import traceback
 
+        record_error(int(os.environ.get("RANK", "0")), error)
         log(f"ERROR {type(error).__name__}: {error}")
-        traceback.print_exc(file=sys.stdout)
-        sys.stdout.flush()
-        sys.exit(1)
+        log("".join(traceback.format_exception(error)).rstrip())
+        raise SystemExit(1) from None
     finally:
         shutdown_distributed()

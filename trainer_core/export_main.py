@@ -31,7 +31,7 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
     started = time.perf_counter()
     plan = read_plan(run_dir)
     config = plan.run_config()
-    topology = init_distributed(config.train.logical_dp)
+    topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s)
     trainer = build_trainer(config)
     model = trainer.model
     meta = load_training_state(state_dir_for(run_dir, segment_index), trainer.checkpoints, with_optimizer=False)

@@ -1,4 +1,4 @@
-"""Fault injection for tests of retry and resume, driven by the environment.
+"""Fault injection for tests of retry, resume and time-to-fail, driven by the environment.
 
 `RANKFLOW_FAULT_ONCE=STEP:RANK:MARKER` makes rank RANK fail when it reaches
 optimizer step STEP, once: the marker file records that the fault happened,
@@ -6,21 +6,38 @@ so the retried launch runs through. `RANKFLOW_EXPORT_FAULT_ONCE=RANK:MARKER`
 does the same to the export stage, once its rank has loaded the state.
 `RANKFLOW_NONFINITE_LOSS=STEP:RANK` makes rank RANK's loss NaN at optimizer
 step STEP, every time (to test the `train.nonfinite` policy).
+
+`RANKFLOW_FAULT_KIND` says how the rank fails (default `raise`):
+
+| kind   | what the rank does                          | failure class it stands for     |
+|--------|---------------------------------------------|---------------------------------|
+| raise  | raises InjectedFault (a transient error)    | retried                         |
+| code   | raises TypeError (a bug)                    | code error, not retried         |
+| data   | raises DataError (bad input)                | bad input, not retried          |
+| kill   | SIGKILLs itself (as the OOM killer would)   | dead rank, retried              |
+| term   | SIGTERMs itself (as a preemption would)     | preemption, retried             |
+| stop   | SIGSTOPs itself, mid-step                   | hang: the watchdog fires        |
+| hang   | sleeps forever inside the step              | collective timeout on its peers |
+
 Read when called, never at import.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 FAULT_ENV = "RANKFLOW_FAULT_ONCE"
 EXPORT_FAULT_ENV = "RANKFLOW_EXPORT_FAULT_ONCE"
 NONFINITE_LOSS_ENV = "RANKFLOW_NONFINITE_LOSS"
+FAULT_KIND_ENV = "RANKFLOW_FAULT_KIND"
+FAULT_KINDS = ("raise", "code", "data", "kill", "term", "stop", "hang")
 
 
 class InjectedFault(RuntimeError):
-    """A failure injected on purpose by RANKFLOW_FAULT_ONCE."""
+    """A transient failure injected on purpose by RANKFLOW_FAULT_ONCE."""
 
 
 def maybe_inject_fault(step: int, rank: int) -> None:
@@ -51,5 +68,21 @@ def nonfinite_loss_factor(step: int, rank: int) -> float:
 def _fail_once(rank: int, fault_rank: int, marker: Path, where: str, variable: str) -> None:
     if rank != fault_rank or marker.exists():
         return
-    marker.write_text(f"{where} rank {rank}\n")
-    raise InjectedFault(f"injected fault at {where} on rank {rank} ({variable})")
+    kind = os.environ.get(FAULT_KIND_ENV, "raise")
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"{FAULT_KIND_ENV}={kind!r}: choose one of {', '.join(FAULT_KINDS)}")
+    marker.write_text(f"{kind} at {where} rank {rank}\n")  # before the fault: a killed rank writes nothing after
+    message = f"injected fault at {where} on rank {rank} ({variable})"
+    if kind == "raise":
+        raise InjectedFault(message)
+    if kind == "code":
+        raise TypeError(f"{message}: a code error")
+    if kind == "data":
+        from .data import DataError
+
+        raise DataError(f"{message}: bad data")
+    if kind in ("kill", "term", "stop"):
+        os.kill(os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}[kind])
+        return  # after SIGCONT (stop), carry on
+    while True:  # hang: never reach the step's collectives
+        time.sleep(3600)

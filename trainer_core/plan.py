@@ -148,7 +148,8 @@ def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple
     for volatile in ("storage", "export"):
         training_config.pop(volatile)
     training_config["run"].pop("work_dir")
-    training_config["train"].pop("segment_timeout_s")
+    for operational in ("segment_timeout_s", "stall_timeout_s", "collective_timeout_s"):
+        training_config["train"].pop(operational)
     for section in ("model", "tokenizer", "data"):
         training_config[section].pop("path", None)
         training_config[section].pop("config", None)

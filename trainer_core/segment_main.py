@@ -26,6 +26,7 @@ from .files import write_text_atomic
 from .model import build_trainer
 from .objectives import clipped_policy_gradient_sum, sft_loss_sum, stale_trajectory_mask
 from .plan import load_segment_shard, read_plan
+from .progress import ProgressWriter, progress_path
 from .schedule import learning_rate_at
 from .state import load_training_state, save_training_state, state_dir_for
 from .training import Trainer
@@ -51,8 +52,11 @@ def _count_documents(selected: torch.Tensor, rows: dict[str, torch.Tensor]) -> i
     return int(keys.unique().numel())
 
 
-def _micro_batch_loss_sum(config: RunConfig, logprobs: torch.Tensor, rows: dict[str, torch.Tensor], version: int) -> tuple[torch.Tensor, int]:
+def _micro_batch_loss_sum(config: RunConfig, logprobs: torch.Tensor, rows: dict[str, torch.Tensor], version: int,
+                          rl_sums: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The loss sum of one logical rank's rows, and how many trajectories were dropped as stale.
+
+    For RL, adds to `rl_sums` the clipped-token count, the importance-ratio sum and the token count.
 
     Shard tensors are aligned per target token t; `logprobs[:, t-1]` is the
     logprob of target t, hence the `[:, 1:]` slices.
@@ -68,13 +72,27 @@ def _micro_batch_loss_sum(config: RunConfig, logprobs: torch.Tensor, rows: dict[
         if num_stale_tokens:
             num_stale = _count_documents(loss_mask & ~keep, rows)
             mask = loss_mask & keep
-    loss, _ = clipped_policy_gradient_sum(
+    loss, stats = clipped_policy_gradient_sum(
         logprobs, rows["behaviour_logprobs"][:, 1:], rows["advantages"][:, 1:], mask,
         clip_low=config.rl.clip_low, clip_high=config.rl.clip_high,
     )
+    num_tokens = float(mask.sum())
+    rl_sums += torch.tensor([stats.clipped_fraction * num_tokens, stats.mean_ratio * num_tokens, num_tokens])
     if config.rl.sft_coef:
         loss = loss + config.rl.sft_coef * sft_loss_sum(logprobs, mask)
     return loss, num_stale
+
+
+def _step_figures(step: int, loss: float, report, learning_rate: float, sums: torch.Tensor, step_s: float, rl: bool) -> dict:
+    """One step's live figures (global: `sums` is already reduced over ranks)."""
+    tokens, stale, clipped, ratio_sum, rl_tokens = (float(x) for x in sums)
+    figures = {"step": step, "loss": loss, "grad_norm": float(report.grad_norm), "learning_rate": learning_rate,
+               "stepped": bool(report.stepped), "tokens": int(tokens), "step_s": step_s,
+               "tokens_per_s": tokens / step_s if step_s > 0 else 0.0}
+    if rl:  # fractions over the loss tokens kept; None when the step kept none (all stale)
+        figures.update(stale_trajectories_dropped=int(stale), clip_fraction=clipped / rl_tokens if rl_tokens else None,
+                       mean_importance_ratio=ratio_sum / rl_tokens if rl_tokens else None)
+    return figures
 
 
 def _forward(trainer: Trainer, rows: dict[str, torch.Tensor], mode):
@@ -91,7 +109,7 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
     plan = read_plan(run_dir)
     config = plan.run_config()
     segment = plan.segments[segment_index]
-    topology: Topology = init_distributed(config.train.logical_dp)
+    topology: Topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s)
 
     trainer = build_trainer(config)
     (base,) = trainer.checkpoints.values()
@@ -107,6 +125,9 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
     setup_s = time.perf_counter() - started
     log(f"segment {segment_index}: steps {segment.start_step}..{segment.end_step - 1}, "
         f"{topology.world_size} rank(s) x {topology.logical_per_rank} logical, setup {setup_s:.2f}s")
+    progress = ProgressWriter(progress_path(run_dir, segment_index), rank=topology.rank)
+    progress.write("ready", segment=segment_index, start_step=segment.start_step, end_step=segment.end_step,
+                   total_steps=plan.segments[-1].end_step, setup_s=setup_s)
 
     mode = None if config.train.backward_mode == "auto" else config.train.backward_mode
     per_logical = config.train.global_batch_size // topology.logical_dp
@@ -120,18 +141,23 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
         num_loss_tokens = int(batch["loss_mask"][:, 1:].sum())
         version = config.rl.initial_policy_version + base.revision
         loss_sum = torch.zeros(())
+        step_started = time.perf_counter()
+        step_sums = torch.zeros(5)  # input tokens, stale trajectories, clipped tokens, ratio sum, RL tokens
         for logical_rank in topology.local_logical_ranks:
             rows = {name: tensor[logical_rank * per_logical:(logical_rank + 1) * per_logical] for name, tensor in batch.items()}
             torch.manual_seed(step_seed(config.run.seed, step, logical_rank))
             out = _forward(trainer, rows, mode)
-            micro_loss, micro_stale = _micro_batch_loss_sum(config, out.logprobs, rows, version)
+            micro_loss, micro_stale = _micro_batch_loss_sum(config, out.logprobs, rows, version, step_sums[2:])
             micro_loss = micro_loss * nonfinite_loss_factor(step, topology.rank)
             trainer.backward(micro_loss / num_loss_tokens)
             loss_sum += micro_loss.detach()
             num_stale += micro_stale
             num_input_tokens += int(rows["attention_mask"].sum())
-        all_reduce_sum_([loss_sum])
-        report = trainer.step(learning_rate=learning_rate_at(step, config.train))[base.name]
+            step_sums[0] += float(rows["attention_mask"].sum())
+            step_sums[1] += micro_stale
+        all_reduce_sum_([loss_sum, step_sums])
+        learning_rate = learning_rate_at(step, config.train)
+        report = trainer.step(learning_rate=learning_rate)[base.name]
         loss = float(loss_sum) / num_loss_tokens
         losses.append(loss)
         grad_norms.append(report.grad_norm)
@@ -148,12 +174,15 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
             log(f"step {step}: non-finite gradient norm {report.grad_norm}; update skipped on every rank")
         if topology.rank == 0:
             log(f"step {step} loss {loss:.4f} grad_norm {report.grad_norm:.3f}")
+        progress.write("step", **_step_figures(step, loss, report, learning_rate, step_sums, time.perf_counter() - step_started,
+                                               rl=config.data.kind == "rl"))
     train_s = time.perf_counter() - train_started
     totals = torch.tensor([float(num_input_tokens), float(num_stale)])
     all_reduce_sum_([totals])
 
     state_dir = state_dir_for(run_dir, segment_index)
     save_started = time.perf_counter()
+    progress.write("saving", segment=segment_index)
     state_bytes = 0
     if topology.rank == 0:
         state_bytes = save_training_state(
@@ -162,6 +191,8 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
     save_s = time.perf_counter() - save_started
+    progress.write("saved", segment=segment_index, save_s=save_s)
+    progress.close()
     if topology.rank == 0:
         tokens = int(totals[0].item())
         result = {

@@ -12,6 +12,7 @@ from infra import ledger
 from tests.conftest import EXAMPLES
 from tests.flows.test_pipeline import fetch_checkpoint, run_flow
 from trainer_core.plan import load_segment_shard, read_plan
+from trainer_core.progress import ProgressReader, progress_path
 
 pytestmark = [pytest.mark.flow, pytest.mark.distributed]
 
@@ -34,6 +35,12 @@ def test_packed_rl_run_commits_and_counts_stale_trajectories(prefect_harness, tm
     assert int(shard["document_ids"].max()) > 1  # rows really hold several trajectories
     segments = [e for e in ledger.read(run_dir) if e["stage"] == "segment" and e["status"] == "completed"]
     assert sum(e["num_stale_trajectories"] for e in segments) > 0
+    # The live records carry the RL figures of every step, summed over ranks like the segment's totals.
+    steps = [r for i in range(2) for r in ProgressReader(progress_path(run_dir, i)).new_records() if r["event"] == "step"]
+    assert [r["step"] for r in steps] == list(range(6))
+    assert sum(r["stale_trajectories_dropped"] for r in steps) == sum(e["num_stale_trajectories"] for e in segments)
+    kept = [r for r in steps if r["clip_fraction"] is not None]  # a step whose data were all stale keeps none
+    assert kept and all(0 <= r["clip_fraction"] <= 1 and r["mean_importance_ratio"] > 0 for r in kept)
     checkpoint = fetch_checkpoint(config, result, tmp_path / "download")
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), local_files_only=True)
     assert model.config.vocab_size == 1024

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import textwrap
 import time
 
 import pytest
 
 from infra.launcher import LaunchError, launch, launch_or_raise
+from infra.processes import wait_gone
 
 pytestmark = pytest.mark.distributed
 
@@ -48,3 +52,94 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
     for pid in map(int, pid_file.read_text().split()):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_lines_of_several_ranks_never_merge(tmp_path):
+    # print() writes the text and the newline separately; 3 ranks print as fast as they can.
+    env = write_module(tmp_path, "chatty_rank", """
+        import os, sys
+        rank = os.environ["RANK"]
+        for i in range(400):
+            print(f"rank {rank} line {i} " + "x" * (i % 97))
+            sys.stderr.write(f"rank {rank} err {i}")
+            sys.stderr.write("\\n")
+    """)
+    lines = []
+    result = launch("chatty_rank", [], nproc_per_node=3, timeout_s=120, env=env, on_line=lines.append)
+    assert result.returncode == 0
+    for rank in range(3):
+        mine = [line for line in lines if line.startswith(f"[rank {rank}] ")]
+        expected_out = [f"[rank {rank}] rank {rank} line {i} " + "x" * (i % 97) for i in range(400)]
+        expected_err = [f"[rank {rank}] rank {rank} err {i}" for i in range(400)]
+        assert [line for line in mine if " line " in line] == expected_out
+        assert [line for line in mine if " err " in line] == expected_err
+    assert not [line for line in lines if line.count("rank ") > 2]  # no line holds two ranks' text
+
+
+def _listening_sockets(pids) -> list[str]:
+    """Local addresses (hex, as in /proc/net/tcp*) of listening TCP sockets the given processes own."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in open(table).read().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found.append(fields[1].rsplit(":", 1)[0])
+    return found
+
+
+def test_a_single_node_launch_listens_on_loopback_only(tmp_path):
+    env = write_module(tmp_path, "listening_rank", """
+        import time, torch.distributed as dist
+        from datetime import timedelta
+        dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+        dist.barrier()
+        time.sleep(6)
+        dist.destroy_process_group()
+    """)
+    from infra.processes import descendant_pids
+    seen: list[str] = []
+
+    def look() -> None:
+        seen.extend(_listening_sockets([os.getpid(), *descendant_pids(os.getpid())]))
+
+    result = launch("listening_rank", [], nproc_per_node=2, timeout_s=120, env=env, on_line=lambda _: None, monitor=look)
+    assert result.returncode == 0
+    assert seen, "no listening socket seen during the launch"
+    loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+    assert set(seen) <= loopback, f"a socket listens beyond loopback: {set(seen) - loopback}"
+
+
+def test_killing_the_parent_leaves_no_launch_process(tmp_path):
+    pid_file = tmp_path / "pids"
+    env = write_module(tmp_path, "long_rank", f"""
+        import os, time
+        from trainer_core.distributed import run_rank_main
+        def main():
+            with open({str(pid_file)!r}, "a") as f:
+                f.write(f"{{os.getpid()}} {{os.getppid()}}\\n")
+            time.sleep(600)
+        run_rank_main(main)
+    """)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from infra.launcher import launch; "
+         "launch('long_rank', [], nproc_per_node=2, timeout_s=600, on_line=lambda _: None)"],
+        env={**os.environ, **env}, start_new_session=True,
+    )
+    deadline = time.monotonic() + 90
+    while (not pid_file.is_file() or len(pid_file.read_text().split("\n")) < 3) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pairs = [tuple(map(int, line.split())) for line in pid_file.read_text().splitlines()]
+    assert len(pairs) == 2, "the ranks did not start"
+    launch_pids = [pid for pair in pairs for pid in pair]  # the ranks and torchrun
+    os.killpg(parent.pid, signal.SIGKILL)  # the whole process group of the parent, as a user's kill would
+    parent.wait()
+    assert wait_gone(launch_pids, timeout_s=10) == [], "torchrun or a rank outlived its killed parent"

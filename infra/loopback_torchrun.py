@@ -1,0 +1,71 @@
+"""torchrun for single-node launches: its stores listen on 127.0.0.1 only, and it dies with its parent.
+
+    python -m infra.loopback_torchrun [torchrun arguments]
+
+torchrun's c10d stores (the rendezvous store and the store it shares with the
+workers) listen on every interface whatever host they are given: the TCPStore
+server binds the wildcard address. Here each store server is handed a socket
+already bound to 127.0.0.1 (`master_listen_fd`), so nothing of a single-node
+launch is reachable from the network. The launcher passes
+`--rdzv-endpoint=127.0.0.1:0 --local-addr=127.0.0.1`, so the workers connect
+over loopback too.
+
+torchrun is started in a session of its own (so a timeout can kill its group);
+it asks the kernel for SIGKILL when its parent, the orchestrator, dies
+(`PR_SET_PDEATHSIG`), and each rank does the same with torchrun
+(`trainer_core.rank_process`), so no launch outlives a killed `rankflow run`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+
+
+def _loopback_listener(port: int) -> tuple[int, int]:
+    """A listening socket on 127.0.0.1:port (0: any free port); returns (fd, port) and gives up the fd."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(2048)
+    bound_port = sock.getsockname()[1]
+    return sock.detach(), bound_port  # the store owns the fd from now on
+
+
+def bind_stores_to_loopback() -> None:
+    """Make every TCPStore server created from now on in this process listen on 127.0.0.1."""
+    import torch.distributed as dist
+
+    wildcard_store = dist.TCPStore
+
+    class LoopbackTCPStore(wildcard_store):  # type: ignore[misc, valid-type]
+        def __init__(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
+                     timeout: timedelta = timedelta(seconds=300), wait_for_workers: bool = True,
+                     multi_tenant: bool = False, master_listen_fd: int | None = None, use_libuv: bool = True) -> None:
+            if is_master and master_listen_fd is None:
+                master_listen_fd, port = _loopback_listener(port)
+            super().__init__(host_name, port, world_size, is_master, timeout, wait_for_workers,
+                             multi_tenant, master_listen_fd, use_libuv)
+
+    # Replaced before torch.distributed.run imports the rendezvous modules, which
+    # take `TCPStore` from torch.distributed by name.
+    dist.TCPStore = LoopbackTCPStore
+
+
+def main() -> None:
+    from trainer_core.rank_process import die_with_parent
+
+    from .processes import PARENT_PID_ENV
+
+    expected = os.environ.get(PARENT_PID_ENV)
+    die_with_parent(int(expected) if expected else None)
+    bind_stores_to_loopback()
+    from torch.distributed.run import main as torchrun_main
+
+    torchrun_main()
+
+
+if __name__ == "__main__":
+    main()

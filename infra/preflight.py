@@ -1,0 +1,97 @@
+"""Check, before anything else, that the object store is reachable and writable.
+
+A tiny probe object is written, read back and removed under the store's root.
+The check uses short timeouts and few retries, so a wrong endpoint fails in
+seconds with the endpoint named, instead of after the whole run. Messages never
+carry credentials: the secret and key values are scrubbed from any client text.
+
+Two outcomes of a failed probe: a *setting* the user must fix (no such bucket,
+access denied, a wrong key, a local path that cannot be written) is bad input
+(`StoreSettingError`, a `BadInputError`: exit 2); a store that does not answer
+(connection refused, a timeout, a 5xx) may be down or may be the wrong
+endpoint, and is a storage outage (`StoreUnavailable`, a `ConnectionError`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+from trainer_core.errors import BadInputError
+
+from .storage import StoreLocation, open_store, s3_options_from_env
+
+PROBE_PREFIX = ".rankflow-probe-"
+
+
+class StoreUnavailable(ConnectionError):
+    """The object store does not answer; the message names the endpoint and what to check."""
+
+    stage = "storage-check"
+
+
+class StoreSettingError(BadInputError):
+    """The store answers but refuses: a missing bucket, a wrong key, no permission. Fix storage.url or the credentials."""
+
+    stage = "storage-check"
+
+
+# Errors that say the store answered and refused (s3fs maps S3's codes to these).
+_SETTING_ERRORS = (PermissionError, FileNotFoundError, NotADirectoryError, FileExistsError, IsADirectoryError)
+
+
+def _scrub(text: str) -> str:
+    for variable in ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN"):
+        value = os.environ.get(variable)
+        if value:
+            text = text.replace(value, "***")
+    return text
+
+
+def _probe_store(url: str, connect_timeout_s: float) -> StoreLocation:
+    if not url.startswith("s3://"):
+        return open_store(url)
+    import s3fs
+
+    options = s3_options_from_env()
+    options["config_kwargs"] = {"connect_timeout": connect_timeout_s, "read_timeout": connect_timeout_s,
+                                "retries": {"max_attempts": 2, "mode": "standard"}}
+    fs = s3fs.S3FileSystem(**options)
+    fs.retries = 2  # s3fs's own retry loop around botocore's
+    return StoreLocation(fs=fs, root=url.removeprefix("s3://").rstrip("/"), url=url)
+
+
+def endpoint_of(url: str) -> str:
+    if url.startswith("s3://"):
+        return os.environ.get("AWS_ENDPOINT_URL") or "the default AWS endpoint (AWS_ENDPOINT_URL is not set)"
+    return "the local filesystem"
+
+
+def check_store_writable(url: str, connect_timeout_s: float = 5.0) -> dict:
+    """Write, read back and remove a probe object at the store's root; returns the probe's timing.
+
+    Raises StoreSettingError or StoreUnavailable naming the store, its endpoint and what to check.
+    """
+    started = time.perf_counter()
+    try:
+        store = _probe_store(url, connect_timeout_s)
+        probe = store.path(f"{PROBE_PREFIX}{uuid.uuid4().hex}")
+        payload = b"rankflow storage probe\n"
+        store.fs.pipe_file(probe, payload)
+        if store.fs.cat_file(probe) != payload:
+            raise OSError(f"the probe object {probe} read back different bytes")
+        store.fs.rm_file(probe)
+    except Exception as error:  # noqa: BLE001 - every client failure becomes one clear message
+        what = f"storage.url={url!r} at {endpoint_of(url)}"
+        cause = f"{type(error).__name__}: {_scrub(str(error))[:300]}"
+        if isinstance(error, _SETTING_ERRORS) or (not url.startswith("s3://") and isinstance(error, OSError)):
+            raise StoreSettingError(
+                f"{what} refuses the probe write ({cause}); check the bucket and the credentials "
+                "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), or the directory's permissions, or fix storage.url"
+            ) from None
+        raise StoreUnavailable(
+            f"{what} is not reachable ({cause}); check the endpoint (AWS_ENDPOINT_URL) and that the server is up, "
+            "then run the same command again"
+        ) from None
+    return {"store": url, "probe_s": time.perf_counter() - started}

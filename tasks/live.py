@@ -1,0 +1,136 @@
+"""The run's live view in the Prefect UI: a progress artifact and a metrics table, updated while a segment trains.
+
+The flow creates both artifacts once (so they belong to the flow run); each
+segment task updates them in place from the progress records its watchdog
+reads (`tasks.watchdog`), at most once a second: progress is the steps done of
+the run's total, the table shows the newest steps with loss, gradient norm,
+learning rate and tokens/s, and for RL the stale trajectories dropped, the
+clipped fraction and the mean importance ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from uuid import UUID
+
+from prefect import get_run_logger
+from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactUpdate
+from prefect.context import TaskRunContext, get_run_context
+from prefect.exceptions import MissingContextError
+from pydantic import BaseModel
+
+METRIC_ROWS = 20
+"""Newest steps shown in the metrics table."""
+
+
+def artifact_key(run_id: str, what: str) -> str:
+    # Artifact keys allow lowercase letters, digits and dashes only.
+    return "".join(c if c.isalnum() else "-" for c in f"{run_id}-{what}".lower())
+
+
+def in_prefect_run() -> bool:
+    """Whether a flow or task run is active (artifacts and events need one; `task.fn()` calls have none)."""
+    try:
+        get_run_context()
+    except MissingContextError:
+        return False
+    return True
+
+
+class LiveArtifacts(BaseModel):
+    """Ids of the flow run's live artifacts, handed to each segment task."""
+
+    run_id: str
+    progress_id: UUID
+    metrics_id: UUID
+    total_steps: int
+
+
+def create_live_artifacts(run_id: str, total_steps: int, steps_done: int) -> LiveArtifacts:
+    progress_id = create_progress_artifact(
+        progress=100.0 * steps_done / total_steps, key=artifact_key(run_id, "progress"),
+        description=f"Run {run_id}: {steps_done} of {total_steps} optimizer steps done",
+    )
+    metrics_id = create_table_artifact(
+        table=[{"step": None, "loss": None}], key=artifact_key(run_id, "metrics"),
+        description=f"Run {run_id}: live step metrics (waiting for the first step)",
+    )
+    return LiveArtifacts(run_id=run_id, progress_id=progress_id, metrics_id=metrics_id, total_steps=total_steps)
+
+
+def _figure(value, digits: int):
+    if isinstance(value, float):
+        return round(value, digits) if math.isfinite(value) else str(value)  # NaN/inf are not JSON numbers
+    return value
+
+
+def metrics_row(record: dict) -> dict:
+    row = {"step": record["step"], "loss": _figure(record["loss"], 4), "grad_norm": _figure(record["grad_norm"], 4),
+           "learning_rate": f"{record['learning_rate']:.3g}", "tokens_per_s": _figure(record["tokens_per_s"], 0),
+           "step_s": _figure(record["step_s"], 3), "updated": record["stepped"]}
+    if "clip_fraction" in record:
+        row.update(stale_dropped=record["stale_trajectories_dropped"], clip_fraction=_figure(record["clip_fraction"], 4),
+                   importance_ratio=_figure(record["mean_importance_ratio"], 4))
+    return row
+
+
+class LivePublisher:
+    """Receives a segment's progress records and updates the live artifacts (throttled)."""
+
+    def __init__(self, live: LiveArtifacts, segment_index: int, min_interval_s: float = 1.0) -> None:
+        self._live = live
+        self._segment_index = segment_index
+        self._min_interval_s = min_interval_s
+        self._rows: list[dict] = []
+        self._last_update = -math.inf
+        self._steps_done: int | None = None
+        self._pending = False
+
+    def __call__(self, records: list[dict]) -> None:
+        for record in records:
+            if record["event"] == "step":
+                self._rows.append(metrics_row(record))
+                self._steps_done = record["step"] + 1
+            elif record["event"] == "ready" and self._steps_done is None:
+                self._steps_done = record["start_step"]
+            self._pending = True
+        if self._pending and time.monotonic() - self._last_update >= self._min_interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._steps_done is None:
+            return
+        self._pending = False
+        self._last_update = time.monotonic()
+        try:
+            self._update()
+        except Exception as error:  # noqa: BLE001 - a hiccup of the Prefect API must not end the training launch
+            self._pending = True  # try again at the next poll
+            get_run_logger().warning(f"live artifacts not updated this time: {type(error).__name__}: {error}")
+
+    def _update(self) -> None:
+        total = self._live.total_steps
+        where = f"segment {self._segment_index}: {self._steps_done} of {total} optimizer steps done"
+        update_progress_artifact(self._live.progress_id, 100.0 * self._steps_done / total, description=f"Run {self._live.run_id}, {where}")
+        if self._rows:
+            newest = list(reversed(self._rows[-METRIC_ROWS:]))
+            with get_client(sync_client=True) as client:
+                client.update_artifact(self._live.metrics_id, ArtifactUpdate(
+                    data=json.dumps(newest), description=f"Run {self._live.run_id}, {where} (newest first)"))
+
+
+def publisher_for(live: LiveArtifacts | None, segment_index: int) -> LivePublisher | None:
+    """A publisher when there is something to publish to (a live view and a task run)."""
+    if live is None or not isinstance(TaskRunContext.get(), TaskRunContext):
+        return None
+    return LivePublisher(live, segment_index)
+
+
+def show_steps_done(live: LiveArtifacts, steps_done: int) -> None:
+    """Move the progress artifact after a segment (a reused one included: its steps are done too)."""
+    update_progress_artifact(live.progress_id, 100.0 * steps_done / live.total_steps,
+                             description=f"Run {live.run_id}: {steps_done} of {live.total_steps} optimizer steps done")

@@ -1,0 +1,118 @@
+"""Injected faults in a real 2-rank segment launch: the failure class, the first failing rank, the time to fail.
+
+Each fault is injected by `trainer_core.faults` inside a real torchrun launch
+of the tiny model; the segment task's function (`train_segment_fn`) runs the
+launch with its watchdog, outside Prefect. After every failure no process of
+the launch may be left, and a second call (the retry) resumes and finishes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.failures import FailureClass
+from infra.launcher import LaunchError
+from infra.processes import PROC
+from tasks.plan import plan_run_fn
+from tasks.segment import train_segment_fn
+from tests.conftest import tiny_tree
+from trainer_core.config import config_from_dict
+from trainer_core.faults import FAULT_ENV, FAULT_KIND_ENV
+
+pytestmark = [pytest.mark.distributed]
+
+STALL_TIMEOUT_S = 12
+
+
+def launch_processes(run_dir: Path) -> list[int]:
+    """Live processes whose command line names this run directory (torchrun and its ranks)."""
+    found = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(run_dir) in cmdline and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def planned(tmp_path):
+    # Three steps in one segment; a short watchdog so a stopped rank fails fast.
+    config = config_from_dict(tiny_tree(tmp_path, train={"steps": 3, "steps_per_segment": 3, "stall_timeout_s": STALL_TIMEOUT_S,
+                                                         "collective_timeout_s": 120}), config_dir=tmp_path)
+    return plan_run_fn(config)
+
+
+def fail_segment(planned, monkeypatch, tmp_path, kind: str, step: int = 1, rank: int = 1):
+    marker = tmp_path / f"fault-{kind}"
+    monkeypatch.setenv(FAULT_ENV, f"{step}:{rank}:{marker}")
+    monkeypatch.setenv(FAULT_KIND_ENV, kind)
+    with pytest.raises(LaunchError) as raised:
+        train_segment_fn(planned, 0, on_line=lambda _: None)
+    ended = time.time()
+    assert marker.is_file(), "the fault was not injected"
+    time_to_fail_s = ended - marker.stat().st_mtime
+    run_dir = Path(planned.run_dir)
+    deadline = time.monotonic() + 5
+    while launch_processes(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert launch_processes(run_dir) == [], "a process of the failed launch survived"
+    return raised.value.failure, time_to_fail_s
+
+
+@pytest.mark.parametrize("kind, cause, retriable", [
+    ("kill", FailureClass.RANK_DIED, True),
+    ("stop", FailureClass.RANK_STALLED, True),
+])
+def test_a_dead_or_stopped_rank_fails_the_segment_within_60_s_and_the_retry_finishes(planned, monkeypatch, tmp_path, kind, cause, retriable):
+    failure, time_to_fail_s = fail_segment(planned, monkeypatch, tmp_path, kind)
+    print(f"time to fail, {kind} rank: {time_to_fail_s:.1f} s")
+    assert failure.cause is cause and failure.retriable is retriable
+    assert failure.rank == 1 and failure.stage == "segment"
+    assert time_to_fail_s <= 60
+    retried = train_segment_fn(planned, 0, on_line=lambda _: None)  # the marker says: fault done
+    assert len(retried.losses) == 3 and not retried.reused
+
+
+@pytest.mark.parametrize("kind, cause", [
+    ("code", FailureClass.CODE_ERROR),
+    ("data", FailureClass.BAD_INPUT),
+    ("term", FailureClass.PREEMPTED),
+])
+def test_each_failure_class_is_named_with_its_rank(planned, monkeypatch, tmp_path, kind, cause):
+    failure, _ = fail_segment(planned, monkeypatch, tmp_path, kind, step=0)
+    assert failure.cause is cause and failure.rank == 1
+    assert failure.retriable is cause.retriable
+    assert any("rank 1" in line or "[rank" in line for line in failure.log_tail)
+
+
+def test_a_hung_rank_times_out_its_peers_collective(planned, monkeypatch, tmp_path):
+    # The watchdog is set longer than the collective timeout: the peer's collective fails first.
+    planned = planned.model_copy(update={"stall_timeout_s": 120})
+    config_path = Path(planned.run_dir) / "plan.json"
+    config_path.write_text(config_path.read_text().replace('"collective_timeout_s": 120', '"collective_timeout_s": 8'))
+    failure, time_to_fail_s = fail_segment(planned, monkeypatch, tmp_path, "hang", step=1)
+    assert failure.cause is FailureClass.COLLECTIVE_TIMEOUT and failure.retriable
+    assert failure.rank == 1  # the silent rank, not the one whose collective timed out
+    assert time_to_fail_s < 60
+
+
+def test_the_export_launch_has_its_own_timeout(tmp_path):
+    from tasks.export import export_segment_fn
+
+    config = config_from_dict(tiny_tree(tmp_path, export={"timeout_s": 1.5}), config_dir=tmp_path)
+    planned = plan_run_fn(config)
+    assert planned.export_timeout_s == 1.5 and planned.segment_timeout_s == 300
+    started = time.monotonic()
+    with pytest.raises(LaunchError, match="ran past its 1.5 s limit") as raised:
+        export_segment_fn(planned, 1, on_line=lambda _: None)
+    assert raised.value.failure.cause is FailureClass.LAUNCH_TIMEOUT and time.monotonic() - started < 30
+    assert launch_processes(Path(planned.run_dir)) == []
