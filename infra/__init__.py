@@ -1,12 +1,23 @@
 """Infrastructure: object storage, checkpoint publication, torchrun launching, local services."""
 
-from .checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
+from .checkpoints import (CheckpointReport, LatestResolution, download_checkpoint, latest_checkpoint, list_checkpoints,
+                          pull_checkpoint, resolve_latest, scan_checkpoints, verify_checkpoint)
+from .finalizer import FinalizerSettings, FinalizerWaitTimeout
+from .journal import Journal, PublicationState, TransitionError
 from .launcher import LaunchError, LaunchResult, launch, launch_or_raise
-from .publication import CommitOutcome, checkpoint_name, cleanup_staging, commit_checkpoint
-from .storage import StoreLocation, open_store
+from .lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
+from .manifests import ManifestError, checkpoint_name
+from .orphans import GarbageReport, collect_garbage
+from .publication import (CleanupOutcome, CommitOutcome, PublishSettings, StagedFileChanged, abort_publication,
+                          cleanup_staging, commit_checkpoint)
+from .storage import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
 
 __all__ = [
-    "CommitOutcome", "LaunchError", "LaunchResult", "StoreLocation", "checkpoint_name", "cleanup_staging",
-    "commit_checkpoint", "download_checkpoint", "latest_checkpoint", "launch", "launch_or_raise",
-    "list_checkpoints", "open_store",
+    "CheckpointReport", "CleanupOutcome", "CommitOutcome", "FinalizerSettings", "FinalizerWaitTimeout",
+    "GarbageReport", "Journal", "LatestResolution", "LaunchError", "LaunchResult", "Lease", "LeaseHeldError",
+    "LeaseLostError", "LeaseRecord", "ManifestError", "PublicationState", "PublishSettings", "StagedFileChanged",
+    "StorageTimeoutError", "StoreLocation", "StoreTimeouts", "TransitionError", "abort_publication",
+    "checkpoint_name", "cleanup_staging", "collect_garbage", "commit_checkpoint", "download_checkpoint",
+    "latest_checkpoint", "launch", "launch_or_raise", "list_checkpoints", "open_store", "pull_checkpoint",
+    "read_lease", "resolve_latest", "scan_checkpoints", "verify_checkpoint",
 ]
