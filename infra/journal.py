@@ -154,11 +154,16 @@ class Journal:
             except (ValueError, KeyError, TypeError):
                 pass  # written atomically, so only tampering gets here: fall back to the mirror
         if self.store is not None:
-            with storage_errors(self.store, f"read of the journal of {self.name}"):
-                try:
+            try:
+                with storage_errors(self.store, f"read of the journal of {self.name}"):
                     data = self.store.fs.cat_file(self.mirror_path)
-                except FileNotFoundError:
-                    return self
+            except FileNotFoundError:
+                return self
+            except OSError as error:
+                # Unreachable store: start from nothing, which is safe (the commit
+                # compares digests before it uploads anything).
+                self.mirror_error = f"{type(error).__name__}: {error}"
+                return self
             try:
                 self.record = JournalRecord.from_bytes(data)
             except (ValueError, KeyError, TypeError):

@@ -20,7 +20,7 @@ import hashlib
 import os
 import shutil
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,9 +143,13 @@ def _upload_local(staged_dir: Path, base: str, entries: list[FileEntry], deadlin
             tmp.unlink(missing_ok=True)
         return entry
 
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        for done in pool.map(copy, sorted(entries, key=lambda e: -e.size)):
-            on_uploaded(done)
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    futures = [pool.submit(copy, entry) for entry in sorted(entries, key=lambda e: -e.size)]
+    try:
+        for future in as_completed(futures):
+            on_uploaded(future.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # a failure stops the files not yet started
 
 
 async def _upload_s3(store: StoreLocation, staged_dir: Path, base: str, entries: list[FileEntry],
@@ -208,8 +212,8 @@ async def _multipart(fs, bucket: str, key: str, local: Path, entry: FileEntry, m
 
 # -- small objects, removal, dangling uploads ---------------------------------------
 
-def put_small(store: StoreLocation, path: str, data: bytes) -> None:
-    """Write a small object whole, with its digest recorded like any uploaded file."""
+def put_small(store: StoreLocation, path: str, data: bytes, deadline: Deadline | None = None) -> None:
+    """Write a small object whole (atomically), with its digest recorded like any uploaded file."""
     digest = hashlib.sha256(data).hexdigest()
     if store.is_local:
         from .durable import write_durable
@@ -217,8 +221,9 @@ def put_small(store: StoreLocation, path: str, data: bytes) -> None:
         write_durable(Path(path), data)
         return
     bucket, key = store.bucket_and_key(path)
-    store.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, Metadata={SHA256_METADATA_KEY: digest},
-                     ChecksumSHA256=base64.b64encode(bytes.fromhex(digest)).decode())
+    checksum = base64.b64encode(bytes.fromhex(digest)).decode()
+    run_async(store, deadline, store.fs._call_s3, "put_object", Bucket=bucket, Key=key, Body=data,
+              Metadata={SHA256_METADATA_KEY: digest}, ChecksumSHA256=checksum)
 
 
 def list_files(store: StoreLocation, base: str) -> dict[str, int]:

@@ -150,14 +150,15 @@ class Deadline:
         )
 
 
-def run_async(store: StoreLocation, deadline: Deadline | None, function: Callable[..., Awaitable[T]], *args) -> T:
+def run_async(store: StoreLocation, deadline: Deadline | None, function: Callable[..., Awaitable[T]], *args,
+              **kwargs) -> T:
     """Run an s3fs coroutine on the filesystem's event loop, cancelled at the deadline."""
     from fsspec.asyn import sync
     from fsspec.exceptions import FSTimeoutError
 
     timeout = deadline.remaining() if deadline is not None else None
     try:
-        return sync(store.fs.loop, function, *args, timeout=timeout)
+        return sync(store.fs.loop, function, *args, timeout=timeout, **kwargs)
     except FSTimeoutError as error:
         assert deadline is not None  # no timeout, no FSTimeoutError
         raise deadline.error() from error

@@ -20,7 +20,8 @@ def _planned(plan: Plan, run_dir: Path, config: RunConfig) -> PlannedRun:
         run_id=plan.run_id, digest=plan.digest, run_dir=str(run_dir), num_segments=len(plan.segments),
         segment_steps=[(s.start_step, s.end_step) for s in plan.segments],
         nproc_per_node=config.train.nproc_per_node, segment_timeout_s=config.train.segment_timeout_s,
-        storage_url=config.storage.url,
+        storage_url=config.storage.url, storage_timeout_s=config.storage.timeout_s,
+        storage_request_timeout_s=config.storage.request_timeout_s,
     )
 
 

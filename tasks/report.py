@@ -9,10 +9,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
-from infra.storage import open_store
-
+from infra.objects import put_small
 from infra.publication import CommitOutcome
+from infra.storage import Deadline, storage_errors
 
+from ._store import store_for
 from .outcomes import PlannedRun, SegmentOutcome
 
 
@@ -22,9 +23,12 @@ def _artifact_key(run_id: str, what: str) -> str:
 
 
 def publish_ledger_fn(planned: PlannedRun) -> str:
-    """Upload the ledger beside the run's checkpoints; returns its location."""
-    store = open_store(planned.storage_url)
-    store.fs.put_file(str(Path(planned.run_dir) / ledger.LEDGER_FILE), store.path(planned.run_id, ledger.LEDGER_FILE))
+    """Upload the ledger beside the run's checkpoints, within the storage time limits; returns its location."""
+    store = store_for(planned)
+    data = (Path(planned.run_dir) / ledger.LEDGER_FILE).read_bytes()
+    deadline = Deadline(planned.storage_timeout_s, f"upload of the ledger of run {planned.run_id}", store)
+    with storage_errors(store, f"upload of the ledger of run {planned.run_id}"):
+        put_small(store, store.path(planned.run_id, ledger.LEDGER_FILE), data, deadline)
     return store.url_of(planned.run_id, ledger.LEDGER_FILE)
 
 
