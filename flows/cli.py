@@ -4,6 +4,7 @@
     rankflow serve CONFIG (--cron EXPR | --interval S)  serve it as a scheduled Prefect deployment
     rankflow ui [--port P]                              start a Prefect server + UI on 127.0.0.1
     rankflow s3 serve [--dir D] [--bucket B]            start a local S3 server (SeaweedFS)
+    rankflow checkpoints list|verify|pull|gc RUN_ID     read, verify, download or tidy a run's checkpoints
 
 Exit status: 0 success; 2 bad config or input (nothing started, nothing
 written); 1 a failure during the run. `run` prints, as the last line of its
@@ -20,6 +21,8 @@ import time
 from pathlib import Path
 
 from trainer_core.config import ConfigError, RunConfig, load_config
+
+from .checkpoints_cli import add_checkpoint_commands
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -116,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     s3_serve.add_argument("--dir", default=".rankflow/s3", help="data directory")
     s3_serve.add_argument("--bucket", default="rankflow", help="bucket to create")
     s3_serve.set_defaults(handler=cmd_s3_serve)
+    add_checkpoint_commands(commands)
     return parser
 
 

@@ -9,6 +9,10 @@ its last renewal, and the next acquirer takes it over, so a crash never
 wedges the run. Expiry is wall-clock time: machines sharing a lease need
 clocks within a small fraction of `ttl_s` of each other (NTP).
 
+A holder that is known to be dead is not waited for: when the lease names
+this machine and a process that no longer exists (or this very process, which
+no longer holds it — an earlier try that crashed), it is taken over at once.
+
 Fencing: a holder whose lease was taken over learns it at its next renewal
 (`lost`, `check()` raises LeaseLostError); callers check before each write
 that must not come from a stale holder.
@@ -43,6 +47,37 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def _process_start(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot), to tell it from a later one with its pid; '' if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+# Tokens of the leases this process holds right now. A lease object naming this
+# process with a token not in here was left by an earlier try that crashed.
+_HELD_TOKENS: set[str] = set()
+_HELD_LOCK = threading.Lock()
+
+
+def _holder_is_dead(holder: "LeaseRecord") -> bool:
+    """Whether the holder certainly no longer runs: on this machine, and its process is gone."""
+    if not holder.host or holder.host != socket.gethostname() or holder.pid <= 0:
+        return False  # another machine: only the expiry can tell
+    if holder.pid == os.getpid():
+        with _HELD_LOCK:
+            return holder.token not in _HELD_TOKENS
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return bool(holder.process_start) and _process_start(holder.pid) != holder.process_start
+
+
 @dataclass(frozen=True)
 class LeaseRecord:
     """The lease object's content."""
@@ -56,6 +91,9 @@ class LeaseRecord:
     renewed_at: float
     expires_at: float
     ttl_s: float
+    host: str = ""
+    pid: int = 0
+    process_start: str = ""
 
     def expired(self, now: float) -> bool:
         return now >= self.expires_at
@@ -68,7 +106,8 @@ class LeaseRecord:
         raw = json.loads(data)
         return cls(owner=str(raw["owner"]), token=str(raw["token"]), generation=int(raw["generation"]),
                    acquired_at=float(raw["acquired_at"]), renewed_at=float(raw["renewed_at"]),
-                   expires_at=float(raw["expires_at"]), ttl_s=float(raw["ttl_s"]))
+                   expires_at=float(raw["expires_at"]), ttl_s=float(raw["ttl_s"]), host=str(raw.get("host", "")),
+                   pid=int(raw.get("pid", 0)), process_start=str(raw.get("process_start", "")))
 
 
 def _describe(holder: LeaseRecord | None, now: float) -> str:
@@ -154,7 +193,8 @@ class Lease:
     def _new_record(self, generation: int) -> LeaseRecord:
         now = self._clock()
         return LeaseRecord(owner=self.owner, token=secrets.token_hex(16), generation=generation,
-                           acquired_at=now, renewed_at=now, expires_at=now + self.ttl_s, ttl_s=self.ttl_s)
+                           acquired_at=now, renewed_at=now, expires_at=now + self.ttl_s, ttl_s=self.ttl_s,
+                           host=socket.gethostname(), pid=os.getpid(), process_start=_process_start(os.getpid()))
 
     def _try_acquire(self) -> LeaseRecord | None:
         """One attempt; returns the current holder when it fails."""
@@ -167,13 +207,15 @@ class Lease:
                 holder = LeaseRecord.from_bytes(current.data)
             except (ValueError, KeyError, TypeError):
                 holder = None  # an unreadable lease object guards nothing: take it over
-            if holder is not None and not holder.expired(self._clock()):
+            if holder is not None and not holder.expired(self._clock()) and not _holder_is_dead(holder):
                 return holder
             record = self._new_record(generation=(holder.generation + 1) if holder else 1)
             tag = replace_if_unchanged(self.store, self.path, record.to_bytes(), current.tag)
         if tag is not None:
             with self._mutex:
                 self._record, self._tag, self._lost = record, tag, False
+            with _HELD_LOCK:
+                _HELD_TOKENS.add(record.token)
         return None
 
     # -- while held --------------------------------------------------------
@@ -213,8 +255,10 @@ class Lease:
         with self._mutex:
             if self._record is None:
                 return False
-            tag, lost = self._tag, self._lost
+            tag, lost, token = self._tag, self._lost, self._record.token
             self._record, self._tag = None, None
+        with _HELD_LOCK:
+            _HELD_TOKENS.discard(token)
         if lost or tag is None:
             return False
         return delete_if_unchanged(self.store, self.path, tag)
