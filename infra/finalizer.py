@@ -3,11 +3,12 @@
 A publication commits only while it holds the run's finalizer lease
 (`RUN_ID/leases/finalizer.json`, infra/lease.py): a second committer on the
 same run waits, and one on another machine too. Among publications waiting
-for it, the lowest step goes first (FIFO): a waiter yields while an earlier
-step's publication is PREPARED or COMMITTING and alive (its journal mirror
-was refreshed within the lease's `ttl_s`; a waiter refreshes its own while it
-waits). An earlier publication that died stops counting once its mirror goes
-stale, so it cannot block the run. A publication that already has its
+for it, the lowest step goes first (FIFO): a waiter yields while a committer
+of an earlier step is waiting too (its journal mirror, still PREPARED, says
+so with a `waiting_at` refreshed every `ttl_s / 3`). A waiter that died
+stops counting `ttl_s` after its last refresh, and a publication that was
+prepared but has no committer waiting does not count: neither can block the
+run. A publication that already has its
 outcome never comes here (a retry skips the FIFO wait).
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .journal import LIVE, Journal, JournalRecord, read_mirrors
+from .journal import Journal, JournalRecord, PublicationState, read_mirrors
 from .lease import Lease, LeaseHeldError
 from .manifests import checkpoint_name
 from .storage import StoreLocation
@@ -42,10 +43,11 @@ class FinalizerWaitTimeout(TimeoutError):
 
 
 def earlier_live_publications(store: StoreLocation, run_id: str, step: int, fresh_s: float) -> list[JournalRecord]:
-    """Publications of earlier steps that are waiting to commit or committing, and alive."""
+    """Publications of earlier steps whose committer is waiting for the finalizer, and alive."""
     records, _ = read_mirrors(store, run_id)
     now = time.time()
-    return [r for r in records if r.step < step and r.state in LIVE and now - r.updated_at < fresh_s]
+    return [r for r in records if r.step < step and r.state is PublicationState.PREPARED
+            and r.waiting_at is not None and now - r.waiting_at < fresh_s]
 
 
 @contextmanager
@@ -63,7 +65,7 @@ def finalizer(store: StoreLocation, run_id: str, settings: FinalizerSettings, *,
     started, last_touch = time.monotonic(), 0.0
     while True:
         if in_step_order and time.monotonic() - last_touch > settings.ttl_s / 3:
-            journal.touch()  # tells later steps that this one is alive and waiting
+            journal.touch_waiting()  # tells later steps that this one is alive and waiting
             last_touch = time.monotonic()
         blockers = earlier_live_publications(store, run_id, step, settings.ttl_s) if in_step_order else []
         held: LeaseHeldError | None = None
@@ -86,7 +88,7 @@ def finalizer(store: StoreLocation, run_id: str, settings: FinalizerSettings, *,
             raise FinalizerWaitTimeout(
                 f"finalizer of run {run_id}: {checkpoint_name(step)} waited {waited:.0f} s for earlier steps to "
                 f"commit first ({waiting_for}); checkpoints are published in step order — retry later, or let "
-                f"those publications finish (a dead one stops counting {settings.ttl_s:.0f} s after its last sign of life)"
+                f"those publications finish (a dead waiter stops counting {settings.ttl_s:.0f} s after its last sign of life)"
             )
         time.sleep(settings.poll_s)
     lease.start_heartbeat()

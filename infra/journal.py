@@ -54,8 +54,6 @@ ALLOWED: dict[PublicationState | None, frozenset[PublicationState]] = {
 }
 TERMINAL = frozenset({S.CLEANED, S.ABORTED})
 HAS_OUTCOME = frozenset({S.COMMITTED, S.CLEANED})
-LIVE = frozenset({S.PREPARED, S.COMMITTING})
-"""States of a publication that is waiting to commit or committing (the FIFO queue)."""
 
 
 class TransitionError(RuntimeError):
@@ -93,6 +91,8 @@ class JournalRecord:
     uploaded: dict[str, dict] = field(default_factory=dict)
     """path → {size, sha256} of each object this publication uploaded, recorded as each upload returned."""
     error: str | None = None
+    waiting_at: float | None = None
+    """When a committer last said it is waiting for the finalizer (FIFO order); None when none is."""
     history: list[dict] = field(default_factory=list)
     updated_at: float = 0.0
     format: str = JOURNAL_FORMAT
@@ -127,6 +127,8 @@ class Journal:
         self.name = f"{checkpoint_name(step)} of run {run_id}"
         self.record: JournalRecord | None = None
         self.mirror_error: str | None = None
+        self.from_mirror = False
+        """Whether the record came from the store's mirror (no local journal: another machine's)."""
 
     @classmethod
     def for_staging(cls, staged_dir: Path, store: StoreLocation | None, run_id: str, step: int) -> "Journal":
@@ -146,7 +148,7 @@ class Journal:
 
     def load(self) -> "Journal":
         """Read the local journal; without one (a fresh machine), the store's mirror."""
-        self.record = None
+        self.record, self.from_mirror = None, False
         if self.path.is_file():
             try:
                 self.record = JournalRecord.from_bytes(self.path.read_bytes())
@@ -165,17 +167,25 @@ class Journal:
                 self.mirror_error = f"{type(error).__name__}: {error}"
                 return self
             try:
-                self.record = JournalRecord.from_bytes(data)
+                self.record, self.from_mirror = JournalRecord.from_bytes(data), True
             except (ValueError, KeyError, TypeError):
                 self.record = None
         return self
 
+    def forget(self) -> None:
+        """Start a new publication: the loaded record (another publication's mirror) does not apply."""
+        self.record, self.from_mirror = None, False
+
     # -- transitions -------------------------------------------------------
 
     def begin(self, fingerprint: str | None = None, note: str = "export started") -> None:
-        """Start (or restart) preparing: a new publication after an abort or a finished different one."""
+        """Start (or restart) preparing: a new publication after an abort, or after a finished one of other bytes.
+
+        A publication with its outcome and the same `fingerprint` is not
+        prepared again (TransitionError): check `has_outcome` first.
+        """
         current = self.state
-        if current is None or current is S.ABORTED or (current is S.CLEANED and self.record.fingerprint != fingerprint):
+        if current is None or current is S.ABORTED or (current in HAS_OUTCOME and self.record.fingerprint != fingerprint):
             previous = self.record.publication_id if self.record else None
             self.record = JournalRecord(run_id=self.run_id, step=self.step, publication_id=secrets.token_hex(8),
                                         state=S.PREPARING, fingerprint=fingerprint)
@@ -193,6 +203,7 @@ class Journal:
             self.record = JournalRecord(run_id=self.run_id, step=self.step, publication_id=secrets.token_hex(8),
                                         state=target)
         self.record.state = target
+        self.record.waiting_at = None
         for key, value in fields.items():
             setattr(self.record, key, value)
         if target is S.PREPARING:
@@ -207,10 +218,10 @@ class Journal:
         self.record.updated_at = time.time()
         write_durable(self.path, self.record.to_bytes())
 
-    def touch(self) -> None:
-        """Refresh the mirror's `updated_at`: a waiting finalizer is alive (FIFO order)."""
+    def touch_waiting(self) -> None:
+        """Say (in the mirror) that a committer is alive and waiting for the finalizer: FIFO order."""
         if self.record is not None:
-            self.record.updated_at = time.time()
+            self.record.waiting_at = self.record.updated_at = time.time()
             self._persist(mirror_required=True)
 
     def _append(self, state: PublicationState, note: str) -> None:

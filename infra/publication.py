@@ -136,7 +136,12 @@ def open_journal(staged_dir: Path, store: StoreLocation, run_id: str, step: int 
     """The journal of the publication staged at `staged_dir` (local, or the store's mirror)."""
     if step is None:
         step = _step_of_staging(staged_dir, run_id, store)
-    return Journal.for_staging(staged_dir, store, run_id, step)
+    journal = Journal.for_staging(staged_dir, store, run_id, step)
+    staged_manifest = staged_dir / MANIFEST_FILE
+    if journal.from_mirror and staged_manifest.is_file() and journal.record.manifest_sha256 != \
+            hashlib.sha256(staged_manifest.read_bytes()).hexdigest():
+        journal.forget()  # the mirror is another publication of this step; this staging is a new one
+    return journal
 
 
 # -- commit -----------------------------------------------------------------
@@ -172,12 +177,12 @@ def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publi
     journal = open_journal(staged_dir, store, run_id)
     if journal.has_outcome:
         return _already_committed(journal, store, run_id, started)  # a retry with an outcome: nothing to redo
-    if journal.state is S.ABORTED or journal.state is S.PREPARING:
-        raise TransitionError(
-            f"publication {journal.name} is {journal.state.value}; it cannot be committed — "
-            + ("export the step again to publish it" if journal.state is S.ABORTED
-               else "its export did not finish: rerun the export stage")
-        )
+    if journal.state is S.ABORTED:
+        raise TransitionError(f"publication {journal.name} was ABORTED ({journal.record.error}); it cannot be "
+                              "committed — an aborted publication never finishes: export the step again to publish it")
+    if journal.state is S.PREPARING:
+        raise TransitionError(f"publication {journal.name} is PREPARING; its export did not finish — rerun the "
+                              "export stage, then commit")
     try:
         manifest, manifest_bytes = read_staged_manifest(staged_dir, run_id)
     except StagedFileChanged as error:
