@@ -1,16 +1,16 @@
-"""Compare-and-swap on one small object: create if absent, replace or delete if unchanged.
+"""Compare-and-swap on one small object: create it if absent, replace it if unchanged.
 
 The lease (infra/lease.py) and LATEST (infra/latest.py) are built on these
-three operations, so that two writers on two machines can never both win.
+operations, so that two writers on two machines can never both win.
 
 - S3: a conditional PutObject (`If-None-Match: *` to create, `If-Match: ETAG`
-  to replace) and DeleteObject (`If-Match`). SeaweedFS 4.48 honours all three,
+  to replace). SeaweedFS 4.48 honours both,
   atomically under contention (tests/storage/test_conditional.py races 16
   writers); `check_conditional_writes` refuses a store that ignores them rather
   than silently losing mutual exclusion.
 - Local filesystem: create publishes a fully written file with os.link (which
-  fails when the name exists); replace and delete hold an exclusive flock on a
-  sidecar lock file while they compare and rename. The tag is the sha256 of
+  fails when the name exists); replace holds an exclusive flock on a sidecar
+  lock file while it compares and renames. The tag is the sha256 of
   the bytes (the objects written here carry a fresh nonce, so equal bytes mean
   the same write).
 """
@@ -123,26 +123,6 @@ def replace_if_unchanged(store: StoreLocation, path: str, data: bytes, tag: str)
             return hashlib.sha256(data).hexdigest()
         response = _s3_call(store, "put_object", path, Body=data, IfMatch=tag)
         return None if response is None else response["ETag"]
-
-
-def delete_if_unchanged(store: StoreLocation, path: str, tag: str) -> bool:
-    """Delete the object only if it still carries `tag`; False if it changed or is gone."""
-    with storage_errors(store, f"conditional delete of {path}"):
-        if store.is_local:
-            target = Path(path)
-            with _local_lock(target):
-                try:
-                    current = hashlib.sha256(target.read_bytes()).hexdigest()
-                except FileNotFoundError:
-                    return False
-                if current != tag:
-                    return False
-                target.unlink()
-            return True
-        try:
-            return _s3_call(store, "delete_object", path, IfMatch=tag) is not None
-        except FileNotFoundError:
-            return False
 
 
 def check_conditional_writes(store: StoreLocation, probe_prefix: str) -> None:

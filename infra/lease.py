@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
-from .conditional import check_conditional_writes, create_if_absent, delete_if_unchanged, read_versioned, replace_if_unchanged
+from .conditional import check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
 from .storage import StoreLocation
 
 LEASES_DIR = "leases"
@@ -86,7 +86,7 @@ class LeaseRecord:
     token: str
     """Unique per acquisition: tells this holder's writes from a later holder's."""
     generation: int
-    """Increases with every acquisition of this lease (a fencing number)."""
+    """Increases with every acquisition of this lease (a fencing number: a later holder has a larger one)."""
     acquired_at: float
     renewed_at: float
     expires_at: float
@@ -94,9 +94,11 @@ class LeaseRecord:
     host: str = ""
     pid: int = 0
     process_start: str = ""
+    released: bool = False
+    """Given up by its holder: free, but kept so the next generation counts on from it."""
 
     def expired(self, now: float) -> bool:
-        return now >= self.expires_at
+        return self.released or now >= self.expires_at
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -107,7 +109,8 @@ class LeaseRecord:
         return cls(owner=str(raw["owner"]), token=str(raw["token"]), generation=int(raw["generation"]),
                    acquired_at=float(raw["acquired_at"]), renewed_at=float(raw["renewed_at"]),
                    expires_at=float(raw["expires_at"]), ttl_s=float(raw["ttl_s"]), host=str(raw.get("host", "")),
-                   pid=int(raw.get("pid", 0)), process_start=str(raw.get("process_start", "")))
+                   pid=int(raw.get("pid", 0)), process_start=str(raw.get("process_start", "")),
+                   released=bool(raw.get("released", False)))
 
 
 def _describe(holder: LeaseRecord | None, now: float) -> str:
@@ -250,18 +253,24 @@ class Lease:
             raise LeaseLostError(f"{self.purpose}: the lease {self.path} of {self.owner} expired unrenewed")
 
     def release(self) -> bool:
-        """Give the lease up (only if still ours); True if it was released."""
+        """Give the lease up (only if still ours); True if it was released.
+
+        The object stays, marked released, so the next holder's generation
+        counts on from this one's.
+        """
         self.stop_heartbeat()
         with self._mutex:
             if self._record is None:
                 return False
-            tag, lost, token = self._tag, self._lost, self._record.token
+            record, tag, lost = self._record, self._tag, self._lost
             self._record, self._tag = None, None
         with _HELD_LOCK:
-            _HELD_TOKENS.discard(token)
+            _HELD_TOKENS.discard(record.token)
         if lost or tag is None:
             return False
-        return delete_if_unchanged(self.store, self.path, tag)
+        now = self._clock()
+        released = replace(record, renewed_at=now, expires_at=now, released=True)
+        return replace_if_unchanged(self.store, self.path, released.to_bytes(), tag) is not None
 
     # -- heartbeat ---------------------------------------------------------
 
@@ -312,11 +321,12 @@ class Lease:
 
 
 def read_lease(store: StoreLocation, path: str) -> LeaseRecord | None:
-    """The lease's current record, or None if free or unreadable."""
+    """The current holder's record, or None if the lease is free (never taken, released) or unreadable."""
     current = read_versioned(store, path)
     if current is None:
         return None
     try:
-        return LeaseRecord.from_bytes(current.data)
+        record = LeaseRecord.from_bytes(current.data)
     except (ValueError, KeyError, TypeError):
         return None
+    return None if record.released else record
