@@ -10,8 +10,8 @@ The preparation runs in phases; after each, the ranks exchange their status
 3. every rank verifies its share of the staged files (file i goes to rank
    i mod W): it loads each safetensors file, compares every tensor it also
    holds bitwise with its own, and hashes the file for the manifest;
-4. rank 0 writes the manifest (provenance included) and moves the staging
-   into place.
+4. rank 0 writes the manifest (provenance included); once every rank has
+   reported success, it moves the staging into place.
 
 If any rank fails any phase, every rank raises ExportPreparationError naming
 the first failing rank and its cause, and the temporary files are removed
@@ -85,13 +85,18 @@ def _verify_share(directory: Path, files: list[Path], own: dict[str, torch.Tenso
 
 
 def prepare_export(topology: Topology, config: RunConfig, model: PreTrainedModel, out_dir: Path,
-                   provenance: dict, inject_fault: Callable[[int], None]) -> dict:
-    """Stage the checkpoint at `out_dir` with every rank's help; returns what was done."""
+                   provenance: dict, inject_fault: Callable[[int, str], None] | None = None) -> dict:
+    """Stage the checkpoint at `out_dir` with every rank's help; returns what was done.
+
+    `inject_fault(rank, phase)` runs at the start of each phase on each rank
+    (phases: weights, write, verify, manifest); tests make it raise.
+    """
+    inject_fault = inject_fault or (lambda rank, phase: None)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     own = model.state_dict()
     try:
         def check_weights() -> str:
-            inject_fault(topology.rank)
+            inject_fault(topology.rank, "weights")
             return tensors_sha256(own)
 
         digests = _phase(topology, "checking its weights", check_weights)
@@ -102,6 +107,7 @@ def prepare_export(topology: Topology, config: RunConfig, model: PreTrainedModel
         digest = digests[0]
 
         def reuse_or_write() -> bool:
+            inject_fault(topology.rank, "write")
             if topology.rank != 0:
                 return False
             staged = verify_staged(out_dir)
@@ -115,19 +121,25 @@ def prepare_export(topology: Topology, config: RunConfig, model: PreTrainedModel
         reused = _phase(topology, "writing the checkpoint files", reuse_or_write)[0]
         if not reused:
             share = staged_files(tmp)[topology.rank::topology.world_size]
-            entries = _phase(topology, "verifying its share of the files", lambda: _verify_share(tmp, share, own))
+            def verify() -> list[dict]:
+                inject_fault(topology.rank, "verify")
+                return _verify_share(tmp, share, own)
 
-            def publish_staging() -> None:
-                if topology.rank != 0:
-                    return
-                manifest = manifest_from_entries([e for part in entries for e in part],
-                                                 {**provenance, "weights_sha256": digest})
-                write_manifest_dict(tmp, manifest)
+            entries = _phase(topology, "verifying its share of the files", verify)
+
+            def write_the_manifest() -> None:
+                inject_fault(topology.rank, "manifest")
+                if topology.rank == 0:
+                    manifest = manifest_from_entries([e for part in entries for e in part],
+                                                     {**provenance, "weights_sha256": digest})
+                    write_manifest_dict(tmp, manifest)
+
+            _phase(topology, "writing the manifest", write_the_manifest)
+            # Every rank agreed: only now does the staging take its place.
+            if topology.rank == 0:
                 if out_dir.exists():
                     shutil.rmtree(out_dir)
                 tmp.rename(out_dir)
-
-            _phase(topology, "writing the manifest", publish_staging)
     except ExportPreparationError:
         if topology.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
