@@ -90,17 +90,47 @@ def s3_options_from_env(timeouts: StoreTimeouts) -> dict:
     return options
 
 
+def _bounded_s3_filesystem(timeouts: StoreTimeouts):
+    """s3fs whose every request has a wall-clock limit.
+
+    botocore's read timeout does not cover every wait: a PutObject to a
+    stopped (SIGSTOP) server blocks forever in aiohttp, however small its
+    body. Each request therefore gets at most max_attempts × (connect_s +
+    read_s), after which it fails with a StorageTimeoutError.
+    """
+    import asyncio
+
+    import s3fs  # imported here: local runs need no S3 client
+    from fsspec.asyn import sync_wrapper
+
+    limit_s = timeouts.max_attempts * (timeouts.connect_s + timeouts.read_s)
+
+    class BoundedS3FileSystem(s3fs.S3FileSystem):
+        async def _call_s3(self, method, *args, **kwargs):
+            try:
+                return await asyncio.wait_for(super()._call_s3(method, *args, **kwargs), limit_s)
+            except asyncio.TimeoutError as error:
+                raise StorageTimeoutError(
+                    f"S3 {method} at {self.endpoint_url} got no answer within {limit_s:g} s (storage.request_timeout_s "
+                    "per attempt); the server is stopped or overloaded — retry when it answers, finished uploads "
+                    "are kept") from error
+
+        # s3fs binds its public call_s3 to the base class's _call_s3: bind it to this one.
+        call_s3 = sync_wrapper(_call_s3)
+
+    return BoundedS3FileSystem
+
+
 def open_store(url: str, timeouts: StoreTimeouts | None = None) -> StoreLocation:
     """The filesystem for a `storage.url`: `s3://bucket/prefix`, `file://path` or a path."""
     timeouts = timeouts or StoreTimeouts()
     if url.startswith("s3://"):
-        import s3fs  # imported here: local runs need no S3 client
-
-        fs = s3fs.S3FileSystem(**s3_options_from_env(timeouts))
+        fs = _bounded_s3_filesystem(timeouts)(**s3_options_from_env(timeouts))
         # s3fs retries connection errors on its own (5 rounds, a class
-        # attribute), on top of botocore's attempts; two rounds keep a dead
-        # endpoint's failure prompt.
-        fs.retries = 2
+        # attribute) on top of botocore's attempts: one round leaves the
+        # count to StoreTimeouts.max_attempts, so a dead endpoint fails in
+        # about max_attempts × read_s.
+        fs.retries = 1
         return StoreLocation(fs=fs, root=url.removeprefix("s3://").rstrip("/"), url=url, timeouts=timeouts)
     path = url.removeprefix("file://")
     fs = fsspec.filesystem("file", auto_mkdir=True)
@@ -160,7 +190,9 @@ def run_async(store: StoreLocation, deadline: Deadline | None, function: Callabl
     try:
         return sync(store.fs.loop, function, *args, timeout=timeout, **kwargs)
     except FSTimeoutError as error:
-        assert deadline is not None  # no timeout, no FSTimeoutError
+        if isinstance(error.__cause__, StorageTimeoutError):  # one request's limit, not the deadline
+            raise error.__cause__ from None
+        assert deadline is not None  # no timeout of ours, no FSTimeoutError
         raise deadline.error() from error
 
 
@@ -184,5 +216,7 @@ def storage_errors(store: StoreLocation, what: str) -> Iterator[None]:
         raise ConnectionError(f"{what}: object storage at {store.url} is unreachable ({error}); "
                               "check the endpoint and retry — finished uploads are kept") from error
     except FSTimeoutError as error:
+        if isinstance(error.__cause__, StorageTimeoutError):  # a request's own limit: its message says more
+            raise StorageTimeoutError(f"{what}: {error.__cause__}") from error
         raise StorageTimeoutError(f"{what}: object storage at {store.url} did not answer in time; "
                                   "retry when it is back — finished uploads are kept") from error
