@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import os
 import secrets
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,11 @@ from .durable import create_exclusive, write_durable
 from .storage import StoreLocation, run_async, storage_errors
 
 _PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
+
+# (endpoint, bucket) pairs whose conditional writes were probed in this process:
+# a store does not stop honouring them, and the probe costs three requests.
+_VERIFIED_STORES: set[tuple[str | None, str]] = set()
+_VERIFIED_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,10 @@ def check_conditional_writes(store: StoreLocation, probe_prefix: str) -> None:
     """
     if store.is_local:
         return
+    endpoint = (getattr(store.fs, "endpoint_url", None), store.bucket_and_key(store.root)[0])
+    with _VERIFIED_LOCK:
+        if endpoint in _VERIFIED_STORES:
+            return
     probe_path = f"{probe_prefix.rstrip('/')}/.conditional-probe-{secrets.token_hex(8)}"
     first = create_if_absent(store, probe_path, b"first")
     second = create_if_absent(store, probe_path, b"second")
@@ -144,3 +154,5 @@ def check_conditional_writes(store: StoreLocation, probe_prefix: str) -> None:
             f"object storage at {store.url} ignores conditional writes (If-None-Match); rankflow needs them "
             "for its leases and LATEST — use an S3 service that supports them (AWS S3, SeaweedFS >= 4, MinIO)"
         )
+    with _VERIFIED_LOCK:
+        _VERIFIED_STORES.add(endpoint)

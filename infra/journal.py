@@ -91,8 +91,6 @@ class JournalRecord:
     uploaded: dict[str, dict] = field(default_factory=dict)
     """path → {size, sha256} of each object this publication uploaded, recorded as each upload returned."""
     error: str | None = None
-    waiting_at: float | None = None
-    """When a committer last said it is waiting for the finalizer (FIFO order); None when none is."""
     history: list[dict] = field(default_factory=list)
     updated_at: float = 0.0
     format: str = JOURNAL_FORMAT
@@ -194,8 +192,11 @@ class Journal:
             return
         self.transition(S.PREPARING, note=note, fingerprint=fingerprint)
 
-    def transition(self, target: PublicationState, *, note: str = "", mirror_required: bool = True, **fields) -> None:
-        """Move to `target` if the state machine allows it; persist locally (durably), then mirror."""
+    def transition(self, target: PublicationState, *, note: str = "", mirror_required: bool = True,
+                   mirror: bool = True, **fields) -> None:
+        """Move to `target` if the state machine allows it; persist locally (durably), then mirror.
+
+        `mirror=False` skips the store (a state the next transition supersedes at once)."""
         current = self.state
         if target not in ALLOWED[current]:
             raise TransitionError(_why(current, target, self.name, self.record.error if self.record else None))
@@ -203,13 +204,12 @@ class Journal:
             self.record = JournalRecord(run_id=self.run_id, step=self.step, publication_id=secrets.token_hex(8),
                                         state=target)
         self.record.state = target
-        self.record.waiting_at = None
         for key, value in fields.items():
             setattr(self.record, key, value)
         if target is S.PREPARING:
             self.record.uploaded = {}  # a new export: earlier uploads are re-checked against the new manifest
         self._append(target, note)
-        self._persist(mirror_required=mirror_required)
+        self._persist(mirror_required=mirror_required, mirror=mirror)
 
     def record_upload(self, path: str, size: int, sha256: str) -> None:
         """Note one finished upload (local journal only: the mirror gets it with the next transition)."""
@@ -218,22 +218,16 @@ class Journal:
         self.record.updated_at = time.time()
         write_durable(self.path, self.record.to_bytes())
 
-    def touch_waiting(self) -> None:
-        """Say (in the mirror) that a committer is alive and waiting for the finalizer: FIFO order."""
-        if self.record is not None:
-            self.record.waiting_at = self.record.updated_at = time.time()
-            self._persist(mirror_required=True)
-
     def _append(self, state: PublicationState, note: str) -> None:
         now = time.time()
         self.record.updated_at = now
         self.record.history.append({"state": state.value, "time": now, "host": socket.gethostname(),
                                     "pid": os.getpid(), "note": note})
 
-    def _persist(self, *, mirror_required: bool) -> None:
+    def _persist(self, *, mirror_required: bool, mirror: bool = True) -> None:
         data = self.record.to_bytes()
         write_durable(self.path, data)
-        if self.store is None:
+        if self.store is None or not mirror:
             return
         try:
             with storage_errors(self.store, f"mirror of the journal of {self.name}"):

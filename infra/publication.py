@@ -195,23 +195,26 @@ def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publi
     manifest_sha256 = hashlib.sha256(manifest_bytes).hexdigest()
     if journal.state is None:  # staged outside the export stage: this commit opens the journal
         journal.transition(S.PREPARED, note="staging found without a journal", manifest_sha256=manifest_sha256,
-                           num_files=len(manifest.files), num_bytes=manifest.num_bytes)
+                           num_files=len(manifest.files), num_bytes=manifest.num_bytes, mirror=False)
     name, step = checkpoint_name(manifest.step), manifest.step
     deadline = Deadline(settings.timeout_s, f"commit of {name} for run {run_id}", store)
     base = remote_dir(store, run_id, step)
     notes: list[str] = []
-    with finalizer(store, run_id, settings.finalizer, journal=journal) as lease:
+    with finalizer(store, run_id, settings.finalizer, step=journal.step) as lease:
         _notify(observer, "lease")
         journal.transition(S.COMMITTING, note=f"finalizer {lease.owner} gen {lease.record.generation}",
                            manifest_sha256=manifest_sha256, num_files=len(manifest.files),
                            num_bytes=manifest.num_bytes)
-        published = _read_bytes(store, f"{base}/{MANIFEST_FILE}")
+        # One listing finds what is there; only objects of the right size need a HEAD for their digest.
+        listing = list_files(store, base)
+        published = _read_bytes(store, f"{base}/{MANIFEST_FILE}") if MANIFEST_FILE in listing else None
         if published is not None and published != manifest_bytes:
             # A different commit of this step is visible: hide it before its files change under readers.
             lease.check()
             store.fs.rm_file(f"{base}/{MANIFEST_FILE}")
             notes.append(f"replaced an earlier commit of {name} with another manifest")
-        present = remote_objects(store, base, list(manifest.files), deadline)
+        candidates = [entry for entry in manifest.files if listing.get(entry.path) == entry.size]
+        present = remote_objects(store, base, candidates, deadline)
         todo = [entry for entry in manifest.files if not matches(present.get(entry.path), entry)]
 
         def on_uploaded(entry) -> None:
@@ -229,12 +232,13 @@ def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publi
             _notify(observer, "manifest")
             put_small(store, f"{base}/{MANIFEST_FILE}", manifest_bytes)
         _notify(observer, "manifest-written")
-        lease.check()
+        # No second fencing check: LATEST is compare-and-swapped, a stale finalizer cannot move it back.
         move = advance_latest(store, run_id, step, on_read=lambda: _notify(observer, "latest-read"))
         if move.note:
             notes.append(move.note)
         _notify(observer, "latest")
-        stale = sorted(set(list_files(store, base)) - {entry.path for entry in manifest.files} - {MANIFEST_FILE})
+        # Objects the listing found that this manifest does not list: an earlier layout's shards.
+        stale = sorted(set(listing) - {entry.path for entry in manifest.files} - {MANIFEST_FILE})
         remove_files(store, base, stale)
         journal.transition(S.COMMITTED, note="; ".join(notes) or "manifest and LATEST written", error=None)
         _notify(observer, "committed")
