@@ -6,10 +6,13 @@
   answers it: a recommit never downloads an object to check it. On a local
   store the file is hashed where it lies.
 - `upload_files` uploads many files at once (a thread pool locally, one
-  asyncio batch on s3fs's loop, multipart for large files), hashing each
-  file's bytes as they are read: a staged file whose bytes no longer match its
-  manifest raises StagedFileChanged instead of being published. Small objects
-  also carry `x-amz-checksum-sha256`, which the server verifies.
+  asyncio batch on s3fs's loop, multipart for large files). A staged file
+  whose bytes no longer match its manifest raises StagedFileChanged instead
+  of being published. Each single-request upload carries the manifest's
+  sha256 as `x-amz-checksum-sha256`: a server that verifies it (probed once
+  per endpoint; SeaweedFS and AWS do) refuses other bytes, so the client need
+  not hash them again; otherwise, and for multipart uploads, the client
+  hashes the bytes as it reads them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import asyncio
 import base64
 import hashlib
 import os
+import secrets
 import shutil
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -100,12 +105,48 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _read_verified(local: Path, entry: FileEntry) -> bytes:
+def _read_verified(local: Path, entry: FileEntry, hash_locally: bool) -> bytes:
     data = local.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    if len(data) != entry.size or digest != entry.sha256:
-        raise _changed(local, entry, digest, len(data))
+    if len(data) != entry.size:
+        raise _changed(local, entry, "(not hashed)", len(data))
+    if hash_locally:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry.sha256:
+            raise _changed(local, entry, digest, len(data))
     return data
+
+
+_CHECKSUM_MISMATCH_CODES = ("BadDigest", "XAmzContentChecksumMismatch", "InvalidDigest")
+# Endpoints seen to refuse a PutObject whose bytes do not match its x-amz-checksum-sha256 (or not).
+_VERIFYING_ENDPOINTS: dict[str | None, bool] = {}
+_PROBE_LOCK = threading.Lock()
+
+
+def _checksum_mismatch(error: BaseException) -> bool:
+    cause = error.__cause__ if error.__cause__ is not None else error
+    return (getattr(cause, "response", None) or {}).get("Error", {}).get("Code") in _CHECKSUM_MISMATCH_CODES
+
+
+def server_verifies_checksums(store: StoreLocation, probe_prefix: str) -> bool:
+    """Whether the S3 server refuses bytes that do not match their x-amz-checksum-sha256 (probed once)."""
+    endpoint = getattr(store.fs, "endpoint_url", None)
+    with _PROBE_LOCK:
+        if endpoint in _VERIFYING_ENDPOINTS:
+            return _VERIFYING_ENDPOINTS[endpoint]
+    bucket, key = store.bucket_and_key(f"{probe_prefix.rstrip('/')}/.checksum-probe-{secrets.token_hex(8)}")
+    wrong = base64.b64encode(hashlib.sha256(b"expected").digest()).decode()
+    try:
+        store.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"received", ChecksumSHA256=wrong)
+    except OSError as error:
+        if not _checksum_mismatch(error):
+            raise
+        verifies = True
+    else:
+        store.fs.call_s3("delete_object", Bucket=bucket, Key=key)
+        verifies = False
+    with _PROBE_LOCK:
+        _VERIFYING_ENDPOINTS[endpoint] = verifies
+    return verifies
 
 
 def upload_files(store: StoreLocation, staged_dir: Path, base: str, entries: list[FileEntry],
@@ -116,7 +157,9 @@ def upload_files(store: StoreLocation, staged_dir: Path, base: str, entries: lis
     if store.is_local:
         _upload_local(staged_dir, base, entries, deadline, on_uploaded, concurrency)
     else:
-        run_async(store, deadline, _upload_s3, store, staged_dir, base, entries, on_uploaded, concurrency)
+        hash_locally = not server_verifies_checksums(store, base)
+        run_async(store, deadline, _upload_s3, store, staged_dir, base, entries, on_uploaded, concurrency,
+                  hash_locally)
 
 
 def _upload_local(staged_dir: Path, base: str, entries: list[FileEntry], deadline: Deadline | None,
@@ -153,7 +196,7 @@ def _upload_local(staged_dir: Path, base: str, entries: list[FileEntry], deadlin
 
 
 async def _upload_s3(store: StoreLocation, staged_dir: Path, base: str, entries: list[FileEntry],
-                     on_uploaded: Callable[[FileEntry], None], concurrency: int) -> None:
+                     on_uploaded: Callable[[FileEntry], None], concurrency: int, hash_locally: bool) -> None:
     fs = store.fs
     limit = asyncio.Semaphore(concurrency)
     record_lock = asyncio.Lock()
@@ -164,10 +207,15 @@ async def _upload_s3(store: StoreLocation, staged_dir: Path, base: str, entries:
         metadata = {SHA256_METADATA_KEY: entry.sha256}
         async with limit:
             if entry.size < MULTIPART_THRESHOLD_BYTES:
-                data = await asyncio.to_thread(_read_verified, local, entry)
+                data = await asyncio.to_thread(_read_verified, local, entry, hash_locally)
                 checksum = base64.b64encode(bytes.fromhex(entry.sha256)).decode()
-                await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata,
-                                  ChecksumSHA256=checksum)
+                try:
+                    await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata,
+                                      ChecksumSHA256=checksum)
+                except OSError as error:
+                    if _checksum_mismatch(error):  # the server hashed the bytes: not the manifest's
+                        raise _changed(local, entry, "(refused by the server's sha256 check)", len(data)) from error
+                    raise
             else:
                 await _multipart(fs, bucket, key, local, entry, metadata)
         async with record_lock:  # the journal is written by one upload at a time

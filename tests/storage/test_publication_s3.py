@@ -21,7 +21,7 @@ from infra.journal import read_mirrors
 from infra.latest import read_latest
 from infra.lease import Lease
 from infra.objects import SHA256_METADATA_KEY
-from infra.publication import PublishSettings, cleanup_staging, commit_checkpoint
+from infra.publication import PublishSettings, StagedFileChanged, cleanup_staging, commit_checkpoint
 from infra.storage import open_store
 from tests.publication_helpers import RUN, random_files, same_size_other_bytes, stage
 from tests.storage.processes import result, spawn, wait_ready
@@ -191,3 +191,29 @@ def test_checkpoints_become_visible_in_step_order(store, tmp_path, s3_bucket_url
         committed_at[record.step] = next(h["time"] for h in record.history if h["state"] == "COMMITTED")
     assert sorted(committed_at, key=committed_at.get) == [10, 20, 30]
     assert all(o["latest_moved"] for o in outcomes) and read_latest(store, RUN)["step"] == 30
+
+
+@pytest.mark.parametrize("server_verifies", [True, False])
+def test_a_staged_file_spoiled_after_export_is_refused(store, tmp_path, monkeypatch, server_verifies):
+    """SeaweedFS checks x-amz-checksum-sha256 itself; a server that does not gets the bytes hashed by the client."""
+    from infra import objects
+
+    monkeypatch.setattr(objects, "_VERIFYING_ENDPOINTS", {})
+    if not server_verifies:
+        real = store.fs._call_s3
+
+        async def checksum_ignored(method, *args, **kwargs):
+            if method == "put_object":
+                kwargs.pop("ChecksumSHA256", None)  # a server that never looks at the checksum
+            return await real(method, *args, **kwargs)
+
+        monkeypatch.setattr(store.fs, "_call_s3", checksum_ignored)
+        monkeypatch.setattr(store.fs, "call_s3", lambda method, **kw: objects.run_async(store, None, checksum_ignored,
+                                                                                          method, **kw))
+    staged = stage(tmp_path, 10, random_files(2, 40_000))
+    same_size_other_bytes(sorted(staged.glob("*.safetensors"))[1])
+    with pytest.raises(StagedFileChanged, match="no longer matches its manifest"):
+        commit_checkpoint(staged, store, RUN)
+    assert objects._VERIFYING_ENDPOINTS[store.fs.endpoint_url] is server_verifies
+    assert list_checkpoints(store, RUN) == [] and read_latest(store, RUN) is None
+    assert not store.fs.exists(store.path(RUN, "checkpoints", "step-00000010", "MANIFEST.json"))
