@@ -7,6 +7,7 @@ with its MANIFEST.json, staged on local disk.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import statistics
@@ -55,3 +56,12 @@ def staged_bytes(staged: Path) -> int:
 
 def median(values: list[float]) -> float:
     return round(statistics.median(values), 4)
+
+
+def checkpoint_arguments(description: str) -> argparse.ArgumentParser:
+    """The options both storage benchmarks take: repetitions and the checkpoint's shape."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--shard-mb", type=int, default=50)
+    return parser

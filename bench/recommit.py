@@ -15,11 +15,10 @@ already says COMMITTED.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
-from bench._storage import BUCKET, median, seaweedfs, stage_checkpoint, staged_bytes
+from bench._storage import BUCKET, checkpoint_arguments, median, seaweedfs, stage_checkpoint, staged_bytes
 from infra.publication import commit_checkpoint
 from infra.storage import open_store
 
@@ -27,11 +26,7 @@ RUN = "bench-run"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--shard-mb", type=int, default=50)
-    args = parser.parse_args(argv)
+    args = checkpoint_arguments(__doc__.splitlines()[0]).parse_args(argv)
     with seaweedfs() as (_, tmp):
         staged = stage_checkpoint(tmp / "staging", RUN, 100, args.shards, args.shard_mb * 10**6)
         journal = staged.with_name(staged.name + ".journal.json")

@@ -39,3 +39,16 @@ def same_size_other_bytes(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+def fail_after_uploads(num_uploads: int, error: BaseException):
+    """A commit observer that raises `error` once `num_uploads` files have landed (an outage, a crash)."""
+    landed: list[str] = []
+
+    def observe(event: str) -> None:
+        if event.startswith("uploaded "):
+            landed.append(event)
+            if len(landed) == num_uploads:
+                raise error
+
+    return observe

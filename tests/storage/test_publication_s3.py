@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 from infra.checkpoints import list_checkpoints, verify_checkpoint
-from infra.conditional import ConditionalWritesUnsupported, check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
+from infra.conditional import (ConditionalWritesUnsupported, check_conditional_writes, create_if_absent, read_versioned,
+                               replace_if_unchanged)
 from infra.finalizer import FINALIZER_LEASE
 from infra.journal import read_mirrors
 from infra.latest import read_latest

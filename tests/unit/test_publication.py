@@ -14,6 +14,7 @@ import pytest
 from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.publication import PublishSettings, cleanup_staging, commit_checkpoint, read_latest
 from infra.storage import open_store
+from tests.publication_helpers import fail_after_uploads
 from trainer_core.manifest import write_manifest
 
 RUN = "run-abc"
@@ -30,15 +31,7 @@ def stage(tmp_path: Path, step: int, files: dict[str, bytes]) -> Path:
 
 def outage_after(num_uploads: int):
     """An observer that cuts the storage off once `num_uploads` files have landed."""
-    landed = []
-
-    def observe(event: str) -> None:
-        if event.startswith("uploaded "):
-            landed.append(event)
-            if len(landed) == num_uploads:
-                raise ConnectionError("injected storage outage")
-
-    return observe
+    return fail_after_uploads(num_uploads, ConnectionError("injected storage outage"))
 
 
 ONE_AT_A_TIME = PublishSettings(concurrency=1)

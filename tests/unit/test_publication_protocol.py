@@ -23,7 +23,8 @@ from infra.orphans import collect_garbage
 from infra.publication import (PublishSettings, StagedFileChanged, abort_publication, cleanup_staging,
                                commit_checkpoint, read_latest)
 from infra.storage import open_store
-from tests.publication_helpers import RUN, random_files, rewrite_manifest, same_size_other_bytes, stage
+from tests.publication_helpers import (RUN, fail_after_uploads, random_files, rewrite_manifest,
+                                      same_size_other_bytes, stage)
 from trainer_core.manifest import write_manifest
 
 FILES = {"config.json": b"{}", "model-00001-of-00002.safetensors": b"a" * 1000,
@@ -32,15 +33,8 @@ FAST = PublishSettings(concurrency=1)
 
 
 def crash_after_uploads(num_uploads: int):
-    seen = []
-
-    def observe(event: str) -> None:
-        if event.startswith("uploaded "):
-            seen.append(event)
-            if len(seen) == num_uploads:
-                raise KeyboardInterrupt("simulated crash")  # not an Exception: nothing may catch it
-
-    return observe
+    # Not an Exception: nothing in the commit may catch a crash.
+    return fail_after_uploads(num_uploads, KeyboardInterrupt("simulated crash"))
 
 
 def state_of(staged: Path) -> str:
