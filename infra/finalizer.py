@@ -13,6 +13,7 @@ already has its outcome never comes here (a retry skips the FIFO wait).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -114,4 +115,8 @@ def finalizer(store: StoreLocation, run_id: str, settings: FinalizerSettings, *,
         lease.start_heartbeat()
         yield lease
     finally:
-        lease.release()
+        # An unreachable store must not replace the error that ended the work
+        # (usually the same outage) with one about the release: an unreleased
+        # lease is taken over at once by a retry in this process, or expires.
+        with contextlib.suppress(OSError):
+            lease.release()
