@@ -6,6 +6,7 @@
     rankflow server [--port P] [--db URL | --pg-dir D]  start a Prefect server on PostgreSQL, for workers
     rankflow deploy CONFIG --pool NAME [--cron EXPR]    deploy the flow to a work pool of that server
     rankflow s3 serve [--dir D] [--bucket B]            start a local S3 server (SeaweedFS)
+    rankflow checkpoints list|verify|pull|gc RUN_ID     read, verify, download or tidy a run's checkpoints
 
 Exit status: 0 success; 2 bad config or input (nothing started, nothing
 written); 1 a failure during the run. `run` prints, as the last line of its
@@ -33,6 +34,8 @@ from trainer_core.validate import validate_inputs
 
 from .deploy_command import add_deploy_parser
 from .server import add_server_parser
+
+from .checkpoints_cli import add_checkpoint_commands
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -145,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     s3_serve.add_argument("--dir", default=".rankflow/s3", help="data directory")
     s3_serve.add_argument("--bucket", default="rankflow", help="bucket to create")
     s3_serve.set_defaults(handler=cmd_s3_serve)
+    add_checkpoint_commands(commands)
     return parser
 
 

@@ -1,15 +1,26 @@
 """Infrastructure: object storage, checkpoint publication, torchrun launching, failure diagnosis, local services."""
 
-from .checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
+from .checkpoints import (CheckpointReport, LatestResolution, download_checkpoint, latest_checkpoint, list_checkpoints,
+                          pull_checkpoint, resolve_latest, scan_checkpoints, verify_checkpoint)
 from .failures import Failure, FailureClass, classify_exception, diagnose_launch
+from .finalizer import FinalizerSettings, FinalizerWaitTimeout
+from .journal import Journal, PublicationState, TransitionError
 from .launcher import LaunchError, LaunchResult, launch, launch_or_raise
+from .lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
+from .manifests import ManifestError, checkpoint_name
+from .orphans import GarbageReport, collect_garbage
 from .preflight import StoreUnavailable, check_store_writable
-from .publication import CommitOutcome, checkpoint_name, cleanup_staging, commit_checkpoint
-from .storage import StoreLocation, open_store
+from .publication import (CleanupOutcome, CommitOutcome, PublishSettings, StagedFileChanged, abort_publication,
+                          cleanup_staging, commit_checkpoint)
+from .storage import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
 
 __all__ = [
-    "CommitOutcome", "Failure", "FailureClass", "LaunchError", "LaunchResult", "StoreLocation", "StoreUnavailable",
-    "check_store_writable", "checkpoint_name", "classify_exception", "cleanup_staging", "commit_checkpoint",
-    "diagnose_launch", "download_checkpoint", "latest_checkpoint", "launch", "launch_or_raise", "list_checkpoints",
-    "open_store",
+    "CheckpointReport", "CleanupOutcome", "CommitOutcome", "Failure", "FailureClass", "FinalizerSettings",
+    "FinalizerWaitTimeout", "GarbageReport", "Journal", "LatestResolution", "LaunchError", "LaunchResult", "Lease",
+    "LeaseHeldError", "LeaseLostError", "LeaseRecord", "ManifestError", "PublicationState", "PublishSettings",
+    "StagedFileChanged", "StorageTimeoutError", "StoreLocation", "StoreTimeouts", "StoreUnavailable",
+    "TransitionError", "abort_publication", "check_store_writable", "checkpoint_name", "classify_exception",
+    "cleanup_staging", "collect_garbage", "commit_checkpoint", "diagnose_launch", "download_checkpoint",
+    "latest_checkpoint", "launch", "launch_or_raise", "list_checkpoints", "open_store", "pull_checkpoint",
+    "read_lease", "resolve_latest", "scan_checkpoints", "verify_checkpoint",
 ]

@@ -1,68 +1,219 @@
-"""Read committed checkpoints: list, resolve LATEST, download and verify.
+"""Read committed checkpoints, verifying them: list, verify, resolve LATEST, pull.
 
-A checkpoint is visible only when its MANIFEST.json exists and every file it
-lists is present with the listed size; a download also checks every sha256.
+A checkpoint is visible only when its MANIFEST.json exists and verifies:
+a known format (every earlier version is accepted), the run and step it is
+stored under, paths that stay inside the checkpoint, and every file present
+with its size and sha256. `quick` verification takes the digest each object
+carries (one HEAD per file on S3, no download); `full` verification hashes
+every byte. A corrupt manifest or LATEST is reported and skipped, never
+trusted and never an error for the rest of the run: `resolve_latest` falls
+back to the newest checkpoint that verifies and says why.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import os
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .publication import MANIFEST_FILE, checkpoint_name, read_latest
-from .storage import StoreLocation
+from .conditional import read_versioned
+from .durable import temp_name
+from .latest import latest_path, parse_latest
+from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name, parse_manifest, step_of
+from .objects import remote_objects
+from .storage import StoreLocation, storage_errors
+
+_BLOCK_BYTES = 4 * 2**20
 
 
-def read_manifest(store: StoreLocation, run_id: str, name: str) -> dict | None:
-    path = store.path(run_id, "checkpoints", name, MANIFEST_FILE)
-    if not store.fs.exists(path):
+@dataclass(frozen=True)
+class CheckpointReport:
+    """What a reader found for one checkpoint directory."""
+
+    name: str
+    step: int
+    verified: bool
+    problems: tuple[str, ...] = ()
+    manifest: Manifest | None = None
+
+    @property
+    def num_files(self) -> int:
+        return len(self.manifest.files) if self.manifest else 0
+
+    @property
+    def num_bytes(self) -> int:
+        return self.manifest.num_bytes if self.manifest else 0
+
+    def to_dict(self) -> dict:
+        provenance = self.manifest.provenance if self.manifest else {}
+        return {"checkpoint": self.name, "step": self.step, "verified": self.verified, "problems": list(self.problems),
+                "num_files": self.num_files, "num_bytes": self.num_bytes, "format": provenance.get("format"),
+                "provenance": {k: v for k, v in provenance.items() if k != "format"}}
+
+
+@dataclass(frozen=True)
+class LatestResolution:
+    checkpoint: str | None
+    """The newest checkpoint that verifies, as LATEST names it or by fallback; None if none does."""
+    pointer: str | None
+    """What LATEST itself says (None: absent or unreadable)."""
+    fell_back: bool = False
+    message: str | None = None
+    """Why the pointer was not used, for the user."""
+    reports: list[CheckpointReport] = field(default_factory=list)
+
+
+def _base(store: StoreLocation, run_id: str, name: str) -> str:
+    return store.path(run_id, CHECKPOINTS_DIR, name)
+
+
+def checkpoint_names(store: StoreLocation, run_id: str) -> list[str]:
+    """Names of the checkpoint directories of a run (with or without a manifest), oldest first."""
+    root = store.path(run_id, CHECKPOINTS_DIR)
+    try:
+        entries = store.fs.ls(root, detail=True)
+    except FileNotFoundError:
+        return []
+    names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory"]
+    return sorted((n for n in names if step_of(n) is not None), key=step_of)
+
+
+def read_manifest(store: StoreLocation, run_id: str, name: str) -> Manifest | None:
+    """The checkpoint's manifest if it is there and valid; ManifestError if it is there and not."""
+    path = f"{_base(store, run_id, name)}/{MANIFEST_FILE}"
+    try:
+        data = store.fs.cat_file(path)
+    except FileNotFoundError:
         return None
-    return json.loads(store.fs.cat_file(path))
+    return parse_manifest(data, path, run_id=run_id, step=step_of(name))
 
 
-def is_complete(store: StoreLocation, run_id: str, name: str) -> bool:
-    manifest = read_manifest(store, run_id, name)
-    if manifest is None:
-        return False
-    base = store.path(run_id, "checkpoints", name)
-    for entry in manifest["files"]:
-        path = f"{base}/{entry['path']}"
-        if not store.fs.exists(path) or int(store.fs.info(path)["size"]) != entry["size"]:
-            return False
-    return True
+def _hash_object(store: StoreLocation, path: str) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with store.fs.open(path, "rb", block_size=_BLOCK_BYTES) as handle:
+        while block := handle.read(_BLOCK_BYTES):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
+
+
+def verify_checkpoint(store: StoreLocation, run_id: str, name: str, *, full: bool = False) -> CheckpointReport:
+    """Check one checkpoint; `full` hashes every byte, otherwise the digest each object carries is used."""
+    step = step_of(name)
+    if step is None:
+        return CheckpointReport(name, -1, False, (f"{name!r} is not a checkpoint name (step-NNNNNNNN)",))
+    with storage_errors(store, f"verification of {name} of run {run_id}"):
+        try:
+            manifest = read_manifest(store, run_id, name)
+        except ManifestError as error:
+            return CheckpointReport(name, step, False, (f"manifest refused: {error}",))
+        if manifest is None:
+            return CheckpointReport(name, step, False, ("no manifest: not committed (or an orphan of a crashed commit)",))
+        base = _base(store, run_id, name)
+        problems = []
+        found = remote_objects(store, base, list(manifest.files), deadline=None)
+        for entry in manifest.files:
+            there = found.get(entry.path)
+            if there is None:
+                problems.append(f"{entry.path}: missing")
+            elif there.size != entry.size:
+                problems.append(f"{entry.path}: size {there.size}, manifest says {entry.size}")
+            elif full:
+                size, digest = _hash_object(store, f"{base}/{entry.path}")
+                if (size, digest) != (entry.size, entry.sha256):
+                    problems.append(f"{entry.path}: sha256 {digest} does not match the manifest's {entry.sha256}")
+            elif there.sha256 is not None and there.sha256 != entry.sha256:
+                problems.append(f"{entry.path}: recorded sha256 {there.sha256} does not match the manifest's")
+    return CheckpointReport(name, step, not problems, tuple(problems), manifest)
+
+
+def scan_checkpoints(store: StoreLocation, run_id: str, *, full: bool = False) -> list[CheckpointReport]:
+    """A report for every checkpoint directory of the run, oldest first."""
+    return [verify_checkpoint(store, run_id, name, full=full) for name in checkpoint_names(store, run_id)]
 
 
 def list_checkpoints(store: StoreLocation, run_id: str) -> list[str]:
-    """Names of the complete checkpoints of a run, oldest first."""
-    root = store.path(run_id, "checkpoints")
-    if not store.fs.exists(root):
-        return []
-    names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in store.fs.ls(root, detail=False))
-    return [n for n in names if n.startswith("step-") and is_complete(store, run_id, n)]
+    """Names of the checkpoints of a run that verify (quick), oldest first; others are skipped."""
+    return [report.name for report in scan_checkpoints(store, run_id) if report.verified]
+
+
+def resolve_latest(store: StoreLocation, run_id: str, *, full: bool = False) -> LatestResolution:
+    """The checkpoint LATEST names if it verifies, else the newest that does — and why."""
+    with storage_errors(store, f"LATEST of run {run_id}"):
+        current = read_versioned(store, latest_path(store, run_id))
+    pointer, problem = (None, None) if current is None else parse_latest(current.data)
+    if pointer is not None:
+        report = verify_checkpoint(store, run_id, pointer.checkpoint, full=full)
+        if report.verified:
+            return LatestResolution(pointer.checkpoint, pointer.checkpoint, reports=[report])
+        problem = f"it points at {pointer.checkpoint}, which does not verify ({'; '.join(report.problems)})"
+    reports = scan_checkpoints(store, run_id, full=full)
+    verified = [r for r in reports if r.verified]
+    newest = verified[-1].name if verified else None
+    if current is None and problem is None:
+        message = None if newest is None else f"LATEST is missing; using the newest verified checkpoint {newest}"
+    else:
+        message = f"LATEST is not usable ({problem}); " + (
+            f"falling back to the newest verified checkpoint {newest}" if newest else "no checkpoint verifies")
+    return LatestResolution(newest, pointer.checkpoint if pointer else None, fell_back=newest is not None and
+                            message is not None, message=message, reports=reports)
 
 
 def latest_checkpoint(store: StoreLocation, run_id: str) -> str | None:
-    latest = read_latest(store, run_id)
-    if latest is None:
-        return None
-    name = checkpoint_name(int(latest["step"]))
-    return name if is_complete(store, run_id, name) else None
+    """The newest checkpoint to use: LATEST's if it verifies, else the newest that does."""
+    return resolve_latest(store, run_id).checkpoint
 
 
 def download_checkpoint(store: StoreLocation, run_id: str, name: str, dest: Path) -> Path:
-    """Download a committed checkpoint and verify every file's sha256."""
-    manifest = read_manifest(store, run_id, name)
-    if manifest is None:
-        raise FileNotFoundError(f"checkpoint {name} of run {run_id} has no manifest at {store.url}; it is not committed")
-    base = store.path(run_id, "checkpoints", name)
-    dest.mkdir(parents=True, exist_ok=True)
-    for entry in manifest["files"]:
-        target = dest / entry["path"]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        store.fs.get_file(f"{base}/{entry['path']}", str(target))
-        digest = hashlib.sha256(target.read_bytes()).hexdigest()
-        if digest != entry["sha256"]:
-            raise OSError(f"{base}/{entry['path']}: sha256 {digest} does not match the manifest; the object is corrupt")
-    (dest / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    """Download a committed checkpoint into `dest`, verifying every file's size and sha256.
+
+    Files are written into a temporary directory beside `dest` and moved into
+    place only when all of them verify; a manifest path can never leave it.
+    """
+    with storage_errors(store, f"download of {name} of run {run_id}"):
+        manifest = read_manifest(store, run_id, name)
+        if manifest is None:
+            raise FileNotFoundError(f"checkpoint {name} of run {run_id} has no manifest at {store.url}; it is not committed")
+        base = _base(store, run_id, name)
+        dest = Path(dest)
+        if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
+            raise FileExistsError(f"{dest} exists and is not an empty directory; pull into a new or empty directory")
+        staging = temp_name(dest)
+        staging.mkdir(parents=True)
+        try:
+            root = staging.resolve()
+            for entry in manifest.files:
+                target = staging / entry.path
+                if root not in target.resolve().parents:  # parse_manifest refused this already; belt and braces
+                    raise ManifestError(f"{base}/{MANIFEST_FILE}: {entry.path} leaves the checkpoint")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                digest, size = hashlib.sha256(), 0
+                with store.fs.open(f"{base}/{entry.path}", "rb", block_size=_BLOCK_BYTES) as source, target.open("wb") as sink:
+                    while block := source.read(_BLOCK_BYTES):
+                        digest.update(block)
+                        size += len(block)
+                        sink.write(block)
+                if (size, digest.hexdigest()) != (entry.size, entry.sha256):
+                    raise OSError(f"{base}/{entry.path}: {size} bytes with sha256 {digest.hexdigest()} do not match the "
+                                  f"manifest ({entry.size} bytes, {entry.sha256}); the object is corrupt")
+            manifest_bytes = store.fs.cat_file(f"{base}/{MANIFEST_FILE}")
+            (staging / MANIFEST_FILE).write_bytes(manifest_bytes)
+            if dest.is_dir() and not any(dest.iterdir()):
+                dest.rmdir()
+            os.replace(staging, dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return dest
+
+
+def pull_checkpoint(store: StoreLocation, run_id: str, dest: Path, step: int | None = None) -> tuple[str, Path, str | None]:
+    """Download checkpoint `step` (default: the newest verified); returns (name, path, note)."""
+    if step is not None:
+        return checkpoint_name(step), download_checkpoint(store, run_id, checkpoint_name(step), dest), None
+    resolution = resolve_latest(store, run_id)
+    if resolution.checkpoint is None:
+        raise FileNotFoundError(f"run {run_id} has no checkpoint that verifies at {store.url}"
+                                + (f" ({resolution.message})" if resolution.message else ""))
+    return resolution.checkpoint, download_checkpoint(store, run_id, resolution.checkpoint, dest), resolution.message

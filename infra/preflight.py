@@ -20,7 +20,7 @@ import uuid
 
 from trainer_core.errors import BadInputError
 
-from .storage import StoreLocation, open_store, s3_options_from_env
+from .storage import StoreLocation, StoreTimeouts, open_store
 
 PROBE_PREFIX = ".rankflow-probe-"
 
@@ -50,16 +50,8 @@ def _scrub(text: str) -> str:
 
 
 def _probe_store(url: str, connect_timeout_s: float) -> StoreLocation:
-    if not url.startswith("s3://"):
-        return open_store(url)
-    import s3fs
-
-    options = s3_options_from_env()
-    options["config_kwargs"] = {"connect_timeout": connect_timeout_s, "read_timeout": connect_timeout_s,
-                                "retries": {"max_attempts": 2, "mode": "standard"}}
-    fs = s3fs.S3FileSystem(**options)
-    fs.retries = 2  # s3fs's own retry loop around botocore's
-    return StoreLocation(fs=fs, root=url.removeprefix("s3://").rstrip("/"), url=url)
+    # Short limits and two attempts: a wrong endpoint must fail in seconds.
+    return open_store(url, StoreTimeouts(connect_s=connect_timeout_s, read_s=connect_timeout_s, max_attempts=2))
 
 
 def endpoint_of(url: str) -> str:

@@ -1,35 +1,60 @@
-"""Commit a staged checkpoint to object storage, and clean up after it.
+"""Publish a staged checkpoint: commit it to the store, clean up after it, or abort it.
 
-Layout under `storage.url`:
+    export (PREPARING → PREPARED) → commit (COMMITTING → COMMITTED) → cleanup (CLEANED)
 
-    RUN_ID/checkpoints/step-00000060/{config.json, model*.safetensors, …, MANIFEST.json}
-    RUN_ID/LATEST            {"checkpoint": "step-00000060", "step": 60}
-    RUN_ID/ledger.jsonl      the run ledger
+`commit_checkpoint` holds the run's finalizer lease (one committer per run,
+in step order: infra/finalizer.py), uploads the data files concurrently,
+skipping each object already in the store with the right size *and* sha256,
+writes the manifest last (its presence makes the checkpoint visible), moves
+LATEST forward with compare-and-swap, and removes objects of the step that
+the new manifest does not list (an earlier layout's shards). Every step is
+recorded in the publication's journal (infra/journal.py), so a retry resumes
+where the last try stopped; one that already has its outcome returns at once.
 
-Commit uploads the data files first and the manifest last, then moves LATEST
-forward (never back). A reader (infra/checkpoints.py) only lists checkpoints
-whose manifest exists, so it never sees a partial one. A retried commit skips
-objects that are already there with the right size. Cleanup removes the local
-staging and aborts dangling multipart uploads; it never touches a committed
-checkpoint.
+`cleanup_staging` removes the local staging of a committed (or aborted)
+publication and, holding the lease, aborts this checkpoint's dangling
+multipart uploads; a cleanup failure leaves the checkpoint committed and is
+retried alone. `abort_publication` ends a publication that will not be
+committed (refused once it is).
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .storage import StoreLocation, storage_errors, write_small_atomic
+from .finalizer import FinalizerSettings, finalizer
+from .journal import HAS_OUTCOME, Journal, PublicationState, TransitionError, journal_path_for
+from .latest import advance_latest, read_latest
+from .manifests import (CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name,
+                        parse_manifest)
+from .objects import (StagedFileChanged, abort_dangling_uploads, list_files, matches, put_small, remote_objects,
+                      remove_files, upload_files)
+from .storage import Deadline, StoreLocation, storage_errors
 
-MANIFEST_FILE = "MANIFEST.json"
-LATEST_FILE = "LATEST"
+__all__ = [
+    "CommitOutcome", "CleanupOutcome", "LATEST_FILE", "MANIFEST_FILE", "PublishSettings", "StagedFileChanged",
+    "abort_publication", "checkpoint_name", "cleanup_staging", "commit_checkpoint", "read_latest",
+    "read_staged_manifest",
+]
+
+Observer = Callable[[str], None]
+S = PublicationState
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:08d}"
+@dataclass(frozen=True)
+class PublishSettings:
+    """Limits of one commit or cleanup."""
+
+    timeout_s: float | None = 1800.0
+    """Overall deadline of one commit or cleanup (None: none); past it a retriable StorageTimeoutError."""
+    concurrency: int = 8
+    """Files uploaded at once."""
+    finalizer: FinalizerSettings = field(default_factory=FinalizerSettings)
 
 
 @dataclass(frozen=True)
@@ -41,100 +66,289 @@ class CommitOutcome:
     bytes_uploaded: int
     latest_moved: bool
     wall_s: float
+    bytes_skipped: int = 0
+    latest_step: int | None = None
+    already_committed: bool = False
+    """The journal already said COMMITTED: nothing was uploaded or rewritten."""
+    stale_objects_removed: int = 0
+    notes: tuple[str, ...] = ()
+    uploaded: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def read_staged_manifest(staged_dir: Path) -> dict:
+@dataclass(frozen=True)
+class CleanupOutcome:
+    step: int | None
+    state: str
+    removed_bytes: int = 0
+    aborted_uploads: int = 0
+    stale_objects_removed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __getitem__(self, key: str):  # the dict this used to be
+        return getattr(self, key)
+
+
+def _notify(observer: Observer | None, event: str) -> None:
+    if observer is not None:
+        observer(event)
+
+
+def remote_dir(store: StoreLocation, run_id: str, step: int) -> str:
+    return store.path(run_id, CHECKPOINTS_DIR, checkpoint_name(step))
+
+
+# -- the staging ------------------------------------------------------------
+
+def read_staged_manifest(staged_dir: Path, run_id: str | None = None) -> tuple[Manifest, bytes]:
+    """The staged manifest, checked: safe paths, and every file a regular file inside the staging with its size."""
     path = staged_dir / MANIFEST_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{staged_dir} has no {MANIFEST_FILE}; the export did not finish — rerun the export stage")
-    manifest = json.loads(path.read_text())
-    for entry in manifest["files"]:
-        file = staged_dir / entry["path"]
-        if not file.is_file() or file.stat().st_size != entry["size"]:
-            raise ValueError(f"staged file {file} does not match its manifest entry; rerun the export stage")
-    return manifest
+    data = path.read_bytes()
+    manifest = parse_manifest(data, str(path), run_id=run_id)
+    root = staged_dir.resolve()
+    for entry in manifest.files:
+        file = staged_dir / entry.path
+        if file.is_symlink() or root not in file.resolve().parents:
+            raise ManifestError(f"{path}: {entry.path} is a link or leaves the staging; refusing to upload it")
+        if not file.is_file() or file.stat().st_size != entry.size:
+            raise StagedFileChanged(f"staged file {file} does not match its manifest entry (missing or another size); "
+                                    "the export is re-done, not uploaded")
+    return manifest, data
 
 
-def _remote_sizes(store: StoreLocation, remote_dir: str) -> dict[str, int]:
-    if not store.fs.exists(remote_dir):
-        return {}
-    found = store.fs.find(remote_dir, detail=True)
-    prefix = remote_dir.rstrip("/") + "/"
-    return {path.removeprefix(prefix): int(info["size"]) for path, info in found.items()}
+def _step_of_staging(staged_dir: Path, run_id: str, store: StoreLocation) -> int:
+    journal_file = journal_path_for(staged_dir)
+    if journal_file.is_file():
+        probe = Journal(journal_file, None, run_id, 0).load()
+        if probe.record is not None:
+            return probe.record.step
+    manifest, _ = read_staged_manifest(staged_dir, run_id)
+    return manifest.step
 
 
-def read_latest(store: StoreLocation, run_id: str) -> dict | None:
-    path = store.path(run_id, LATEST_FILE)
-    if not store.fs.exists(path):
-        return None
-    return json.loads(store.fs.cat_file(path))
+def open_journal(staged_dir: Path, store: StoreLocation, run_id: str, step: int | None = None) -> Journal:
+    """The journal of the publication staged at `staged_dir` (local, or the store's mirror)."""
+    if step is None:
+        step = _step_of_staging(staged_dir, run_id, store)
+    journal = Journal.for_staging(staged_dir, store, run_id, step)
+    staged_manifest = staged_dir / MANIFEST_FILE
+    if journal.from_mirror and staged_manifest.is_file() and journal.record.manifest_sha256 != \
+            hashlib.sha256(staged_manifest.read_bytes()).hexdigest():
+        journal.forget()  # the mirror is another publication of this step; this staging is a new one
+    return journal
 
 
-def commit_checkpoint(staged_dir: Path, store: StoreLocation, run_id: str) -> CommitOutcome:
-    """Upload a staged checkpoint: data files, then the manifest, then LATEST."""
+# -- commit -----------------------------------------------------------------
+
+def commit_checkpoint(staged_dir: Path, store: StoreLocation, run_id: str, *,
+                      settings: PublishSettings | None = None, observer: Observer | None = None) -> CommitOutcome:
+    """Commit the checkpoint staged at `staged_dir`; see the module docstring."""
+    settings = settings or PublishSettings()
     with storage_errors(store, f"commit of {staged_dir.name} for run {run_id}"):
-        return _commit(staged_dir, store, run_id)
+        return _commit(staged_dir, store, run_id, settings, observer)
 
 
-def _commit(staged_dir: Path, store: StoreLocation, run_id: str) -> CommitOutcome:
-    started = time.perf_counter()
-    manifest = read_staged_manifest(staged_dir)
-    step = int(manifest["step"])
-    name = checkpoint_name(step)
-    remote_dir = store.path(run_id, "checkpoints", name)
-    existing = _remote_sizes(store, remote_dir)
-    uploaded = skipped = bytes_uploaded = 0
-    for entry in manifest["files"]:
-        if existing.get(entry["path"]) == entry["size"]:
-            skipped += 1  # uploaded by an earlier try of this commit
-            continue
-        store.fs.put_file(str(staged_dir / entry["path"]), f"{remote_dir}/{entry['path']}")
-        uploaded += 1
-        bytes_uploaded += entry["size"]
-    # The manifest goes last: its presence is what makes the checkpoint visible.
-    write_small_atomic(store, f"{remote_dir}/{MANIFEST_FILE}", (staged_dir / MANIFEST_FILE).read_bytes())
+def _already_committed(journal: Journal, store: StoreLocation, run_id: str, started: float) -> CommitOutcome:
+    step = journal.step
+    base = remote_dir(store, run_id, step)
+    if not store.fs.exists(f"{base}/{MANIFEST_FILE}"):
+        raise FileNotFoundError(
+            f"publication {journal.name} is {journal.state.value} but {base}/{MANIFEST_FILE} is gone from the store; "
+            "nothing was re-uploaded — run `rankflow checkpoints verify` and export the step again if it is needed"
+        )
     latest = read_latest(store, run_id)
-    moved = latest is None or int(latest["step"]) < step
-    if moved:
-        write_small_atomic(store, store.path(run_id, LATEST_FILE), json.dumps({"checkpoint": name, "step": step}).encode())
     return CommitOutcome(
-        checkpoint_url=store.url_of(run_id, "checkpoints", name), step=step,
-        num_files_uploaded=uploaded, num_files_skipped=skipped, bytes_uploaded=bytes_uploaded,
-        latest_moved=moved, wall_s=time.perf_counter() - started,
+        checkpoint_url=store.url_of(run_id, CHECKPOINTS_DIR, checkpoint_name(step)), step=step,
+        num_files_uploaded=0, num_files_skipped=journal.record.num_files, bytes_uploaded=0,
+        bytes_skipped=journal.record.num_bytes, latest_moved=False, latest_step=latest["step"] if latest else None,
+        already_committed=True, wall_s=time.perf_counter() - started,
     )
 
 
-def abort_dangling_uploads(store: StoreLocation, prefix: str) -> int:
-    """Abort unfinished multipart uploads under `prefix` (S3 only); returns how many."""
-    if store.is_local:
-        return 0
-    bucket, _, key_prefix = prefix.partition("/")
-    aborted = 0
-    for upload in store.fs.list_multipart_uploads(bucket):
-        if upload["Key"].startswith(key_prefix):
-            store.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-            aborted += 1
-    return aborted
+def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: PublishSettings,
+            observer: Observer | None) -> CommitOutcome:
+    started = time.perf_counter()
+    journal = open_journal(staged_dir, store, run_id)
+    if journal.has_outcome:
+        return _already_committed(journal, store, run_id, started)  # a retry with an outcome: nothing to redo
+    if journal.state is S.ABORTED:
+        raise TransitionError(f"publication {journal.name} was ABORTED ({journal.record.error}); it cannot be "
+                              "committed — an aborted publication never finishes: export the step again to publish it")
+    if journal.state is S.PREPARING:
+        raise TransitionError(f"publication {journal.name} is PREPARING; its export did not finish — rerun the "
+                              "export stage, then commit")
+    try:
+        manifest, manifest_bytes = read_staged_manifest(staged_dir, run_id)
+    except StagedFileChanged as error:
+        if journal.state is not None:
+            journal.transition(S.PREPARING, note=f"staging changed: {error}", mirror_required=False)
+        raise
+    if manifest.step != journal.step:
+        raise ManifestError(f"{staged_dir}: staged manifest of step {manifest.step} under the journal of "
+                            f"step {journal.step}; export the step again")
+    manifest_sha256 = hashlib.sha256(manifest_bytes).hexdigest()
+    if journal.state is None:  # staged outside the export stage: this commit opens the journal
+        journal.transition(S.PREPARED, note="staging found without a journal", manifest_sha256=manifest_sha256,
+                           num_files=len(manifest.files), num_bytes=manifest.num_bytes, mirror=False)
+    name, step = checkpoint_name(manifest.step), manifest.step
+    deadline = Deadline(settings.timeout_s, f"commit of {name} for run {run_id}", store)
+    base = remote_dir(store, run_id, step)
+    notes: list[str] = []
+    with finalizer(store, run_id, settings.finalizer, step=journal.step) as lease:
+        _notify(observer, "lease")
+        journal.transition(S.COMMITTING, note=f"finalizer {lease.owner} gen {lease.record.generation}",
+                           manifest_sha256=manifest_sha256, num_files=len(manifest.files),
+                           num_bytes=manifest.num_bytes)
+        # One listing finds what is there; only objects of the right size need a HEAD for their digest.
+        listing = list_files(store, base)
+        published = _read_bytes(store, f"{base}/{MANIFEST_FILE}") if MANIFEST_FILE in listing else None
+        if published is not None and published != manifest_bytes:
+            # A different commit of this step is visible: hide it before its files change under readers.
+            lease.check()
+            store.fs.rm_file(f"{base}/{MANIFEST_FILE}")
+            notes.append(f"replaced an earlier commit of {name} with another manifest")
+        candidates = [entry for entry in manifest.files if listing.get(entry.path) == entry.size]
+        present = remote_objects(store, base, candidates, deadline)
+        todo = [entry for entry in manifest.files if not matches(present.get(entry.path), entry)]
+
+        def on_uploaded(entry) -> None:
+            journal.record_upload(entry.path, entry.size, entry.sha256)
+            _notify(observer, f"uploaded {entry.path}")
+
+        try:
+            upload_files(store, staged_dir, base, todo, deadline, on_uploaded, settings.concurrency)
+        except StagedFileChanged as error:
+            journal.transition(S.PREPARING, note=f"staging changed: {error}", mirror_required=False)
+            raise
+        deadline.remaining()
+        lease.check()  # fencing: a finalizer whose lease was taken over must not publish
+        if published != manifest_bytes:
+            _notify(observer, "manifest")
+            put_small(store, f"{base}/{MANIFEST_FILE}", manifest_bytes)
+        _notify(observer, "manifest-written")
+        # No second fencing check: LATEST is compare-and-swapped, a stale finalizer cannot move it back.
+        move = advance_latest(store, run_id, step, on_read=lambda: _notify(observer, "latest-read"))
+        if move.note:
+            notes.append(move.note)
+        _notify(observer, "latest")
+        # Objects the listing found that this manifest does not list: an earlier layout's shards.
+        stale = sorted(set(listing) - {entry.path for entry in manifest.files} - {MANIFEST_FILE})
+        remove_files(store, base, stale)
+        journal.transition(S.COMMITTED, note="; ".join(notes) or "manifest and LATEST written", error=None)
+        _notify(observer, "committed")
+    return CommitOutcome(
+        checkpoint_url=store.url_of(run_id, CHECKPOINTS_DIR, name), step=step,
+        num_files_uploaded=len(todo), num_files_skipped=len(manifest.files) - len(todo),
+        bytes_uploaded=sum(e.size for e in todo), bytes_skipped=manifest.num_bytes - sum(e.size for e in todo),
+        latest_moved=move.moved, latest_step=move.step, stale_objects_removed=len(stale), notes=tuple(notes),
+        uploaded=tuple(e.path for e in todo), wall_s=time.perf_counter() - started,
+    )
 
 
-def cleanup_staging(staged_dir: Path, store: StoreLocation, run_id: str) -> dict:
-    """Remove local staging of a committed checkpoint; never touches committed objects."""
+def _read_bytes(store: StoreLocation, path: str) -> bytes | None:
+    try:
+        return store.fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+
+
+# -- cleanup ------------------------------------------------------------------
+
+def _local_leftovers(staged_dir: Path) -> list[Path]:
+    return [staged_dir, staged_dir.with_name(staged_dir.name + ".tmp"),
+            staged_dir.with_name(staged_dir.name + ".result.json")]
+
+
+def _check_not_overlapping(staged_dir: Path, store: StoreLocation) -> None:
+    """Refuse to delete a staging that contains the store, or lies inside it (defence in depth)."""
+    if not store.is_local:
+        return
+    staging, root = staged_dir.resolve(), Path(store.root).resolve()
+    if staging == root or root.is_relative_to(staging) or staging.is_relative_to(root):
+        raise ValueError(f"the staging {staging} and the local store {root} overlap; refusing to delete it — "
+                         "point storage.url and run.work_dir at separate directories")
+
+
+def remove_local_staging(staged_dir: Path, store: StoreLocation) -> int:
+    """Delete the staging and its temporaries; the bytes removed. The journal stays."""
+    _check_not_overlapping(staged_dir, store)
+    removed = 0
+    for leftover in _local_leftovers(staged_dir):
+        if leftover.is_dir():
+            removed += sum(p.stat().st_size for p in leftover.rglob("*") if p.is_file() and not p.is_symlink())
+            shutil.rmtree(leftover)
+        elif leftover.exists() or leftover.is_symlink():
+            removed += leftover.lstat().st_size
+            leftover.unlink()
+    return removed
+
+
+def cleanup_staging(staged_dir: Path, store: StoreLocation, run_id: str, *,
+                    settings: PublishSettings | None = None, observer: Observer | None = None) -> CleanupOutcome:
+    """Clean up after a committed (or aborted) publication; never touches a committed checkpoint."""
+    settings = settings or PublishSettings()
     with storage_errors(store, f"cleanup of {staged_dir.name} for run {run_id}"):
-        return _cleanup(staged_dir, store, run_id)
+        return _cleanup(staged_dir, store, run_id, settings, observer)
 
 
-def _cleanup(staged_dir: Path, store: StoreLocation, run_id: str) -> dict:
-    removed_bytes = 0
-    if staged_dir.exists():
-        removed_bytes = sum(p.stat().st_size for p in staged_dir.rglob("*") if p.is_file())
-        shutil.rmtree(staged_dir)
-    for leftover in (staged_dir.with_name(staged_dir.name + ".tmp"), staged_dir.with_name(staged_dir.name + ".result.json")):
+def _cleanup(staged_dir: Path, store: StoreLocation, run_id: str, settings: PublishSettings,
+             observer: Observer | None) -> CleanupOutcome:
+    if not journal_path_for(staged_dir).is_file() and not (staged_dir / MANIFEST_FILE).is_file():
+        return CleanupOutcome(step=None, state="nothing staged")
+    journal = open_journal(staged_dir, store, run_id)
+    state = journal.state
+    if state is S.CLEANED:
+        return CleanupOutcome(step=journal.step, state=state.value)  # a retried cleanup that already finished
+    if state is S.ABORTED:
+        return CleanupOutcome(step=journal.step, state=state.value,
+                              removed_bytes=remove_local_staging(staged_dir, store))
+    if state not in HAS_OUTCOME:
+        raise TransitionError(
+            f"publication {journal.name} is {state.value if state else 'not journaled'}: it is not committed, so "
+            "cleanup will not delete its staging — commit it (or abort it) first"
+        )
+    removed = remove_local_staging(staged_dir, store)
+    _notify(observer, "local-removed")
+    deadline = Deadline(settings.timeout_s, f"cleanup of {journal.name}", store)
+    base = remote_dir(store, run_id, journal.step)
+    with finalizer(store, run_id, settings.finalizer, purpose=f"cleanup of {journal.name}"):
+        _notify(observer, "cleanup-lease")
+        # Only this checkpoint's prefix, with its trailing '/': other steps'
+        # in-flight uploads (and `step-…X` siblings) are never touched.
+        aborted = abort_dangling_uploads(store, base)
+        deadline.remaining()
+        published = _read_bytes(store, f"{base}/{MANIFEST_FILE}")
+        stale: list[str] = []
+        if published is not None:
+            manifest = parse_manifest(published, f"{base}/{MANIFEST_FILE}", run_id=run_id, step=journal.step)
+            stale = sorted(set(list_files(store, base)) - {e.path for e in manifest.files} - {MANIFEST_FILE})
+            remove_files(store, base, stale)
+        _notify(observer, "store-cleaned")
+        journal.transition(S.CLEANED, note=f"removed {removed} staged bytes, aborted {aborted} uploads")
+    return CleanupOutcome(step=journal.step, state=S.CLEANED.value, removed_bytes=removed, aborted_uploads=aborted,
+                          stale_objects_removed=len(stale))
+
+
+# -- abort --------------------------------------------------------------------
+
+def abort_publication(staged_dir: Path, store: StoreLocation | None, run_id: str, step: int, reason: str) -> Journal:
+    """End a publication that will not be committed; removes its temporary files (not a verified staging)."""
+    journal = Journal.for_staging(staged_dir, store, run_id, step)
+    if journal.state is S.COMMITTING and store is not None:
+        published = _read_bytes(store, f"{remote_dir(store, run_id, step)}/{MANIFEST_FILE}")
+        if published is not None and published == (staged_dir / MANIFEST_FILE).read_bytes():
+            raise TransitionError(f"publication {journal.name} is already visible in the store (its manifest is "
+                                  "there); it cannot be aborted — rerun the commit to finish it")
+    journal.transition(S.ABORTED, note=reason, error=reason, mirror_required=False)
+    for leftover in _local_leftovers(staged_dir)[1:]:
         if leftover.is_dir():
             shutil.rmtree(leftover)
         elif leftover.exists():
             leftover.unlink()
-    aborted = abort_dangling_uploads(store, store.path(run_id, "checkpoints"))
-    return {"removed_bytes": removed_bytes, "aborted_uploads": aborted}
+    return journal

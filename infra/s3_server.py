@@ -36,6 +36,7 @@ import botocore.session
 import s3fs
 
 from .local_process import port_is_free, process_is_running, stop_process_group
+from .s3_security import write_security_config
 
 __all__ = [
     "CONFLICTING_AWS_ENV_VARS",
@@ -110,6 +111,9 @@ class S3Server:
     it, so the PID really disappears instead of lingering as a zombie."""
     _listen_ports: tuple[int, ...] = field(default=(), repr=False, compare=False)
     """Every HTTP and gRPC port weed listened on, to find its leftover sockets."""
+    internal_ports: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    """HTTP port of each internal component (master, volume, filer, admin); its gRPC port is 10000 higher.
+    They serve only clients that present weed's own certificate (infra/s3_security.py)."""
 
     @property
     def log_path(self) -> Path:
@@ -197,6 +201,9 @@ def start_s3_server(data_dir: Path, *, startup_timeout_s: float = 60.0) -> S3Ser
     access_key = "RF" + secrets.token_hex(9).upper()
     secret_key = secrets.token_hex(20)
     identities_path = _write_identities(data_dir, access_key, secret_key)
+    # Only the S3 port (with these keys) may give access: every internal port
+    # requires weed's own certificate (see infra/s3_security.py).
+    write_security_config(data_dir)
     deadline = time.monotonic() + startup_timeout_s
     port_rng = random.SystemRandom()
 
@@ -211,6 +218,7 @@ def start_s3_server(data_dir: Path, *, startup_timeout_s: float = 60.0) -> S3Ser
             pid=process.pid,
             data_dir=data_dir,
             _process=process,
+            internal_ports={role: port for role, port in ports.items() if role != "s3"},
             _listen_ports=tuple(
                 sorted({*ports.values(), *(port + _GRPC_PORT_OFFSET for port in ports.values())})
             ),

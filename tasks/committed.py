@@ -1,7 +1,8 @@
 """Whether a step's checkpoint is already committed, so a scheduled tick of a finished run launches nothing.
 
-The one place that answers it: the publication work's verifying reader can
-replace `committed_checkpoint_url` without touching the flow.
+The one place that answers it, with the publication's verifying reader: a
+checkpoint counts only when its manifest parses, stays inside its checkpoint
+and every file it lists is in the store with its size and sha256.
 """
 
 from __future__ import annotations
@@ -13,29 +14,45 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
 from infra import ledger
-from infra.checkpoints import is_complete
+from infra.checkpoints import verify_checkpoint
+from infra.journal import Journal, PublicationState, journal_path_for
 from infra.publication import CommitOutcome, checkpoint_name
-from infra.storage import open_store
+from infra.storage import StoreLocation
 
+from ._store import store_for
 from .outcomes import PlannedRun
 
 
-def committed_checkpoint_url(storage_url: str, run_id: str, step: int) -> str | None:
-    """The checkpoint of `step` when its manifest is in the store and every file it lists is there."""
-    store = open_store(storage_url)
+def committed_checkpoint_url(store: StoreLocation, run_id: str, step: int) -> str | None:
+    """The checkpoint of `step` when it is committed and verifies (one HEAD per file on S3, no download)."""
     name = checkpoint_name(step)
-    return store.url_of(run_id, "checkpoints", name) if is_complete(store, run_id, name) else None
+    return store.url_of(run_id, "checkpoints", name) if verify_checkpoint(store, run_id, name).verified else None
+
+
+def _cleanup_pending(planned: PlannedRun, segment_index: int) -> bool:
+    """Whether this machine's journal of the step says COMMITTED: its cleanup failed and must run again."""
+    from .export import staged_dir_for  # the export stage owns where a step is staged
+
+    step = planned.segment_steps[segment_index][1]
+    journal = Journal(journal_path_for(staged_dir_for(planned, segment_index)), None, planned.run_id, step).load()
+    return journal.state == PublicationState.COMMITTED
 
 
 def already_committed_fn(planned: PlannedRun, segment_index: int) -> CommitOutcome | None:
+    """The step's committed checkpoint, or None when the publication still has work to do.
+
+    A committed step whose cleanup is pending goes through export → commit →
+    cleanup again: the journal makes the first two no-ops (nothing launched,
+    nothing uploaded) and the cleanup finishes.
+    """
     step = planned.segment_steps[segment_index][1]
-    url = committed_checkpoint_url(planned.storage_url, planned.run_id, step)
-    if url is None:
+    url = committed_checkpoint_url(store_for(planned), planned.run_id, step)
+    if url is None or _cleanup_pending(planned, segment_index):
         return None
     ledger.record(Path(planned.run_dir), "export", "skipped", step=step, segment=segment_index, checkpoint_url=url,
                   reason="already committed")
     return CommitOutcome(checkpoint_url=url, step=step, num_files_uploaded=0, num_files_skipped=0,
-                         bytes_uploaded=0, latest_moved=False, wall_s=0.0)
+                         bytes_uploaded=0, latest_moved=False, wall_s=0.0, already_committed=True)
 
 
 def _run_name() -> str:

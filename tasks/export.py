@@ -1,7 +1,15 @@
-"""The export stage: a torchrun launch that stages a Hugging Face checkpoint locally."""
+"""The export stage: a torchrun launch that stages a Hugging Face checkpoint locally.
+
+It drives the first half of the publication's journal (infra/journal.py):
+PREPARING before the launch, PREPARED once the staged manifest is there, and
+ABORTED (temporaries removed) when any rank fails. A publication that already
+has its outcome (committed earlier: a re-run, a retried flow) is not exported
+again.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -9,10 +17,13 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
-from infra.publication import checkpoint_name
+from infra.journal import Journal, PublicationState
+from infra.publication import abort_publication, checkpoint_name
+from trainer_core.plan import read_plan
 
 from ._launch import launch_stage
 from ._logging import rank_line_logger
+from ._store import store_for
 from .outcomes import ExportOutcome, PlannedRun
 
 
@@ -21,19 +32,47 @@ def staged_dir_for(planned: PlannedRun, segment_index: int) -> Path:
     return Path(planned.run_dir) / "export" / checkpoint_name(step)
 
 
+def export_fingerprint(planned: PlannedRun, step: int) -> str:
+    """What decides the exported bytes: the plan, the step and the export settings."""
+    export_settings = read_plan(Path(planned.run_dir)).config.get("export", {})
+    identity = json.dumps({"plan": planned.digest, "step": step, "export": export_settings}, sort_keys=True)
+    return hashlib.sha256(identity.encode()).hexdigest()
+
+
 def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) -> ExportOutcome:
     run_dir = Path(planned.run_dir)
     out_dir = staged_dir_for(planned, segment_index)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    launched = launch_stage(planned, "export", "trainer_core.export_main", segment_index, ["--out", str(out_dir)], on_line,
-                            timeout_s=planned.export_timeout_s)
+    step = planned.segment_steps[segment_index][1]
+    store = store_for(planned)
+    journal = Journal.for_staging(out_dir, store, planned.run_id, step)
+    fingerprint = export_fingerprint(planned, step)
+    if journal.has_outcome and journal.record.fingerprint in (fingerprint, None):
+        # Committed already (a re-run, a retried flow): never serialize it again.
+        outcome = ExportOutcome(segment=segment_index, step=step, staged_dir=str(out_dir), reused=True,
+                                num_files=journal.record.num_files + 1, num_bytes=journal.record.num_bytes,
+                                launch_wall_s=0.0)
+        ledger.record(run_dir, "export", "reused", publication=journal.state.value, **outcome.model_dump())
+        return outcome
+    journal.begin(fingerprint)
+    try:
+        launched = launch_stage(planned, "export", "trainer_core.export_main", segment_index,
+                                ["--out", str(out_dir)], on_line, timeout_s=planned.export_timeout_s)
+    except Exception as error:
+        # Every rank has aborted this publication; record it and drop the temporaries.
+        abort_publication(out_dir, store, planned.run_id, step, reason=str(error).splitlines()[0])
+        raise
     result = json.loads((out_dir.parent / f"{out_dir.name}.result.json").read_text())
-    manifest = json.loads((out_dir / "MANIFEST.json").read_text())
+    manifest_bytes = (out_dir / "MANIFEST.json").read_bytes()
+    manifest = json.loads(manifest_bytes)
     outcome = ExportOutcome(
         segment=segment_index, step=result["step"], staged_dir=str(out_dir), reused=result["reused"],
         num_files=len(manifest["files"]) + 1, num_bytes=sum(f["size"] for f in manifest["files"]),
         launch_wall_s=launched.wall_s,
     )
+    journal.transition(PublicationState.PREPARED, note="export staged", mirror_required=False,
+                       manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
+                       num_files=len(manifest["files"]), num_bytes=outcome.num_bytes)
     ledger.record(run_dir, "export", "completed", weights_sha256=result["weights_sha256"], **outcome.model_dump())
     return outcome
 

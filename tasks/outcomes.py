@@ -17,6 +17,10 @@ class PlannedRun(BaseModel):
     nproc_per_node: int
     segment_timeout_s: float
     storage_url: str
+    storage_timeout_s: float = 1800.0
+    """Overall limit of one commit, cleanup or ledger upload (`storage.timeout_s`)."""
+    storage_request_timeout_s: float = 60.0
+    """Connect/read limit of one S3 request (`storage.request_timeout_s`)."""
     stall_timeout_s: float = 300.0
     """The segment watchdog's limit (train.stall_timeout_s)."""
     export_timeout_s: float = 1800.0

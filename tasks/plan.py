@@ -21,7 +21,8 @@ def _planned(plan: Plan, run_dir: Path, config: RunConfig) -> PlannedRun:
         segment_steps=[(s.start_step, s.end_step) for s in plan.segments],
         nproc_per_node=config.train.nproc_per_node, segment_timeout_s=config.train.segment_timeout_s,
         storage_url=config.storage.url, stall_timeout_s=config.train.stall_timeout_s,
-        export_timeout_s=config.export.timeout_s,
+        export_timeout_s=config.export.timeout_s, storage_timeout_s=config.storage.timeout_s,
+        storage_request_timeout_s=config.storage.request_timeout_s,
     )
 
 

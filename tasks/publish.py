@@ -1,7 +1,10 @@
 """The commit and cleanup stages: publish a staged checkpoint, then tidy up.
 
-Both are retried on their own. A failed cleanup never rolls back the commit
-before it, and a retried commit skips the objects an earlier try uploaded.
+Both are retried on their own and resume from the publication's journal: a
+failed cleanup never rolls back the commit before it, a retried commit skips
+the objects an earlier try uploaded (size and sha256 verified), and one whose
+staging no longer matches its manifest exports the step again instead of
+uploading it.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
-from infra.publication import CommitOutcome, cleanup_staging, commit_checkpoint
-from infra.storage import open_store
+from infra.publication import CleanupOutcome, CommitOutcome, StagedFileChanged, cleanup_staging, commit_checkpoint
 
+from ._logging import rank_line_logger
+from ._store import publish_settings, store_for
+from .export import export_segment_fn
 from .outcomes import ExportOutcome, PlannedRun
 
 T = TypeVar("T")
@@ -26,20 +31,33 @@ def _recorded(planned: PlannedRun, exported: ExportOutcome, stage: str, action: 
     """Run one publication stage and record its outcome (or its error) in the ledger."""
     run_dir = Path(planned.run_dir)
     try:
-        outcome = action(Path(exported.staged_dir), open_store(planned.storage_url), planned.run_id)
+        outcome = action(Path(exported.staged_dir), store_for(planned), planned.run_id,
+                         settings=publish_settings(planned))
     except Exception as error:
         ledger.record(run_dir, stage, "failed", step=exported.step, error=f"{type(error).__name__}: {error}")
         raise
-    figures = outcome.to_dict() if isinstance(outcome, CommitOutcome) else {"step": exported.step, **outcome}
-    ledger.record(run_dir, stage, "completed", **figures)
+    ledger.record(run_dir, stage, "completed", **outcome.to_dict())
     return outcome
 
 
 def commit_fn(planned: PlannedRun, exported: ExportOutcome) -> CommitOutcome:
-    return _recorded(planned, exported, "commit", commit_checkpoint)
+    try:
+        return _recorded(planned, exported, "commit", commit_checkpoint)
+    except StagedFileChanged:
+        # The staged files changed after the export (disk fault, a stray
+        # writer): serialize the step again and commit that, never the bytes.
+        export_segment_fn(planned, exported.segment, on_line=_line_logger())
+        return _recorded(planned, exported, "commit", commit_checkpoint)
 
 
-def cleanup_fn(planned: PlannedRun, exported: ExportOutcome) -> dict:
+def _line_logger() -> Callable[[str], None]:
+    try:
+        return rank_line_logger()
+    except Exception:  # noqa: BLE001 - outside a Prefect run (task.fn() in tests): print
+        return print
+
+
+def cleanup_fn(planned: PlannedRun, exported: ExportOutcome) -> CleanupOutcome:
     return _recorded(planned, exported, "cleanup", cleanup_staging)
 
 

@@ -17,22 +17,30 @@ from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
 from infra.loss_curve import LOSS_CURVE_FILE, write_loss_curve
+from infra.objects import put_small
 from infra.publication import CommitOutcome
-from infra.storage import open_store
+from infra.storage import Deadline, storage_errors
 
+from ._store import store_for
 from .live import artifact_key
 from .outcomes import PlannedRun, SegmentOutcome
 
 
 def publish_run_files_fn(planned: PlannedRun) -> dict[str, str]:
-    """Upload the ledger and the loss curve beside the run's checkpoints; returns their locations."""
-    store = open_store(planned.storage_url)
+    """Upload the ledger and the loss curve beside the run's checkpoints, within the storage time limits.
+
+    Returns their locations.
+    """
+    store = store_for(planned)
     run_dir = Path(planned.run_dir)
+    what = f"upload of the ledger and loss curve of run {planned.run_id}"
+    deadline = Deadline(planned.storage_timeout_s, what, store)
     locations = {}
-    for name in (ledger.LEDGER_FILE, LOSS_CURVE_FILE):
-        if (run_dir / name).is_file():
-            store.fs.put_file(str(run_dir / name), store.path(planned.run_id, name))
-            locations[name] = store.url_of(planned.run_id, name)
+    with storage_errors(store, what):
+        for name in (ledger.LEDGER_FILE, LOSS_CURVE_FILE):
+            if (run_dir / name).is_file():
+                put_small(store, store.path(planned.run_id, name), (run_dir / name).read_bytes(), deadline)
+                locations[name] = store.url_of(planned.run_id, name)
     return locations
 
 

@@ -178,6 +178,10 @@ class ExportSection(_Section):
 class StorageSection(_Section):
     url: str = ".rankflow/store"
     """Where checkpoints are committed: a local path, `file://…` or `s3://bucket/prefix`."""
+    timeout_s: float = Field(1800, gt=0)
+    """Overall time limit of one commit, cleanup or ledger upload; past it the stage fails, retriably."""
+    request_timeout_s: float = Field(60, gt=0)
+    """Connect and read timeout of one S3 request: a stopped server fails it instead of hanging."""
 
     @field_validator("url")
     @classmethod
@@ -266,6 +270,38 @@ def _check_inputs_exist(config: RunConfig) -> None:
             raise ConfigError(f"{key}={value!r} does not exist; point it at {what}")
 
 
+_RUN_DIR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*-[0-9a-f]{12}$")
+"""A run directory under run.work_dir is named after the run id, NAME-DIGEST12."""
+
+
+def check_locations_disjoint(work_dir: str, storage_url: str) -> None:
+    """Refuse a local store and a work directory that overlap (the one place this is checked).
+
+    Cleanup deletes staged exports in each run directory under the work
+    directory, and the ledger and plan live there under the run id too; a store
+    in the same place (or in a run directory, or in the data cache, or around
+    the work directory) would have committed checkpoints deleted or
+    overwritten. A store in its own subdirectory of the work directory (the
+    default `.rankflow/store`) is fine.
+    """
+    if "://" in storage_url and not storage_url.startswith("file://"):
+        return  # an object store cannot overlap a local directory
+    store = Path(storage_url.removeprefix("file://")).expanduser().resolve()
+    work = Path(work_dir).expanduser().resolve()
+    if store == work:
+        problem = "are the same directory"
+    elif work.is_relative_to(store):
+        problem = "overlap: the work directory lies inside the store"
+    elif store.is_relative_to(work) and (_RUN_DIR_NAME.match(first := store.relative_to(work).parts[0])
+                                          or first == "cache"):
+        problem = (f"overlap: the store lies inside {work / first}, which rankflow rewrites and deletes "
+                   "(a run directory with its staged exports, or the data cache)")
+    else:
+        return
+    raise ConfigError(f"storage.url={str(store)!r} and run.work_dir={str(work)!r} {problem}; point them at "
+                      "separate directories, e.g. storage.url = \".rankflow/store\" with run.work_dir = \".rankflow\"")
+
+
 def config_from_dict(tree: dict[str, Any], *, config_dir: Path, source: str = "(dict)",
                      overridden: tuple[str, ...] = ()) -> RunConfig:
     """Validate a config tree, resolve its paths and check that its inputs exist.
@@ -279,6 +315,7 @@ def config_from_dict(tree: dict[str, Any], *, config_dir: Path, source: str = "(
         raise ConfigError(describe_validation_error(error, RunConfig, source, overridden)) from None
     config = _resolve_paths(config, config_dir)
     _check_inputs_exist(config)
+    check_locations_disjoint(config.run.work_dir, config.storage.url)
     return config
 
 

@@ -33,13 +33,18 @@ def build_export_tokenizer(config: RunConfig) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def write_export_files(config: RunConfig, model: PreTrainedModel, directory: Path) -> None:
+    """Every file of the checkpoint but its manifest."""
+    model.save_pretrained(str(directory), max_shard_size=config.export.max_shard_size)
+    build_export_tokenizer(config).save_pretrained(str(directory))
+
+
 def export_checkpoint(config: RunConfig, model: PreTrainedModel, out_dir: Path, manifest_extra: dict) -> dict:
-    """Write the checkpoint into `out_dir` (replacing it) and return its manifest."""
+    """Write the checkpoint into `out_dir` (replacing it) from one process and return its manifest."""
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(str(tmp), max_shard_size=config.export.max_shard_size)
-    build_export_tokenizer(config).save_pretrained(str(tmp))
+    write_export_files(config, model, tmp)
     manifest = write_manifest(tmp, manifest_extra)
     if out_dir.exists():
         shutil.rmtree(out_dir)

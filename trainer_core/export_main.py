@@ -2,10 +2,12 @@
 
     python -m torch.distributed.run … -m trainer_core.export_main --run-dir D --segment K --out DIR
 
-Every rank loads segment K's state and checks that its weights agree with every
-other rank's (a diverged replica must not be published); rank 0 writes the
-checkpoint. A staged directory whose manifest still verifies is kept as it is:
-a retried export does not serialize the same checkpoint again.
+Every rank loads segment K's state and takes part in preparing the
+checkpoint (trainer_core/export_prepare.py): if any rank fails, every rank
+aborts and the error names the failing rank. A staged directory whose
+manifest still verifies with the same weights is kept as it is: a retried
+export does not serialize the same checkpoint again. The manifest carries the
+checkpoint's provenance (format rankflow-checkpoint/2).
 """
 
 from __future__ import annotations
@@ -18,13 +20,19 @@ from pathlib import Path
 import torch.distributed as dist
 
 from .distributed import init_distributed, log, run_rank_main
-from .export import export_checkpoint
+from .export_prepare import prepare_export
 from .faults import maybe_inject_export_fault
-from .files import tensors_sha256, write_text_atomic
-from .manifest import verify_staged
+from .files import write_text_atomic
 from .model import build_trainer
-from .plan import read_plan
+from .plan import Plan, read_plan
 from .state import load_training_state, state_dir_for
+
+
+def parent_checkpoint(plan: Plan, segment_index: int) -> str | None:
+    """The checkpoint exported before this one in the run (its weights' ancestor), if any."""
+    config = plan.run_config()
+    earlier = [i for i in range(segment_index) if config.export_after_segment(i)]
+    return f"step-{plan.segments[earlier[-1]].end_step:08d}" if earlier else None
 
 
 def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
@@ -33,27 +41,21 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
     config = plan.run_config()
     topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s)
     trainer = build_trainer(config)
-    model = trainer.model
     meta = load_training_state(state_dir_for(run_dir, segment_index), trainer.checkpoints, with_optimizer=False)
-    maybe_inject_export_fault(topology.rank)
-    digest = tensors_sha256(model.state_dict())
-    if topology.world_size > 1:
-        digests: list[str | None] = [None] * topology.world_size
-        dist.all_gather_object(digests, digest)
-        disagreeing = [r for r, d in enumerate(digests) if d != digests[0]]
-        if disagreeing:
-            raise RuntimeError(f"ranks {disagreeing} hold weights that differ from rank 0's; refusing to export")
     step = meta["next_step"]
-    reused = False
+    provenance = {
+        "run_id": plan.run_id, "step": step, "plan_digest": plan.digest,
+        "parent_checkpoint": parent_checkpoint(plan, segment_index),
+        "base_model": config.model.path or config.model.config,
+        "world_size": topology.world_size, "logical_dp": config.train.logical_dp,
+    }
+    prepared = prepare_export(topology, config, trainer.model, out_dir, provenance,
+                              lambda rank, phase: maybe_inject_export_fault(rank) if phase == "weights" else None)
     if topology.rank == 0:
-        staged = verify_staged(out_dir)
-        reused = staged is not None and staged.get("weights_sha256") == digest
-        if not reused:
-            export_checkpoint(config, model, out_dir, {"run_id": plan.run_id, "step": step, "weights_sha256": digest})
-        result = {"segment": segment_index, "step": step, "out_dir": str(out_dir), "reused": reused,
-                  "weights_sha256": digest, "export_s": time.perf_counter() - started}
+        result = {"segment": segment_index, "step": step, "out_dir": str(out_dir), "reused": prepared["reused"],
+                  "weights_sha256": prepared["weights_sha256"], "export_s": time.perf_counter() - started}
         write_text_atomic(out_dir.parent / f"{out_dir.name}.result.json", json.dumps(result, indent=2))
-        log(f"export of step {step} {'reused (manifest verifies)' if reused else 'written'} at {out_dir}")
+        log(f"export of step {step} {'reused (manifest verifies)' if prepared['reused'] else 'written'} at {out_dir}")
     if dist.is_initialized():
         dist.barrier()
 

@@ -79,7 +79,10 @@ def test_local_run_commits_a_checkpoint_that_transformers_loads(local_run):
     stages = {(e["stage"], e["status"]) for e in ledger.read(run_dir)}
     assert {("plan", "completed"), ("segment", "completed"), ("export", "completed"),
             ("commit", "completed"), ("cleanup", "completed")} <= stages
-    assert not any((run_dir / "export").iterdir())  # cleanup removed the staging
+    # Cleanup removed the staging; only the publication's journal stays, recording its outcome.
+    left = sorted(p.name for p in (run_dir / "export").iterdir())
+    assert left == [f"step-{result['steps']:08d}.journal.json"]
+    assert json.loads((run_dir / "export" / left[0]).read_text())["state"] == "CLEANED"
     assert Path(result["ledger_url"]).is_file()
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
-from infra.publication import commit_checkpoint
+from infra.publication import PublishSettings, commit_checkpoint
 from infra.s3_server import start_s3_server
 from infra.storage import open_store
 from trainer_core.manifest import write_manifest
@@ -43,18 +43,17 @@ def test_server_stopped_mid_commit_then_retried_after_restart(tmp_path, monkeypa
         server.create_bucket("outage")
         use_server(monkeypatch, server)
         store = open_store("s3://outage/runs")
-        real_put = store.fs.put_file
-        uploads = []
+        landed = []
 
-        def put_then_crash(local, remote, **kwargs):
-            real_put(local, remote, **kwargs)
-            uploads.append(remote)
-            if len(uploads) == 2:
-                server.stop(timeout_s=3)  # the storage goes away mid-commit
+        def stop_after_two_uploads(event: str) -> None:
+            if event.startswith("uploaded "):
+                landed.append(event.removeprefix("uploaded "))
+                if len(landed) == 2:
+                    server.stop(timeout_s=3)  # the storage goes away mid-commit
 
-        monkeypatch.setattr(store.fs, "put_file", put_then_crash)
         with pytest.raises(ConnectionError, match="object storage at s3://outage/runs is unreachable"):
-            commit_checkpoint(staged, store, RUN)
+            commit_checkpoint(staged, store, RUN, settings=PublishSettings(concurrency=1),
+                              observer=stop_after_two_uploads)
     finally:
         server.stop(timeout_s=3)
     with start_s3_server(data_dir) as restarted:  # same data, new port and credentials
@@ -62,7 +61,9 @@ def test_server_stopped_mid_commit_then_retried_after_restart(tmp_path, monkeypa
         store = open_store("s3://outage/runs")
         assert list_checkpoints(store, RUN) == [] and latest_checkpoint(store, RUN) is None
         outcome = commit_checkpoint(staged, store, RUN)
-        assert (outcome.num_files_skipped, outcome.num_files_uploaded) == (2, 2)  # two landed before the outage
+        # The files that landed before the outage are verified (size and sha256) and not uploaded again.
+        assert set(landed) <= set(outcome.uploaded) ^ {f.name for f in staged.glob("*.safetensors")}
+        assert outcome.num_files_skipped >= 2 and outcome.num_files_skipped + outcome.num_files_uploaded == 4
         assert latest_checkpoint(store, RUN) == "step-00000008"
         copy = download_checkpoint(store, RUN, "step-00000008", tmp_path / "copy")
         for file in staged.glob("*.safetensors"):

@@ -1,16 +1,20 @@
-"""Commit protocol on a local store: manifest last, LATEST forward-only, retries skip uploads."""
+"""Commit protocol on a local store: manifest last, LATEST forward-only, retries skip uploads.
+
+(The storage outage is injected through the commit's observer hook, at the
+moment a file has landed, since uploads no longer go through fs.put_file.)
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
-from infra.publication import cleanup_staging, commit_checkpoint, read_latest
+from infra.publication import PublishSettings, cleanup_staging, commit_checkpoint, read_latest
 from infra.storage import open_store
+from tests.publication_helpers import fail_after_uploads
 from trainer_core.manifest import write_manifest
 
 RUN = "run-abc"
@@ -25,20 +29,12 @@ def stage(tmp_path: Path, step: int, files: dict[str, bytes]) -> Path:
     return staged
 
 
-class FailingFS:
-    """Delegates to a real filesystem but fails the N-th put_file: a storage outage mid-commit."""
+def outage_after(num_uploads: int):
+    """An observer that cuts the storage off once `num_uploads` files have landed."""
+    return fail_after_uploads(num_uploads, ConnectionError("injected storage outage"))
 
-    def __init__(self, fs, fail_at: int):
-        self._fs, self._fail_at, self.puts = fs, fail_at, 0
 
-    def put_file(self, *args, **kwargs):
-        self.puts += 1
-        if self.puts == self._fail_at:
-            raise ConnectionError("injected storage outage")
-        return self._fs.put_file(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._fs, name)
+ONE_AT_A_TIME = PublishSettings(concurrency=1)
 
 
 FILES = {"config.json": b"{}", "model-00001-of-00002.safetensors": b"a" * 1000, "model-00002-of-00002.safetensors": b"b" * 500}
@@ -56,15 +52,16 @@ def test_commit_then_read_back(tmp_path):
 def test_reader_never_sees_a_checkpoint_without_its_manifest(tmp_path):
     store = open_store(str(tmp_path / "store"))
     staged = stage(tmp_path, 10, FILES)
-    failing = replace(store, fs=FailingFS(store.fs, fail_at=3))
     with pytest.raises(ConnectionError):
-        commit_checkpoint(staged, failing, RUN)
-    # Two data files reached the store, but no manifest: nothing is visible.
+        commit_checkpoint(staged, store, RUN, settings=ONE_AT_A_TIME, observer=outage_after(2))
+    # Data files reached the store (at least the two before the outage), but no manifest: nothing is visible.
     remote = Path(store.path(RUN, "checkpoints", "step-00000010"))
-    assert len(list(remote.iterdir())) == 2
+    landed = {p.name for p in remote.iterdir()}
+    assert len(landed) >= 2 and "MANIFEST.json" not in landed
     assert list_checkpoints(store, RUN) == [] and latest_checkpoint(store, RUN) is None and read_latest(store, RUN) is None
     retried = commit_checkpoint(staged, store, RUN)
-    assert (retried.num_files_skipped, retried.num_files_uploaded) == (2, 1)
+    assert (retried.num_files_skipped, retried.num_files_uploaded) == (len(landed), 3 - len(landed))
+    assert set(retried.uploaded).isdisjoint(landed)  # nothing that had landed is uploaded twice
     assert list_checkpoints(store, RUN) == ["step-00000010"]
 
 

@@ -1,0 +1,155 @@
+"""`rankflow checkpoints list | verify | pull | gc RUN_ID [STEP]`: the verifying readers from a shell.
+
+    rankflow checkpoints list RUN_ID (--store URL | --config TOML) [--json]
+    rankflow checkpoints verify RUN_ID [STEP] ...     hash every byte against the manifest; exit 1 if any fails
+    rankflow checkpoints pull RUN_ID [STEP] [--dest DIR]   download the newest verified (or STEP), verified
+    rankflow checkpoints gc RUN_ID [--dry-run]        remove orphans of crashed or superseded commits
+
+A corrupt LATEST or manifest is reported on standard error and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trainer_core.config import ConfigError
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def _store(args: argparse.Namespace):
+    from infra.storage import open_store
+
+    if (args.store is None) == (args.config is None):
+        raise ConfigError(f"checkpoints {args.checkpoints_command}: give exactly one of --store URL "
+                          "(a path, file://PATH or s3://BUCKET/PREFIX) or --config TOML (its storage.url)")
+    if args.store is not None:
+        return open_store(args.store)
+    from trainer_core.config import load_config
+
+    return open_store(load_config(args.config).storage.url)
+
+
+def _size(num_bytes: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if num_bytes < 1000 or unit == "GB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1000
+    return ""
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from infra.checkpoints import resolve_latest, scan_checkpoints
+
+    store = _store(args)
+    resolution = resolve_latest(store, args.run_id)
+    if resolution.message:
+        print(f"rankflow: {resolution.message}", file=sys.stderr)
+    reports = scan_checkpoints(store, args.run_id)
+    if args.json:
+        print(json.dumps({"run_id": args.run_id, "latest": resolution.checkpoint, "latest_pointer": resolution.pointer,
+                          "note": resolution.message, "checkpoints": [r.to_dict() for r in reports]}))
+        return EXIT_OK
+    if not reports:
+        print(f"run {args.run_id}: no checkpoints")
+    for report in reports:
+        mark = "  <- latest" if report.name == resolution.checkpoint else ""
+        status = "verified" if report.verified else "NOT VERIFIED"
+        print(f"{report.name}  {status:12s} {report.num_files:3d} files  {_size(report.num_bytes):>9s}{mark}")
+        for problem in report.problems:
+            print(f"    {problem}")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from infra.checkpoints import checkpoint_names, verify_checkpoint
+    from infra.manifests import checkpoint_name
+
+    store = _store(args)
+    names = [checkpoint_name(args.step)] if args.step is not None else checkpoint_names(store, args.run_id)
+    if not names:
+        print(f"rankflow: run {args.run_id} has no checkpoints at {store.url}", file=sys.stderr)
+        return EXIT_FAILED
+    failed = 0
+    for name in names:
+        report = verify_checkpoint(store, args.run_id, name, full=True)
+        failed += not report.verified
+        print(f"{name}  {'verified (every byte hashed)' if report.verified else 'FAILED'}")
+        for problem in report.problems:
+            print(f"    {problem}")
+    return EXIT_OK if failed == 0 else EXIT_FAILED
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from infra.checkpoints import pull_checkpoint
+    from infra.manifests import checkpoint_name
+
+    store = _store(args)
+    name = checkpoint_name(args.step) if args.step is not None else None
+    dest = Path(args.dest) if args.dest else Path(args.run_id) / (name or "latest")
+    try:
+        name, path, note = pull_checkpoint(store, args.run_id, dest, step=args.step)
+    except (FileNotFoundError, FileExistsError) as error:
+        print(f"rankflow: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    if note:
+        print(f"rankflow: {note}", file=sys.stderr)
+    print(f"{name} of run {args.run_id} verified and saved to {path}")
+    return EXIT_OK
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from infra.orphans import collect_garbage
+
+    report = collect_garbage(_store(args), args.run_id, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"run {args.run_id}: {verb} {len(report.removed)} objects ({_size(report.removed_bytes)}), "
+          f"aborted {report.aborted_uploads} dangling uploads")
+    for path in report.removed:
+        print(f"    {path}")
+    for kept in report.kept:
+        print(f"    kept {kept}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _reporting_failures(handler):
+    """A storage failure (unreachable, timed out, a lease held) is one line on stderr and exit 1."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except OSError as error:
+            print(f"rankflow: checkpoints {args.checkpoints_command} {args.run_id}: {type(error).__name__}: {error}",
+                  file=sys.stderr)
+            return EXIT_FAILED
+
+    return run
+
+
+def add_checkpoint_commands(commands: argparse._SubParsersAction) -> None:
+    """Register `rankflow checkpoints …` on the top-level parser's subcommands."""
+    group = commands.add_parser("checkpoints", help="list, verify, pull or garbage-collect a run's checkpoints",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = group.add_subparsers(dest="checkpoints_command", required=True)
+    handlers = {"list": cmd_list, "verify": cmd_verify, "pull": cmd_pull, "gc": cmd_gc}
+    helps = {"list": "list checkpoints (quick check: sizes and recorded digests)",
+             "verify": "hash every file of every (or one) checkpoint against its manifest",
+             "pull": "download the newest verified checkpoint, or STEP, verifying it",
+             "gc": "remove orphaned objects, temporaries and dangling uploads of the run"}
+    for name, handler in handlers.items():
+        command = sub.add_parser(name, help=helps[name])
+        command.add_argument("run_id", help="the run id (NAME-DIGEST12), as `rankflow run` prints it")
+        if name in ("verify", "pull"):
+            command.add_argument("step", nargs="?", type=int, help="one checkpoint's step (default: all / the newest)")
+        command.add_argument("--store", help="storage URL: a path, file://PATH or s3://BUCKET/PREFIX")
+        command.add_argument("--config", help="a run config TOML whose storage.url to use")
+        if name == "list":
+            command.add_argument("--json", action="store_true", help="print one JSON object")
+        if name == "pull":
+            command.add_argument("--dest", help="directory to create (default: RUN_ID/STEP-NAME)")
+        if name == "gc":
+            command.add_argument("--dry-run", action="store_true", help="only report what would be removed")
+        command.set_defaults(handler=_reporting_failures(handler))

@@ -1,0 +1,158 @@
+"""Compare-and-swap on one small object: create it if absent, replace it if unchanged.
+
+The lease (infra/lease.py) and LATEST (infra/latest.py) are built on these
+operations, so that two writers on two machines can never both win.
+
+- S3: a conditional PutObject (`If-None-Match: *` to create, `If-Match: ETAG`
+  to replace). SeaweedFS 4.48 honours both,
+  atomically under contention (tests/storage/test_conditional.py races 16
+  writers); `check_conditional_writes` refuses a store that ignores them rather
+  than silently losing mutual exclusion.
+- Local filesystem: create publishes a fully written file with os.link (which
+  fails when the name exists); replace holds an exclusive flock on a sidecar
+  lock file while it compares and renames. The tag is the sha256 of
+  the bytes (the objects written here carry a fresh nonce, so equal bytes mean
+  the same write).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .durable import create_exclusive, write_durable
+from .storage import StoreLocation, run_async, storage_errors
+
+_PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
+
+# (endpoint, bucket) pairs whose conditional writes were probed in this process:
+# a store does not stop honouring them, and the probe costs three requests.
+_VERIFIED_STORES: set[tuple[str | None, str]] = set()
+_VERIFIED_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """An object's bytes and the tag a conditional write must name to replace them."""
+
+    data: bytes
+    tag: str
+
+
+class ConditionalWritesUnsupported(OSError):
+    """The store accepted a write that its precondition should have refused."""
+
+
+def _is_precondition_failure(error: BaseException) -> bool:
+    cause = error.__cause__ if error.__cause__ is not None else error
+    response = getattr(cause, "response", None) or {}
+    return response.get("Error", {}).get("Code") in _PRECONDITION_CODES or "pre-conditions" in str(error)
+
+
+def _s3_call(store: StoreLocation, operation: str, path: str, **kwargs) -> dict | None:
+    """One S3 call; None when its precondition did not hold."""
+    bucket, key = store.bucket_and_key(path)
+    try:
+        return store.fs.call_s3(operation, Bucket=bucket, Key=key, **kwargs)
+    except OSError as error:
+        if _is_precondition_failure(error):
+            return None
+        raise
+
+
+def read_versioned(store: StoreLocation, path: str) -> Versioned | None:
+    """The object's bytes and tag, or None if it does not exist."""
+    with storage_errors(store, f"read of {path}"):
+        if store.is_local:
+            try:
+                data = Path(path).read_bytes()
+            except FileNotFoundError:
+                return None
+            return Versioned(data, hashlib.sha256(data).hexdigest())
+        bucket, key = store.bucket_and_key(path)
+
+        async def get() -> Versioned:
+            response = await store.fs._call_s3("get_object", Bucket=bucket, Key=key)
+            async with response["Body"] as stream:
+                return Versioned(await stream.read(), response["ETag"])
+
+        try:
+            return run_async(store, None, get)
+        except FileNotFoundError:
+            return None
+
+
+@contextlib.contextmanager
+def _local_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on PATH's sidecar lock file, across processes of this machine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = path.with_name(f".{path.name}.lock")
+    descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock
+
+
+def create_if_absent(store: StoreLocation, path: str, data: bytes) -> str | None:
+    """Write `data` only if `path` does not exist; the new tag, or None if it existed."""
+    with storage_errors(store, f"conditional create of {path}"):
+        if store.is_local:
+            with _local_lock(Path(path)):
+                created = create_exclusive(Path(path), data)
+            return hashlib.sha256(data).hexdigest() if created else None
+        response = _s3_call(store, "put_object", path, Body=data, IfNoneMatch="*")
+        return None if response is None else response["ETag"]
+
+
+def replace_if_unchanged(store: StoreLocation, path: str, data: bytes, tag: str) -> str | None:
+    """Replace the object only if it still carries `tag`; the new tag, or None if it changed."""
+    with storage_errors(store, f"conditional replace of {path}"):
+        if store.is_local:
+            target = Path(path)
+            with _local_lock(target):
+                try:
+                    current = hashlib.sha256(target.read_bytes()).hexdigest()
+                except FileNotFoundError:
+                    return None
+                if current != tag:
+                    return None
+                write_durable(target, data)
+            return hashlib.sha256(data).hexdigest()
+        response = _s3_call(store, "put_object", path, Body=data, IfMatch=tag)
+        return None if response is None else response["ETag"]
+
+
+def check_conditional_writes(store: StoreLocation, probe_prefix: str) -> None:
+    """Refuse a store whose conditional writes do not hold (they guard leases and LATEST).
+
+    Creates a probe object with `If-None-Match: *` and tries again: the second
+    must fail. The probe's name is unique, so concurrent checks do not meet.
+    A local store needs no probe.
+    """
+    if store.is_local:
+        return
+    endpoint = (getattr(store.fs, "endpoint_url", None), store.bucket_and_key(store.root)[0])
+    with _VERIFIED_LOCK:
+        if endpoint in _VERIFIED_STORES:
+            return
+    probe_path = f"{probe_prefix.rstrip('/')}/.conditional-probe-{secrets.token_hex(8)}"
+    first = create_if_absent(store, probe_path, b"first")
+    second = create_if_absent(store, probe_path, b"second")
+    with storage_errors(store, f"removal of {probe_path}"):
+        store.fs.rm_file(probe_path)
+    if first is None or second is not None:
+        raise ConditionalWritesUnsupported(
+            f"object storage at {store.url} ignores conditional writes (If-None-Match); rankflow needs them "
+            "for its leases and LATEST — use an S3 service that supports them (AWS S3, SeaweedFS >= 4, MinIO)"
+        )
+    with _VERIFIED_LOCK:
+        _VERIFIED_STORES.add(endpoint)

@@ -1,0 +1,122 @@
+"""One finalizer per run, in step order.
+
+A publication commits only while it holds the run's finalizer lease
+(`RUN_ID/leases/finalizer.json`, infra/lease.py): a second committer on the
+same run waits, and one on another machine too. Among committers waiting for
+it, the lowest step goes first (FIFO): a committer that has to wait says so
+with a small object `RUN_ID/finalizer-queue/step-N.json` (refreshed every
+`ttl_s / 3`, removed once it holds the lease), and a holder yields the lease
+while an earlier step's waiter is alive. A waiter that died stops counting
+`ttl_s` after its last refresh, so it cannot block the run. A publication that
+already has its outcome never comes here (a retry skips the FIFO wait).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .lease import Lease, LeaseHeldError
+from .manifests import checkpoint_name, step_of
+from .objects import put_small
+from .storage import StoreLocation, storage_errors
+
+FINALIZER_LEASE = "finalizer"
+QUEUE_DIR = "finalizer-queue"
+
+
+@dataclass(frozen=True)
+class FinalizerSettings:
+    ttl_s: float = 60.0
+    """Seconds the finalizer lease outlives its holder's last heartbeat."""
+    wait_s: float = 1800.0
+    """How long a publication waits for the lease (and for earlier steps) before failing, retriably."""
+    poll_s: float = 0.5
+    owner: str | None = None
+    """Who holds the lease (default host:pid)."""
+
+
+class FinalizerWaitTimeout(TimeoutError):
+    """Earlier steps kept the finalizer past the wait; a retry resumes the wait."""
+
+
+def _queue_path(store: StoreLocation, run_id: str, step: int) -> str:
+    return store.path(run_id, QUEUE_DIR, f"{checkpoint_name(step)}.json")
+
+
+def earlier_waiters(store: StoreLocation, run_id: str, step: int, fresh_s: float) -> list[int]:
+    """Steps before `step` whose committer is waiting for the finalizer, and alive (one listing, usually empty)."""
+    with storage_errors(store, f"finalizer queue of run {run_id}"):
+        try:
+            names = [path.rsplit("/", 1)[-1].removesuffix(".json")
+                     for path in store.fs.ls(store.path(run_id, QUEUE_DIR), detail=False)]
+        except FileNotFoundError:
+            return []
+        earlier = sorted(s for s in map(step_of, names) if s is not None and s < step)
+        alive = []
+        for other in earlier:
+            try:
+                waiting_at = float(json.loads(store.fs.cat_file(_queue_path(store, run_id, other)))["waiting_at"])
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                continue  # gone meanwhile, or unreadable: not a live waiter
+            if time.time() - waiting_at < fresh_s:
+                alive.append(other)
+        return alive
+
+
+@contextmanager
+def finalizer(store: StoreLocation, run_id: str, settings: FinalizerSettings, *, step: int | None = None,
+              purpose: str | None = None) -> Iterator[Lease]:
+    """Hold the run's finalizer lease (heartbeat running).
+
+    For the publication of `step`, in step order (FIFO); without a step
+    (cleanup, garbage collection), as soon as the lease is free.
+    """
+    lease = Lease.for_run(store, run_id, FINALIZER_LEASE, owner=settings.owner, ttl_s=settings.ttl_s,
+                          purpose=purpose or f"finalizer of run {run_id} for {checkpoint_name(step or 0)}")
+    started, last_touch = time.monotonic(), None
+    while True:
+        blockers: list[int] = []
+        held: LeaseHeldError | None = None
+        try:
+            lease.acquire(wait_s=0)
+        except LeaseHeldError as error:
+            held = error
+        else:
+            # Holding the lease, yield it to an earlier step whose committer is waiting too.
+            blockers = earlier_waiters(store, run_id, step, settings.ttl_s) if step is not None else []
+            if not blockers:
+                break
+            lease.release()
+        waited = time.monotonic() - started
+        if waited >= settings.wait_s:
+            if held is not None:
+                raise held
+            raise FinalizerWaitTimeout(
+                f"finalizer of run {run_id}: {checkpoint_name(step)} waited {waited:.0f} s for earlier steps "
+                f"({', '.join(map(checkpoint_name, blockers))}) to commit first; checkpoints are published in "
+                f"step order — retry later (a dead waiter stops counting {settings.ttl_s:.0f} s after its last "
+                "sign of life)"
+            )
+        if step is not None and (last_touch is None or time.monotonic() - last_touch > settings.ttl_s / 3):
+            with storage_errors(store, f"finalizer queue of run {run_id}"):
+                put_small(store, _queue_path(store, run_id, step),
+                          json.dumps({"waiting_at": time.time(), "owner": lease.owner}).encode())
+            last_touch = time.monotonic()
+        time.sleep(settings.poll_s)
+    try:
+        if last_touch is not None:  # this committer queued: leave the queue
+            with storage_errors(store, f"finalizer queue of run {run_id}"):
+                store.fs.rm_file(_queue_path(store, run_id, step))
+        lease.start_heartbeat()
+        yield lease
+    finally:
+        # An unreachable store must not replace the error that ended the work
+        # (usually the same outage) with one about the release: an unreleased
+        # lease is taken over at once by a retry in this process, or expires.
+        with contextlib.suppress(OSError):
+            lease.release()

@@ -1,0 +1,260 @@
+"""The durable journal of one checkpoint publication, and its state machine.
+
+    PREPARING → PREPARED → COMMITTING → COMMITTED → CLEANED      or → ABORTED
+
+The journal lives beside the staged files (`export/step-N.journal.json`,
+atomic replace + fsync) and is mirrored under the run in the store
+(`RUN_ID/publications/step-N.json`), so a retry on another machine, the FIFO
+order of finalizers and `rankflow checkpoints` see it too.
+
+Transitions are checked (`ALLOWED`): a publication that was aborted never
+finishes, a committed one is never aborted, nothing leaves CLEANED or
+ABORTED. A retry resumes from the recorded state: a staging that no longer
+matches its manifest sends it back to PREPARING (re-export), a failed commit
+stays COMMITTING and is resumed, a publication that has its outcome
+(COMMITTED, CLEANED) is never serialized or uploaded again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from .durable import write_durable
+from .manifests import PUBLICATIONS_DIR, checkpoint_name
+from .storage import StoreLocation, storage_errors, write_small_atomic
+
+JOURNAL_FORMAT = "rankflow-journal/1"
+
+
+class PublicationState(str, Enum):
+    PREPARING = "PREPARING"
+    PREPARED = "PREPARED"
+    COMMITTING = "COMMITTING"
+    COMMITTED = "COMMITTED"
+    CLEANED = "CLEANED"
+    ABORTED = "ABORTED"
+
+
+S = PublicationState
+ALLOWED: dict[PublicationState | None, frozenset[PublicationState]] = {
+    None: frozenset({S.PREPARING, S.PREPARED}),  # PREPARED directly: a staging made outside the export stage
+    S.PREPARING: frozenset({S.PREPARING, S.PREPARED, S.ABORTED}),
+    S.PREPARED: frozenset({S.PREPARING, S.PREPARED, S.COMMITTING, S.ABORTED}),
+    S.COMMITTING: frozenset({S.PREPARING, S.COMMITTING, S.COMMITTED, S.ABORTED}),
+    S.COMMITTED: frozenset({S.CLEANED}),
+    S.CLEANED: frozenset(),
+    S.ABORTED: frozenset(),
+}
+TERMINAL = frozenset({S.CLEANED, S.ABORTED})
+HAS_OUTCOME = frozenset({S.COMMITTED, S.CLEANED})
+
+
+class TransitionError(RuntimeError):
+    """A transition the state machine forbids; the message says why and what to do instead."""
+
+
+def _why(current: PublicationState | None, target: PublicationState, name: str, error: str | None) -> str:
+    if current is S.ABORTED:
+        return (f"publication {name} was ABORTED ({error or 'no reason recorded'}); it cannot become {target.value} — "
+                "an aborted publication never finishes: export the step again to publish it")
+    if current in HAS_OUTCOME and target is S.ABORTED:
+        return (f"publication {name} is {current.value}; it cannot be aborted — a committed checkpoint is never "
+                "rolled back (remove it with `rankflow checkpoints` tooling if you really must)")
+    if current in TERMINAL:
+        return f"publication {name} is {current.value}, a final state; it cannot become {target.value}"
+    if current in HAS_OUTCOME:
+        return (f"publication {name} is already {current.value}; it cannot become {target.value} — its outcome "
+                "is recorded, only cleanup is left")
+    shown = current.value if current else "not started"
+    return f"publication {name} is {shown}; it cannot become {target.value} (allowed: " \
+           f"{', '.join(sorted(s.value for s in ALLOWED[current])) or 'none'})"
+
+
+@dataclass
+class JournalRecord:
+    run_id: str
+    step: int
+    publication_id: str
+    state: PublicationState
+    fingerprint: str | None = None
+    """What was exported (plan digest, step, export settings): a different one is a new publication."""
+    manifest_sha256: str | None = None
+    num_files: int = 0
+    num_bytes: int = 0
+    uploaded: dict[str, dict] = field(default_factory=dict)
+    """path → {size, sha256} of each object this publication uploaded, recorded as each upload returned."""
+    error: str | None = None
+    history: list[dict] = field(default_factory=list)
+    updated_at: float = 0.0
+    format: str = JOURNAL_FORMAT
+
+    def to_bytes(self) -> bytes:
+        raw = asdict(self)
+        raw["state"] = self.state.value
+        return json.dumps(raw, indent=2, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "JournalRecord":
+        raw = json.loads(data)
+        if raw.get("format") != JOURNAL_FORMAT:
+            raise ValueError(f"unknown journal format {raw.get('format')!r}")
+        raw["state"] = PublicationState(raw["state"])
+        return cls(**raw)
+
+
+def journal_path_for(staged_dir: Path) -> Path:
+    return staged_dir.with_name(f"{staged_dir.name}.journal.json")
+
+
+def mirror_path_for(store: StoreLocation, run_id: str, step: int) -> str:
+    return store.path(run_id, PUBLICATIONS_DIR, f"{checkpoint_name(step)}.json")
+
+
+class Journal:
+    """One publication's journal: a durable local file, mirrored in the store."""
+
+    def __init__(self, path: Path, store: StoreLocation | None, run_id: str, step: int):
+        self.path, self.store, self.run_id, self.step = path, store, run_id, step
+        self.name = f"{checkpoint_name(step)} of run {run_id}"
+        self.record: JournalRecord | None = None
+        self.mirror_error: str | None = None
+        self.from_mirror = False
+        """Whether the record came from the store's mirror (no local journal: another machine's)."""
+
+    @classmethod
+    def for_staging(cls, staged_dir: Path, store: StoreLocation | None, run_id: str, step: int) -> "Journal":
+        return cls(journal_path_for(staged_dir), store, run_id, step).load()
+
+    @property
+    def mirror_path(self) -> str | None:
+        return None if self.store is None else mirror_path_for(self.store, self.run_id, self.step)
+
+    @property
+    def state(self) -> PublicationState | None:
+        return None if self.record is None else self.record.state
+
+    @property
+    def has_outcome(self) -> bool:
+        return self.state in HAS_OUTCOME
+
+    def load(self) -> "Journal":
+        """Read the local journal; without one (a fresh machine), the store's mirror."""
+        self.record, self.from_mirror = None, False
+        if self.path.is_file():
+            try:
+                self.record = JournalRecord.from_bytes(self.path.read_bytes())
+                return self
+            except (ValueError, KeyError, TypeError):
+                pass  # written atomically, so only tampering gets here: fall back to the mirror
+        if self.store is not None:
+            try:
+                with storage_errors(self.store, f"read of the journal of {self.name}"):
+                    data = self.store.fs.cat_file(self.mirror_path)
+            except FileNotFoundError:
+                return self
+            except OSError as error:
+                # Unreachable store: start from nothing, which is safe (the commit
+                # compares digests before it uploads anything).
+                self.mirror_error = f"{type(error).__name__}: {error}"
+                return self
+            try:
+                self.record, self.from_mirror = JournalRecord.from_bytes(data), True
+            except (ValueError, KeyError, TypeError):
+                self.record = None
+        return self
+
+    def forget(self) -> None:
+        """Start a new publication: the loaded record (another publication's mirror) does not apply."""
+        self.record, self.from_mirror = None, False
+
+    # -- transitions -------------------------------------------------------
+
+    def begin(self, fingerprint: str | None = None, note: str = "export started") -> None:
+        """Start (or restart) preparing: a new publication after an abort, or after a finished one of other bytes.
+
+        A publication with its outcome and the same `fingerprint` is not
+        prepared again (TransitionError): check `has_outcome` first.
+        """
+        current = self.state
+        if current is None or current is S.ABORTED or (current in HAS_OUTCOME and self.record.fingerprint != fingerprint):
+            previous = self.record.publication_id if self.record else None
+            self.record = JournalRecord(run_id=self.run_id, step=self.step, publication_id=secrets.token_hex(8),
+                                        state=S.PREPARING, fingerprint=fingerprint)
+            self._append(S.PREPARING, f"{note} (new publication{'; replaces ' + previous if previous else ''})")
+            self._persist(mirror_required=False)
+            return
+        self.transition(S.PREPARING, note=note, fingerprint=fingerprint)
+
+    def transition(self, target: PublicationState, *, note: str = "", mirror_required: bool = True,
+                   mirror: bool = True, **fields) -> None:
+        """Move to `target` if the state machine allows it; persist locally (durably), then mirror.
+
+        `mirror=False` skips the store (a state the next transition supersedes at once)."""
+        current = self.state
+        if target not in ALLOWED[current]:
+            raise TransitionError(_why(current, target, self.name, self.record.error if self.record else None))
+        if self.record is None:
+            self.record = JournalRecord(run_id=self.run_id, step=self.step, publication_id=secrets.token_hex(8),
+                                        state=target)
+        self.record.state = target
+        for key, value in fields.items():
+            setattr(self.record, key, value)
+        if target is S.PREPARING:
+            self.record.uploaded = {}  # a new export: earlier uploads are re-checked against the new manifest
+        self._append(target, note)
+        self._persist(mirror_required=mirror_required, mirror=mirror)
+
+    def record_upload(self, path: str, size: int, sha256: str) -> None:
+        """Note one finished upload (local journal only: the mirror gets it with the next transition)."""
+        assert self.record is not None and self.record.state is S.COMMITTING
+        self.record.uploaded[path] = {"size": size, "sha256": sha256}
+        self.record.updated_at = time.time()
+        write_durable(self.path, self.record.to_bytes())
+
+    def _append(self, state: PublicationState, note: str) -> None:
+        now = time.time()
+        self.record.updated_at = now
+        self.record.history.append({"state": state.value, "time": now, "host": socket.gethostname(),
+                                    "pid": os.getpid(), "note": note})
+
+    def _persist(self, *, mirror_required: bool, mirror: bool = True) -> None:
+        data = self.record.to_bytes()
+        write_durable(self.path, data)
+        if self.store is None or not mirror:
+            return
+        try:
+            with storage_errors(self.store, f"mirror of the journal of {self.name}"):
+                write_small_atomic(self.store, self.mirror_path, data)
+            self.mirror_error = None
+        except OSError as error:
+            # Preparing and aborting are local acts: an unreachable store must
+            # not fail them; the next transition that needs the store mirrors.
+            if mirror_required:
+                raise
+            self.mirror_error = f"{type(error).__name__}: {error}"
+
+
+def read_mirrors(store: StoreLocation, run_id: str) -> tuple[list[JournalRecord], list[str]]:
+    """Every publication journal mirrored under the run, and the ones that could not be read."""
+    root = store.path(run_id, PUBLICATIONS_DIR)
+    with storage_errors(store, f"listing of the publications of run {run_id}"):
+        try:
+            paths = [p for p in store.fs.ls(root, detail=False) if p.endswith(".json")]
+        except FileNotFoundError:
+            return [], []
+        contents = store.fs.cat(paths) if paths else {}
+    records, problems = [], []
+    for path in sorted(paths):
+        data = contents.get(path) if isinstance(contents, dict) else None
+        try:
+            records.append(JournalRecord.from_bytes(data))
+        except (ValueError, KeyError, TypeError) as error:
+            problems.append(f"{path}: unreadable journal ({error})")
+    return records, problems

@@ -1,0 +1,332 @@
+"""A lease on a name in the object store: one holder at a time, across processes and machines.
+
+A lease is a small JSON object (owner, token, generation, expiry) written with
+compare-and-swap (infra/conditional.py): `If-None-Match: *` to take a free
+lease, `If-Match` to renew, release or take over one whose holder let it
+expire. While held, a heartbeat thread renews it every `heartbeat_s`; a
+holder that stops renewing (killed, paused, cut off) loses it `ttl_s` after
+its last renewal, and the next acquirer takes it over, so a crash never
+wedges the run. Expiry is wall-clock time: machines sharing a lease need
+clocks within a small fraction of `ttl_s` of each other (NTP).
+
+A holder that is known to be dead is not waited for: when the lease names
+this machine and a process that no longer exists (or this very process, which
+no longer holds it — an earlier try that crashed), it is taken over at once.
+
+Fencing: a holder whose lease was taken over learns it at its next renewal
+(`lost`, `check()` raises LeaseLostError); callers check before each write
+that must not come from a stale holder.
+
+    with Lease.for_run(store, run_id, "finalizer", ttl_s=60).hold(wait_s=600) as lease:
+        ...                      # heartbeat running; lease.check() before critical writes
+
+The publication finalizer (one committer per run) uses it; a run lease (one
+run of a run id at a time) is the same object under another name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+
+from .conditional import check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
+from .storage import StoreLocation
+
+LEASES_DIR = "leases"
+
+
+def default_owner() -> str:
+    """`host:pid`, what a person needs to find the holder."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _process_start(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot), to tell it from a later one with its pid; '' if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+# Tokens of the leases this process holds right now. A lease object naming this
+# process with a token not in here was left by an earlier try that crashed.
+_HELD_TOKENS: set[str] = set()
+_HELD_LOCK = threading.Lock()
+
+
+def _holder_is_dead(holder: "LeaseRecord") -> bool:
+    """Whether the holder certainly no longer runs: on this machine, and its process is gone."""
+    if not holder.host or holder.host != socket.gethostname() or holder.pid <= 0:
+        return False  # another machine: only the expiry can tell
+    if holder.pid == os.getpid():
+        with _HELD_LOCK:
+            return holder.token not in _HELD_TOKENS
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return bool(holder.process_start) and _process_start(holder.pid) != holder.process_start
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The lease object's content."""
+
+    owner: str
+    token: str
+    """Unique per acquisition: tells this holder's writes from a later holder's."""
+    generation: int
+    """Increases with every acquisition of this lease (a fencing number: a later holder has a larger one)."""
+    acquired_at: float
+    renewed_at: float
+    expires_at: float
+    ttl_s: float
+    host: str = ""
+    pid: int = 0
+    process_start: str = ""
+    released: bool = False
+    """Given up by its holder: free, but kept so the next generation counts on from it."""
+
+    def expired(self, now: float) -> bool:
+        return self.released or now >= self.expires_at
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "LeaseRecord":
+        raw = json.loads(data)
+        return cls(owner=str(raw["owner"]), token=str(raw["token"]), generation=int(raw["generation"]),
+                   acquired_at=float(raw["acquired_at"]), renewed_at=float(raw["renewed_at"]),
+                   expires_at=float(raw["expires_at"]), ttl_s=float(raw["ttl_s"]), host=str(raw.get("host", "")),
+                   pid=int(raw.get("pid", 0)), process_start=str(raw.get("process_start", "")),
+                   released=bool(raw.get("released", False)))
+
+
+def _describe(holder: LeaseRecord | None, now: float) -> str:
+    if holder is None:
+        return "a holder whose lease object is unreadable"
+    left = holder.expires_at - now
+    when = f"expires in {left:.0f} s" if left > 0 else f"expired {-left:.0f} s ago"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.expires_at))
+    return f"{holder.owner} (generation {holder.generation}, {when}, at {stamp})"
+
+
+class LeaseHeldError(TimeoutError):
+    """Someone else holds the lease; the message names the holder and when it expires."""
+
+    def __init__(self, path: str, holder: LeaseRecord | None, waited_s: float, purpose: str):
+        self.path, self.holder, self.waited_s = path, holder, waited_s
+        super().__init__(
+            f"{purpose}: the lease {path} is held by {_describe(holder, time.time())}; waited {waited_s:.0f} s. "
+            "Wait for that holder to finish, or stop it: a holder that stops renewing loses the lease "
+            f"{holder.ttl_s if holder else 'ttl_s'} s after its last renewal and this retry takes it over"
+        )
+
+
+class LeaseLostError(RuntimeError):
+    """This holder's lease expired and was taken over: stop writing what it guards."""
+
+
+class Lease:
+    """A lease on `path` in `store`, for one owner; see the module docstring."""
+
+    def __init__(self, store: StoreLocation, path: str, *, owner: str | None = None, ttl_s: float = 60.0,
+                 heartbeat_s: float | None = None, purpose: str = "lease",
+                 clock: Callable[[], float] = time.time):
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s={ttl_s} must be positive (seconds a lease outlives its last renewal)")
+        self.store, self.path, self.ttl_s = store, path, ttl_s
+        self.owner = owner or default_owner()
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else ttl_s / 3
+        self.purpose = purpose
+        self._clock = clock
+        self._record: LeaseRecord | None = None
+        self._tag: str | None = None
+        self._lost = False
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_run(cls, store: StoreLocation, run_id: str, name: str, **kwargs) -> "Lease":
+        """The lease `name` of run `run_id`: `RUN_ID/leases/NAME.json` in the store."""
+        kwargs.setdefault("purpose", f"{name} of run {run_id}")
+        return cls(store, store.path(run_id, LEASES_DIR, f"{name}.json"), **kwargs)
+
+    @property
+    def held(self) -> bool:
+        return self._record is not None and not self._lost
+
+    @property
+    def lost(self) -> bool:
+        return self._lost
+
+    @property
+    def record(self) -> LeaseRecord | None:
+        return self._record
+
+    # -- acquire -----------------------------------------------------------
+
+    def acquire(self, wait_s: float = 0.0, poll_s: float = 0.5) -> "Lease":
+        """Take the lease, waiting up to `wait_s`; raises LeaseHeldError naming the holder."""
+        if self.held:
+            return self
+        check_conditional_writes(self.store, self.path.rsplit("/", 1)[0])
+        started = time.monotonic()
+        while True:
+            holder = self._try_acquire()
+            if self.held:
+                return self
+            waited = time.monotonic() - started
+            if waited >= wait_s:
+                raise LeaseHeldError(self.path, holder, waited, self.purpose)
+            time.sleep(min(poll_s, max(0.01, wait_s - waited)))
+
+    def _new_record(self, generation: int) -> LeaseRecord:
+        now = self._clock()
+        return LeaseRecord(owner=self.owner, token=secrets.token_hex(16), generation=generation,
+                           acquired_at=now, renewed_at=now, expires_at=now + self.ttl_s, ttl_s=self.ttl_s,
+                           host=socket.gethostname(), pid=os.getpid(), process_start=_process_start(os.getpid()))
+
+    def _try_acquire(self) -> LeaseRecord | None:
+        """One attempt; returns the current holder when it fails."""
+        current = read_versioned(self.store, self.path)
+        if current is None:
+            record = self._new_record(generation=1)
+            tag = create_if_absent(self.store, self.path, record.to_bytes())
+        else:
+            try:
+                holder = LeaseRecord.from_bytes(current.data)
+            except (ValueError, KeyError, TypeError):
+                holder = None  # an unreadable lease object guards nothing: take it over
+            if holder is not None and not holder.expired(self._clock()) and not _holder_is_dead(holder):
+                return holder
+            record = self._new_record(generation=(holder.generation + 1) if holder else 1)
+            tag = replace_if_unchanged(self.store, self.path, record.to_bytes(), current.tag)
+        if tag is not None:
+            with self._mutex:
+                self._record, self._tag, self._lost = record, tag, False
+            with _HELD_LOCK:
+                _HELD_TOKENS.add(record.token)
+        return None
+
+    # -- while held --------------------------------------------------------
+
+    def renew(self) -> None:
+        """Push the expiry `ttl_s` ahead; raises LeaseLostError if it was taken over."""
+        with self._mutex:
+            if self._record is None or self._lost:
+                raise LeaseLostError(f"{self.purpose}: the lease {self.path} is not held by {self.owner}")
+            now = self._clock()
+            renewed = replace(self._record, renewed_at=now, expires_at=now + self.ttl_s)
+            tag = replace_if_unchanged(self.store, self.path, renewed.to_bytes(), self._tag)
+            if tag is None:
+                self._lost = True
+                raise LeaseLostError(
+                    f"{self.purpose}: the lease {self.path} of {self.owner} expired and was taken over; "
+                    "stop and retry"
+                )
+            self._record, self._tag = renewed, tag
+
+    def check(self) -> None:
+        """Confirm, against the store, that this owner still holds the lease (fencing)."""
+        if self._record is None or self._lost:
+            raise LeaseLostError(f"{self.purpose}: the lease {self.path} is not held by {self.owner}")
+        current = read_versioned(self.store, self.path)
+        if current is None or current.tag != self._tag:
+            self._lost = True
+            raise LeaseLostError(
+                f"{self.purpose}: the lease {self.path} of {self.owner} was taken over; stop and retry"
+            )
+        if self._record.expired(self._clock()):
+            raise LeaseLostError(f"{self.purpose}: the lease {self.path} of {self.owner} expired unrenewed")
+
+    def release(self) -> bool:
+        """Give the lease up (only if still ours); True if it was released.
+
+        The object stays, marked released, so the next holder's generation
+        counts on from this one's.
+        """
+        self.stop_heartbeat()
+        with self._mutex:
+            if self._record is None:
+                return False
+            record, tag, lost = self._record, self._tag, self._lost
+            self._record, self._tag = None, None
+        with _HELD_LOCK:
+            _HELD_TOKENS.discard(record.token)
+        if lost or tag is None:
+            return False
+        now = self._clock()
+        released = replace(record, renewed_at=now, expires_at=now, released=True)
+        return replace_if_unchanged(self.store, self.path, released.to_bytes(), tag) is not None
+
+    # -- heartbeat ---------------------------------------------------------
+
+    def start_heartbeat(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name=f"lease-heartbeat {self.path}", daemon=True)
+        self._thread.start()
+
+    def stop_heartbeat(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join(timeout=self.heartbeat_s + 30)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.renew()
+            except LeaseLostError:
+                return
+            except OSError:
+                # The store is unreachable right now; keep trying until the
+                # lease would have expired, after which it is not ours to trust.
+                record = self._record
+                if record is None or record.expired(self._clock()):
+                    self._lost = True
+                    return
+
+    @contextmanager
+    def hold(self, wait_s: float = 0.0) -> Iterator["Lease"]:
+        """Acquire (waiting up to `wait_s`), heartbeat while inside, release on the way out."""
+        self.acquire(wait_s)
+        self.start_heartbeat()
+        try:
+            yield self
+        finally:
+            self.release()
+
+    def __enter__(self) -> "Lease":
+        self.acquire()
+        self.start_heartbeat()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+
+def read_lease(store: StoreLocation, path: str) -> LeaseRecord | None:
+    """The current holder's record, or None if the lease is free (never taken, released) or unreadable."""
+    current = read_versioned(store, path)
+    if current is None:
+        return None
+    try:
+        record = LeaseRecord.from_bytes(current.data)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return None if record.released else record

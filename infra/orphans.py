@@ -1,0 +1,69 @@
+"""Garbage collection of a run's store prefix: what a crashed or superseded commit left behind.
+
+Found and removed, holding the run's finalizer lease (so no commit is in
+flight), and only under `RUN_ID/` with its trailing '/':
+- the objects of a checkpoint that never got its manifest (a commit that died);
+- objects of a committed checkpoint that its manifest does not list (the
+  shards of an earlier layout of the same step);
+- temporary files of interrupted local writes;
+- dangling multipart uploads (a killed uploader leaves them; they hold space).
+
+A committed checkpoint's listed files, a checkpoint whose manifest exists but
+does not parse (reported, kept for a person to look at), LATEST, the ledger,
+journals and leases are never touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .checkpoints import checkpoint_names, read_manifest
+from .durable import TEMP_MARKER
+from .finalizer import FinalizerSettings, finalizer
+from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, ManifestError
+from .objects import abort_dangling_uploads, list_files, remove_files
+from .storage import StoreLocation, storage_errors
+
+
+@dataclass
+class GarbageReport:
+    run_id: str
+    removed: list[str] = field(default_factory=list)
+    removed_bytes: int = 0
+    aborted_uploads: int = 0
+    kept: list[str] = field(default_factory=list)
+    """Checkpoints left alone, with the reason (a manifest that does not parse)."""
+    dry_run: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def collect_garbage(store: StoreLocation, run_id: str, *, dry_run: bool = False,
+                    settings: FinalizerSettings | None = None) -> GarbageReport:
+    """Remove the run's orphans (see the module docstring); `dry_run` only reports them."""
+    settings = settings or FinalizerSettings(wait_s=60.0)
+    report = GarbageReport(run_id=run_id, dry_run=dry_run)
+    with storage_errors(store, f"garbage collection of run {run_id}"):
+        with finalizer(store, run_id, settings, purpose=f"garbage collection of run {run_id}"):
+            for name in checkpoint_names(store, run_id):
+                base = store.path(run_id, CHECKPOINTS_DIR, name)
+                files = list_files(store, base)
+                try:
+                    manifest = read_manifest(store, run_id, name)
+                except ManifestError as error:
+                    report.kept.append(f"{name}: manifest does not parse ({error}); left for inspection")
+                    continue
+                listed = set() if manifest is None else {entry.path for entry in manifest.files} | {MANIFEST_FILE}
+                orphans = sorted(path for path in files if path not in listed)
+                report.removed += [f"{base}/{path}" for path in orphans]
+                report.removed_bytes += sum(files[path] for path in orphans)
+                if not dry_run:
+                    remove_files(store, base, orphans)
+            run_root = store.path(run_id)
+            temporaries = sorted(path for path in list_files(store, run_root) if TEMP_MARKER in path.rsplit("/", 1)[-1])
+            report.removed += [f"{run_root}/{path}" for path in temporaries]
+            if not dry_run:
+                remove_files(store, run_root, temporaries)
+                report.aborted_uploads = abort_dangling_uploads(store, run_root)
+    return report

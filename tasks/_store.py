@@ -1,0 +1,17 @@
+"""The object store and publication limits a planned run's tasks use."""
+
+from __future__ import annotations
+
+from infra.publication import PublishSettings
+from infra.storage import StoreLocation, StoreTimeouts, open_store
+
+from .outcomes import PlannedRun
+
+
+def store_for(planned: PlannedRun) -> StoreLocation:
+    request_s = planned.storage_request_timeout_s
+    return open_store(planned.storage_url, StoreTimeouts(connect_s=min(10.0, request_s), read_s=request_s))
+
+
+def publish_settings(planned: PlannedRun) -> PublishSettings:
+    return PublishSettings(timeout_s=planned.storage_timeout_s)

@@ -1,0 +1,54 @@
+"""A committing process for tests that race, pause and kill committers.
+
+    python -m tests.storage.committer STAGED RUN_ID STORE_URL [--pause EVENT:SECONDS] [--wait-go] [--latest-only STEP]
+
+Prints `ready` once imported and connected; with --wait-go it then waits for a
+line on stdin before committing, so a test can time a SIGKILL from the start
+of the commit. Prints one JSON line with the outcome at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from infra.latest import advance_latest
+from infra.publication import commit_checkpoint
+from infra.storage import open_store
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("staged", type=Path)
+    parser.add_argument("run_id")
+    parser.add_argument("store_url")
+    parser.add_argument("--pause", default=None, help="EVENT:SECONDS, sleep when the commit reaches EVENT")
+    parser.add_argument("--wait-go", action="store_true")
+    parser.add_argument("--latest-only", type=int, default=None, help="only move LATEST to this step (no lease)")
+    args = parser.parse_args(argv)
+    store = open_store(args.store_url)
+    store.fs.exists(store.path(args.run_id))  # connect before saying ready
+    pause_event, _, pause_s = (args.pause or "::").partition(":")
+
+    def observe(event: str) -> None:
+        if event == pause_event:
+            time.sleep(float(pause_s))
+
+    print("ready", flush=True)
+    if args.wait_go:
+        sys.stdin.readline()
+    started = time.time()
+    if args.latest_only is not None:
+        move = advance_latest(store, args.run_id, args.latest_only, on_read=lambda: observe("latest-read"))
+        print(json.dumps({"moved": move.moved, "step": move.step, "started": started, "ended": time.time()}), flush=True)
+        return 0
+    outcome = commit_checkpoint(args.staged, store, args.run_id, observer=observe)
+    print(json.dumps({**outcome.to_dict(), "started": started, "ended": time.time()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
