@@ -301,8 +301,11 @@ class Trainer(CheckpointRegistry):
         }
         keys = [(c, p) for c, tensors in weights.items() for p, t in tensors.items() if t.requires_grad]
         inputs = [weights[c][p] for c, p in keys]
+        # Parameters whose in-place changes since the forward do not matter to a replay: read at their
+        # current values on purpose, or not read at all (another adapter than the graph's).
+        unchecked = at_current | {name for name in self.checkpoints if name not in graph.versions}
         rerun = Rerun(lambda call, topk_ids: self._rerun(call, topk_ids, weights),
-                      frozenset(id(p) for name in at_current for p in self.checkpoints[name].parameters().values()))
+                      frozenset(id(p) for name in unchecked for p in self.checkpoints[name].parameters().values()))
 
         def cotangents_for(outputs):
             if not at_current:
