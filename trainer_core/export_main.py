@@ -49,7 +49,7 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
         staged = verify_staged(out_dir)
         reused = staged is not None and staged.get("weights_sha256") == digest
         if not reused:
-            export_checkpoint(config, model, out_dir, {"run_id": plan.run_id, "step": step, "weights_sha256": digest})
+            export_checkpoint(config, trainer, out_dir, {"run_id": plan.run_id, "step": step, "weights_sha256": digest})
         result = {"segment": segment_index, "step": step, "out_dir": str(out_dir), "reused": reused,
                   "weights_sha256": digest, "export_s": time.perf_counter() - started}
         write_text_atomic(out_dir.parent / f"{out_dir.name}.result.json", json.dumps(result, indent=2))
