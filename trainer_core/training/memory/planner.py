@@ -31,7 +31,7 @@ JSON report when the planner has a `MissReports` sink.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 
 from .base import BackwardMode
@@ -84,6 +84,8 @@ class MemoryPlanner:
     """Seconds of a forward with grad per padded token: what a replay costs."""
     choices: Counter = field(default_factory=Counter)
     num_misses: int = 0
+    history: deque = field(default_factory=lambda: deque(maxlen=256))
+    """The most recent settled decisions: shape, choice, reason, predicted and observed peak, miss."""
 
     def __post_init__(self) -> None:
         if self.budget_bytes is not None and self.budget_bytes < 0:
@@ -145,6 +147,10 @@ class MemoryPlanner:
         if predicted is None:
             return False
         error = abs(observed_peak_bytes - predicted) / max(predicted, 1.0)
+        self.history.append({"batch_size": decision.shape.batch_size, "seq_len": decision.shape.seq_len,
+                             "choice": decision.mode, "reason": decision.reason, "predicted_peak_bytes": predicted,
+                             "observed_peak_bytes": observed_peak_bytes, "offload_s": decision.offload_s,
+                             "replay_s": decision.replay_s, "miss": error > self.miss_threshold})
         if error <= self.miss_threshold:
             return False
         self.num_misses += 1
