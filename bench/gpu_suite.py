@@ -5,7 +5,8 @@
     python -m bench.gpu_suite --device cpu --quick   # a smoke run: the tests and reduced benchmarks
 
 1. `tests/trainer/test_device_paths.py` for the device (pinned host offload,
-   the CUDA RNG replayed, bf16 through FP32 masters, CUDA-event timings);
+   the CUDA RNG replayed, CUDA-event timings) and the bf16 test of
+   `test_optimizer_step.py` (FP32 masters against AdamW on an FP32 copy);
 2. with two GPUs, `tests/trainer/device_rank_worker.py` on 2 ranks over NCCL
    (on the CPU, over gloo; skipped with `--quick` and on one GPU);
 3. `bench.trainer_overhead`, `bench.backward_state` and `bench.planner_choices`
@@ -30,7 +31,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-DEVICE_TESTS = ["tests/trainer/test_device_paths.py"]
+DEVICE_TESTS = ["tests/trainer/test_device_paths.py",
+                "tests/trainer/test_optimizer_step.py::test_bf16_parameters_train_through_fp32_masters_as_adamw_on_an_fp32_copy"]
 
 
 def run_tests(device: str) -> dict:

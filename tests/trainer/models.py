@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
+
+DEVICES = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
+"""Parametrize a test over the devices: `bench.gpu_suite` runs the `cuda` cases on a GPU machine."""
 
 
 def tiny_qwen3(seed: int = 0, *, dropout: float = 0.0, dtype=torch.float32, vocab: int = 97) -> Qwen3ForCausalLM:

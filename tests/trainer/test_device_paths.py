@@ -1,9 +1,10 @@
-"""The trainer's device-specific paths, on every device this machine has: offload, replay's RNG, bf16, the planner's clocks.
+"""The trainer's device-specific paths, on every device this machine has: offload, replay's RNG, the planner's clocks.
 
 On a CPU-only machine the `cuda` cases skip and the `cpu` cases run; on a GPU
 machine `python -m bench.gpu_suite` runs them all (pinned host offload, the
-CUDA RNG replayed, bf16 on the GPU, CUDA-event timings). Tensors are placed on
-the device under test; the references are plain autograd on a copy there.
+CUDA RNG replayed, CUDA-event timings; bf16 on the GPU is
+`test_optimizer_step.py`'s). Tensors are placed on the device under test; the
+references are plain autograd on a copy there.
 """
 
 from __future__ import annotations
@@ -13,16 +14,9 @@ import copy
 import pytest
 import torch
 
-from tests.trainer.models import batch, tiny_qwen3
+from tests.trainer.models import DEVICES, batch, tiny_qwen3
 from tests.trainer.test_backward_state import assert_same_grads, reference_logprobs, sft_loss
-from tests.trainer.test_optimizer_step import _plain_bf16_step
-from trainer_core.training import MemoryPlanner, OptimizerConfig, Trainer
-
-DEVICES = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
-]
-
+from trainer_core.training import MemoryPlanner, Trainer
 
 def on(device: str, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(device) for t in tensors)
@@ -75,30 +69,6 @@ def test_replay_draws_the_forwards_dropout_masks_from_the_devices_rng(device):
     else:
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad, msg=name, **tolerance(device))
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_bf16_trains_through_fp32_masters_on_the_device(device):
-    config = OptimizerConfig(learning_rate=1e-4, weight_decay=0.01, grad_clip=1.0)
-    model = tiny_qwen3(dtype=torch.bfloat16).train().to(device)
-    initial = [p.detach().clone() for p in model.parameters()]
-    reference = copy.deepcopy(model)
-    masters = [p.detach().float().clone().requires_grad_() for p in reference.parameters()]
-    optimizer = torch.optim.AdamW(masters, lr=config.learning_rate, betas=config.betas, eps=config.eps,
-                                  weight_decay=config.weight_decay)
-    trainer = Trainer(model)
-    trainer.add_base_checkpoint(optimizer=config)
-    for step in range(20):
-        ids, mask = on(device, *batch(seed=step))
-        trainer.backward(sft_loss(trainer.forward(ids, mask).logprobs, mask))
-        assert trainer.step()["base"].stepped
-        _plain_bf16_step(reference, masters, optimizer, ids, mask, config.grad_clip)
-    kept = trainer.checkpoints["base"].master_weights()
-    exact = {"rtol": 0, "atol": 0} if device == "cpu" else {"rtol": 1e-2, "atol": 1e-5}
-    for (name, p), master, start in zip(model.named_parameters(), masters, initial):
-        assert p.dtype == torch.bfloat16 and kept[name].dtype == torch.float32 and kept[name].device == p.device
-        torch.testing.assert_close(kept[name], master.detach(), msg=name, **exact)
-        assert not torch.equal(kept[name], start.float()), f"{name}: the master did not move"
 
 
 @pytest.mark.parametrize("device", DEVICES)

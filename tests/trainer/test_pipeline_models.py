@@ -27,6 +27,7 @@ from trainer_core.plan import build_plan, load_segment_shard, read_plan, run_dir
 from trainer_core.segment_main import planner_reports_dir, segment_result_path, train_segment
 from trainer_core.state import load_training_state, state_dir_for
 from trainer_core.training.memory import SavedBytesModel
+from trainer_core.validate import validate_inputs
 
 RL = {"data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl"},
       "rl": {"sft_coef": 0.1, "initial_policy_version": 3}}
@@ -155,12 +156,9 @@ def test_the_keys_that_change_the_result_change_the_digest(tmp_path):
     assert digest(train={"planner_miss_threshold": 0.5}) == base  # what counts as a miss changes no weight
 
 
-def test_model_lora_reads_from_toml(tmp_path):
-    toml = (EXAMPLES / "tiny_sft.toml").read_text() + (
-        '\n[model.lora]\nrank = 4\nalpha = 8.0\ndropout = 0.05\ntarget_modules = ["q_proj", "v_proj"]\n')
-    toml = toml.replace('config = "tiny/model_config.json"', f'config = "{EXAMPLES}/tiny/model_config.json"')
-    path = tmp_path / "run.toml"
-    path.write_text(toml.replace('"tiny/', f'"{EXAMPLES}/tiny/'))
-    config = load_config(path, ["export.merge_lora=true", "train.dtype=bfloat16"])
-    assert config.model.lora.target_modules == ["q_proj", "v_proj"] and config.model.lora.rank == 4
+def test_the_lora_example_reads_and_passes_the_pre_flight(tmp_path):
+    config = load_config(EXAMPLES / "tiny_lora.toml", [f"run.work_dir={tmp_path}/work", f"storage.url={tmp_path}/store",
+                                                       "train.dtype=bfloat16"])
+    assert config.model.lora.rank == 16 and "down_proj" in config.model.lora.target_modules
     assert config.export.merge_lora and config.train.dtype == "bfloat16"
+    validate_inputs(config)  # the targets exist in the model, the data and tokenizer check out
