@@ -12,7 +12,7 @@ It prints every graph's choice with the predicted and observed peak, then
 the choice counts, the candidate's peak over its budget (must be ≤ 1), the
 planner's misses, and tokens/s against the baseline; the last line is JSON.
 
-    python -m bench.planner_choices            # the bench model, 4 steps of 4 micro-batches (≈2 min on 2 CPU cores)
+    python -m bench.planner_choices            # the bench model, 1 + 4 steps of 4 micro-batches (≈2 min on 2 CPU cores)
     python -m bench.planner_choices --quick    # smoke test
 """
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     # The all-retained peak, measured on the workload's own forwards (saved bytes do not depend on the weights).
     baseline = build(baseline_model, None)
     all_retained_peak = 0
-    for step in range(args.reps):
+    for step in range(args.warmup + args.reps):
         outs = [baseline.forward(ids, mask, mode="retain")
                 for ids, mask in micro_batches(step, args.per_step, spec.vocab_size, scale, args.device)]
         all_retained_peak = max(all_retained_peak, baseline.resident_bytes())
@@ -93,17 +93,20 @@ def main(argv: list[str] | None = None) -> dict:
     seconds: dict[str, list[float]] = {"baseline": [], "candidate": []}
     losses: dict[str, list[float]] = {"baseline": [], "candidate": []}
     tokens = 0
-    for step in range(args.reps):
+    for step in range(args.warmup + args.reps):
         batches = micro_batches(step, args.per_step, spec.vocab_size, scale, args.device)
+        timed = step >= args.warmup  # warm-up steps count for the planner, not for the clock
         for name, trainer in (("baseline", baseline), ("candidate", candidate)):
             synchronize(args.device)
             started = time.perf_counter()
             loss, tokens = train_step(trainer, batches)
             synchronize(args.device)
-            seconds[name].append(time.perf_counter() - started)
+            if timed:
+                seconds[name].append(time.perf_counter() - started)
             losses[name].append(loss)
-        print(f"step {step}: baseline {seconds['baseline'][-1]:.2f} s, candidate {seconds['candidate'][-1]:.2f} s, "
-              f"loss {losses['baseline'][-1]:.5f} / {losses['candidate'][-1]:.5f}", flush=True)
+        print(f"step {step}{'' if timed else ' (warm-up)'}: loss {losses['baseline'][-1]:.5f} / "
+              f"{losses['candidate'][-1]:.5f}" + (f", baseline {seconds['baseline'][-1]:.2f} s, candidate "
+                                                 f"{seconds['candidate'][-1]:.2f} s" if timed else ""), flush=True)
     planner = candidate.planner
     for entry in planner.history:
         print(f"  [{entry['batch_size']}x{entry['seq_len']}] {entry['choice']:<7} predicted peak "
@@ -128,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
         "max_observed_peak_bytes": max(e["observed_peak_bytes"] for e in planner.history),
         "graphs": list(planner.history),
         "max_abs_delta_loss": max(abs(a - b) for a, b in zip(losses["baseline"], losses["candidate"])),
-        "budget_fraction": args.budget_fraction, "per_step": args.per_step, "steps": args.reps, "model": summary,
+        "budget_fraction": args.budget_fraction, "per_step": args.per_step, "steps": args.reps, "warmup": args.warmup,
+        "model": summary,
         "offload_target": candidate.offload_target, "quick": args.quick,
     }
     print(f"choices {dict(planner.choices)}; peak/budget {result['peak_to_budget']:.3f}; misses {planner.num_misses}; "
