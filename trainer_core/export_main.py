@@ -49,7 +49,7 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
         "base_model": config.model.path or config.model.config,
         "world_size": topology.world_size, "logical_dp": config.train.logical_dp,
     }
-    prepared = prepare_export(topology, config, trainer.model, out_dir, provenance,
+    prepared = prepare_export(topology, config, trainer, out_dir, provenance,
                               lambda rank, phase: maybe_inject_export_fault(rank) if phase == "weights" else None)
     if topology.rank == 0:
         result = {"segment": segment_index, "step": step, "out_dir": str(out_dir), "reused": prepared["reused"],

@@ -147,8 +147,10 @@ def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple
     # Where things are stored and how long a launch may take do not change the result.
     for volatile in ("storage", "export"):
         training_config.pop(volatile)
+    if config.export.merge_lora:  # the merged weights are part of what the run commits
+        training_config["export"] = {"merge_lora": True}
     training_config["run"].pop("work_dir")
-    for operational in ("segment_timeout_s", "stall_timeout_s", "collective_timeout_s"):
+    for operational in ("segment_timeout_s", "stall_timeout_s", "collective_timeout_s", "planner_miss_threshold"):
         training_config["train"].pop(operational)
     for section in ("model", "tokenizer", "data"):
         training_config[section].pop("path", None)

@@ -29,7 +29,7 @@ from .plan import load_segment_shard, read_plan
 from .progress import ProgressWriter, progress_path
 from .schedule import learning_rate_at
 from .state import load_training_state, save_training_state, state_dir_for
-from .training import Trainer
+from .training import MissReports, Trainer
 
 
 def step_seed(seed: int, step: int, logical_rank: int) -> int:
@@ -40,6 +40,11 @@ def step_seed(seed: int, step: int, logical_rank: int) -> int:
 
 def segment_result_path(run_dir: Path, segment_index: int) -> Path:
     return run_dir / "segments" / f"segment-{segment_index:04d}.json"
+
+
+def planner_reports_dir(run_dir: Path) -> Path:
+    """Where the memory planner's miss reports go (`segment-NNNN-rank-R-miss-NNN.json`, bounded per rank)."""
+    return run_dir / "planner"
 
 
 def _count_documents(selected: torch.Tensor, rows: dict[str, torch.Tensor]) -> int:
@@ -111,8 +116,9 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
     segment = plan.segments[segment_index]
     topology: Topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s)
 
-    trainer = build_trainer(config)
-    (base,) = trainer.checkpoints.values()
+    trainer = build_trainer(config, miss_reports=MissReports(
+        planner_reports_dir(run_dir), prefix=f"segment-{segment_index:04d}-rank-{topology.rank}-"))
+    (base,) = trainer.checkpoints.values()  # the full model, or the LoRA adapter
     if segment_index > 0:
         meta = load_training_state(state_dir_for(run_dir, segment_index - 1), trainer.checkpoints)
         if meta["next_step"] != segment.start_step:
@@ -179,6 +185,8 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
     train_s = time.perf_counter() - train_started
     totals = torch.tensor([float(num_input_tokens), float(num_stale)])
     all_reduce_sum_([totals])
+    planner_misses = torch.tensor([float(trainer.planner.num_misses)])
+    all_reduce_sum_([planner_misses])
 
     state_dir = state_dir_for(run_dir, segment_index)
     save_started = time.perf_counter()
@@ -202,6 +210,7 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
             "num_tokens": tokens, "tokens_per_s": tokens / train_s if train_s > 0 else 0.0,
             "setup_s": setup_s, "train_s": train_s, "save_s": save_s,
             "peak_saved_bytes": trainer.peak_saved_bytes,
+            "planner_misses": int(planner_misses.item()), "planner": trainer.planner.summary(),
             "world_size": topology.world_size, "logical_dp": topology.logical_dp,
             "state_dir": str(state_dir), "state_bytes": state_bytes,
         }
