@@ -4,7 +4,9 @@
 
 Every rank loads segment K's state and checks that its weights agree with every
 other rank's (a diverged replica must not be published); rank 0 writes the
-checkpoint. A staged directory whose manifest still verifies is kept as it is:
+checkpoint. The weight digests travel in a status exchange
+(`trainer_core.ranks.exchange`): a rank that fails to load fails every rank at
+once, with its rank and error named. A staged directory whose manifest still verifies is kept as it is:
 a retried export does not serialize the same checkpoint again.
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from .distributed import init_distributed, log, run_rank_main
+from .ranks import exchange
 from .export import export_checkpoint
 from .faults import maybe_inject_export_fault
 from .files import tensors_sha256, write_text_atomic
@@ -31,18 +34,21 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
     started = time.perf_counter()
     plan = read_plan(run_dir)
     config = plan.run_config()
-    topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s)
-    trainer = build_trainer(config)
-    model = trainer.model
-    meta = load_training_state(state_dir_for(run_dir, segment_index), trainer.checkpoints, with_optimizer=False)
-    maybe_inject_export_fault(topology.rank)
-    digest = tensors_sha256(model.state_dict())
-    if topology.world_size > 1:
-        digests: list[str | None] = [None] * topology.world_size
-        dist.all_gather_object(digests, digest)
-        disagreeing = [r for r, d in enumerate(digests) if d != digests[0]]
-        if disagreeing:
-            raise RuntimeError(f"ranks {disagreeing} hold weights that differ from rank 0's; refusing to export")
+    topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s,
+                                config.train.global_batch_size)
+    error = digest = None
+    try:
+        trainer = build_trainer(config)
+        model = trainer.model
+        meta = load_training_state(state_dir_for(run_dir, segment_index), trainer.checkpoints, with_optimizer=False)
+        maybe_inject_export_fault(topology.rank)
+        digest = tensors_sha256(model.state_dict())
+    except Exception as failure:  # noqa: BLE001 - every rank hears of it in the exchange, then raises
+        error = failure
+    digests = exchange("export", error, digest)
+    disagreeing = [r for r, d in enumerate(digests) if d != digests[0]]
+    if disagreeing:
+        raise RuntimeError(f"ranks {disagreeing} hold weights that differ from rank 0's; refusing to export")
     step = meta["next_step"]
     reused = False
     if topology.rank == 0:
