@@ -56,6 +56,8 @@ def is_coordinated(error: BaseException) -> bool:
 
 def coordinated_error(command: str, error: BaseException | None, failures: list[tuple[int, str]]) -> BaseException:
     """What this rank raises once every rank knows `failures`: its own error if it failed, else RankFailure."""
+    if error is not None and is_coordinated(error):
+        return error  # already raised on every rank (an earlier exchange of the same command)
     if error is not None and not isinstance(error, RankFailure):
         causes = "; ".join(f"rank {rank}: {status}" for rank, status in failures)
         error.add_note(f"{command} failed, every rank stopped ({causes})")
@@ -66,16 +68,23 @@ def coordinated_error(command: str, error: BaseException | None, failures: list[
     return raised
 
 
+def primary_failures(failures: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The failures that are causes: a rank that only stopped because another failed (RankFailure) is an effect."""
+    causes = [(rank, status) for rank, status in failures if not status.startswith(f"{RankFailure.__name__}: ")]
+    return causes or failures
+
+
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def exchange(command: str, error: BaseException | None, payload: Any = None) -> list[Any]:
+def exchange(command: str, error: BaseException | None, payload: Any = None, *, where: str | None = None) -> list[Any]:
     """Every rank reports its outcome (and a small payload); raise on every rank if any failed.
 
-    Returns every rank's payload, by rank, when all succeeded.
+    Returns every rank's payload, by rank, when all succeeded. `where` names,
+    in this rank's status, what it was doing (e.g. its logical rank).
     """
-    status = None if error is None else describe(error)
+    status = None if error is None else describe(error) + (f" (in {where})" if where else "")
     if _world_size() == 1:
         gathered = [(status, payload)]
     else:
@@ -88,7 +97,7 @@ def exchange(command: str, error: BaseException | None, payload: Any = None) -> 
 
 
 @contextlib.contextmanager
-def coordinated(command: str) -> Iterator[None]:
+def coordinated(command: str, *, where: str | None = None) -> Iterator[None]:
     """Run the body as one command: whatever it raises, this rank joins the status exchange first."""
     error: BaseException | None = None
     try:
@@ -97,4 +106,4 @@ def coordinated(command: str) -> Iterator[None]:
         if is_coordinated(failure):
             raise  # every rank raised it together: nobody is waiting in an exchange
         error = failure
-    exchange(command, error)
+    exchange(command, error, where=where)

@@ -74,7 +74,7 @@ class LogicalShard:
     def _run(self) -> Iterator[None]:
         facade = self._facade
         # Outermost: the status exchange, which runs whatever the inner parts raise.
-        with coordinated(f"logical rank {self.logical_rank} (step {self._step})"):
+        with coordinated(f"the logical ranks' work of step {self._step}", where=f"logical rank {self.logical_rank}"):
             with facade.gradients.scope(self.logical_rank):
                 torch.manual_seed(step_seed(facade.seed, self._step, self.logical_rank))
                 maybe_inject_command_fault("logical_rank", facade.topology.rank)

@@ -42,7 +42,7 @@ from ..training.graphs import GraphConsumedError, ManagedOutputs, leaf_tag, loss
 from ..training.trainer import BackwardReport
 from .channel import ABORT, CLOSE, gather_outcomes, receive_command, send_command
 from .commands import HEAD_FIELD, ROW_INPUTS, Command, CommandExecutor
-from .coordination import RankFailure, coordinated_error, describe
+from .coordination import RankFailure, coordinated_error, describe, primary_failures
 from .logical_gradients import LogicalGradients, ReductionMode
 from .topology import Topology
 
@@ -94,7 +94,7 @@ class RankZeroTrainer:
         self._session.released.clear()
         payload = send_command(command, payloads or [None] * self.topology.world_size, self.topology)
         outcomes = gather_outcomes(self._executor.execute(command, payload), self.topology)
-        failures = [(rank, status) for rank, (status, _) in enumerate(outcomes) if status is not None]
+        failures = primary_failures([(rank, status) for rank, (status, _) in enumerate(outcomes) if status is not None])
         if failures:
             self._failures = (name, failures)
             self.failure = coordinated_error(name, self._executor.last_error, failures)
@@ -273,6 +273,8 @@ def run_rank_zero(trainer, topology: Topology, driver: Callable[[RankZeroTrainer
     try:
         result = driver(facade)
     except BaseException as error:
+        if facade.failure is None:
+            error.add_note("the driver failed on rank 0, every rank stopped")
         try:
             facade._abort(error)
         except Exception as unsent:  # noqa: BLE001 - the peers are gone already; the driver's error is the story
