@@ -10,10 +10,8 @@ fold itself; the reduce API. Dropout is on, so the per-logical-rank seeds count.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-import torch
 
 from tests.ranks.logical_worker import run_scenarios
 from tests.ranks.loops import LOGICAL_DP, digest, make_trainer, sft_batches, spmd_sft
@@ -26,15 +24,8 @@ pytestmark = pytest.mark.distributed
 
 @pytest.fixture
 def one_thread():
-    """The workers pin one thread per process; so does the W = 1 reference (the thread count changes bits)."""
-    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    """The workers pin one thread per process; so does the W = 1 reference (conftest restores the count after)."""
     pin_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    if env is None:
-        os.environ.pop("OMP_NUM_THREADS", None)
-    else:
-        os.environ["OMP_NUM_THREADS"] = env
 
 
 def launch_worker(world_size: int, out_dir) -> dict:

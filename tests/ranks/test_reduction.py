@@ -47,19 +47,8 @@ def test_reduce_refuses_what_it_cannot_sum(values, message):
         reduce_over_logical_ranks([torch.tensor(1.0)] * 4, "max", Topology(0, 1, 4))
 
 
-@pytest.fixture
-def restore_threads():
-    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    yield
-    torch.set_num_threads(threads)
-    if env is None:
-        os.environ.pop("OMP_NUM_THREADS", None)
-    else:
-        os.environ["OMP_NUM_THREADS"] = env
-
-
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to run two threads")
-def test_the_thread_count_changes_the_bits_of_a_reduction_so_it_is_pinned(restore_threads):
+def test_the_thread_count_changes_the_bits_of_a_reduction_so_it_is_pinned():  # conftest restores the threads
     # Why W must not choose the thread count: each thread sums its part, then the parts are added.
     values = torch.randn(4_000_000, generator=torch.Generator().manual_seed(0))
     sums = {}
