@@ -17,7 +17,8 @@ from tests.ranks.loops import (
     EVEN_ROWS, LOGICAL_DP, UNEVEN_ROWS, digest, make_trainer, rl_batches, rl_loop, sft_batches, sft_loop, spmd_sft,
 )
 from trainer_core.distributed import init_distributed, log, run_rank_main
-from trainer_core.ranks import Topology, pin_threads, reduce_over_logical_ranks, run_rank_zero, sharded_ordered_fold
+from trainer_core.ranks import Topology, pin_threads, reduce_over_logical_ranks, run_rank_zero
+from trainer_core.ranks.reduction import sharded_ordered_fold, to_shard_layout
 
 
 def _partial(logical_rank: int, numel: int = 1001) -> torch.Tensor:
@@ -52,7 +53,7 @@ def run_scenarios(topology: Topology) -> dict[str, dict]:
     record("rank_zero_rl", trainer, run_rank_zero(trainer, topology, lambda t: rl_loop(t, rl_batches())))
 
     local = torch.stack([_partial(r) for r in topology.local_logical_ranks])
-    folded = sharded_ordered_fold(local, topology)
+    folded = sharded_ordered_fold(to_shard_layout(local, topology.world_size), topology)[:local.shape[1]]
     results["fold"] = {"digest": _same_everywhere(folded.numpy().tobytes().hex(), topology)}
     values = {r: torch.tensor([1e8, 1.0 / (r + 3)], dtype=torch.float32) * (-1) ** r
               for r in topology.local_logical_ranks if r != 2}  # logical rank 2 has no value

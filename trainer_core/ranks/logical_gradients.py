@@ -29,7 +29,7 @@ import torch
 
 from ..training.checkpoints import Checkpoint
 from ..training.gradient_reduction import RankSum
-from .reduction import sharded_ordered_fold
+from .reduction import shard_layout, sharded_ordered_fold
 from .topology import Topology
 
 ReductionMode = Literal["deterministic", "fast"]
@@ -136,14 +136,17 @@ class LogicalGradients:
     def _fold_group(self, dtype: torch.dtype, group: list[tuple[_Key, torch.Tensor]]) -> None:
         """Fold one dtype's gradients over logical ranks and set them as the optimized tensors' `.grad`."""
         numel = sum(tensor.numel() for _, tensor in group)
-        device = group[0][1].device
-        local = torch.zeros(len(self._partials), numel, dtype=dtype, device=device)
+        world_size = self.topology.world_size
+        chunk = shard_layout(numel, world_size)
+        # [W, L/W, chunk]: each local logical rank's flat partial, cut into the slices the processes own.
+        local = torch.zeros(world_size, len(self._partials), chunk, dtype=dtype, device=group[0][1].device)
         for row, logical_rank in enumerate(self.topology.local_logical_ranks):
+            flat = local[:, row, :]  # a strided view: flat element i is at [i // chunk, row, i % chunk]
             offset, partial = 0, self._partials[logical_rank]
             for key, tensor in group:
                 grad = partial.pop(key, None)
                 if grad is not None:  # absent: this logical rank's partial is zeros there
-                    local[row, offset:offset + tensor.numel()].copy_(grad.reshape(-1))
+                    _copy_flat(flat, offset, grad.reshape(-1), chunk)
                 offset += tensor.numel()
         folded = sharded_ordered_fold(local, self.topology)
         offset = 0
@@ -154,3 +157,13 @@ class LogicalGradients:
     def clear(self) -> None:
         for partial in self._partials.values():
             partial.clear()
+
+
+def _copy_flat(sliced: torch.Tensor, offset: int, values: torch.Tensor, chunk: int) -> None:
+    """Write `values` at flat positions offset… of a [W, chunk] view (row-major over slices)."""
+    position, end = offset, offset + values.numel()
+    while position < end:
+        row, column = divmod(position, chunk)
+        take = min(chunk - column, end - position)
+        sliced[row, column:column + take].copy_(values[position - offset:position - offset + take])
+        position += take

@@ -29,6 +29,8 @@ import torch.distributed as dist
 from .topology import Topology
 
 ReduceOp = Literal["sum", "mean"]
+# torch 2.13 renamed all_gather_into_tensor (deprecated there); the package supports torch >= 2.6.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def ordered_fold(partials: torch.Tensor) -> torch.Tensor:
@@ -39,37 +41,40 @@ def ordered_fold(partials: torch.Tensor) -> torch.Tensor:
     return folded
 
 
-def _slice_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
-    chunk = -(-numel // world_size)
-    return [(min(rank * chunk, numel), min((rank + 1) * chunk, numel)) for rank in range(world_size)]
+def shard_layout(numel: int, world_size: int) -> int:
+    """The slice each process owns: `chunk` elements (the last one padded), `world_size * chunk` in all."""
+    return -(-numel // world_size)
+
+
+def to_shard_layout(partials: torch.Tensor, world_size: int) -> torch.Tensor:
+    """[L/W, N] partials in logical order → the [W, L/W, chunk] layout `sharded_ordered_fold` takes."""
+    num_local, numel = partials.shape
+    chunk = shard_layout(numel, world_size)
+    padded = torch.zeros(num_local, world_size * chunk, dtype=partials.dtype, device=partials.device)
+    padded[:, :numel] = partials
+    return padded.view(num_local, world_size, chunk).transpose(0, 1).contiguous()
 
 
 def sharded_ordered_fold(local_partials: torch.Tensor, topology: Topology) -> torch.Tensor:
     """The ordered fold over all L logical ranks of flat partials, on every process.
 
-    `local_partials` is [L/W, N]: this process's logical ranks' partials in
-    logical order. Returns the [N] fold, bitwise the same at every W.
+    `local_partials` is [W, L/W, chunk] (`chunk = shard_layout(N, W)`): this
+    process's logical ranks' partials, in logical order in dimension 1, each
+    cut into the W slices the processes own (zero-padded to W·chunk) — the
+    layout the all-to-all sends without another copy. Returns the [W·chunk]
+    fold (the caller drops the padding), bitwise the same at every W.
     """
-    num_local, numel = local_partials.shape
-    if topology.world_size == 1:
-        return ordered_fold(local_partials)
-    world_size = topology.world_size
-    bounds = _slice_bounds(numel, world_size)
-    chunk = bounds[0][1] - bounds[0][0]
-    # Send to rank w, for each local logical rank in order, the slice rank w owns.
-    send = torch.cat([local_partials[:, start:end].reshape(-1) for start, end in bounds])
-    own_start, own_end = bounds[topology.rank]
-    own = own_end - own_start
-    received = torch.empty(world_size * num_local * own, dtype=local_partials.dtype)
-    dist.all_to_all_single(received, send, output_split_sizes=[num_local * own] * world_size,
-                           input_split_sizes=[num_local * (end - start) for start, end in bounds])
+    world_size, num_local, chunk = local_partials.shape
+    if world_size == 1:
+        return ordered_fold(local_partials[0])
+    # Rank w receives, from each rank p in turn, p's partials of the slice w owns.
+    received = torch.empty_like(local_partials)
+    dist.all_to_all_single(received, local_partials)
     # Rank p's block holds logical ranks p·L/W …, so the rows are in logical order.
-    folded_slice = ordered_fold(received.view(world_size * num_local, own))
-    padded = torch.zeros(chunk, dtype=local_partials.dtype)
-    padded[:own] = folded_slice
-    gathered = torch.empty(world_size * chunk, dtype=local_partials.dtype)
-    dist.all_gather_into_tensor(gathered, padded)
-    return torch.cat([gathered[rank * chunk:rank * chunk + (end - start)] for rank, (start, end) in enumerate(bounds)])
+    folded_slice = ordered_fold(received.view(world_size * num_local, chunk))
+    gathered = torch.empty(world_size * chunk, dtype=local_partials.dtype, device=local_partials.device)
+    _all_gather_single(gathered, folded_slice)
+    return gathered
 
 
 def reduce_over_logical_ranks(values: Mapping[int, torch.Tensor] | Sequence[torch.Tensor | None], op: ReduceOp,
