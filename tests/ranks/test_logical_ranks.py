@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from tests.ranks.logical_worker import run_scenarios
-from tests.ranks.loops import LOGICAL_DP, digest, make_trainer, sft_batches, spmd_sft
+from tests.ranks.logical_worker import fast_scenario, run_scenarios
+from tests.ranks.loops import LOGICAL_DP
 from tests.trainer.ranks import ROOT
 from infra.launcher import launch
 from trainer_core.ranks import Topology, pin_threads
@@ -51,12 +51,10 @@ def test_every_scenario_is_bitwise_the_same_at_one_two_and_four_processes(tmp_pa
 
 def test_the_comparison_is_sensitive_a_fast_reduction_differs_from_w1(tmp_path, one_thread):
     """Not a promise, a check on the test: the plain all-reduce's association at W = 4 does change bits."""
-    batches = sft_batches((8, 8, 8))
-    trainer = make_trainer()
-    deterministic = (spmd_sft(trainer, Topology(0, 1, LOGICAL_DP), batches), digest(trainer))
+    reference = fast_scenario(Topology(0, 1, LOGICAL_DP))  # at W = 1 fast and deterministic add alike
     lines: list[str] = []
-    result = launch("tests.ranks.fast_worker", ["--out", str(tmp_path)], nproc_per_node=4, timeout_s=300,
+    result = launch("tests.ranks.logical_worker", ["--out", str(tmp_path), "--fast"], nproc_per_node=4, timeout_s=300,
                     env={"PYTHONPATH": str(ROOT)}, on_line=lines.append)
     assert result.returncode == 0, "\n".join(lines[-40:])
     fast = json.loads((tmp_path / "fast.json").read_text())
-    assert fast["digest"] != deterministic[1]
+    assert fast["digest"] != reference["digest"]
