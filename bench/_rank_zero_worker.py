@@ -16,8 +16,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from bench._models import ModelSpec, make_batch
 from trainer_core.distributed import init_distributed, log, run_rank_main
 from trainer_core.ranks import LogicalDataParallel, pin_threads, run_rank_zero

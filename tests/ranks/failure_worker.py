@@ -18,11 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from tests.ranks.loops import LOGICAL_DP, make_trainer, sft_batches, sft_loop
 from trainer_core.distributed import init_distributed, log, run_rank_main
-from trainer_core.faults import COMMAND_FAULT_ENV, InjectedFault
+from trainer_core.faults import COMMAND_FAULT_ENV
 from trainer_core.ranks import LogicalDataParallel, RankFailure, exchange, pin_threads, run_rank_zero
 
 COLLECTIVE_TIMEOUT_S = 120
@@ -164,5 +162,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
     run_rank_main(main)

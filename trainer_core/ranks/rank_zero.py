@@ -106,8 +106,8 @@ class RankZeroTrainer:
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 targets: torch.Tensor | None = None, position_ids: torch.Tensor | None = None, **options) -> ManagedOutputs:
         """`Trainer.forward` over the global batch; `options` (outputs, top_k, mode, …) go to every rank's trainer."""
-        rows = {"input_ids": input_ids, "attention_mask": attention_mask, "targets": targets, "position_ids": position_ids}
-        rows = {name: tensor for name, tensor in rows.items() if tensor is not None}
+        given = (input_ids, attention_mask, targets, position_ids)
+        rows = {name: tensor for name, tensor in zip(ROW_INPUTS, given, strict=True) if tensor is not None}
         num_rows = input_ids.shape[0]
         mismatched = {name: tuple(t.shape) for name, t in rows.items() if t.shape[0] != num_rows}
         if mismatched or num_rows == 0:
