@@ -128,6 +128,12 @@ class TrainSection(_Section):
     """Logical data-parallel ranks; results do not depend on the physical world size."""
     nproc_per_node: int = Field(1, ge=1)
     """Physical ranks (torchrun processes); must divide logical_dp."""
+    reduction: Literal["deterministic", "fast"] = "deterministic"
+    """`deterministic`: gradients, losses and counts are folded in logical-rank order, so results are bitwise the same
+    at any nproc_per_node; `fast`: a plain all-reduce (last bits depend on nproc_per_node)."""
+    threads_per_process: int | None = Field(None, ge=1)
+    """Intra-op CPU threads of each rank. Unset: 1 with deterministic reduction (a count that does not depend on
+    nproc_per_node), cores / nproc_per_node with fast. The count changes the last bits of results, not W."""
     backward_mode: Literal["retain", "offload", "replay", "auto"] = "retain"
     """How each forward keeps its backward state; `auto` lets the memory planner choose per graph."""
     saved_bytes_budget: int | None = Field(None, ge=0)

@@ -152,6 +152,10 @@ def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple
     training_config["run"].pop("work_dir")
     for operational in ("segment_timeout_s", "stall_timeout_s", "collective_timeout_s", "planner_miss_threshold"):
         training_config["train"].pop(operational)
+    if config.train.reduction == "deterministic":
+        # The number of processes changes only the speed (trainer_core.ranks): a run
+        # resumed at another nproc_per_node is the same run, under the same id.
+        training_config["train"].pop("nproc_per_node")
     for section in ("model", "tokenizer", "data"):
         training_config[section].pop("path", None)
         training_config[section].pop("config", None)

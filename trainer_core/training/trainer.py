@@ -7,7 +7,9 @@
     trainer.backward(loss)                          # cotangents → each forward's graph → staged → committed
     trainer.step()                                  # AdamW per checkpoint, versions advance
 
-Gradients are summed over ranks at `step`; normalise the loss accordingly.
+Gradients are summed over ranks at `step`; normalise the loss accordingly. How
+they are summed is the trainer's `gradient_reduction` (`gradient_reduction.py`):
+an all-reduce by default, a fold in logical-rank order under `trainer_core.ranks`.
 With several LoRA adapters registered, `forward(..., checkpoint="name")` runs
 the model with that adapter active (a replay activates it again), and the
 graph depends on that adapter only (besides the base and the heads).
@@ -25,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .checkpoints import Checkpoint, StepReport
+from .gradient_reduction import GradientReduction, RankSum
 from .graphs import (
     Graph, GraphConsumedError, GraphTable, LossLeaves, ManagedOutputs, leaf_tag, loss_leaves, make_leaf,
 )
@@ -37,7 +40,7 @@ from .outputs import HEAD_PREFIX, ForwardCall, compute_outputs
 from .registry import CheckpointRegistry
 from .staleness import StaleGraphError, StalenessPolicy, importance_weights
 from .stepping import step_checkpoints
-from .transaction import NonFinitePolicy, StagedGradients, ranks_agree
+from .transaction import NonFinitePolicy, StagedGradients
 
 # Internal output name → ManagedOutputs field.
 _OUTPUT_FIELDS = {"logprobs": "logprobs", "topk": "topk_logprobs", "logits": "logits", "hidden": "hidden_states"}
@@ -80,6 +83,8 @@ class Trainer(CheckpointRegistry):
         self.graphs = GraphTable()
         self.peak_saved_bytes = 0
         """The highest `resident_bytes()` seen right after a forward or a step."""
+        self.gradient_reduction: GradientReduction = RankSum()
+        """How gradients are agreed on at backward and summed over processes at step (replaced by trainer_core.ranks)."""
 
     # -- forward -----------------------------------------------------------------
 
@@ -233,7 +238,7 @@ class Trainer(CheckpointRegistry):
             staged.build()
         except Exception as failure:  # noqa: BLE001 - every rank must hear of it before anyone raises
             error = failure
-        error = ranks_agree(error)
+        error = self.gradient_reduction.agree_on_backward(error)
         self._settle(entered, succeeded=error is None, keep_graph=keep_graph, retain_graph=retain_graph)
         if error is not None:
             raise error
@@ -261,7 +266,7 @@ class Trainer(CheckpointRegistry):
         # retry is possible: retain_graph, a later graph of this backward that may
         # fail, or another rank that may. A lone graph on one rank frees them as
         # plain autograd does (a lower peak).
-        keep_graph = retain_graph or len(graphs) > 1 or self.world_size > 1
+        keep_graph = retain_graph or len(graphs) > 1 or (self.world_size > 1 and self.gradient_reduction.backward_is_collective)
         ages: dict[int, dict[str, int]] = {}
         for graph in graphs:
             ages[graph.graph_id] = self.staleness.ages(graph.versions, self._current_versions())
@@ -366,7 +371,8 @@ class Trainer(CheckpointRegistry):
         if unknown:
             raise ValueError(f"unknown checkpoint(s) {unknown}; registered: {sorted(self.checkpoints)}")
         self._expire_graphs()
-        reports = step_checkpoints([self.checkpoints[name] for name in selected], learning_rate, self._hand_over_weights)
+        reports = step_checkpoints([self.checkpoints[name] for name in selected], learning_rate, self._hand_over_weights,
+                                   self.gradient_reduction)
         self._expire_graphs()
         self.peak_saved_bytes = max(self.peak_saved_bytes, self.resident_bytes())  # snapshots handed over
         return reports
@@ -374,6 +380,7 @@ class Trainer(CheckpointRegistry):
     def zero_grad(self) -> None:
         for checkpoint in self.checkpoints.values():
             checkpoint.clear_gradients()
+        self.gradient_reduction.clear()
 
     @property
     def world_size(self) -> int:
