@@ -59,7 +59,7 @@ def fetch_verified(store: StoreLocation, remote_path: str, target: Path, entry: 
     tmp = temp_name(target)
     digest, size = hashlib.sha256(), 0
     try:
-        with store.fs.open(remote_path, "rb", block_size=BLOCK_BYTES) as source, tmp.open("wb") as sink:
+        with store.fs.open(remote_path, "rb", block_size=BLOCK_BYTES, cache_type="none") as source, tmp.open("wb") as sink:
             while block := source.read(BLOCK_BYTES):
                 digest.update(block)
                 size += len(block)
