@@ -5,8 +5,9 @@
   success, and is reused (nothing trained) when that state already verifies
   in the store;
 - a segment fetches the plan, its shard and the previous segment's state, and
-  an export the plan and its segment's state, into the local run directory
-  when they are not there (or do not match the store).
+  an export the plan and its segment's state (the state only when it has to
+  launch), into the local run directory when they are not there (or do not
+  match the store).
 """
 
 from __future__ import annotations
@@ -82,26 +83,21 @@ def _fetch(planned: PlannedRun, bundle: str, only=None) -> dict:
     return figures
 
 
-def _fetch_plan(planned: PlannedRun, segment_index: int) -> None:
-    """plan.json, then the one shard the segment reads."""
+def fetch_plan_file(planned: PlannedRun) -> None:
+    """plan.json, verified against the store."""
     _fetch(planned, PLAN_BUNDLE, only=lambda path: path == PLAN_FILE)
-    shard = read_plan(Path(planned.run_dir)).segments[segment_index].shard_file
-    _fetch(planned, PLAN_BUNDLE, only=lambda path: path == shard)
 
 
-def _fetch_state(planned: PlannedRun, segment_index: int) -> None:
+def fetch_segment_state(planned: PlannedRun, segment_index: int) -> None:
+    """The training state segment `segment_index` saved (not its result), verified against the store."""
     prefix = _relative(Path(planned.run_dir), state_dir_for(Path(planned.run_dir), segment_index)) + "/"
     _fetch(planned, segment_bundle(segment_index), only=lambda path: path.startswith(prefix))
 
 
 def fetch_segment_inputs(planned: PlannedRun, segment_index: int) -> None:
     """The plan, the segment's shard and the previous segment's state, verified against the store."""
-    _fetch_plan(planned, segment_index)
+    fetch_plan_file(planned)
+    shard = read_plan(Path(planned.run_dir)).segments[segment_index].shard_file
+    _fetch(planned, PLAN_BUNDLE, only=lambda path: path == shard)
     if segment_index > 0:
-        _fetch_state(planned, segment_index - 1)
-
-
-def fetch_export_inputs(planned: PlannedRun, segment_index: int) -> None:
-    """The plan and the segment's state, verified against the store."""
-    _fetch(planned, PLAN_BUNDLE, only=lambda path: path == PLAN_FILE)
-    _fetch_state(planned, segment_index)
+        fetch_segment_state(planned, segment_index - 1)
