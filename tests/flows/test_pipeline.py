@@ -274,3 +274,8 @@ def test_a_work_dir_deleted_mid_run_and_a_fresh_worker_resume_from_the_store(pre
     assert again["run_id"] == result["run_id"] and again["losses"] == result["losses"]
     assert again["launch_wall_s"] == 0 and again["export_wall_s"] == 0 and again["segments_reused"] == 2
     assert again["checkpoint_url"] == result["checkpoint_url"]
+    stored_ledger = Path(config.storage.url) / result["run_id"] / ledger.LEDGER_FILE
+    segment_entries = [(e["status"], e.get("segment")) for e in map(json.loads, stored_ledger.read_text().splitlines())
+                       if e["stage"] == "segment"]
+    assert ("completed", 1) in segment_entries  # the first worker's history is kept beside the fresh worker's
+    assert [entry for entry in segment_entries if entry[0] == "reused"] == [("reused", 0), ("reused", 1)]
