@@ -1,7 +1,8 @@
-"""Infrastructure: object storage, checkpoint publication, torchrun launching, failure diagnosis, local services."""
+"""Infrastructure: object storage, run state in the store, checkpoint publication, torchrun launching, failure diagnosis, local services."""
 
 from .checkpoints import (CheckpointReport, LatestResolution, download_checkpoint, latest_checkpoint, list_checkpoints,
                           pull_checkpoint, resolve_latest, scan_checkpoints, verify_checkpoint)
+from .downloads import StoredObjectCorrupt
 from .failures import Failure, FailureClass, classify_exception, diagnose_launch
 from .finalizer import FinalizerSettings, FinalizerWaitTimeout
 from .journal import Journal, PublicationState, TransitionError
@@ -12,15 +13,19 @@ from .orphans import GarbageReport, collect_garbage
 from .preflight import StoreUnavailable, check_store_writable
 from .publication import (CleanupOutcome, CommitOutcome, PublishSettings, StagedFileChanged, abort_publication,
                           cleanup_staging, commit_checkpoint)
+from .run_state import (BundleManifest, StateSettings, fetch_bundle, publish_bundle, read_bundle_manifest,
+                        stored_bundle)
 from .storage import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
 
 __all__ = [
-    "CheckpointReport", "CleanupOutcome", "CommitOutcome", "Failure", "FailureClass", "FinalizerSettings",
-    "FinalizerWaitTimeout", "GarbageReport", "Journal", "LatestResolution", "LaunchError", "LaunchResult", "Lease",
-    "LeaseHeldError", "LeaseLostError", "LeaseRecord", "ManifestError", "PublicationState", "PublishSettings",
-    "StagedFileChanged", "StorageTimeoutError", "StoreLocation", "StoreTimeouts", "StoreUnavailable",
-    "TransitionError", "abort_publication", "check_store_writable", "checkpoint_name", "classify_exception",
-    "cleanup_staging", "collect_garbage", "commit_checkpoint", "diagnose_launch", "download_checkpoint",
-    "latest_checkpoint", "launch", "launch_or_raise", "list_checkpoints", "open_store", "pull_checkpoint",
-    "read_lease", "resolve_latest", "scan_checkpoints", "verify_checkpoint",
+    "BundleManifest", "CheckpointReport", "CleanupOutcome", "CommitOutcome", "Failure", "FailureClass",
+    "FinalizerSettings", "FinalizerWaitTimeout", "GarbageReport", "Journal", "LatestResolution", "LaunchError",
+    "LaunchResult", "Lease", "LeaseHeldError", "LeaseLostError", "LeaseRecord", "ManifestError", "PublicationState",
+    "PublishSettings", "StagedFileChanged", "StateSettings", "StorageTimeoutError", "StoreLocation",
+    "StoreTimeouts", "StoreUnavailable", "StoredObjectCorrupt", "TransitionError", "abort_publication",
+    "check_store_writable", "checkpoint_name", "classify_exception", "cleanup_staging", "collect_garbage",
+    "commit_checkpoint", "diagnose_launch", "download_checkpoint", "fetch_bundle", "latest_checkpoint", "launch",
+    "launch_or_raise", "list_checkpoints", "open_store", "publish_bundle", "pull_checkpoint",
+    "read_bundle_manifest", "read_lease", "resolve_latest", "scan_checkpoints", "stored_bundle",
+    "verify_checkpoint",
 ]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .conditional import read_versioned
+from .downloads import fetch_verified
 from .durable import temp_name
 from .latest import latest_path, parse_latest
 from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name, parse_manifest, step_of
@@ -188,16 +189,7 @@ def download_checkpoint(store: StoreLocation, run_id: str, name: str, dest: Path
                 target = staging / entry.path
                 if root not in target.resolve().parents:  # parse_manifest refused this already; belt and braces
                     raise ManifestError(f"{base}/{MANIFEST_FILE}: {entry.path} leaves the checkpoint")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                digest, size = hashlib.sha256(), 0
-                with store.fs.open(f"{base}/{entry.path}", "rb", block_size=_BLOCK_BYTES) as source, target.open("wb") as sink:
-                    while block := source.read(_BLOCK_BYTES):
-                        digest.update(block)
-                        size += len(block)
-                        sink.write(block)
-                if (size, digest.hexdigest()) != (entry.size, entry.sha256):
-                    raise OSError(f"{base}/{entry.path}: {size} bytes with sha256 {digest.hexdigest()} do not match the "
-                                  f"manifest ({entry.size} bytes, {entry.sha256}); the object is corrupt")
+                fetch_verified(store, f"{base}/{entry.path}", target, entry)
             manifest_bytes = store.fs.cat_file(f"{base}/{MANIFEST_FILE}")
             (staging / MANIFEST_FILE).write_bytes(manifest_bytes)
             if dest.is_dir() and not any(dest.iterdir()):

@@ -1,7 +1,10 @@
 """The run ledger: one JSON line per stage outcome, stored with the run.
 
 Appended locally with fsync as each stage ends (so a crash keeps what was
-recorded) and uploaded next to the run's checkpoints at the end of the flow.
+recorded) and uploaded next to the run's checkpoints at the end of the flow,
+merged with the ledger already stored there (`merge`): the work dir is a
+cache, so a flow on a fresh worker adds to the run's history instead of
+replacing it.
 """
 
 from __future__ import annotations
@@ -29,3 +32,16 @@ def read(run_dir: Path) -> list[dict]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def merge(stored: bytes, local: bytes) -> bytes:
+    """The union of two ledgers' entries, each once, in time order (a stored ledger and this worker's)."""
+    lines = {line for data in (stored, local) for line in data.decode().splitlines() if line.strip()}
+
+    def when(line: str) -> tuple[float, str]:
+        try:
+            return float(json.loads(line)["time"]), line
+        except (ValueError, KeyError, TypeError):
+            return float("-inf"), line  # an unreadable line is kept, first, for a person to look at
+
+    return "".join(line + "\n" for line in sorted(lines, key=when)).encode()

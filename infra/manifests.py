@@ -110,7 +110,12 @@ def parse_manifest(data: bytes, where: str, *, run_id: str | None = None, step: 
         raise ManifestError(f"{where}: manifest of run {manifest_run!r} stored under run {run_id!r}; refusing it")
     if raw.get("format") == FORMAT_V2 and manifest_run is None:
         raise ManifestError(f"{where}: a {FORMAT_V2} manifest must name its run_id")
-    files = raw.get("files")
+    entries = parse_file_entries(raw.get("files"), where)
+    return Manifest(format=version, run_id=manifest_run, step=manifest_step, files=entries, raw=raw)
+
+
+def parse_file_entries(files: object, where: str) -> tuple[FileEntry, ...]:
+    """A manifest's `files` list, checked: safe relative paths, sizes, sha256 digests, no duplicates."""
     if not isinstance(files, list):
         raise ManifestError(f"{where}: 'files' is not a list")
     entries, seen = [], set()
@@ -127,4 +132,4 @@ def parse_manifest(data: bytes, where: str, *, run_id: str | None = None, step: 
             raise ManifestError(f"{where}: {path} is listed twice or is both a file and a directory")
         seen.add(path)
         entries.append(FileEntry(path, size, digest))
-    return Manifest(format=version, run_id=manifest_run, step=manifest_step, files=tuple(entries), raw=raw)
+    return tuple(entries)

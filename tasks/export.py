@@ -25,6 +25,7 @@ from ._launch import launch_stage
 from ._logging import rank_line_logger
 from ._store import store_for
 from .outcomes import ExportOutcome, PlannedRun
+from .run_state import fetch_plan_file, fetch_segment_state
 
 
 def staged_dir_for(planned: PlannedRun, segment_index: int) -> Path:
@@ -41,6 +42,7 @@ def export_fingerprint(planned: PlannedRun, step: int) -> str:
 
 def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) -> ExportOutcome:
     run_dir = Path(planned.run_dir)
+    fetch_plan_file(planned)
     out_dir = staged_dir_for(planned, segment_index)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     step = planned.segment_steps[segment_index][1]
@@ -54,6 +56,7 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
                                 launch_wall_s=0.0)
         ledger.record(run_dir, "export", "reused", publication=journal.state.value, **outcome.model_dump())
         return outcome
+    fetch_segment_state(planned, segment_index)  # the work dir is a cache: the state may be only in the store
     journal.begin(fingerprint)
     try:
         launched = launch_stage(planned, "export", "trainer_core.export_main", segment_index,

@@ -1,4 +1,4 @@
-"""The plan stage: validate, tokenize and shard; reuse a plan already on disk."""
+"""The plan stage: validate, tokenize and shard; reuse a plan already on disk; store the plan with the run."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from trainer_core.config import RunConfig
 from trainer_core.plan import Plan, build_plan, read_plan, run_dir_for, write_plan
 
 from .outcomes import PlannedRun
+from .run_state import publish_plan
 
 
 def _planned(plan: Plan, run_dir: Path, config: RunConfig) -> PlannedRun:
@@ -41,7 +42,9 @@ def plan_run_fn(config: RunConfig) -> PlannedRun:
         num_dropped=plan.num_dropped, num_segments=len(plan.segments), data_kind=plan.data_kind, packed=plan.packed,
         num_flat_groups=plan.num_flat_groups, stage_digests=plan.stage_digests, wall_s=time.perf_counter() - started,
     )
-    return _planned(plan, run_dir, config)
+    planned = _planned(plan, run_dir, config)
+    publish_plan(planned)  # a segment on another worker (an empty work dir) resumes from the store
+    return planned
 
 
 plan_run = task(name="plan", cache_policy=NO_CACHE)(plan_run_fn)

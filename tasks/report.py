@@ -39,9 +39,19 @@ def publish_run_files_fn(planned: PlannedRun) -> dict[str, str]:
     with storage_errors(store, what):
         for name in (ledger.LEDGER_FILE, LOSS_CURVE_FILE):
             if (run_dir / name).is_file():
-                put_small(store, store.path(planned.run_id, name), (run_dir / name).read_bytes(), deadline)
+                data = (run_dir / name).read_bytes()
+                if name == ledger.LEDGER_FILE:  # this worker's entries join the run's stored history
+                    data = ledger.merge(_stored_bytes(store, store.path(planned.run_id, name)), data)
+                put_small(store, store.path(planned.run_id, name), data, deadline)
                 locations[name] = store.url_of(planned.run_id, name)
     return locations
+
+
+def _stored_bytes(store, path: str) -> bytes:
+    try:
+        return store.fs.cat_file(path)
+    except FileNotFoundError:
+        return b""
 
 
 def write_run_loss_curve(planned: PlannedRun, segments: list[SegmentOutcome]) -> Path:

@@ -3,9 +3,12 @@
 Retried by Prefect when the failure's class says a retry can help
 (`tasks.retry_policy`); a retry resumes from the previous segment's saved
 state, and a segment whose own state is already saved is not trained again:
-its task run ends in the state named "Reused". While it trains, a watchdog
-ends a launch that stops making progress (`tasks.watchdog`) and the run's
-live artifacts follow its steps (`tasks.live`).
+its task run ends in the state named "Reused". Saved means in the store
+(`tasks.run_state`): the state is uploaded before the task succeeds, and the
+inputs a segment lacks locally are fetched from the store, verified. While
+it trains, a watchdog ends a launch that stops making progress
+(`tasks.watchdog`) and the run's live artifacts follow its steps
+(`tasks.live`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .events import SEGMENT_COMPLETED, emit_run_event, flow_run_url
 from .live import LiveArtifacts, in_prefect_run, publisher_for
 from .outcomes import PlannedRun, SegmentOutcome
 from .retry_policy import retry_if_retriable
+from .run_state import fetch_segment_inputs, publish_segment_state, stored_segment_result
 from .watchdog import SegmentWatch
 
 REUSED = "Reused"
@@ -47,10 +51,15 @@ def _outcome(result: dict, launch_wall_s: float, reused: bool) -> SegmentOutcome
 def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, live: LiveArtifacts | None = None) -> SegmentOutcome:
     run_dir = Path(planned.run_dir)
     result_path = segment_result_path(run_dir, segment_index)
-    if has_state(state_dir_for(run_dir, segment_index)) and result_path.is_file():
-        outcome = _outcome(json.loads(result_path.read_text()), 0.0, reused=True)
+    stored = stored_segment_result(planned, segment_index)
+    if stored is None and has_state(state_dir_for(run_dir, segment_index)) and result_path.is_file():
+        publish_segment_state(planned, segment_index)  # trained here; its upload had not finished
+        stored = json.loads(result_path.read_text())
+    if stored is not None:
+        outcome = _outcome(stored, 0.0, reused=True)
         ledger.record(run_dir, "segment", "reused", segment=segment_index)
         return outcome
+    fetch_segment_inputs(planned, segment_index)
     progress_file = progress_path(run_dir, segment_index)
     progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
     publisher = publisher_for(live, segment_index)
@@ -60,6 +69,7 @@ def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, liv
     watch()  # the records written after the last poll
     if publisher is not None:
         publisher.flush()
+    publish_segment_state(planned, segment_index)  # before success: a retry elsewhere resumes from the store
     result = json.loads(result_path.read_text())
     outcome = _outcome(result, launched.wall_s, reused=False)
     ledger.record(run_dir, "segment", "completed", launch_wall_s=launched.wall_s,

@@ -17,6 +17,7 @@ from infra.failures import FailureClass
 from infra.launcher import LaunchError
 from infra.processes import PROC
 from tasks.plan import plan_run_fn
+from tasks.run_state import publish_plan
 from tasks.segment import train_segment_fn
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
@@ -99,6 +100,7 @@ def test_a_hung_rank_times_out_its_peers_collective(planned, monkeypatch, tmp_pa
     planned = planned.model_copy(update={"stall_timeout_s": 120})
     config_path = Path(planned.run_dir) / "plan.json"
     config_path.write_text(config_path.read_text().replace('"collective_timeout_s": 120', '"collective_timeout_s": 8'))
+    publish_plan(planned)  # the store's plan is the one a segment uses (a local copy that differs is replaced)
     failure, time_to_fail_s = fail_segment(planned, monkeypatch, tmp_path, "hang", step=1)
     assert failure.cause is FailureClass.COLLECTIVE_TIMEOUT and failure.retriable
     assert failure.rank == 1  # the silent rank, not the one whose collective timed out
@@ -108,11 +110,13 @@ def test_a_hung_rank_times_out_its_peers_collective(planned, monkeypatch, tmp_pa
 def test_the_export_launch_has_its_own_timeout(tmp_path):
     from tasks.export import export_segment_fn
 
-    config = config_from_dict(tiny_tree(tmp_path, export={"timeout_s": 1.5}), config_dir=tmp_path)
+    config = config_from_dict(tiny_tree(tmp_path, export={"timeout_s": 1.5}, train={"nproc_per_node": 1}),
+                              config_dir=tmp_path)
     planned = plan_run_fn(config)
     assert planned.export_timeout_s == 1.5 and planned.segment_timeout_s == 300
+    train_segment_fn(planned, 0, on_line=lambda _: None)  # the export fetches a state that must be in the store
     started = time.monotonic()
     with pytest.raises(LaunchError, match="ran past its 1.5 s limit") as raised:
-        export_segment_fn(planned, 1, on_line=lambda _: None)
+        export_segment_fn(planned, 0, on_line=lambda _: None)
     assert raised.value.failure.cause is FailureClass.LAUNCH_TIMEOUT and time.monotonic() - started < 30
     assert launch_processes(Path(planned.run_dir)) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,34 @@ def test_a_refused_store_setting_is_bad_input_exit_2(prefect_harness, s3_env, s3
     assert err.startswith("rankflow: bad input: storage.url=") and s3_env.endpoint_url in err
     assert "wrong-secret-never-shown" not in err and "Traceback" not in err
     assert not (tmp_path / "work" / "test-").exists() and not list((tmp_path / "work").glob("test-*"))
+
+
+def test_a_work_dir_deleted_mid_run_and_a_fresh_worker_resume_from_the_store(prefect_harness, local_run, tmp_path,
+                                                                            monkeypatch):
+    import tasks.segment
+
+    _, local_config, local_result = local_run
+    real_fetch = tasks.segment.fetch_segment_inputs
+
+    def delete_the_run_dir_first(planned, segment_index):
+        if segment_index == 1:  # the whole run directory is gone when segment 1 starts
+            shutil.rmtree(planned.run_dir)
+        real_fetch(planned, segment_index)
+
+    monkeypatch.setattr(tasks.segment, "fetch_segment_inputs", delete_the_run_dir_first)
+    config, result = run_flow(tmp_path)
+    assert result["losses"] == local_result["losses"] and result["segments_trained"] == 2
+    resumed = exported_weights(fetch_checkpoint(config, result, tmp_path / "resumed"))
+    baseline = exported_weights(fetch_checkpoint(local_config, local_result, tmp_path / "baseline"))
+    assert resumed.keys() == baseline.keys() and all(torch.equal(resumed[k], baseline[k]) for k in baseline)
+    # A fresh worker: another, empty work dir on the same store finds everything there.
+    fresh = config_from_dict(tiny_tree(tmp_path / "fresh", storage={"url": config.storage.url}), config_dir=tmp_path)
+    again = train_flow(fresh)
+    assert again["run_id"] == result["run_id"] and again["losses"] == result["losses"]
+    assert again["launch_wall_s"] == 0 and again["export_wall_s"] == 0 and again["segments_reused"] == 2
+    assert again["checkpoint_url"] == result["checkpoint_url"]
+    stored_ledger = Path(config.storage.url) / result["run_id"] / ledger.LEDGER_FILE
+    segment_entries = [(e["status"], e.get("segment")) for e in map(json.loads, stored_ledger.read_text().splitlines())
+                       if e["stage"] == "segment"]
+    assert ("completed", 1) in segment_entries  # the first worker's history is kept beside the fresh worker's
+    assert [entry for entry in segment_entries if entry[0] == "reused"] == [("reused", 0), ("reused", 1)]

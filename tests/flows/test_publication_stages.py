@@ -69,10 +69,12 @@ def test_a_rank_failing_export_preparation_aborts_the_publication(trained, tmp_p
 
 def test_a_spoiled_staging_is_exported_again_not_uploaded(trained, tmp_path):
     store = open_store(trained.storage_url)
-    # A fresh publication of the step: forget what an earlier test published.
+    # A fresh publication of the step: forget what an earlier test published
+    # (not the run's state in the store, which the export resumes from).
     journal_path_for(Path(trained.run_dir) / "export" / "step-00000003").unlink(missing_ok=True)
-    if store.fs.exists(store.path(trained.run_id)):
-        store.fs.rm(store.path(trained.run_id), recursive=True)
+    for published in ("checkpoints", "publications", "LATEST"):
+        if store.fs.exists(store.path(trained.run_id, published)):
+            store.fs.rm(store.path(trained.run_id, published), recursive=True)
     exported = export_segment_fn(trained, 0)
     weights = Path(exported.staged_dir) / "model.safetensors"
     original = weights.read_bytes()

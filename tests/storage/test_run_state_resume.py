@@ -1,0 +1,146 @@
+"""Resuming from the store with real torchrun segments: the work dir is a cache.
+
+Each test trains the tiny model in two segments through the segment task's
+function (`train_segment_fn`), deletes or spoils the local cache between
+them, and compares the final training state with a run that kept its work
+dir, byte for byte (the sha256 of every file of the stored state).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from infra.downloads import StoredObjectCorrupt
+from infra.run_state import read_bundle_manifest
+from infra.storage import open_store
+from tasks import run_state
+from tasks.plan import plan_run_fn
+from tasks.segment import train_segment_fn
+from tests.conftest import EXAMPLES, tiny_tree
+from tests.publication_helpers import fail_after_uploads
+from trainer_core.config import config_from_dict
+
+pytestmark = [pytest.mark.distributed]
+
+SFT: dict = {"train": {"nproc_per_node": 1}}
+RL: dict = {"train": {"nproc_per_node": 1},
+            "data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl", "pack": True},
+            "rl": {"initial_policy_version": 3, "max_data_staleness": 3, "sft_coef": 0.1}}
+QUIET = {"on_line": lambda _: None}
+
+
+def plan_in(root: Path, sections: dict, storage_url: str | None = None):
+    tree = tiny_tree(root, **sections)
+    if storage_url is not None:
+        tree["storage"]["url"] = storage_url
+    return plan_run_fn(config_from_dict(tree, config_dir=root))
+
+
+def final_state_digests(planned) -> dict[str, object]:
+    """sha256 of every file of the last segment's stored state (weights, AdamW state, meta).
+
+    The result file names local paths and is left out; of each checkpoint's
+    version.json the identity is left out (a fresh one per process, by
+    design: graphs from before a restore are void) and the rest compared.
+    """
+    store = open_store(planned.storage_url)
+    manifest = read_bundle_manifest(store, planned.run_id, f"segment-{planned.num_segments - 1:04d}")
+    assert manifest is not None, "the last segment's state is not in the store"
+    digests: dict[str, object] = {}
+    for entry in manifest.files:
+        if entry.path.endswith("/version.json"):
+            version = json.loads(store.fs.cat_file(store.path(planned.run_id, entry.path)))
+            digests[entry.path] = {k: v for k, v in version.items() if k != "identity"}
+        elif entry.path.startswith("state/"):
+            digests[entry.path] = entry.sha256
+    assert any(path.endswith("params.safetensors") for path in digests)
+    return digests
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Final state digests of runs that kept their work dir, per data kind."""
+    digests = {}
+    for kind, sections in (("sft", SFT), ("rl", RL)):
+        planned = plan_in(tmp_path_factory.mktemp(f"reference-{kind}"), sections)
+        for index in range(planned.num_segments):
+            train_segment_fn(planned, index, **QUIET)
+        digests[kind] = final_state_digests(planned)
+    return digests
+
+
+@pytest.mark.parametrize("kind, sections", [("sft", SFT), ("rl", RL)])
+def test_the_run_dir_deleted_between_segments_resumes_bitwise_from_the_store(reference, tmp_path, kind, sections):
+    planned = plan_in(tmp_path, sections)
+    first = train_segment_fn(planned, 0, **QUIET)
+    shutil.rmtree(planned.run_dir)
+    second = train_segment_fn(planned, 1, **QUIET)
+    assert not first.reused and not second.reused
+    assert final_state_digests(planned) == reference[kind]
+    assert (Path(planned.run_dir) / "state/segment-0000/meta.json").is_file()  # fetched into the cache
+
+
+def test_a_fresh_worker_with_another_work_dir_resumes_bitwise(reference, tmp_path):
+    planned = plan_in(tmp_path / "worker-a", SFT)
+    train_segment_fn(planned, 0, **QUIET)
+    shutil.rmtree(tmp_path / "worker-a" / "work")  # the whole work dir: run dir, stage cache, logs
+    fresh = planned.model_copy(update={"run_dir": str(tmp_path / "worker-b" / "work" / planned.run_id)})
+    train_segment_fn(fresh, 1, **QUIET)
+    assert final_state_digests(fresh) == reference["sft"]
+    # The segment trained before is reused from the store by the fresh worker: nothing launched.
+    assert train_segment_fn(fresh, 0, **QUIET).reused
+
+
+def test_an_interrupted_state_upload_is_not_used_and_the_retry_completes_it(reference, tmp_path, monkeypatch):
+    planned = plan_in(tmp_path, SFT)
+    real_publish = run_state.publish_bundle
+    monkeypatch.setattr(run_state, "publish_bundle", lambda *args, **kwargs: real_publish(
+        *args, **{**kwargs, "observer": fail_after_uploads(1, ConnectionError("injected storage outage"))}))
+    with pytest.raises(ConnectionError, match="injected"):
+        train_segment_fn(planned, 0, **QUIET)
+    monkeypatch.setattr(run_state, "publish_bundle", real_publish)
+    fresh = planned.model_copy(update={"run_dir": str(tmp_path / "elsewhere" / planned.run_id)})
+    with pytest.raises(FileNotFoundError, match="segment-0000.json is missing"):
+        train_segment_fn(fresh, 1, **QUIET)  # the partial upload is not resumed from
+    retried = train_segment_fn(planned, 0, **QUIET)
+    assert retried.reused  # trained already: the retry only finishes the upload
+    train_segment_fn(fresh, 1, **QUIET)
+    assert final_state_digests(fresh) == reference["sft"]
+
+
+def test_a_corrupt_local_state_is_downloaded_again_and_a_corrupt_stored_one_is_named(reference, tmp_path):
+    planned = plan_in(tmp_path, SFT)
+    train_segment_fn(planned, 0, **QUIET)
+    store = open_store(planned.storage_url)
+    params = "state/segment-0000/base/params.safetensors"
+    cached = Path(planned.run_dir) / params
+    cached.write_bytes(cached.read_bytes()[:-1] + bytes([cached.read_bytes()[-1] ^ 1]))
+    stored_path = store.path(planned.run_id, params)
+    good = store.fs.cat_file(stored_path)
+    store.fs.pipe_file(stored_path, good[:100] + bytes([good[100] ^ 0xFF]) + good[101:])
+    fresh = planned.model_copy(update={"run_dir": str(tmp_path / "fresh" / planned.run_id)})
+    with pytest.raises(StoredObjectCorrupt, match=f"{planned.run_id}/{params}.*corrupt"):
+        train_segment_fn(fresh, 1, **QUIET)
+    assert not (Path(fresh.run_dir) / params).exists()
+    store.fs.pipe_file(stored_path, good)  # the store repaired: the spoiled local copy is replaced, not trusted
+    train_segment_fn(planned, 1, **QUIET)
+    assert cached.read_bytes() == good
+    assert final_state_digests(planned) == reference["sft"]
+
+
+@pytest.mark.s3
+def test_on_s3_a_deleted_work_dir_resumes_training_and_export_from_the_store(reference, tmp_path, s3_env, s3_bucket_url):
+    from tasks.export import export_segment_fn
+
+    planned = plan_in(tmp_path, SFT, storage_url=s3_bucket_url)
+    train_segment_fn(planned, 0, **QUIET)
+    shutil.rmtree(tmp_path / "work")
+    train_segment_fn(planned, 1, **QUIET)
+    assert final_state_digests(planned) == reference["sft"]
+    shutil.rmtree(tmp_path / "work")
+    exported = export_segment_fn(planned, 1, **QUIET)
+    assert exported.step == planned.total_steps and (Path(exported.staged_dir) / "MANIFEST.json").is_file()
