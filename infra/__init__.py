@@ -12,14 +12,15 @@ from .orphans import GarbageReport, collect_garbage
 from .preflight import StoreUnavailable, check_store_writable
 from .publication import (CleanupOutcome, CommitOutcome, PublishSettings, StagedFileChanged, abort_publication,
                           cleanup_staging, commit_checkpoint)
+from .run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease, check_run_lease
 from .storage import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
 
 __all__ = [
     "CheckpointReport", "CleanupOutcome", "CommitOutcome", "Failure", "FailureClass", "FinalizerSettings",
     "FinalizerWaitTimeout", "GarbageReport", "Journal", "LatestResolution", "LaunchError", "LaunchResult", "Lease",
-    "LeaseHeldError", "LeaseLostError", "LeaseRecord", "ManifestError", "PublicationState", "PublishSettings",
+    "LeaseHeldError", "LeaseLostError", "LeaseRecord", "ManifestError", "PublicationState", "PublishSettings", "RunAlreadyActive", "RunLeaseLost",
     "StagedFileChanged", "StorageTimeoutError", "StoreLocation", "StoreTimeouts", "StoreUnavailable",
-    "TransitionError", "abort_publication", "check_store_writable", "checkpoint_name", "classify_exception",
+    "TransitionError", "abort_publication", "acquire_run_lease", "check_run_lease", "check_store_writable", "checkpoint_name", "classify_exception",
     "cleanup_staging", "collect_garbage", "commit_checkpoint", "diagnose_launch", "download_checkpoint",
     "latest_checkpoint", "launch", "launch_or_raise", "list_checkpoints", "open_store", "pull_checkpoint",
     "read_lease", "resolve_latest", "scan_checkpoints", "verify_checkpoint",

@@ -147,7 +147,8 @@ def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple
     # Where things are stored and how long a launch may take do not change the result.
     for volatile in ("storage", "export"):
         training_config.pop(volatile)
-    training_config["run"].pop("work_dir")
+    for operational in ("work_dir", "lease_wait_s", "lease_ttl_s"):  # the run lease's settings: how, not what
+        training_config["run"].pop(operational)
     for operational in ("segment_timeout_s", "stall_timeout_s", "collective_timeout_s"):
         training_config["train"].pop(operational)
     for section in ("model", "tokenizer", "data"):
