@@ -64,7 +64,7 @@ class RunRecord:
         """Take the run lease of the planned run id (waiting up to run.lease_wait_s); returns its token."""
         run = self.config.run
         self.lease = acquire_run_lease(open_store_for_config(self.config), computed.run_id,
-                                       ttl_s=run.lease_ttl_s, wait_s=run.lease_wait_s)
+                                       ttl_s=run.lease_ttl_s, wait_s=run.lease_wait_s, on_wait=print)
         return self.lease.record.token
 
     def outcome(self):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 
 from .lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
 from .storage import StoreLocation, storage_errors
@@ -75,15 +76,27 @@ def already_active(run_id: str, holder: LeaseRecord | None, waited_s: float, pat
     )
 
 
-def acquire_run_lease(store: StoreLocation, run_id: str, *, ttl_s: float, wait_s: float,
-                      owner: str | None = None) -> Lease:
-    """Take the run lease (waiting up to `wait_s`) and start its heartbeat; raises RunAlreadyActive."""
+def acquire_run_lease(store: StoreLocation, run_id: str, *, ttl_s: float, wait_s: float, owner: str | None = None,
+                      on_wait: Callable[[str], None] | None = None) -> Lease:
+    """Take the run lease (waiting up to `wait_s`) and start its heartbeat; raises RunAlreadyActive.
+
+    `on_wait` hears one line when the lease is held and this run starts waiting for it.
+    """
     lease = Lease.for_run(store, run_id, RUN_LEASE, owner=owner, ttl_s=ttl_s, purpose=f"run lease of run {run_id}")
+    started = time.monotonic()
     try:
         with storage_errors(store, f"run lease of run {run_id}"):
-            lease.acquire(wait_s=wait_s)
+            try:
+                lease.acquire(wait_s=0)
+            except LeaseHeldError as held:
+                if wait_s <= 0:
+                    raise
+                if on_wait is not None:
+                    on_wait(f"run {run_id} is already running, held by {describe_holder(held.holder)}; "
+                            f"waiting up to {wait_s:g} s (run.lease_wait_s) for its run lease")
+                lease.acquire(wait_s=wait_s)
     except LeaseHeldError as held:
-        raise already_active(run_id, held.holder, held.waited_s, held.path) from None
+        raise already_active(run_id, held.holder, time.monotonic() - started, held.path) from None
     lease.start_heartbeat()
     return lease
 
