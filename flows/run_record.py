@@ -63,6 +63,7 @@ class RunRecord:
     def leased(self, computed: ComputedPlan) -> str:
         """Take the run lease of the planned run id (waiting up to run.lease_wait_s); returns its token."""
         run = self.config.run
+        self._name_flow_run(computed.run_id)
         self.lease = acquire_run_lease(open_store_for_config(self.config), computed.run_id,
                                        ttl_s=run.lease_ttl_s, wait_s=run.lease_wait_s, on_wait=print)
         return self.lease.record.token
@@ -76,12 +77,16 @@ class RunRecord:
         return Cancelled(message=str(self.already_active), data=self.already_active)
 
     def planned(self, planned: PlannedRun) -> PlannedRun:
-        """Keep the plan, and name the flow run after the run id (known only now)."""
+        """Keep the plan (the flow run already carries the run id's name, see `leased`)."""
         self.planned_run = planned
+        return planned
+
+    @staticmethod
+    def _name_flow_run(run_id: str) -> None:
+        """Name the flow run after the run id, known once the plan is computed (also when it ends Cancelled)."""
         if flow_run.get_id() is not None:
             with get_client(sync_client=True) as client:
-                client.update_flow_run(flow_run.get_id(), name=planned.run_id)
-        return planned
+                client.update_flow_run(flow_run.get_id(), name=run_id)
 
     def exported(self, staged: ExportOutcome) -> ExportOutcome:
         self.export_wall_s += staged.launch_wall_s

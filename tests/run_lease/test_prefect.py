@@ -43,7 +43,7 @@ def test_a_run_whose_run_id_is_held_ends_cancelled_writes_nothing_and_is_not_ret
         assert _files(tmp_path / "store") == before  # the store has only the holder's lease (and the probe is gone)
         with get_client(sync_client=True) as client:
             flow_run = client.read_flow_run(state.state_details.flow_run_id)
-        assert flow_run.state.type.value == "CANCELLED" and flow_run.run_count == 1
+        assert flow_run.state.type.value == "CANCELLED" and flow_run.run_count == 1 and flow_run.name == run_id
     finally:
         holder.release()
 
