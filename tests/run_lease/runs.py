@@ -16,8 +16,11 @@ from infra.checkpoints import latest_checkpoint
 from infra.lease import LeaseRecord, read_lease
 from infra.run_lease import run_lease_path
 from infra.storage import open_store
+from tasks.plan import compute_plan_fn
 from tests.bad_input.harness import to_toml
 from tests.conftest import tiny_tree
+from trainer_core.config import load_config
+from trainer_core.progress import progress_path
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,3 +96,31 @@ def committed_weights(store_url: str, run_id: str) -> dict[str, str]:
     assert name is not None, f"no committed checkpoint for {run_id}"
     manifest = json.loads(store.fs.cat_file(store.path(run_id, "checkpoints", name, "MANIFEST.json")))
     return {f["path"]: f["sha256"] for f in manifest["files"] if f["path"].endswith(".safetensors")}
+
+
+def run_id_of(config_file: Path) -> str:
+    return compute_plan_fn(load_config(config_file)).run_id
+
+
+def stepping(run_dir: Path, segment: int) -> bool:
+    """True once rank 0 recorded an optimizer step of `segment` (the launch is mid-segment)."""
+    path = progress_path(run_dir, segment)
+    return path.is_file() and any(json.loads(line).get("event") == "step" for line in path.read_text().splitlines()
+                                  if line.strip())
+
+
+def raw_lease(store_url: str, run_id: str) -> LeaseRecord:
+    """The run lease object as it is, released or not."""
+    store = open_store(store_url)
+    return LeaseRecord.from_bytes(store.fs.cat_file(run_lease_path(store, run_id)))
+
+
+def steal(store, run_id: str, host: str = "gpu-node-9", pid: int = 4242, ttl_s: float = 600.0) -> LeaseRecord:
+    """Overwrite the run lease with another machine's holder, as a takeover by a run there would."""
+    path = run_lease_path(store, run_id)
+    now = time.time()
+    current = read_lease(store, path)
+    thief = LeaseRecord(owner=f"{host}:{pid}", token="f" * 32, generation=(current.generation + 1 if current else 1),
+                        acquired_at=now, renewed_at=now, expires_at=now + ttl_s, ttl_s=ttl_s, host=host, pid=pid)
+    store.fs.pipe_file(path, thief.to_bytes())
+    return thief

@@ -15,13 +15,14 @@ from dataclasses import replace
 
 import pytest
 
-from infra.lease import LeaseRecord, read_lease
+from infra.lease import read_lease
 from infra.run_lease import (RunAlreadyActive, RunLeaseLost, acquire_run_lease, check_run_lease, run_lease_path)
 from infra.storage import open_store
 from tasks.fencing import fence, fenced_monitor
 from tasks.outcomes import PlannedRun
 from tasks.plan import compute_plan_fn
 from tests.conftest import tiny_tree
+from tests.run_lease.runs import steal
 from trainer_core.config import config_from_dict
 
 RUN = "lease-test-0123456789ab"
@@ -33,17 +34,6 @@ def store(request, tmp_path):
         return open_store(str(tmp_path / "store"))
     request.getfixturevalue("s3_env")
     return open_store(request.getfixturevalue("s3_bucket_url"))
-
-
-def steal(store, run_id: str, host: str = "gpu-node-9", pid: int = 4242, ttl_s: float = 600.0) -> LeaseRecord:
-    """Overwrite the run lease with another machine's holder, as a takeover by a run there would."""
-    path = run_lease_path(store, run_id)
-    now = time.time()
-    current = read_lease(store, path)
-    thief = LeaseRecord(owner=f"{host}:{pid}", token="f" * 32, generation=(current.generation + 1 if current else 1),
-                        acquired_at=now, renewed_at=now, expires_at=now + ttl_s, ttl_s=ttl_s, host=host, pid=pid)
-    store.fs.pipe_file(path, thief.to_bytes())
-    return thief
 
 
 def test_a_second_run_gets_one_message_naming_the_run_the_holder_and_what_to_do(store):

@@ -9,7 +9,6 @@ one trained once without interference.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -21,59 +20,13 @@ import pytest
 
 from infra import ledger
 from infra.checkpoints import latest_checkpoint
-from infra.lease import LeaseRecord
-from infra.run_lease import run_lease_path
 from infra.storage import open_store
-from tasks.plan import compute_plan_fn
-from trainer_core.config import load_config
-from trainer_core.progress import progress_path
 from trainer_core.state import has_state, state_dir_for
 
-from .runs import (client_env, committed_weights, finish, lease_of, start, trained_segments, wait_for,
-                   write_config)
-from .test_run_lease import steal
+from .runs import (client_env, committed_weights, finish, lease_of, raw_lease, run_id_of, start, stepping, steal,
+                   trained_segments, wait_for, write_config)
 
 pytestmark = [pytest.mark.flow]
-
-
-@pytest.fixture(scope="module")
-def api_url(prefect_harness) -> str:
-    from prefect.settings import get_current_settings
-
-    return get_current_settings().api.url
-
-
-def _run_id(config_file: Path) -> str:
-    return compute_plan_fn(load_config(config_file)).run_id
-
-
-def _stepping(run_dir: Path, segment: int):
-    """True once rank 0 recorded an optimizer step of `segment` (the launch is mid-segment)."""
-    path = progress_path(run_dir, segment)
-    return path.is_file() and any(json.loads(line).get("event") == "step" for line in path.read_text().splitlines()
-                                  if line.strip())
-
-
-def _raw_lease(store_url: str, run_id: str) -> LeaseRecord:
-    store = open_store(store_url)
-    return LeaseRecord.from_bytes(store.fs.cat_file(run_lease_path(store, run_id)))
-
-
-@pytest.fixture(scope="module")
-def race(api_url, tmp_path_factory) -> dict:
-    """Two runs started at once (no waiting), then a third, willing to wait, once the lease is held."""
-    root = tmp_path_factory.mktemp("race")
-    config_file = write_config(root)
-    run_id = _run_id(config_file)
-    store_url = str(root / "store")
-    racers = [start(["run", str(config_file)], client_env(api_url, root / f"home-{i}"), root / f"racer-{i}")
-              for i in range(2)]
-    held = wait_for(lambda: lease_of(store_url, run_id), 300, "a racer to take the run lease")
-    waiter = start(["run", str(config_file), "--set", "run.lease_wait_s=900"], client_env(api_url, root / "home-w"),
-                   root / "waiter")
-    results = [finish(p, root / f"racer-{i}") for i, p in enumerate(racers)]
-    return {"root": root, "run_id": run_id, "store_url": store_url, "held": held, "racers": racers,
-            "results": results, "waiter": finish(waiter, root / "waiter")}
 
 
 def test_two_runs_at_once_one_trains_the_other_exits_75_naming_the_holder(race):
@@ -104,7 +57,7 @@ def test_the_raced_run_trained_each_segment_once_and_released_its_lease(race):
     assert trained_segments(run_dir) == [0, 1]
     assert [e["status"] for e in ledger.read(run_dir) if e["stage"] == "plan"] == ["completed", "reused"]
     assert lease_of(race["store_url"], race["run_id"]) is None  # released at the end (the object stays, marked so)
-    assert _raw_lease(race["store_url"], race["run_id"]).generation == 2  # the trainer's, then the waiter's
+    assert raw_lease(race["store_url"], race["run_id"]).generation == 2  # the trainer's, then the waiter's
 
 
 def _other_host_prefix(root: Path) -> tuple[str, ...]:
@@ -119,14 +72,14 @@ def test_a_killed_run_is_taken_over_after_its_ttl_and_resumed(race, api_url, tmp
     ttl_s = 8.0
     prefix = _other_host_prefix(tmp_path)
     config_file = write_config(tmp_path, run={"lease_ttl_s": ttl_s})
-    run_id, store_url = _run_id(config_file), str(tmp_path / "store")
+    run_id, store_url = run_id_of(config_file), str(tmp_path / "store")
     run_dir = tmp_path / "work" / run_id
     first = start(["run", str(config_file)], client_env(api_url, tmp_path / "home-1"), tmp_path / "first", prefix=prefix)
-    wait_for(lambda: _stepping(run_dir, 1) or first.poll() is not None, 400, "the first run to train segment 1")
+    wait_for(lambda: stepping(run_dir, 1) or first.poll() is not None, 400, "the first run to train segment 1")
     assert first.poll() is None, (tmp_path / "first" / "stderr.txt").read_text()[-3000:]
     os.killpg(first.pid, signal.SIGKILL)  # mid-segment: segment 0 saved, segment 1 half trained
     first.wait()
-    dead = _raw_lease(store_url, run_id)
+    dead = raw_lease(store_url, run_id)
     assert dead.pid == first.pid and not dead.released and dead.host == ("other-node" if prefix else os.uname().nodename)
 
     second = start(["run", str(config_file), "--set", "run.lease_wait_s=120"], client_env(api_url, tmp_path / "home-2"),
@@ -134,7 +87,7 @@ def test_a_killed_run_is_taken_over_after_its_ttl_and_resumed(race, api_url, tmp
     code, summary, err = finish(second, tmp_path / "second")
     assert code == 0, err[-3000:]
     assert summary["segments_reused"] == 1 and summary["segments_trained"] == 1  # resumed, nothing redone
-    taken = _raw_lease(store_url, run_id)
+    taken = raw_lease(store_url, run_id)
     assert taken.generation == dead.generation + 1 and taken.pid == second.pid and taken.released
     if prefix:  # another machine's holder: taken over only once its lease expired, ttl after its last heartbeat
         assert taken.acquired_at >= dead.expires_at and dead.expires_at - dead.renewed_at == pytest.approx(ttl_s)
@@ -144,10 +97,10 @@ def test_a_killed_run_is_taken_over_after_its_ttl_and_resumed(race, api_url, tmp
 
 def test_a_run_whose_lease_is_taken_over_stops_without_writing(api_url, tmp_path):
     config_file = write_config(tmp_path)
-    run_id, store_url = _run_id(config_file), str(tmp_path / "store")
+    run_id, store_url = run_id_of(config_file), str(tmp_path / "store")
     run_dir = tmp_path / "work" / run_id
     first = start(["run", str(config_file)], client_env(api_url, tmp_path / "home"), tmp_path / "first")
-    wait_for(lambda: _stepping(run_dir, 0) or first.poll() is not None, 400, "the run to train segment 0")
+    wait_for(lambda: stepping(run_dir, 0) or first.poll() is not None, 400, "the run to train segment 0")
     thief = steal(open_store(store_url), run_id)  # as a run on another machine that took the lease over would
     stolen_at = time.time()
     code, summary, err = finish(first, tmp_path / "first")
@@ -155,7 +108,7 @@ def test_a_run_whose_lease_is_taken_over_stops_without_writing(api_url, tmp_path
     assert summary["run_id"] == run_id and summary["failure_cause"] == "lease_lost"
     failed = [line for line in err.splitlines() if line.startswith("rankflow: run failed:")]
     assert len(failed) == 1 and "taken over by gpu-node-9:4242" in failed[0], err[-3000:]
-    assert _raw_lease(store_url, run_id) == thief  # never renewed over, never released over
+    assert raw_lease(store_url, run_id) == thief  # never renewed over, never released over
     assert all(entry["time"] < stolen_at for entry in ledger.read(run_dir))  # nothing recorded after the theft
     assert trained_segments(run_dir) == [] and not has_state(state_dir_for(run_dir, 1))
     assert latest_checkpoint(open_store(store_url), run_id) is None
