@@ -121,3 +121,16 @@ def test_computing_the_plan_writes_nothing_for_the_run_and_lease_keys_keep_the_r
     assert not (tmp_path / "work" / computed.run_id).exists() and not (tmp_path / "store").exists()
     other = config_from_dict(tiny_tree(tmp_path, run={"lease_wait_s": 120, "lease_ttl_s": 5}), config_dir=tmp_path)
     assert compute_plan_fn(other).run_id == computed.run_id
+
+
+def test_a_stage_fenced_off_by_the_run_lease_is_never_retried():
+    from prefect.states import Failed
+
+    from tasks.retry_policy import retry_if_retriable, retry_unless_fenced
+
+    lost = RunLeaseLost("segment 0 of run r stopped before writing: this run's lease was taken over")
+    busy = RunAlreadyActive("run r is already running", "r")
+    outage = ConnectionError("object storage at s3://b is unreachable")
+    for policy in (retry_if_retriable, retry_unless_fenced):
+        assert not policy(None, None, Failed(data=lost)) and not policy(None, None, Failed(data=busy))
+        assert policy(None, None, Failed(data=outage))  # what the policy retried before still is

@@ -61,7 +61,11 @@ def test_the_raced_run_trained_each_segment_once_and_released_its_lease(race):
 
 
 def _other_host_prefix(root: Path) -> tuple[str, ...]:
-    """Run as if on another machine (own hostname): its death can only be learned from the lease's expiry."""
+    """Run as if on another machine (own hostname): its death can only be learned from the lease's expiry.
+
+    Where a UTS namespace cannot be made (no CAP_SYS_ADMIN), the run stays on this
+    machine and the next run takes it over at once instead (its process is gone).
+    """
     prefix = ("unshare", "--uts", "sh", "-c", 'hostname other-node && exec "$0" "$@"')
     if shutil.which("unshare") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
         return ()
