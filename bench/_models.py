@@ -6,6 +6,10 @@ a step at 4×1024 tokens is dominated by matmuls rather than Python — about
 run still fits in about three minutes. Every side of a comparison gets its
 own deep copy of one model, so all sides start from identical weights and
 their losses can be compared step by step.
+
+`--device cuda` runs the same comparison on a GPU: models and batches live
+there, and every timed step is bracketed by `torch.cuda.synchronize`, so a
+step's time is its kernels' time, not the time to queue them.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per side before timing")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--quick", action="store_true", help="a small smoke run: tiny model, short sequences, 2 reps")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (models and batches live there)")
 
 
 def spec_from_args(args: argparse.Namespace) -> ModelSpec:
@@ -85,9 +90,17 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
 
 
 def model_summary(spec: ModelSpec, model: torch.nn.Module) -> dict:
+    device = next(model.parameters()).device
     return {**asdict(spec), "num_heads": spec.num_heads, "num_kv_heads": spec.num_heads // spec.num_kv_groups,
             "num_params": sum(p.numel() for p in model.parameters()), "dtype": "float32", "attention": "sdpa",
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": torch.get_num_threads(), "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the device's queued work, so a clock read measures it (a no-op on the CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 @dataclass(frozen=True)
@@ -102,13 +115,13 @@ class Batch:
         return self.input_ids.numel()
 
 
-def make_batch(step: int, batch_size: int, seq_len: int, vocab_size: int) -> Batch:
+def make_batch(step: int, batch_size: int, seq_len: int, vocab_size: int, device: str = "cpu") -> Batch:
     """An SFT-shaped batch: full-length rows, the loss on each row's completion after a random-length prompt."""
     generator = torch.Generator().manual_seed(1000 + step)
     input_ids = torch.randint(0, vocab_size, (batch_size, seq_len), generator=generator)
     prompt_len = torch.randint(1, max(2, seq_len // 4), (batch_size, 1), generator=generator)
     loss_mask = (torch.arange(1, seq_len).unsqueeze(0) >= prompt_len).float()
-    return Batch(input_ids, torch.ones_like(input_ids), loss_mask)
+    return Batch(input_ids.to(device), torch.ones_like(input_ids).to(device), loss_mask.to(device))
 
 
 # -- one optimizer step per side ---------------------------------------------------
@@ -188,10 +201,13 @@ def interleave(sides: dict[str, Callable[[Batch], float]], batches: Callable[[in
     timings = {name: Timings([], [], []) for name in sides}
     for round_index in range(warmup + reps):
         batch = batches(round_index)
+        device = batch.input_ids.device
         warm = round_index < warmup
         for name, step in sides.items():
+            synchronize(device)
             cpu_started, started = time.process_time(), time.perf_counter()
             loss = step(batch)
+            synchronize(device)  # the optimizer's kernels may still be queued after loss.item()
             elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
             timings[name].losses.append(loss)
             if not warm:

@@ -40,14 +40,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.set_defaults(reps=4)
     args = parser.parse_args(argv)
     spec = spec_from_args(args)
-    model = spec.build(seed=0)
+    model = spec.build(seed=0).to(args.device)
     summary = model_summary(spec, model)
     print(f"model: {summary}", flush=True)
     loops = {mode: TrainerLoop(copy, mode) for mode, copy in zip(MODES, fresh_copies(model, len(MODES)))}
     del model
 
     def batches(index: int):
-        return make_batch(index, args.batch_size, args.seq_len, spec.vocab_size)
+        return make_batch(index, args.batch_size, args.seq_len, spec.vocab_size, args.device)
 
     timings = interleave({mode: loop.step for mode, loop in loops.items()}, batches, warmup=args.warmup,
                          reps=args.reps, label=f"[{args.batch_size}x{args.seq_len}] ")

@@ -26,9 +26,9 @@ TARGET_RATIO = 0.97
 
 
 def run_case(plain: PlainLoop, trainer: TrainerLoop, *, batch_size: int, seq_len: int, vocab_size: int, warmup: int,
-             reps: int, first_batch: int) -> dict:
+             reps: int, first_batch: int, device: str = "cpu") -> dict:
     def batches(index: int):
-        return make_batch(first_batch + index, batch_size, seq_len, vocab_size)
+        return make_batch(first_batch + index, batch_size, seq_len, vocab_size, device)
 
     timings = interleave({"plain": plain.step, "trainer": trainer.step}, batches, warmup=warmup, reps=reps,
                          label=f"[{batch_size}x{seq_len}] ")
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--long-reps", type=int, default=1, help="timed reps of the long case (the 1K case warms up)")
     args = parser.parse_args(argv)
     spec = spec_from_args(args)
-    model = spec.build(seed=0)
+    model = spec.build(seed=0).to(args.device)
     summary = model_summary(spec, model)
     print(f"model: {summary}", flush=True)
     plain_model, trainer_model = fresh_copies(model, 2)
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     plain, trainer = PlainLoop(plain_model), TrainerLoop(trainer_model, "retain")
 
     main_case = run_case(plain, trainer, batch_size=args.batch_size, seq_len=args.seq_len, vocab_size=spec.vocab_size,
-                         warmup=args.warmup, reps=args.reps, first_batch=0)
+                         warmup=args.warmup, reps=args.reps, first_batch=0, device=args.device)
     result = {
         "bench": "trainer_overhead",
         "baseline": main_case["baseline"], "candidate": main_case["candidate"],
@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.long and not args.quick:
         # The first case already warmed kernels and allocator up; a long step costs minutes, so no extra warm-up.
         long_case = run_case(plain, trainer, batch_size=args.batch_size, seq_len=args.long_seq_len,
-                             vocab_size=spec.vocab_size, warmup=0, reps=args.long_reps, first_batch=10_000)
+                             vocab_size=spec.vocab_size, warmup=0, reps=args.long_reps, first_batch=10_000,
+                             device=args.device)
         result["long"] = long_case
     else:
         result["long"] = None

@@ -44,6 +44,8 @@ class SegmentOutcome(BaseModel):
     launch_wall_s: float
     """Wall time of the torchrun launch (0 when the segment's state was reused)."""
     reused: bool
+    planner_misses: int = 0
+    """Memory-planner predictions that missed the observed peak, over every rank (reports under RUN_DIR/planner/)."""
 
 
 class ExportOutcome(BaseModel):

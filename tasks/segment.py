@@ -41,6 +41,7 @@ def _outcome(result: dict, launch_wall_s: float, reused: bool) -> SegmentOutcome
         segment=result["segment"], start_step=result["start_step"], end_step=result["end_step"],
         losses=result["losses"], num_tokens=result["num_tokens"], tokens_per_s=result["tokens_per_s"],
         train_s=result["train_s"], launch_wall_s=launch_wall_s, reused=reused,
+        planner_misses=result.get("planner_misses", 0),
     )
 
 

@@ -31,6 +31,21 @@ def tiny_tree(tmp_path: Path, **sections) -> dict:
     return tree
 
 
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """A segment or worker run in-process pins its threads (trainer_core.ranks.pin_threads); later tests get theirs back."""
+    import torch
+
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    if env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = env
+
+
 @pytest.fixture
 def tiny_config(tmp_path: Path) -> RunConfig:
     return config_from_dict(tiny_tree(tmp_path), config_dir=tmp_path)

@@ -48,11 +48,40 @@ class RunSection(_Section):
     """Seconds a run's lease outlives its last heartbeat (every ttl/3): how long a crashed run blocks the next."""
 
 
+class LoraSection(_Section):
+    """`[model.lora]`: train a peft LoRA adapter on the frozen base model instead of the full model."""
+
+    rank: int = Field(8, ge=1, le=4096)
+    """The adapter's rank r (peft's `r`)."""
+    alpha: float = Field(16.0, gt=0)
+    """The scaling numerator: the adapter's update is scaled by alpha / rank (peft's `lora_alpha`)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input (peft's `lora_dropout`)."""
+    target_modules: list[str] | str = "all-linear"
+    """Module names (or suffixes) to adapt, e.g. ["q_proj", "v_proj"]; "all-linear": every linear layer but the output.
+    The pre-flight checks that each name matches a module of the model."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, value: list[str] | str) -> list[str] | str:
+        fix = 'list module names such as ["q_proj", "v_proj"], or write "all-linear"'
+        if isinstance(value, str) and value != "all-linear":
+            raise ValueError(f"{value!r} is neither a list of module names nor \"all-linear\"; {fix}")
+        if isinstance(value, list) and (not value or not all(name.strip() for name in value)):
+            raise ValueError(f"target_modules {value!r} is empty or holds an empty name; {fix}")
+        return value
+
+
 class ModelSection(_Section):
     path: str | None = None
     """A local Hugging Face model directory (config.json + weights) to fine-tune."""
     config: str | None = None
     """A Hugging Face config.json for a randomly initialised model (tests, examples)."""
+    lora: LoraSection | None = None
+    """Train a LoRA adapter (`[model.lora]`) instead of every weight; the base stays frozen and is not re-saved."""
+    pad_vocab_to_multiple_of: int | None = Field(None, ge=1, le=65536)
+    """Pad the embedding and output rows to a multiple of this (e.g. 64) for kernels or sharding; exports, gradients
+    and optimizer updates never see the padding."""
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> "ModelSection":
@@ -103,12 +132,23 @@ class TrainSection(_Section):
     """Logical data-parallel ranks; results do not depend on the physical world size."""
     nproc_per_node: int = Field(1, ge=1)
     """Physical ranks (torchrun processes); must divide logical_dp."""
+    reduction: Literal["deterministic", "fast"] = "deterministic"
+    """`deterministic`: gradients, losses and counts are folded in logical-rank order, so results are bitwise the same
+    at any nproc_per_node; `fast`: a plain all-reduce (last bits depend on nproc_per_node)."""
+    threads_per_process: int | None = Field(None, ge=1)
+    """Intra-op CPU threads of each rank. Unset: 1 with deterministic reduction (a count that does not depend on
+    nproc_per_node), cores / nproc_per_node with fast. The count changes the last bits of results, not W."""
     backward_mode: Literal["retain", "offload", "replay", "auto"] = "retain"
     """How each forward keeps its backward state; `auto` lets the memory planner choose per graph."""
     saved_bytes_budget: int | None = Field(None, ge=0)
     """Resident saved-tensor bytes the planner may keep (with backward_mode = auto)."""
     max_gradient_staleness: int = Field(2, ge=0, strict=True)
     """Optimizer steps a forward's graph may lag behind at backward (0 = strict)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights and activations: `float32`, or `bfloat16` weights trained through FP32 master weights and moments."""
+    planner_miss_threshold: float = Field(0.25, gt=0)
+    """A memory-planner prediction off by more than this (relative) is a miss: counted, and reported under the run's
+    work dir (`planner/`)."""
     nonfinite: Literal["skip", "error"] = "skip"
     """A non-finite gradient norm: `skip` the update on every rank (counted in the segment result) or fail the segment."""
     segment_timeout_s: float = Field(1800, gt=0)
@@ -162,6 +202,8 @@ class ExportSection(_Section):
     """Safetensors shard size limit, as transformers' `save_pretrained` takes it."""
     timeout_s: float = Field(1800, gt=0)
     """Wall-clock limit of one export launch; past it the process group is killed."""
+    merge_lora: bool = False
+    """With [model.lora]: also write the merged full weights (`merged/`, loads with AutoModelForCausalLM)."""
 
     @field_validator("max_shard_size")
     @classmethod
@@ -208,6 +250,13 @@ class RunConfig(_Section):
     rl: RLSection = RLSection()
     export: ExportSection = ExportSection()
     storage: StorageSection = StorageSection()
+
+    @model_validator(mode="after")
+    def _merge_needs_an_adapter(self) -> "RunConfig":
+        if self.export.merge_lora and self.model.lora is None:
+            raise ValueError("export.merge_lora = true but there is no [model.lora] adapter to merge; add a [model.lora] "
+                             "section, or set export.merge_lora = false")
+        return self
 
     def export_after_segment(self, segment_index: int) -> bool:
         """Whether a checkpoint is exported after segment `segment_index` (0-based)."""

@@ -1,8 +1,10 @@
 """Turn a training state into an inference checkpoint in Hugging Face layout.
 
-The directory holds `config.json`, safetensors weights (sharded with an index
-past `export.max_shard_size`, as `save_pretrained` does it), the tokenizer with
-the chat template training used, and `MANIFEST.json` written last.
+The directory holds the model's files — `config.json` and safetensors weights
+(sharded with an index past `export.max_shard_size`, as `save_pretrained`
+does it), or a PEFT adapter, and the merged weights when asked: which files,
+by what the run trained, is `checkpoint_layout.py`'s — the tokenizer with the
+chat template training used, and `MANIFEST.json` written last.
 """
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
+from .checkpoint_layout import write_checkpoint_files
 from .config import RunConfig
 from .data import CHATML_TEMPLATE, load_tokenizer
 from .manifest import write_manifest
+from .training import Trainer
 
 
 def build_export_tokenizer(config: RunConfig) -> PreTrainedTokenizerFast:
@@ -33,18 +37,17 @@ def build_export_tokenizer(config: RunConfig) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def write_export_files(config: RunConfig, model: PreTrainedModel, directory: Path) -> None:
-    """Every file of the checkpoint but its manifest."""
-    model.save_pretrained(str(directory), max_shard_size=config.export.max_shard_size)
-    build_export_tokenizer(config).save_pretrained(str(directory))
+def write_export_files(config: RunConfig, trainer: Trainer, directory: Path) -> None:
+    """Every file of the checkpoint but its manifest (which files: `checkpoint_layout.py`)."""
+    write_checkpoint_files(config, trainer, directory, build_export_tokenizer(config))
 
 
-def export_checkpoint(config: RunConfig, model: PreTrainedModel, out_dir: Path, manifest_extra: dict) -> dict:
-    """Write the checkpoint into `out_dir` (replacing it) from one process and return its manifest."""
+def export_checkpoint(config: RunConfig, trainer: Trainer, out_dir: Path, manifest_extra: dict) -> dict:
+    """Write the trainer's checkpoint into `out_dir` (replacing it) from one process and return its manifest."""
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write_export_files(config, model, tmp)
+    write_export_files(config, trainer, tmp)
     manifest = write_manifest(tmp, manifest_extra)
     if out_dir.exists():
         shutil.rmtree(out_dir)

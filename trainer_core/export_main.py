@@ -2,12 +2,13 @@
 
     python -m torch.distributed.run … -m trainer_core.export_main --run-dir D --segment K --out DIR
 
-Every rank loads segment K's state and takes part in preparing the
-checkpoint (trainer_core/export_prepare.py): if any rank fails, every rank
-aborts and the error names the failing rank. A staged directory whose
-manifest still verifies with the same weights is kept as it is: a retried
-export does not serialize the same checkpoint again. The manifest carries the
-checkpoint's provenance (format rankflow-checkpoint/2).
+Every rank loads segment K's state (a rank that fails to load fails every rank
+at once, through `trainer_core.ranks.exchange`, with its rank and error named)
+and takes part in preparing the checkpoint (trainer_core/export_prepare.py): if
+any rank fails, every rank aborts and the error names the failing rank. A
+staged directory whose manifest still verifies with the same weights is kept as
+it is: a retried export does not serialize the same checkpoint again. The
+manifest carries the checkpoint's provenance (format rankflow-checkpoint/2).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .faults import maybe_inject_export_fault
 from .files import write_text_atomic
 from .model import build_trainer
 from .plan import Plan, read_plan
+from .ranks import exchange
 from .state import load_training_state, state_dir_for
 
 
@@ -39,9 +41,15 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
     started = time.perf_counter()
     plan = read_plan(run_dir)
     config = plan.run_config()
-    topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s)
-    trainer = build_trainer(config)
-    meta = load_training_state(state_dir_for(run_dir, segment_index), trainer.checkpoints, with_optimizer=False)
+    topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s,
+                                config.train.global_batch_size)
+    error = trainer = meta = None
+    try:
+        trainer = build_trainer(config)
+        meta = load_training_state(state_dir_for(run_dir, segment_index), trainer.checkpoints, with_optimizer=False)
+    except Exception as failure:  # noqa: BLE001 - every rank hears of it in the exchange, then raises
+        error = failure
+    exchange("export", error)
     step = meta["next_step"]
     provenance = {
         "run_id": plan.run_id, "step": step, "plan_digest": plan.digest,
@@ -49,7 +57,7 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
         "base_model": config.model.path or config.model.config,
         "world_size": topology.world_size, "logical_dp": config.train.logical_dp,
     }
-    prepared = prepare_export(topology, config, trainer.model, out_dir, provenance,
+    prepared = prepare_export(topology, config, trainer, out_dir, provenance,
                               lambda rank, phase: maybe_inject_export_fault(rank) if phase == "weights" else None)
     if topology.rank == 0:
         result = {"segment": segment_index, "step": step, "out_dir": str(out_dir), "reused": prepared["reused"],

@@ -31,13 +31,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
-from transformers import PreTrainedModel
 
 from .config import RunConfig
 from .distributed import Topology
 from .export import write_export_files
 from .files import tensors_sha256
 from .manifest import file_entry, manifest_from_entries, staged_files, verify_staged, write_manifest_dict
+from .training import Trainer
 
 
 class ExportPreparationError(RuntimeError):
@@ -78,13 +78,18 @@ def _verify_share(directory: Path, files: list[Path], own: dict[str, torch.Tenso
                 for name in tensors.keys():
                     loaded = tensors.get_tensor(name)  # parses the header and reads every byte range
                     mine = own.get(name)
-                    if mine is not None and not torch.equal(loaded, mine.detach().to("cpu", loaded.dtype)):
+                    if mine is None:
+                        continue  # adapter files and merged weights are named differently from the live module
+                    mine = mine.detach().to("cpu", loaded.dtype)
+                    if mine.shape[1:] == loaded.shape[1:] and mine.shape[0] > loaded.shape[0]:
+                        mine = mine[:loaded.shape[0]]  # a padded vocabulary is cut to the true one on export
+                    if not torch.equal(loaded, mine):
                         raise ValueError(f"{path.name}: tensor {name} differs from this rank's weights")
         entries.append(file_entry(directory, path))
     return entries
 
 
-def prepare_export(topology: Topology, config: RunConfig, model: PreTrainedModel, out_dir: Path,
+def prepare_export(topology: Topology, config: RunConfig, trainer: Trainer, out_dir: Path,
                    provenance: dict, inject_fault: Callable[[int, str], None] | None = None) -> dict:
     """Stage the checkpoint at `out_dir` with every rank's help; returns what was done.
 
@@ -93,7 +98,7 @@ def prepare_export(topology: Topology, config: RunConfig, model: PreTrainedModel
     """
     inject_fault = inject_fault or (lambda rank, phase: None)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
-    own = model.state_dict()
+    own = trainer.model.state_dict()
     try:
         def check_weights() -> str:
             inject_fault(topology.rank, "weights")
@@ -115,7 +120,7 @@ def prepare_export(topology: Topology, config: RunConfig, model: PreTrainedModel
                 return True
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            write_export_files(config, model, tmp)
+            write_export_files(config, trainer, tmp)
             return False
 
         reused = _phase(topology, "writing the checkpoint files", reuse_or_write)[0]

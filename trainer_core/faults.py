@@ -6,6 +6,10 @@ so the retried launch runs through. `RANKFLOW_EXPORT_FAULT_ONCE=RANK:MARKER`
 does the same to the export stage, once its rank has loaded the state.
 `RANKFLOW_NONFINITE_LOSS=STEP:RANK` makes rank RANK's loss NaN at optimizer
 step STEP, every time (to test the `train.nonfinite` policy).
+`RANKFLOW_COMMAND_FAULT=COMMAND:RANK` makes rank RANK raise InjectedFault at
+the start of every facade command named COMMAND (`forward`, `backward`,
+`step`, `save`, `load`, `export`, `call`, `logical_rank`, or a name given to
+`LogicalDataParallel.command`), every time (to test coordinated failure).
 
 `RANKFLOW_FAULT_KIND` says how the rank fails (default `raise`):
 
@@ -33,6 +37,7 @@ FAULT_ENV = "RANKFLOW_FAULT_ONCE"
 EXPORT_FAULT_ENV = "RANKFLOW_EXPORT_FAULT_ONCE"
 NONFINITE_LOSS_ENV = "RANKFLOW_NONFINITE_LOSS"
 FAULT_KIND_ENV = "RANKFLOW_FAULT_KIND"
+COMMAND_FAULT_ENV = "RANKFLOW_COMMAND_FAULT"
 FAULT_KINDS = ("raise", "code", "data", "kill", "term", "stop", "hang")
 
 
@@ -54,6 +59,15 @@ def maybe_inject_export_fault(rank: int) -> None:
     if spec:
         fault_rank, marker = spec.split(":", 1)
         _fail_once(rank, int(fault_rank), Path(marker), "export", EXPORT_FAULT_ENV)
+
+
+def maybe_inject_command_fault(command: str, rank: int) -> None:
+    spec = os.environ.get(COMMAND_FAULT_ENV)
+    if not spec:
+        return
+    fault_command, fault_rank = spec.rsplit(":", 1)
+    if command == fault_command and rank == int(fault_rank):
+        raise InjectedFault(f"injected fault in {command} on rank {rank} ({COMMAND_FAULT_ENV})")
 
 
 def nonfinite_loss_factor(step: int, rank: int) -> float:

@@ -2,6 +2,21 @@
 
 Nothing is downloaded: `model.path` is a local directory, `model.config` a
 config.json for a randomly initialised model (tests and examples).
+
+What the trainer trains follows the config:
+
+- full fine-tuning: one checkpoint, `base`, owning every weight;
+- `[model.lora]`: one checkpoint, `lora`, a peft adapter on the frozen base.
+  The base is fixed by `model.path` (or `model.config` + `run.seed`), so the
+  training state holds only the adapter and its AdamW state;
+- `train.dtype = "bfloat16"`: the weights (and so activations and saved
+  tensors) are bf16, and the trainer steps FP32 master weights with FP32
+  moments (`training/checkpoints.py`). Masters rather than autocast: autocast
+  keeps FP32 weights and re-casts them every forward, saving no weight
+  memory; masters halve the weights and the saved tensors the memory planner
+  budgets, while an update far below bf16's resolution still accumulates;
+- `model.pad_vocab_to_multiple_of`: zero padding rows, outputs over the true
+  vocabulary (`training/vocab.py`).
 """
 
 from __future__ import annotations
@@ -9,9 +24,13 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from .config import RunConfig
+from .config import LoraSection, RunConfig
 from .model_checks import read_model_config
-from .training import MemoryPlanner, OptimizerConfig, StalenessPolicy, Trainer
+from .training import MemoryPlanner, MissReports, OptimizerConfig, StalenessPolicy, Trainer, pad_vocabulary
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+BASE_CHECKPOINT = "base"
+LORA_CHECKPOINT = "lora"
 
 
 def load_model_config(config: RunConfig) -> PretrainedConfig:
@@ -19,33 +38,56 @@ def load_model_config(config: RunConfig) -> PretrainedConfig:
     return read_model_config(config)
 
 
-def build_model(config: RunConfig) -> PreTrainedModel:
-    """The initial model: pretrained weights, or a seeded random initialisation."""
+def build_model(config: RunConfig) -> tuple[PreTrainedModel, int | None]:
+    """The initial model in `train.dtype`, and its true vocabulary size when its rows were padded (else None)."""
+    dtype = DTYPES[config.train.dtype]
     if config.model.path is not None:
-        model = AutoModelForCausalLM.from_pretrained(config.model.path, local_files_only=True, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(config.model.path, local_files_only=True, dtype=dtype)
     else:
         # The same seed on every rank gives every rank the same initial weights
         # without a broadcast.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.run.seed)
-            model = AutoModelForCausalLM.from_config(load_model_config(config), dtype=torch.float32)
+            model = AutoModelForCausalLM.from_config(load_model_config(config), dtype=dtype)
     model.config.use_cache = False
-    return model
+    true_vocab = None
+    if config.model.pad_vocab_to_multiple_of is not None:
+        true_vocab = pad_vocabulary(model, config.model.pad_vocab_to_multiple_of)
+    return model, true_vocab
 
 
-def build_trainer(config: RunConfig) -> Trainer:
-    """The model of `config` in a Trainer with its checkpoint (full fine-tuning), as segments and exports use it."""
+def peft_lora_config(config: RunConfig, lora: LoraSection):
+    """The peft LoraConfig of `[model.lora]` (its adapter_config.json names the base model when it is a directory)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
+                      task_type="CAUSAL_LM", base_model_name_or_path=config.model.path)
+
+
+def build_trainer(config: RunConfig, *, miss_reports: MissReports | None = None) -> Trainer:
+    """The model of `config` in a Trainer with its checkpoint, as segments and exports use it.
+
+    `miss_reports` receives the memory planner's miss reports (a segment passes one under the run directory).
+    """
     train = config.train
+    model, true_vocab = build_model(config)
     trainer = Trainer(
-        build_model(config),
+        model,
         staleness=StalenessPolicy(max_gradient_staleness=train.max_gradient_staleness),
-        planner=MemoryPlanner(budget_bytes=train.saved_bytes_budget),
+        planner=MemoryPlanner(budget_bytes=train.saved_bytes_budget, miss_threshold=train.planner_miss_threshold,
+                              miss_reports=miss_reports),
         # Non-finite gradients reach the step, whose norm every rank agrees on;
         # the segment runner applies train.nonfinite to the step's report.
         nonfinite="skip",
+        vocab_size=true_vocab,
     )
-    trainer.add_base_checkpoint(optimizer=OptimizerConfig(
-        learning_rate=train.learning_rate, betas=train.betas, eps=train.eps,
-        weight_decay=train.weight_decay, grad_clip=train.grad_clip,
-    ))
+    optimizer = OptimizerConfig(learning_rate=train.learning_rate, betas=train.betas, eps=train.eps,
+                                weight_decay=train.weight_decay, grad_clip=train.grad_clip)
+    if config.model.lora is None:
+        trainer.add_base_checkpoint(BASE_CHECKPOINT, optimizer=optimizer)
+    else:
+        # peft draws the adapter's initial A matrices from the global RNG: seed it, so every rank agrees.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.run.seed)
+            trainer.add_lora_checkpoint(LORA_CHECKPOINT, peft_lora_config(config, config.model.lora), optimizer=optimizer)
     return trainer

@@ -7,6 +7,8 @@ be built and run: sizes are positive, a forward pass runs on the meta device
 on the ranks), the vocabulary covers the tokenizer and, for `model.path`, the
 weights exist, are readable and hold every tensor the model needs at the right
 shape (transformers' own loader, on the meta device: no tensor data is read).
+With `[model.lora]`, the adapter is injected into a meta-device model as
+training will inject it, so a target module the model lacks fails here.
 """
 
 from __future__ import annotations
@@ -159,6 +161,42 @@ def _check_forward(model_config: PretrainedConfig, file_label: str) -> None:
                           "num_key_value_heads)") from None
 
 
+def _linear_names(model: torch.nn.Module) -> list[str]:
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)})
+
+
+def _check_lora(config: RunConfig, model_config: PretrainedConfig) -> None:
+    """Inject the adapter into a meta-device copy, as training will: every target must name a module peft can adapt."""
+    from peft import inject_adapter_in_model
+
+    from .model import peft_lora_config
+
+    lora = config.model.lora
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config)
+    linear = _linear_names(model)
+    if isinstance(lora.target_modules, list):
+        names = [name for name, _ in model.named_modules()]
+        # peft's matching of a list entry: the module's full name, or its last dotted parts.
+        missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+        if missing:
+            raise ConfigError(f"model.lora.target_modules: {missing} match no module of this model; choose among its "
+                              f"linear layers {linear}, or use \"all-linear\"")
+    try:
+        inject_adapter_in_model(peft_lora_config(config, lora), model, low_cpu_mem_usage=True)
+    except (ValueError, TypeError, KeyError) as error:
+        raise ConfigError(f"model.lora.target_modules={lora.target_modules!r} does not fit this model "
+                          f"({_one_line(error)}); choose among its linear layers {linear}, or use \"all-linear\"") from None
+    if config.model.pad_vocab_to_multiple_of is not None:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        per_token = [m for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None]
+        if any(isinstance(m, BaseTunerLayer) for m in per_token):
+            raise ConfigError("model.lora.target_modules adapts the embedding or the output layer, whose rows "
+                              "model.pad_vocab_to_multiple_of pads; leave those layers out of target_modules, or unset "
+                              "model.pad_vocab_to_multiple_of")
+
+
 def check_model(config: RunConfig, tokenizer_vocab_size: int) -> PretrainedConfig:
     """Every check of the module docstring; returns the model's config."""
     model_config = read_model_config(config)
@@ -172,6 +210,8 @@ def check_model(config: RunConfig, tokenizer_vocab_size: int) -> PretrainedConfi
         )
     with quiet_transformers():
         _check_forward(model_config, str(file))
+        if config.model.lora is not None:
+            _check_lora(config, model_config)
         if config.model.path is not None:
             _check_weight_files(Path(config.model.path), label)
             _check_pretrained_loads(config, label)

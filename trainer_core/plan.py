@@ -147,10 +147,16 @@ def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple
     # Where things are stored and how long a launch may take do not change the result.
     for volatile in ("storage", "export"):
         training_config.pop(volatile)
+    if config.export.merge_lora:  # the merged weights are part of what the run commits
+        training_config["export"] = {"merge_lora": True}
     for operational in ("work_dir", "lease_wait_s", "lease_ttl_s"):  # the run lease's settings: how, not what
         training_config["run"].pop(operational)
-    for operational in ("segment_timeout_s", "stall_timeout_s", "collective_timeout_s"):
+    for operational in ("segment_timeout_s", "stall_timeout_s", "collective_timeout_s", "planner_miss_threshold"):
         training_config["train"].pop(operational)
+    if config.train.reduction == "deterministic":
+        # The number of processes changes only the speed (trainer_core.ranks): a run
+        # resumed at another nproc_per_node is the same run, under the same id.
+        training_config["train"].pop("nproc_per_node")
     for section in ("model", "tokenizer", "data"):
         training_config[section].pop("path", None)
         training_config[section].pop("config", None)

@@ -101,11 +101,16 @@ def _toml_value(value) -> str:
     return json.dumps(value)
 
 
-def to_toml(tree: dict) -> str:
-    """A config tree as TOML; a non-table section value is written as a top-level key (a bad-input case)."""
+def to_toml(tree: dict, prefix: str = "") -> str:
+    """A config tree as TOML; a non-table section value is written as a top-level key (a bad-input case),
+    a nested table (`model.lora`) as its own `[model.lora]` section."""
     plain = [f"{key} = {_toml_value(value)}" for key, value in tree.items() if not isinstance(value, dict)]
-    tables = [f"[{section}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
-              for section, values in tree.items() if isinstance(values, dict)]
+    tables = []
+    for section, values in tree.items():
+        if isinstance(values, dict):
+            keys = "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items() if not isinstance(v, dict))
+            nested = to_toml({k: v for k, v in values.items() if isinstance(v, dict)}, f"{prefix}{section}.")
+            tables.append(f"[{prefix}{section}]\n{keys}" + (f"\n{nested}" if nested else ""))
     return "\n".join(plain + tables)
 
 

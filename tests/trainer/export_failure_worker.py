@@ -8,17 +8,17 @@ from pathlib import Path
 import torch.distributed as dist
 
 from tests.conftest import tiny_tree
-from tests.trainer.models import tiny_qwen3
 from trainer_core.config import config_from_dict
 from trainer_core.distributed import init_distributed, log, run_rank_main
 from trainer_core.export_prepare import ExportPreparationError, prepare_export
 from trainer_core.manifest import verify_staged
+from trainer_core.model import build_trainer
 
 
 def main(workdir: Path) -> None:
     topology = init_distributed(logical_dp=2, timeout_s=60)
     config = config_from_dict(tiny_tree(workdir, export={"max_shard_size": "20KB"}), config_dir=workdir)
-    model = tiny_qwen3()
+    trainer = build_trainer(config)
     out_dir = workdir / "export" / "step-00000003"
     provenance = {"run_id": "r", "step": 3, "world_size": topology.world_size}
     for phase in ("weights", "write", "verify", "manifest"):
@@ -27,7 +27,7 @@ def main(workdir: Path) -> None:
                 raise OSError(f"disk full during {at}")
 
         try:
-            prepare_export(topology, config, model, out_dir, provenance, fail_rank_1)
+            prepare_export(topology, config, trainer, out_dir, provenance, fail_rank_1)
         except ExportPreparationError as error:
             assert f"failed on rank 1" in str(error) and f"disk full during {phase}" in str(error), error
         else:
@@ -36,12 +36,12 @@ def main(workdir: Path) -> None:
         leftovers = sorted(p.name for p in (workdir / "export").glob("*")) if (workdir / "export").exists() else []
         assert leftovers == [], f"phase {phase}: temporary files left: {leftovers}"
         log(f"ABORTED {phase} rank {topology.rank}")
-    prepared = prepare_export(topology, config, model, out_dir, provenance)
+    prepared = prepare_export(topology, config, trainer, out_dir, provenance)
     dist.barrier()
     manifest = verify_staged(out_dir)
     assert manifest is not None and manifest["world_size"] == 2 and not prepared["reused"]
     assert len([f for f in manifest["files"] if f["path"].endswith(".safetensors")]) >= 2  # shards split over ranks
-    again = prepare_export(topology, config, model, out_dir, provenance)
+    again = prepare_export(topology, config, trainer, out_dir, provenance)
     assert again["reused"]
     log(f"OK rank {topology.rank}")
 

@@ -109,13 +109,6 @@ def test_lora_before_base_is_refused():
         trainer.add_base_checkpoint()
 
 
-def test_a_second_lora_adapter_is_refused():
-    trainer = Trainer(tiny_qwen3().train())
-    trainer.add_lora_checkpoint("first", LORA)
-    with pytest.raises(ValueError, match="already registered; peft activates only the newest adapter"):
-        trainer.add_lora_checkpoint("second", LORA)
-
-
 def test_a_parameter_trains_in_one_checkpoint_only():
     trainer = Trainer(tiny_qwen3().train())
     trainer.add_base_checkpoint()

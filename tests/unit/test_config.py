@@ -36,6 +36,8 @@ def test_set_overrides_parse_toml_values():
         ({"train": {"logical_dp": 3, "nproc_per_node": 2}}, "train.logical_dp=3 is not a multiple of train.nproc_per_node=2"),
         ({"train": {"global_batch_size": 5}}, "train.global_batch_size=5 is not a multiple of train.logical_dp=2"),
         ({"data": {"kind": "dpo"}}, "data.kind"),
+        ({"train": {"reduction": "exact"}}, "train.reduction"),
+        ({"train": {"threads_per_process": 0}}, "train.threads_per_process"),
         ({"model": {"path": "/somewhere"}}, "set exactly one of model.path"),
     ],
 )

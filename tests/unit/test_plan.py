@@ -83,3 +83,15 @@ def test_rl_trajectories_round_trip_through_the_stage_cache(tmp_path):
     assert set(cached_shards[0]) >= {"advantages", "behaviour_logprobs", "policy_version"}
     for name, tensor in fresh_shards[0].items():
         assert torch.equal(tensor, cached_shards[0][name]), name
+
+
+def test_the_number_of_processes_enters_the_digest_only_when_it_can_change_the_result(tmp_path):
+    def digest(**train):
+        return build_plan(config_from_dict(tiny_tree(tmp_path, train=train), config_dir=tmp_path))[0].digest
+
+    # Deterministic reduction: W changes only the speed, so a run resumed at another W keeps its id.
+    assert digest(logical_dp=4, nproc_per_node=1) == digest(logical_dp=4, nproc_per_node=4)
+    # A fast reduction's last bits depend on W; the reduction and the thread count decide results too.
+    assert digest(logical_dp=4, nproc_per_node=1, reduction="fast") != digest(logical_dp=4, nproc_per_node=4, reduction="fast")
+    assert digest(logical_dp=4, reduction="fast") != digest(logical_dp=4)
+    assert digest(logical_dp=4, threads_per_process=2) != digest(logical_dp=4)

@@ -8,14 +8,17 @@ Everything a caller needs is re-exported here; the modules hold one concern each
 from .checkpoint_io import export_checkpoint_module, restore_checkpoint, save_checkpoint
 from .checkpoints import Checkpoint, OptimizerConfig, StepReport
 from .graphs import GraphConsumedError, ManagedOutputs
-from .memory import BackwardMode, MemoryPlanner
+from .hf_weights import hf_state_dict, save_hf_model
+from .memory import BackwardMode, MemoryPlanner, MissReports
 from .staleness import StaleGraphError, StalenessPolicy, importance_weights
 from .trainer import BackwardReport, Trainer
 from .transaction import GradientTransactionError, NonFinitePolicy
 from .versions import Version
+from .vocab import pad_vocabulary
 
 __all__ = [
     "BackwardMode", "BackwardReport", "Checkpoint", "GradientTransactionError", "GraphConsumedError", "ManagedOutputs",
-    "MemoryPlanner", "NonFinitePolicy", "OptimizerConfig", "StaleGraphError", "StalenessPolicy", "StepReport",
-    "Trainer", "Version", "export_checkpoint_module", "importance_weights", "restore_checkpoint", "save_checkpoint",
+    "MemoryPlanner", "MissReports", "NonFinitePolicy", "OptimizerConfig", "StaleGraphError", "StalenessPolicy", "StepReport",
+    "Trainer", "Version", "export_checkpoint_module", "hf_state_dict", "importance_weights", "pad_vocabulary",
+    "restore_checkpoint", "save_checkpoint", "save_hf_model",
 ]

@@ -4,7 +4,7 @@
   (weights, AdamW state, revision) in a directory. Restoring gives the
   checkpoint a new identity, so graphs recorded before it cannot be backwarded.
 - `export_checkpoint_module`: the inference form — a Hugging Face directory for
-  the base model, a peft adapter directory (`adapter_config.json`,
+  the base model (peft wrappers unwrapped, the true vocabulary: `hf_weights`), a peft adapter directory (`adapter_config.json`,
   `adapter_model.safetensors`, loadable with `PeftModel.from_pretrained`) for a
   LoRA adapter, and `model.safetensors` for a custom module.
 """
@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .checkpoints import Checkpoint
+from .hf_weights import save_hf_model
 
 VERSION_FILE = "version.json"
 
@@ -48,7 +49,7 @@ def export_checkpoint_module(trainer, name: str, directory: Path) -> list[str]:
     checkpoint = trainer.checkpoints[name]
     directory.mkdir(parents=True, exist_ok=True)
     if checkpoint.kind == "base":
-        trainer.model.save_pretrained(str(directory))
+        save_hf_model(trainer.model, directory, vocab_size=trainer.vocab_size)
     elif checkpoint.kind == "lora":
         from peft import get_peft_model_state_dict
 

@@ -124,6 +124,10 @@ class Checkpoint:
         """The FP32 masters of low-precision parameters."""
         return {slot.name: slot.master for slot in self._slots if slot.master is not None}
 
+    def optimized_parameters(self) -> dict[str, torch.Tensor]:
+        """The tensors AdamW updates (the FP32 master where there is one), by parameter name, in `parameters()` order."""
+        return {slot.name: slot.optimized for slot in self._slots}
+
     def has_gradient(self) -> list[bool]:
         return [slot.param.grad is not None for slot in self._slots]
 

@@ -167,3 +167,14 @@ class GraphTable:
 
     def resident_saved_bytes(self) -> int:
         return sum(g.saved_bytes for g in self._graphs.values())
+
+    def held_weight_bytes(self, live_storages: set[int]) -> int:
+        """Bytes of the weight snapshots graphs hold: tensors a step handed over, no longer any checkpoint's."""
+        held: dict[int, int] = {}
+        for graph in self._graphs.values():
+            for tensors in graph.weights.values():
+                for tensor in tensors.values():
+                    storage = tensor.untyped_storage()
+                    if storage.data_ptr() not in live_storages:
+                        held[storage.data_ptr()] = storage.nbytes()
+        return sum(held.values())

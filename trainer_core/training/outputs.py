@@ -4,6 +4,11 @@ One function, `compute_outputs`, serves the original forward and every replay,
 so a replay computes exactly what the forward did. Log-probabilities are
 computed in float32 or wider: a bf16 model gets float32 logprobs, a float64
 model keeps float64.
+
+A model whose vocabulary was padded (to a multiple, for kernels or sharding)
+computes logits over the padded rows; every output is taken over the true
+vocabulary only (`vocab_size`), so the padding rows never reach a softmax, a
+logprob or a gradient.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class ForwardCall:
     targets: torch.Tensor | None
     outputs: tuple[str, ...]
     top_k: int
+    adapter: str | None = None
+    """The LoRA adapter active in this forward (None: the model has none); a replay activates it again."""
 
     def __post_init__(self) -> None:
         unknown = set(self.outputs) - set(OUTPUT_KINDS)
@@ -37,12 +44,13 @@ class ForwardCall:
         if "topk" in self.outputs and self.top_k <= 0:
             raise ValueError("outputs include 'topk' but top_k=0; pass top_k=K")
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.attention_mask.sum()) if self.attention_mask is not None else self.input_ids.numel()
-
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.input_ids, self.attention_mask, self.position_ids, self.targets) if t is not None]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the input tensors: what a replay keeps."""
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def copied(self) -> "ForwardCall":
         """A call over private copies of the inputs: the caller may refill its buffers after the forward."""
@@ -58,13 +66,14 @@ def _logprob_dtype(logits: torch.Tensor) -> torch.dtype:
 
 
 def compute_outputs(model: nn.Module, heads: Mapping[str, nn.Module], call: ForwardCall,
-                    topk_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                    topk_ids: torch.Tensor | None = None, vocab_size: int | None = None) -> dict[str, torch.Tensor]:
     """Run the model on the call's inputs and derive the requested outputs.
 
     Keys: `logprobs`, `topk` (+ `topk_ids`), `logits`, `hidden`, `head:NAME`.
     With `topk_ids` (a replay), the top-k entries are gathered at those ids
     instead of chosen again, so their cotangents land on the same tokens even
-    when the weights moved since the forward.
+    when the weights moved since the forward. With `vocab_size`, logits past it
+    (padding rows of the vocabulary) are cut off first.
     """
     wants = set(call.outputs)
     need_hidden = "hidden" in wants or ("heads" in wants and bool(heads))
@@ -73,6 +82,8 @@ def compute_outputs(model: nn.Module, heads: Mapping[str, nn.Module], call: Forw
         kwargs["position_ids"] = call.position_ids
     result = model(**kwargs)
     logits = result.logits
+    if vocab_size is not None and logits.shape[-1] > vocab_size:
+        logits = logits[..., :vocab_size]
     targets = call.targets if call.targets is not None else call.input_ids[:, 1:]
     target_logits = logits if call.targets is not None else logits[:, :-1]
     out: dict[str, torch.Tensor] = {}

@@ -7,11 +7,18 @@ when it injects one; the trainer turns the registered base back on), so both
 train exactly as plain autograd on the peft model would. The other order is
 refused: after peft froze the base, "every trainable parameter" no longer
 means the base weights.
+
+Several LoRA adapters can be registered (the reference design's slots). peft
+runs only its *active* adapter, and activating one freezes the others; so
+each forward activates the adapter it was asked for (`activate_adapter`, with
+peft's own `set_adapter`) and turns every registered parameter back on, so an
+adapter's live graphs still get their gradients while another is active.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -25,6 +32,7 @@ class CheckpointRegistry:
         self.model = model
         self.checkpoints: dict[str, Checkpoint] = {}
         self.heads: dict[str, nn.Module] = {}
+        self._active_adapter: str | None = None
 
     def _add(self, checkpoint: Checkpoint) -> Checkpoint:
         if checkpoint.name in self.checkpoints:
@@ -49,23 +57,23 @@ class CheckpointRegistry:
         return self._add(Checkpoint(name, "base", self.model, params, optimizer))
 
     def add_lora_checkpoint(self, name: str, lora_config, optimizer: OptimizerConfig = OptimizerConfig()) -> Checkpoint:
-        """A LoRA adapter injected with peft. Weights no checkpoint owns stay frozen; a registered base keeps training."""
+        """A LoRA adapter injected with peft. Weights no checkpoint owns stay frozen; registered ones keep training."""
         from peft import inject_adapter_in_model
 
-        existing = [c.name for c in self.checkpoints.values() if c.kind == "lora"]
-        if existing:
-            raise ValueError(f"a LoRA adapter ('{existing[0]}') is already registered; peft activates only the newest "
-                             "adapter, so one trainer trains one adapter")
+        if name in self.checkpoints:
+            raise ValueError(f"a checkpoint named '{name}' is already registered; choose another name")
         owned = self.parameter_owners()
         before = {id(p) for p in self.model.parameters()}
         for param in self.model.parameters():
             if id(param) not in owned:
                 param.requires_grad_(False)
-        inject_adapter_in_model(lora_config, self.model, adapter_name=name)
+        with warnings.catch_warnings():
+            # A second adapter: peft warns that the model holds several; that is what the slots are for.
+            warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")
+            inject_adapter_in_model(lora_config, self.model, adapter_name=name)
         adapter = [(n, p) for n, p in self.model.named_parameters() if id(p) not in before]
-        for checkpoint in self.checkpoints.values():  # peft froze them; registered weights still train
-            for param in checkpoint.parameters().values():
-                param.requires_grad_(True)
+        self._active_adapter = name  # peft activated the new adapter
+        self._keep_registered_trainable()
         checkpoint = self._add(Checkpoint(name, "lora", self.model, adapter, optimizer))
         checkpoint.adapter_config = lora_config
         return checkpoint
@@ -77,6 +85,40 @@ class CheckpointRegistry:
         checkpoint = self._add(Checkpoint(name, "module", module, params, optimizer))
         self.heads[name] = module
         return checkpoint
+
+    # -- adapter selection -----------------------------------------------------------
+
+    def _keep_registered_trainable(self) -> None:
+        """peft froze what it does not consider active; every registered checkpoint still trains."""
+        for checkpoint in self.checkpoints.values():
+            for param in checkpoint.parameters().values():
+                param.requires_grad_(True)
+
+    def selected_adapter(self, checkpoint: str | None) -> str | None:
+        """The LoRA adapter a forward runs with: `checkpoint`, or the only one registered (None without adapters)."""
+        adapters = [c.name for c in self.checkpoints.values() if c.kind == "lora"]
+        if checkpoint is None:
+            if len(adapters) > 1:
+                raise ValueError(f"{len(adapters)} LoRA adapters are registered ({', '.join(adapters)}); say which one "
+                                 "this forward runs with: forward(..., checkpoint=NAME)")
+            return adapters[0] if adapters else None
+        if checkpoint not in self.checkpoints:
+            raise ValueError(f"checkpoint={checkpoint!r} is not registered; registered: {sorted(self.checkpoints)}")
+        if self.checkpoints[checkpoint].kind != "lora":
+            raise ValueError(f"checkpoint={checkpoint!r} is a '{self.checkpoints[checkpoint].kind}' checkpoint; "
+                             f"forward(checkpoint=) selects a LoRA adapter ({', '.join(adapters) or 'none registered'}) "
+                             "— the base and the heads take part in every forward")
+        return checkpoint
+
+    def activate_adapter(self, name: str | None) -> None:
+        """Make `name` the adapter peft runs (a no-op when it already is, or without adapters)."""
+        if name is None or name == self._active_adapter:
+            return
+        from peft.tuners.tuners_utils import set_adapter
+
+        set_adapter(self.model, name)
+        self._active_adapter = name
+        self._keep_registered_trainable()
 
     # -- lookups ---------------------------------------------------------------------
 

@@ -4,10 +4,12 @@
    learning rate and optimizer settings, and which parameters have a gradient
    (one all-gather). Terms that differ are an error on every rank, naming the
    ranks and what differs; a parameter's gradient counts if any rank has one.
-2. Gradients move onto the optimized tensors (FP32 masters for low-precision
-   parameters); a parameter with a gradient elsewhere gets zeros here, one with
-   none anywhere stays without (AdamW leaves it alone, as torch's does).
-   Everything is summed over ranks as one message.
+2. The trainer's gradient reduction (`gradient_reduction.py`) puts the sum
+   over ranks onto the optimized tensors (FP32 masters for low-precision
+   parameters): by default each process's `.grad`, all-reduced as one message
+   (a parameter with a gradient elsewhere counts zeros here); with logical
+   ranks, every logical rank's gradient folded in logical order. A parameter
+   with no gradient anywhere stays without (AdamW leaves it alone, as torch's does).
 3. Every checkpoint's norm is computed. If any is non-finite, no checkpoint
    steps — on any rank, since all hold the same sums — and every report says
    which. A checkpoint without a gradient does not step ("no gradient").
@@ -21,8 +23,8 @@ from dataclasses import astuple
 
 import torch.distributed as dist
 
-from ..distributed import all_reduce_sum_
 from .checkpoints import Checkpoint, StepReport, nonfinite_reason
+from .gradient_reduction import GradientReduction, RankSum
 
 _TERM_FIELDS = ("checkpoints", "revision", "learning_rate", "optimizer settings")
 
@@ -53,15 +55,17 @@ def agree_on_step(terms: tuple[tuple, ...], has_gradient: list[bool]) -> list[bo
 
 
 def step_checkpoints(checkpoints: Sequence[Checkpoint], learning_rate: float | None,
-                     before_update: Callable[[Checkpoint], None]) -> dict[str, StepReport]:
+                     before_update: Callable[[Checkpoint], None],
+                     reduction: GradientReduction | None = None) -> dict[str, StepReport]:
     """Step the checkpoints together; `before_update` runs on each one just before its weights change."""
-    flags = [c.has_gradient() for c in checkpoints]
+    reduction = reduction or RankSum()
+    flags = reduction.local_flags(checkpoints)
     anywhere = agree_on_step(_terms(checkpoints, learning_rate), [f for per in flags for f in per])
-    grads, offset = [], 0
-    for checkpoint, local in zip(checkpoints, flags):
-        grads += checkpoint.gather_gradients(anywhere[offset:offset + len(local)])
+    per_checkpoint, offset = [], 0
+    for local in flags:
+        per_checkpoint.append(anywhere[offset:offset + len(local)])
         offset += len(local)
-    all_reduce_sum_(grads)
+    reduction.reduce(checkpoints, per_checkpoint)
     norms = {c.name: c.gradient_norm() for c in checkpoints}
     values = {name: float(norm) if norm is not None else 0.0 for name, norm in norms.items()}
     reason = nonfinite_reason(values)

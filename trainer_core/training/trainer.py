@@ -7,14 +7,18 @@
     trainer.backward(loss)                          # cotangents → each forward's graph → staged → committed
     trainer.step()                                  # AdamW per checkpoint, versions advance
 
-Gradients are summed over ranks at `step`; normalise the loss accordingly.
+Gradients are summed over ranks at `step`; normalise the loss accordingly. How
+they are summed is the trainer's `gradient_reduction` (`gradient_reduction.py`):
+an all-reduce by default, a fold in logical-rank order under `trainer_core.ranks`.
+With several LoRA adapters registered, `forward(..., checkpoint="name")` runs
+the model with that adapter active (a replay activates it again), and the
+graph depends on that adapter only (besides the base and the heads).
 Registration lives in `registry.py`, the optimizer step in `stepping.py`,
 backward state in `memory/`, the staleness rule in `staleness.py`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -23,16 +27,20 @@ import torch.distributed as dist
 from torch import nn
 
 from .checkpoints import Checkpoint, StepReport
+from .gradient_reduction import GradientReduction, RankSum
 from .graphs import (
     Graph, GraphConsumedError, GraphTable, LossLeaves, ManagedOutputs, leaf_tag, loss_leaves, make_leaf,
 )
 from .memory import BACKWARD_MODES, BackwardMode, MemoryPlanner, OffloadedGraph, ReplayedGraph, RetainedGraph, Rerun
+from .memory.estimates import GraphShape
 from .memory.offload import OffloadTarget
+from .memory.retained import saved_tensor_bytes
+from .memory.timing import Stopwatch
 from .outputs import HEAD_PREFIX, ForwardCall, compute_outputs
 from .registry import CheckpointRegistry
 from .staleness import StaleGraphError, StalenessPolicy, importance_weights
 from .stepping import step_checkpoints
-from .transaction import NonFinitePolicy, StagedGradients, ranks_agree
+from .transaction import NonFinitePolicy, StagedGradients
 
 # Internal output name → ManagedOutputs field.
 _OUTPUT_FIELDS = {"logprobs": "logprobs", "topk": "topk_logprobs", "logits": "logits", "hidden": "hidden_states"}
@@ -57,8 +65,12 @@ class Trainer(CheckpointRegistry):
         planner: MemoryPlanner | None = None,
         offload_target: OffloadTarget | None = None,
         nonfinite: NonFinitePolicy = "error",
+        vocab_size: int | None = None,
     ):
+        """`vocab_size`: the true vocabulary when the model's embedding rows were padded past it (outputs cover
+        the true vocabulary only); None when they were not."""
         super().__init__(model)
+        self.vocab_size = vocab_size
         self.staleness = staleness or StalenessPolicy()
         self.planner = planner or MemoryPlanner()
         device = next(model.parameters()).device
@@ -70,11 +82,22 @@ class Trainer(CheckpointRegistry):
         self.nonfinite = nonfinite
         self.graphs = GraphTable()
         self.peak_saved_bytes = 0
+        """The highest `resident_bytes()` seen right after a forward or a step."""
+        self.gradient_reduction: GradientReduction = RankSum()
+        """How gradients are agreed on at backward and summed over processes at step (replaced by trainer_core.ranks)."""
 
     # -- forward -----------------------------------------------------------------
 
     def _current_versions(self) -> dict:
         return {name: c.version for name, c in self.checkpoints.items()}
+
+    def _versions_for(self, adapter: str | None) -> dict:
+        """The versions a forward runs at: every checkpoint but the LoRA adapters not selected."""
+        return {name: c.version for name, c in self.checkpoints.items() if c.kind != "lora" or name == adapter}
+
+    def resident_bytes(self) -> int:
+        """What live graphs keep on the device: their saved tensors, and weight snapshots no checkpoint holds now."""
+        return self.graphs.resident_saved_bytes() + self.graphs.held_weight_bytes(self._parameter_storages())
 
     def forward(
         self,
@@ -86,45 +109,71 @@ class Trainer(CheckpointRegistry):
         outputs: Iterable[str] = ("logprobs",),
         top_k: int = 0,
         mode: BackwardMode | None = None,
+        checkpoint: str | None = None,
     ) -> ManagedOutputs:
         """Run the model and return managed outputs; `mode` None lets the planner choose.
 
         Without `targets`, `logprobs[:, t]` is the log-probability of `input_ids[:, t+1]`.
+        `checkpoint` names the LoRA adapter to run with (required when several are registered).
         Under `torch.no_grad()` the outputs are plain tensors with no graph (nothing is kept).
         """
-        call = ForwardCall(input_ids, attention_mask, position_ids, targets, tuple(outputs), top_k)
+        call = ForwardCall(input_ids, attention_mask, position_ids, targets, tuple(outputs), top_k,
+                           self.selected_adapter(checkpoint))
         if mode is not None and mode not in BACKWARD_MODES:
             raise ValueError(f"mode={mode!r}; choose one of {BACKWARD_MODES} or None for the planner")
-        versions = self._current_versions()
+        versions = self._versions_for(call.adapter)
         if not torch.is_grad_enabled():
-            return self._managed(compute_outputs(self.model, self.heads, call), None, versions)
+            return self._managed(self._run(call), None, versions)
         self._expire_graphs()
+        shape = _graph_shape(call)
+        decision = None
         if mode is None:
-            mode = self.planner.choose(call.num_tokens, self.graphs.resident_saved_bytes())
-        state, values = self._record(mode, call)
+            decision = self.planner.choose(
+                shape, self.resident_bytes(), replay_bytes=call.nbytes, offload_target=self.offload_target,
+                offload_frees=self.offload_target == "disk" or call.input_ids.is_cuda)
+            mode = decision.mode
+        state, values = self._record(mode, call, shape)
         held = self.staleness.keeps_weights(replayed=mode == "replay")
-        weights = {name: c.parameters() for name, c in self.checkpoints.items()} if held else {}
+        weights = {name: self.checkpoints[name].parameters() for name in versions} if held else {}
         graph = Graph(self.graphs.new_id(), versions, weights, state)
         managed = self._managed(values, graph, versions)
-        self.peak_saved_bytes = max(self.peak_saved_bytes, self.graphs.resident_saved_bytes())
+        resident = self.resident_bytes()
+        self.peak_saved_bytes = max(self.peak_saved_bytes, resident)
+        if decision is not None:
+            self.planner.settle(decision, resident)
         return managed
 
-    def _record(self, mode: BackwardMode, call: ForwardCall):
-        started = time.perf_counter()
+    def _run(self, call: ForwardCall, topk_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        self.activate_adapter(call.adapter)
+        return compute_outputs(self.model, self.heads, call, topk_ids, vocab_size=self.vocab_size)
+
+    def _record(self, mode: BackwardMode, call: ForwardCall, shape: GraphShape):
+        """Run the forward in `mode`; while the planner measures, time the forward alone and count what it saved."""
+        measuring = self.planner.measuring
+        watch = Stopwatch(call.input_ids.device, enabled=measuring)
+
+        def run():
+            with watch:
+                return self._run(call)
+
         if mode == "replay":
-            state, values = ReplayedGraph.record(
-                lambda c: compute_outputs(self.model, self.heads, c), call,
-                modules=[m for root in (self.model, *self.heads.values()) for m in root.modules()],
-                parameters=self._all_parameters())
-            self.planner.observe_forward(time.perf_counter() - started, call.num_tokens)
-        elif mode == "offload":
-            state, values = OffloadedGraph.record(lambda: compute_outputs(self.model, self.heads, call),
-                                                  self.offload_target, self._parameter_storages(), call.input_ids.is_cuda)
-            self.planner.observe_offload(state.offloaded_bytes, time.perf_counter() - started)
-        else:
-            state, values = RetainedGraph.record(lambda: compute_outputs(self.model, self.heads, call),
-                                                 self._parameter_storages())
-            self.planner.observe_retained(state.saved_bytes, call.num_tokens)
+            return ReplayedGraph.record(self._run, call,
+                                        modules=[m for root in (self.model, *self.heads.values()) for m in root.modules()],
+                                        parameters=self._all_parameters())
+        if mode == "offload":
+            state, values = OffloadedGraph.record(run, self.offload_target, self._parameter_storages(),
+                                                  call.input_ids.is_cuda, timed=measuring)
+            if measuring:
+                hooks = state.offload_hooks
+                pack_s = hooks.pack_timer.take()
+                self.planner.observe_pack(hooks.offloaded_bytes, pack_s)
+                self.planner.observe_forward(shape, watch.seconds - pack_s)
+                self.planner.observe_saved(shape, hooks.retained_equivalent_bytes)
+            return state, values
+        state, values = RetainedGraph.record(run, self._parameter_storages())
+        if measuring:
+            self.planner.observe_forward(shape, watch.seconds)
+            self.planner.observe_saved(shape, state.saved_bytes)
         return state, values
 
     def _managed(self, values: dict[str, torch.Tensor], graph: Graph | None, versions: dict) -> ManagedOutputs:
@@ -189,7 +238,7 @@ class Trainer(CheckpointRegistry):
             staged.build()
         except Exception as failure:  # noqa: BLE001 - every rank must hear of it before anyone raises
             error = failure
-        error = ranks_agree(error)
+        error = self.gradient_reduction.agree_on_backward(error)
         self._settle(entered, succeeded=error is None, keep_graph=keep_graph, retain_graph=retain_graph)
         if error is not None:
             raise error
@@ -217,7 +266,7 @@ class Trainer(CheckpointRegistry):
         # retry is possible: retain_graph, a later graph of this backward that may
         # fail, or another rank that may. A lone graph on one rank frees them as
         # plain autograd does (a lower peak).
-        keep_graph = retain_graph or len(graphs) > 1 or self.world_size > 1
+        keep_graph = retain_graph or len(graphs) > 1 or (self.world_size > 1 and self.gradient_reduction.backward_is_collective)
         ages: dict[int, dict[str, int]] = {}
         for graph in graphs:
             ages[graph.graph_id] = self.staleness.ages(graph.versions, self._current_versions())
@@ -257,8 +306,11 @@ class Trainer(CheckpointRegistry):
         }
         keys = [(c, p) for c, tensors in weights.items() for p, t in tensors.items() if t.requires_grad]
         inputs = [weights[c][p] for c, p in keys]
+        # Parameters whose in-place changes since the forward do not matter to a replay: read at their
+        # current values on purpose, or not read at all (another adapter than the graph's).
+        unchecked = at_current | {name for name in self.checkpoints if name not in graph.versions}
         rerun = Rerun(lambda call, topk_ids: self._rerun(call, topk_ids, weights),
-                      frozenset(id(p) for name in at_current for p in self.checkpoints[name].parameters().values()))
+                      frozenset(id(p) for name in unchecked for p in self.checkpoints[name].parameters().values()))
 
         def cotangents_for(outputs):
             if not at_current:
@@ -269,13 +321,27 @@ class Trainer(CheckpointRegistry):
                     if name in _IMPORTANCE_WEIGHTED else cotangent for name, cotangent in cotangents.items()}
 
         grads = graph.state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)
+        if self.planner.measuring and isinstance(graph.state, OffloadedGraph):
+            self.planner.observe_restore(*graph.state.offload_hooks.take_restore_measurement())
         return {key: g for key, g in zip(keys, grads) if g is not None}
 
     def _rerun(self, call: ForwardCall, topk_ids: torch.Tensor | None,
                weights: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Run the forward again with each checkpoint at `weights` (the live ones unless a snapshot is due)."""
+        """Run the forward again with each checkpoint at `weights` (the live ones unless a snapshot is due).
+
+        While the planner measures, a replay is a forward with grad like any
+        other: its time and the bytes its graph saved are evidence too.
+        """
         with self.weights_swapped_in(weights):
-            return compute_outputs(self.model, self.heads, call, topk_ids)
+            if not self.planner.measuring:
+                return self._run(call, topk_ids)
+            with Stopwatch(call.input_ids.device) as watch:
+                outputs = self._run(call, topk_ids)
+        shape = _graph_shape(call)
+        self.planner.observe_forward(shape, watch.seconds)
+        weight_storages = {t.untyped_storage().data_ptr() for tensors in weights.values() for t in tensors.values()}
+        self.planner.observe_saved(shape, saved_tensor_bytes(outputs, self._parameter_storages() | weight_storages))
+        return outputs
 
     # -- optimizer step ----------------------------------------------------------
 
@@ -305,15 +371,25 @@ class Trainer(CheckpointRegistry):
         if unknown:
             raise ValueError(f"unknown checkpoint(s) {unknown}; registered: {sorted(self.checkpoints)}")
         self._expire_graphs()
-        reports = step_checkpoints([self.checkpoints[name] for name in selected], learning_rate, self._hand_over_weights)
+        reports = step_checkpoints([self.checkpoints[name] for name in selected], learning_rate, self._hand_over_weights,
+                                   self.gradient_reduction)
         self._expire_graphs()
+        self.peak_saved_bytes = max(self.peak_saved_bytes, self.resident_bytes())  # snapshots handed over
         return reports
 
     def zero_grad(self) -> None:
         for checkpoint in self.checkpoints.values():
             checkpoint.clear_gradients()
+        self.gradient_reduction.clear()
 
     @property
     def world_size(self) -> int:
         return dist.get_world_size() if dist.is_initialized() else 1
 
+
+
+def _graph_shape(call: ForwardCall) -> GraphShape:
+    """What the planner's estimate is a function of: the padded input shape and what is computed."""
+    seq_len = call.input_ids.shape[-1]
+    return GraphShape(call.input_ids.numel() // max(seq_len, 1), seq_len,
+                      f"{','.join(call.outputs)}|k={call.top_k}|adapter={call.adapter}")

@@ -40,7 +40,8 @@ class Rerun:
     run: Callable[[ForwardCall, "torch.Tensor | None"], dict[str, torch.Tensor]]
     """Run the model on a call (the second argument: the top-k ids to gather at)."""
     current_parameter_ids: frozenset[int] = frozenset()
-    """Parameters read at their current values on purpose (a stale graph under the importance policy)."""
+    """Parameters whose in-place changes since the forward are expected: read at their current values on
+    purpose (a stale graph under the importance policy), or not read at all (an adapter the forward did not run)."""
 
 
 class BackwardState(Protocol):

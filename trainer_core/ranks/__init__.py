@@ -1,0 +1,31 @@
+"""Logical data-parallel ranks: the same result at any number of processes, two facades, coordinated failure.
+
+    from trainer_core.ranks import LogicalDataParallel, run_rank_zero
+
+- `topology`: L logical ranks over W processes, the split of a batch, seeds;
+  `check_topology` refuses a bad one before any process group exists.
+- `reduction`: folds over logical ranks in logical order (`sharded_ordered_fold`
+  for gradients, `reduce_over_logical_ranks` for losses and counts).
+- `logical_gradients`: each logical rank's gradient kept apart and folded at
+  the step (`deterministic`), or summed by an all-reduce (`fast`).
+- `threads`: intra-op threads pinned per process, never derived from W.
+- `coordination`: the status exchange that fails every rank when one fails.
+- `logical_dp`: the SPMD facade; `rank_zero` (+ `commands`, `channel`): one
+  driver on rank 0.
+"""
+
+from .coordination import RankFailure, coordinated, exchange
+from .logical_dp import LogicalDataParallel, LogicalShard
+from .logical_gradients import REDUCTION_MODES, LogicalGradients, ReductionMode
+from .rank_zero import RankZeroTrainer, run_rank_zero
+from .reduction import ordered_fold, reduce_over_logical_ranks, sharded_ordered_fold
+from .commands import RankContext
+from .threads import pin_threads, threads_for
+from .topology import Topology, check_topology, logical_row_ranges, step_seed
+
+__all__ = [
+    "REDUCTION_MODES", "LogicalDataParallel", "LogicalGradients", "LogicalShard", "RankContext", "RankFailure",
+    "RankZeroTrainer", "ReductionMode", "Topology", "check_topology", "coordinated", "exchange", "logical_row_ranges",
+    "ordered_fold", "pin_threads", "reduce_over_logical_ranks", "run_rank_zero", "sharded_ordered_fold", "step_seed",
+    "threads_for",
+]

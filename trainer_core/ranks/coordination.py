@@ -1,0 +1,109 @@
+"""Coordinated failure: an error on any rank, in any command, fails every rank at once, naming the rank and why.
+
+Every command of the facades (a logical rank's forward and backward, the
+step, save, export, a callback) ends in a *status exchange*: each rank says
+whether it failed (one small all-gather). A rank that raised still joins the
+exchange — it catches its error, reports it and only then raises — so its
+peers never wait in a collective for a rank that left. After the exchange
+every rank knows the outcome: the failing rank re-raises its own exception
+(its type still says what went wrong, with a note naming the command), every
+other rank raises `RankFailure` naming the failing rank(s) and their errors.
+
+A command whose own work contains collectives (the step's reduction, the
+export's weight check) exchanges once before them, so no rank enters a
+collective that a failed peer will never join. An error that escapes a
+collective itself (a peer died) is not exchanged: the rank exits and torchrun
+stops the others; the collective timeout (`train.collective_timeout_s`)
+bounds the wait of a rank blocked on a silent peer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch.distributed as dist
+
+_COORDINATED = "_rankflow_coordinated"
+_MAX_STATUS_CHARS = 2000
+
+
+class RankFailure(RuntimeError):
+    """A command failed on another rank; this rank stopped with it. `failures` lists (rank, "Type: message")."""
+
+    def __init__(self, command: str, failures: list[tuple[int, str]]):
+        self.command = command
+        self.failures = failures
+        ranks = ", ".join(str(rank) for rank, _ in failures)
+        causes = "; ".join(f"rank {rank}: {status}" for rank, status in failures)
+        super().__init__(f"{command} failed on rank {ranks} ({causes}); every rank stopped")
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        return [rank for rank, _ in self.failures]
+
+
+def describe(error: BaseException) -> str:
+    """One line for the other ranks: the type and the message, bounded."""
+    return f"{type(error).__name__}: {error}"[:_MAX_STATUS_CHARS]
+
+
+def is_coordinated(error: BaseException) -> bool:
+    """Whether every rank already raised this failure together (no exchange needed)."""
+    return bool(getattr(error, _COORDINATED, False))
+
+
+def coordinated_error(command: str, error: BaseException | None, failures: list[tuple[int, str]]) -> BaseException:
+    """What this rank raises once every rank knows `failures`: its own error if it failed, else RankFailure."""
+    if error is not None and is_coordinated(error):
+        return error  # already raised on every rank (an earlier exchange of the same command)
+    if error is not None and not isinstance(error, RankFailure):
+        causes = "; ".join(f"rank {rank}: {status}" for rank, status in failures)
+        error.add_note(f"{command} failed, every rank stopped ({causes})")
+        raised = error
+    else:
+        raised = error if isinstance(error, RankFailure) else RankFailure(command, failures)
+    setattr(raised, _COORDINATED, True)
+    return raised
+
+
+def primary_failures(failures: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The failures that are causes: a rank that only stopped because another failed (RankFailure) is an effect."""
+    causes = [(rank, status) for rank, status in failures if not status.startswith(f"{RankFailure.__name__}: ")]
+    return causes or failures
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def exchange(command: str, error: BaseException | None, payload: Any = None, *, where: str | None = None) -> list[Any]:
+    """Every rank reports its outcome (and a small payload); raise on every rank if any failed.
+
+    Returns every rank's payload, by rank, when all succeeded. `where` names,
+    in this rank's status, what it was doing (e.g. its logical rank).
+    """
+    status = None if error is None else describe(error) + (f" (in {where})" if where else "")
+    if _world_size() == 1:
+        gathered = [(status, payload)]
+    else:
+        gathered = [None] * _world_size()
+        dist.all_gather_object(gathered, (status, payload))
+    failures = [(rank, rank_status) for rank, (rank_status, _) in enumerate(gathered) if rank_status is not None]
+    if failures:
+        raise coordinated_error(command, error, failures)
+    return [rank_payload for _, rank_payload in gathered]
+
+
+@contextlib.contextmanager
+def coordinated(command: str, *, where: str | None = None) -> Iterator[None]:
+    """Run the body as one command: whatever it raises, this rank joins the status exchange first."""
+    error: BaseException | None = None
+    try:
+        yield
+    except Exception as failure:  # noqa: BLE001 - reported to every rank, then raised
+        if is_coordinated(failure):
+            raise  # every rank raised it together: nobody is waiting in an exchange
+        error = failure
+    exchange(command, error, where=where)

@@ -1,0 +1,169 @@
+"""Each logical rank's gradient kept apart, and summed over logical ranks at the step in a W-independent order.
+
+`LogicalGradients` is the trainer's `gradient_reduction` under the logical-rank
+facades (see `trainer_core.training.gradient_reduction`):
+
+- **deterministic** (`train.reduction = "deterministic"`, the default): while a
+  logical rank is active (`scope`), the checkpoints' `.grad` *is* that logical
+  rank's accumulator — it is swapped in on entry and out on exit — so the
+  transactional backward accumulates each logical rank's micro-batches alone.
+  The step folds the L partial gradients in logical order
+  (`reduction.sharded_ordered_fold`), a logical rank without a gradient
+  counting as zeros: the same sum, bit for bit, at any W.
+- **fast**: backwards accumulate straight into `.grad` and the step
+  all-reduces each process's sum, as plain data parallelism does; the
+  association then depends on W (results differ from W = 1 in the last bits).
+
+In both modes a backward agrees with nobody: its outcome is exchanged when the
+logical rank's command ends (`coordination`), and a backward outside any
+logical rank is refused, since its gradient would belong to no logical rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Literal
+
+import torch
+
+from ..training.checkpoints import Checkpoint
+from ..training.gradient_reduction import RankSum
+from .reduction import shard_layout, sharded_ordered_fold
+from .topology import Topology
+
+ReductionMode = Literal["deterministic", "fast"]
+REDUCTION_MODES = ("deterministic", "fast")
+_Key = tuple[str, str]  # (checkpoint, parameter)
+
+
+class LogicalGradients:
+    backward_is_collective = False
+
+    def __init__(self, trainer, topology: Topology, mode: ReductionMode = "deterministic"):
+        if mode not in REDUCTION_MODES:
+            raise ValueError(f"reduction={mode!r}; choose 'deterministic' (bitwise the same at any world size) or 'fast'")
+        self._trainer = trainer
+        self.topology = topology
+        self.mode = mode
+        self._partials: dict[int, dict[_Key, torch.Tensor]] = {rank: {} for rank in topology.local_logical_ranks}
+        self.active: int | None = None
+        """The logical rank whose backwards run now, or None."""
+
+    @property
+    def deterministic(self) -> bool:
+        return self.mode == "deterministic"
+
+    def _parameters(self) -> Iterator[tuple[_Key, torch.nn.Parameter]]:
+        for checkpoint_name, checkpoint in self._trainer.checkpoints.items():
+            for param_name, param in checkpoint.parameters().items():
+                yield (checkpoint_name, param_name), param
+
+    @contextlib.contextmanager
+    def scope(self, logical_rank: int) -> Iterator[None]:
+        """Run backwards as `logical_rank`: their gradients accumulate in its own accumulator."""
+        if logical_rank not in self._partials:
+            raise ValueError(f"logical rank {logical_rank} is not run by this process (it runs "
+                             f"{list(self.topology.local_logical_ranks)})")
+        if self.active is not None:
+            raise RuntimeError(f"logical rank {logical_rank} entered while logical rank {self.active} is active; "
+                               "finish one logical rank's work before starting the next")
+        self.active = logical_rank
+        if not self.deterministic:
+            try:
+                yield
+            finally:
+                self.active = None
+            return
+        partial = self._partials[logical_rank]
+        outside: dict[_Key, torch.Tensor | None] = {}
+        for key, param in self._parameters():
+            outside[key], param.grad = param.grad, partial.pop(key, None)
+        try:
+            yield
+        finally:
+            for key, param in self._parameters():
+                if param.grad is not None:
+                    partial[key] = param.grad
+                param.grad = outside.get(key)
+            self.active = None
+
+    # -- the trainer's GradientReduction -------------------------------------------
+
+    def agree_on_backward(self, error: BaseException | None) -> BaseException | None:
+        if error is None and self.active is None:
+            return ValueError("backward ran outside any logical rank, so its gradient belongs to none; run it inside "
+                              "`with shard:` (logical-DP facade) or through the rank-zero facade — nothing was accumulated")
+        return error
+
+    def check_ready(self) -> None:
+        """Refuse a step inside a logical rank, or with gradients that belong to no logical rank."""
+        if self.active is not None:
+            raise RuntimeError(f"step() called inside logical rank {self.active}; step after every logical rank's work")
+        if self.deterministic:
+            stray = [f"{c}.{p}" for (c, p), param in self._parameters() if param.grad is not None]
+            if stray:
+                raise RuntimeError(f"gradients outside any logical rank on {stray[:3]}; accumulate them through "
+                                   "trainer.backward inside a logical rank")
+
+    def local_flags(self, checkpoints: Sequence[Checkpoint]) -> list[list[bool]]:
+        self.check_ready()
+        if not self.deterministic:
+            return [checkpoint.has_gradient() for checkpoint in checkpoints]
+        return [[any((checkpoint.name, name) in partial for partial in self._partials.values())
+                 for name in checkpoint.parameters()] for checkpoint in checkpoints]
+
+    def reduce(self, checkpoints: Sequence[Checkpoint], anywhere: Sequence[Sequence[bool]]) -> None:
+        if not self.deterministic:
+            RankSum().reduce(checkpoints, anywhere)
+            return
+        targets = [((checkpoint.name, name), tensor)
+                   for checkpoint, flags in zip(checkpoints, anywhere, strict=True)
+                   for (name, tensor), flag in zip(checkpoint.optimized_parameters().items(), flags, strict=True) if flag]
+        by_dtype: dict[torch.dtype, list[tuple[_Key, torch.Tensor]]] = {}
+        for key, tensor in targets:
+            by_dtype.setdefault(tensor.dtype, []).append((key, tensor))
+        for dtype, group in by_dtype.items():
+            self._fold_group(dtype, group)
+        for checkpoint in checkpoints:  # every gradient of these checkpoints now lives on the optimized tensors
+            for name, param in checkpoint.parameters().items():
+                if param is not checkpoint.optimized_parameters()[name]:
+                    param.grad = None
+            for partial in self._partials.values():
+                for name in checkpoint.parameters():
+                    partial.pop((checkpoint.name, name), None)
+
+    def _fold_group(self, dtype: torch.dtype, group: list[tuple[_Key, torch.Tensor]]) -> None:
+        """Fold one dtype's gradients over logical ranks and set them as the optimized tensors' `.grad`."""
+        numel = sum(tensor.numel() for _, tensor in group)
+        world_size = self.topology.world_size
+        chunk = shard_layout(numel, world_size)
+        # [W, L/W, chunk]: each local logical rank's flat partial, cut into the slices the processes own.
+        local = torch.zeros(world_size, len(self._partials), chunk, dtype=dtype, device=group[0][1].device)
+        for row, logical_rank in enumerate(self.topology.local_logical_ranks):
+            flat = local[:, row, :]  # a strided view: flat element i is at [i // chunk, row, i % chunk]
+            offset, partial = 0, self._partials[logical_rank]
+            for key, tensor in group:
+                grad = partial.pop(key, None)
+                if grad is not None:  # absent: this logical rank's partial is zeros there
+                    _copy_flat(flat, offset, grad.reshape(-1), chunk)
+                offset += tensor.numel()
+        folded = sharded_ordered_fold(local, self.topology)
+        offset = 0
+        for _, tensor in group:
+            tensor.grad = folded[offset:offset + tensor.numel()].view_as(tensor)
+            offset += tensor.numel()
+
+    def clear(self) -> None:
+        for partial in self._partials.values():
+            partial.clear()
+
+
+def _copy_flat(sliced: torch.Tensor, offset: int, values: torch.Tensor, chunk: int) -> None:
+    """Write `values` at flat positions offset… of a [W, chunk] view (row-major over slices)."""
+    position, end = offset, offset + values.numel()
+    while position < end:
+        row, column = divmod(position, chunk)
+        take = min(chunk - column, end - position)
+        sliced[row, column:column + take].copy_(values[position - offset:position - offset + take])
+        position += take

@@ -1,0 +1,71 @@
+"""How a trainer's gradients are combined over processes: the agreement at backward and the sum at step.
+
+The default, `RankSum`, is plain data parallelism: every backward asks every
+rank whether it succeeded (`transaction.ranks_agree`), each process
+accumulates into `.grad`, and the step sums `.grad` over processes with one
+all-reduce. `trainer_core.ranks` installs a logical-rank reduction instead
+(`Trainer.gradient_reduction`), which keeps each logical rank's gradient
+apart and folds them in logical order, so results do not depend on the
+number of processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from .checkpoints import Checkpoint
+from .transaction import ranks_agree
+
+
+class GradientReduction(Protocol):
+    backward_is_collective: bool
+    """Whether `agree_on_backward` talks to the other ranks (then a failed backward's graphs are kept for a retry)."""
+
+    def agree_on_backward(self, error: BaseException | None) -> BaseException | None:
+        """The error this backward raises (None: publish its gradients), given this rank's own outcome."""
+
+    def local_flags(self, checkpoints: Sequence[Checkpoint]) -> list[list[bool]]:
+        """Per checkpoint, per parameter: whether this process holds a gradient for it."""
+
+    def reduce(self, checkpoints: Sequence[Checkpoint], anywhere: Sequence[Sequence[bool]]) -> None:
+        """Put the gradient summed over every rank on each optimized tensor whose flag is set anywhere."""
+
+    def clear(self) -> None:
+        """Drop every gradient held outside `.grad` (zero_grad)."""
+
+
+class RankSum:
+    """Each process's `.grad`, summed over processes with one all-reduce."""
+
+    backward_is_collective = True
+
+    def agree_on_backward(self, error: BaseException | None) -> BaseException | None:
+        return ranks_agree(error)
+
+    def local_flags(self, checkpoints: Sequence[Checkpoint]) -> list[list[bool]]:
+        return [checkpoint.has_gradient() for checkpoint in checkpoints]
+
+    def reduce(self, checkpoints: Sequence[Checkpoint], anywhere: Sequence[Sequence[bool]]) -> None:
+        grads: list[torch.Tensor] = []
+        for checkpoint, flags in zip(checkpoints, anywhere, strict=True):
+            grads += checkpoint.gather_gradients(flags)
+        all_reduce_sum_(grads)
+
+    def clear(self) -> None:
+        return None
+
+
+def all_reduce_sum_(tensors: list[torch.Tensor]) -> None:
+    """Sum tensors over ranks in place, as one flat message."""
+    if not dist.is_initialized() or dist.get_world_size() == 1 or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
