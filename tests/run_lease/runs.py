@@ -20,6 +20,7 @@ from tasks.plan import compute_plan_fn
 from tests.bad_input.harness import to_toml
 from tests.conftest import tiny_tree
 from trainer_core.config import load_config
+from trainer_core.faults import FAULT_ENV, FAULT_KIND_ENV
 from trainer_core.progress import progress_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,12 +32,25 @@ def rankflow_command() -> list[str]:
 
 
 def write_config(root: Path, **sections) -> Path:
-    """A tiny run (two segments of 3 steps, one rank) under `root`; sections override keys."""
-    tree = tiny_tree(root, **{"train": {"nproc_per_node": 1, **sections.pop("train", {})}, **sections})
+    """A tiny run (two segments of 3 steps, one rank) under `root`; sections override keys.
+
+    Named `lease` (default), so its run id and flow runs are these tests' own in the session's Prefect API.
+    """
+    tree = tiny_tree(root, **{"train": {"nproc_per_node": 1, **sections.pop("train", {})},
+                              "run": {"name": "lease", **sections.pop("run", {})}, **sections})
     path = root / "run.toml"
     root.mkdir(parents=True, exist_ok=True)
     path.write_text(to_toml(tree))
     return path
+
+
+def hanging_at(step: int, marker: Path) -> dict[str, str]:
+    """Environment that makes rank 0 hang inside optimizer `step`, once (trainer_core/faults.py).
+
+    The marker file appears as the rank starts hanging: a test waits for it, then
+    acts on a run that is certainly mid-segment; a later run goes through.
+    """
+    return {FAULT_ENV: f"{step}:0:{marker}", FAULT_KIND_ENV: "hang"}
 
 
 def client_env(api_url: str, home: Path) -> dict[str, str]:

@@ -30,7 +30,7 @@ def _files(root: Path) -> list[str]:
 def test_a_run_whose_run_id_is_held_ends_cancelled_writes_nothing_and_is_not_retried(prefect_harness, tmp_path):
     from prefect.client.orchestration import get_client
 
-    config = config_from_dict(tiny_tree(tmp_path), config_dir=tmp_path)
+    config = config_from_dict(tiny_tree(tmp_path, run={"name": "lease-held"}), config_dir=tmp_path)
     run_id = compute_plan_fn(config).run_id
     store = open_store(config.storage.url)
     holder = acquire_run_lease(store, run_id, ttl_s=60, wait_s=0)

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from .runs import (client_env, committed_weights, lease_of, raw_lease, run_id_of, start, stepping, trained_segments,
-                   wait_for, write_config)
+from .runs import (client_env, committed_weights, hanging_at, lease_of, raw_lease, run_id_of, start, stepping,
+                   trained_segments, wait_for, write_config)
 
 pytestmark = [pytest.mark.flow]
 
@@ -42,14 +42,17 @@ def test_a_killed_served_run_frees_the_deployment_and_the_next_run_resumes(race,
     run_id, store_url = run_id_of(config_file), str(tmp_path / "store")
     run_dir = tmp_path / "work" / run_id
     # A yearly cron: no tick fires during the test; the runs are asked for explicitly.
+    # The first run hangs in step 1 (certainly mid-segment when killed); the marker lets the next one through.
+    marker = tmp_path / "hanging"
     server = start(["serve", str(config_file), "--cron", "0 0 1 1 *", "--name", "crash"],
-                   client_env(api_url, tmp_path / "prefect-home"), tmp_path / "serve")
+                   {**client_env(api_url, tmp_path / "prefect-home"), **hanging_at(1, marker)}, tmp_path / "serve")
     try:
         with get_client(sync_client=True) as client:
             deployment = wait_for(lambda: next(iter(client.read_deployments(
                 deployment_filter=DeploymentFilter(name={"any_": ["crash"]}))), None), 180, "the served deployment")
             first = client.create_flow_run_from_deployment(deployment.id)
-            wait_for(lambda: stepping(run_dir, 0), 400, "the served run to train segment 0")
+            wait_for(lambda: marker.exists(), 400, "the served run to reach step 1")
+            assert stepping(run_dir, 0)
             holder = lease_of(store_url, run_id)
             assert holder is not None and holder.pid not in (server.pid, os.getpid())
             os.kill(holder.pid, signal.SIGKILL)  # the flow run's process, mid-segment

@@ -23,8 +23,8 @@ from infra.checkpoints import latest_checkpoint
 from infra.storage import open_store
 from trainer_core.state import has_state, state_dir_for
 
-from .runs import (client_env, committed_weights, finish, lease_of, raw_lease, run_id_of, start, stepping, steal,
-                   trained_segments, wait_for, write_config)
+from .runs import (client_env, committed_weights, finish, hanging_at, lease_of, raw_lease, run_id_of, start,
+                   stepping, steal, trained_segments, wait_for, write_config)
 
 pytestmark = [pytest.mark.flow]
 
@@ -78,10 +78,12 @@ def test_a_killed_run_is_taken_over_after_its_ttl_and_resumed(race, api_url, tmp
     config_file = write_config(tmp_path, run={"lease_ttl_s": ttl_s})
     run_id, store_url = run_id_of(config_file), str(tmp_path / "store")
     run_dir = tmp_path / "work" / run_id
-    first = start(["run", str(config_file)], client_env(api_url, tmp_path / "home-1"), tmp_path / "first", prefix=prefix)
-    wait_for(lambda: stepping(run_dir, 1) or first.poll() is not None, 400, "the first run to train segment 1")
-    assert first.poll() is None, (tmp_path / "first" / "stderr.txt").read_text()[-3000:]
-    os.killpg(first.pid, signal.SIGKILL)  # mid-segment: segment 0 saved, segment 1 half trained
+    marker = tmp_path / "hanging"
+    first = start(["run", str(config_file)], {**client_env(api_url, tmp_path / "home-1"), **hanging_at(4, marker)},
+                  tmp_path / "first", prefix=prefix)
+    wait_for(lambda: marker.exists() or first.poll() is not None, 400, "the first run to reach step 4")
+    assert first.poll() is None and stepping(run_dir, 1), (tmp_path / "first" / "stderr.txt").read_text()[-3000:]
+    os.killpg(first.pid, signal.SIGKILL)  # mid-segment: segment 0 saved, segment 1 at step 4 of 3-5
     first.wait()
     dead = raw_lease(store_url, run_id)
     assert dead.pid == first.pid and not dead.released and dead.host == ("other-node" if prefix else os.uname().nodename)
@@ -103,12 +105,17 @@ def test_a_run_whose_lease_is_taken_over_stops_without_writing(api_url, tmp_path
     config_file = write_config(tmp_path)
     run_id, store_url = run_id_of(config_file), str(tmp_path / "store")
     run_dir = tmp_path / "work" / run_id
-    first = start(["run", str(config_file)], client_env(api_url, tmp_path / "home"), tmp_path / "first")
-    wait_for(lambda: stepping(run_dir, 0) or first.poll() is not None, 400, "the run to train segment 0")
+    marker = tmp_path / "hanging"
+    first = start(["run", str(config_file)], {**client_env(api_url, tmp_path / "home"), **hanging_at(1, marker)},
+                  tmp_path / "first")
+    wait_for(lambda: marker.exists() or first.poll() is not None, 400, "the run to reach step 1")
+    assert first.poll() is None and stepping(run_dir, 0), (tmp_path / "first" / "stderr.txt").read_text()[-3000:]
     thief = steal(open_store(store_url), run_id)  # as a run on another machine that took the lease over would
     stolen_at = time.time()
     code, summary, err = finish(first, tmp_path / "first")
     assert code == 1, err[-3000:]
+    # The launch (hung in step 1) was ended by the lease check, every 2 s, not by the 300 s stall watchdog.
+    assert time.time() - stolen_at < 120
     assert summary["run_id"] == run_id and summary["failure_cause"] == "lease_lost"
     failed = [line for line in err.splitlines() if line.startswith("rankflow: run failed:")]
     assert len(failed) == 1 and "taken over by gpu-node-9:4242" in failed[0], err[-3000:]
