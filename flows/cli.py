@@ -9,7 +9,9 @@
     rankflow checkpoints list|verify|pull|gc RUN_ID     read, verify, download or tidy a run's checkpoints
 
 Exit status: 0 success; 2 bad config or input (nothing started, nothing
-written); 1 a failure during the run. `run` prints, as the last line of its
+written); 1 a failure during the run; 75 (EX_TEMPFAIL) another run of the
+same run id is running (it holds the run lease; nothing was done: run again
+later, or set run.lease_wait_s to wait). `run` prints, as the last line of its
 standard output, one JSON object summarising the run.
 
 Bad input is found before Prefect starts: `validate_inputs` reads and checks
@@ -38,6 +40,8 @@ from .server import add_server_parser
 from .checkpoints_cli import add_checkpoint_commands
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_ALREADY_RUNNING = 75
+"""EX_TEMPFAIL: another run of the run id holds the run lease; nothing was done, try again later."""
 
 
 def _prefect_defaults() -> None:
@@ -75,6 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args)
     # Every input is read and checked before Prefect (and its temporary server) starts.
     validate_inputs(config).store_cache()
+    from infra.run_lease import RunAlreadyActive
+
     from .pipeline import RunFailed, train_flow
 
     result, error = None, None
@@ -82,6 +88,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = train_flow(config)
     except BadInputError:
         raise  # found inside the flow (an input changed since the check, or a storage setting): still exit 2
+    except RunAlreadyActive as busy:  # the flow run ended as Cancelled, having done nothing
+        print(f"rankflow: {busy}", file=sys.stderr)
+        print(json.dumps({"run_id": busy.run_id, "status": "already_running", "checkpoint_url": None, "steps": 0,
+                          "losses": [], "wall_s": round(time.perf_counter() - started, 3), "error": str(busy)}))
+        return EXIT_ALREADY_RUNNING
     except Exception as failure:  # noqa: BLE001 - reported in the summary line
         error = failure
         result = failure.summary if isinstance(failure, RunFailed) else None  # the figures so far

@@ -4,6 +4,11 @@ Scheduled runs appear in the Prefect UI of the server named by
 `PREFECT_API_URL` (start one with `rankflow ui`). Each scheduled run trains the
 same config; since the run id comes from the plan digest, a later run of
 unchanged inputs resumes and re-publishes the same run instead of retraining.
+
+One run at a time: the deployment has a concurrency limit of 1 with
+CANCEL_NEW (`ONE_RUN_AT_A_TIME`, as `rankflow deploy` sets), so a tick that
+fires while a run trains is cancelled instead of queued; the run lease
+(infra/run_lease.py) guards the same run id against runs started any other way.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from prefect.deployments.runner import EntrypointType, RunnerDeployment
 
 from trainer_core.config import RunConfig
 
+from .deploy import ONE_RUN_AT_A_TIME
 from .pipeline import train_flow
 
 
@@ -23,6 +29,7 @@ def build_deployment(config: RunConfig, *, name: str | None, cron: str | None, i
         parameters={"config": config.model_dump(mode="json")},
         description=f"rankflow training run {config.run.name}",
         tags=["rankflow"],
+        concurrency_limit=ONE_RUN_AT_A_TIME,
         # The installed module, not a file path: runs start from any directory.
         entrypoint_type=EntrypointType.MODULE_PATH,
     )

@@ -11,7 +11,7 @@ from tasks.events import CHECKPOINT_COMMITTED, emit_run_event, flow_run_url
 from tasks.export import export_segment
 from tasks.live import create_live_artifacts, show_steps_done
 from tasks.outcomes import PlannedRun
-from tasks.plan import plan_run
+from tasks.plan import compute_plan, write_plan_task
 from tasks.publish import cleanup, commit
 from tasks.report import report
 from tasks.segment import train_segment
@@ -36,7 +36,8 @@ def train_flow(config: RunConfig) -> dict:
     run = RunRecord(config)
     with run.failures_reported():
         check_storage(config.storage.url)
-        planned = run.planned(plan_run(config))
+        computed = compute_plan(config)  # pure: names the run (its id), writes nothing for it
+        planned = run.planned(write_plan_task(config, computed, lease_token=run.leased(computed)))
         live = create_live_artifacts(planned.run_id, planned.total_steps, steps_done=0)
         previous = None
         for index in range(planned.num_segments):
@@ -46,7 +47,7 @@ def train_flow(config: RunConfig) -> dict:
             if config.export_after_segment(index):
                 run.commits.append(publish_checkpoint(run, planned, index))
         run.files = report(planned, run.segments, run.commits)
-    return run.summary("completed")
+    return run.outcome()  # the summary; Cancelled when another run of the run id holds its lease
 
 
 def publish_checkpoint(run: RunRecord, planned: PlannedRun, index: int) -> CommitOutcome:

@@ -3,8 +3,12 @@
 `RunRecord.failures_reported()` wraps the pipeline from plan to cleanup: a
 failure anywhere ends as `RunFailed`, whose summary keeps the run id, the
 steps done and the losses so far, after a `rankflow.run.failed` event and a
-failure report (when the failing task did not already write one). A run
-lease, held for the whole run, belongs in the same place.
+failure report (when the failing task did not already write one). The run
+lease (infra/run_lease.py) is taken by `leased` once the plan names the run,
+before anything is written for it, and released on the way out, success or
+failure. A run that finds its run id held by another run ends as Cancelled
+(`outcome`), having done nothing; one that loses its lease midway writes nothing
+more, not even its failure into the other run's ledger.
 
 Figures describe this flow run: training time, tokens and tokens/s count only
 the segments it trained (reused ones took no time now), so a resumed run
@@ -22,11 +26,15 @@ from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
 from infra import ledger
+from infra.lease import Lease
 from infra.publication import CommitOutcome
+from infra.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease
 from tasks.events import RUN_FAILED, emit_run_event, flow_run_url
 from tasks.failure_report import report_failure
+from tasks._store import open_store_for_config
 from tasks.live import in_prefect_run
 from tasks.outcomes import ExportOutcome, PlannedRun, SegmentOutcome
+from tasks.plan import ComputedPlan
 from trainer_core.config import RunConfig
 from trainer_core.errors import BadInputError
 
@@ -49,14 +57,36 @@ class RunRecord:
         self.commits: list[CommitOutcome] = []
         self.export_wall_s = 0.0
         self.files: dict[str, str] = {}
+        self.lease: Lease | None = None
+        self.already_active: RunAlreadyActive | None = None
+
+    def leased(self, computed: ComputedPlan) -> str:
+        """Take the run lease of the planned run id (waiting up to run.lease_wait_s); returns its token."""
+        run = self.config.run
+        self._name_flow_run(computed.run_id)
+        self.lease = acquire_run_lease(open_store_for_config(self.config), computed.run_id,
+                                       ttl_s=run.lease_ttl_s, wait_s=run.lease_wait_s, on_wait=print)
+        return self.lease.record.token
+
+    def outcome(self):
+        """The flow's return value: the summary, or a Cancelled state when another run held the run id."""
+        if self.already_active is None:
+            return self.summary("completed")
+        from prefect.states import Cancelled
+
+        return Cancelled(message=str(self.already_active), data=self.already_active)
 
     def planned(self, planned: PlannedRun) -> PlannedRun:
-        """Keep the plan, and name the flow run after the run id (known only now)."""
+        """Keep the plan (the flow run already carries the run id's name, see `leased`)."""
         self.planned_run = planned
+        return planned
+
+    @staticmethod
+    def _name_flow_run(run_id: str) -> None:
+        """Name the flow run after the run id, known once the plan is computed (also when it ends Cancelled)."""
         if flow_run.get_id() is not None:
             with get_client(sync_client=True) as client:
-                client.update_flow_run(flow_run.get_id(), name=planned.run_id)
-        return planned
+                client.update_flow_run(flow_run.get_id(), name=run_id)
 
     def exported(self, staged: ExportOutcome) -> ExportOutcome:
         self.export_wall_s += staged.launch_wall_s
@@ -101,6 +131,13 @@ class RunRecord:
             yield
         except BadInputError:
             raise  # bad input (a storage setting included): the CLI prints one clean message and exits 2
+        except RunAlreadyActive as busy:
+            self.already_active = busy  # nothing was done: `outcome` ends the flow run as Cancelled
+        except RunLeaseLost as lost:
+            summary = self.summary("failed")  # no ledger entry, no report: the run directory is another run's now
+            summary.update(error=f"{type(lost).__name__}: {lost}", failed_stage="run-lease", failure_cause="lease_lost",
+                           failed_rank=None)
+            raise RunFailed(f"run lease lost: {lost}", summary) from lost
         except Exception as error:
             failure = self._reported_failure()
             if failure is None:
@@ -117,3 +154,13 @@ class RunRecord:
                                cause=failure["cause"], rank=failure["rank"], step=summary["steps"],
                                error=summary["error"], url=flow_run_url() or self.planned_run.storage_url)
             raise RunFailed(f"{failure['stage']} failed: {summary['error']}", summary) from error
+        finally:
+            self._release_lease()
+
+    def _release_lease(self) -> None:
+        if self.lease is not None:
+            # An unreachable store must not replace the error that ended the run;
+            # an unreleased lease expires after run.lease_ttl_s.
+            with contextlib.suppress(OSError):
+                self.lease.release()
+            self.lease = None

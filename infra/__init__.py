@@ -13,6 +13,7 @@ from .orphans import GarbageReport, collect_garbage
 from .preflight import StoreUnavailable, check_store_writable
 from .publication import (CleanupOutcome, CommitOutcome, PublishSettings, StagedFileChanged, abort_publication,
                           cleanup_staging, commit_checkpoint)
+from .run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease, check_run_lease
 from .run_state import (BundleManifest, StateSettings, fetch_bundle, publish_bundle, read_bundle_manifest,
                         stored_bundle)
 from .storage import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
@@ -21,11 +22,11 @@ __all__ = [
     "BundleManifest", "CheckpointReport", "CleanupOutcome", "CommitOutcome", "Failure", "FailureClass",
     "FinalizerSettings", "FinalizerWaitTimeout", "GarbageReport", "Journal", "LatestResolution", "LaunchError",
     "LaunchResult", "Lease", "LeaseHeldError", "LeaseLostError", "LeaseRecord", "ManifestError", "PublicationState",
-    "PublishSettings", "StagedFileChanged", "StateSettings", "StorageTimeoutError", "StoreLocation",
-    "StoreTimeouts", "StoreUnavailable", "StoredObjectCorrupt", "TransitionError", "abort_publication",
-    "check_store_writable", "checkpoint_name", "classify_exception", "cleanup_staging", "collect_garbage",
-    "commit_checkpoint", "diagnose_launch", "download_checkpoint", "fetch_bundle", "latest_checkpoint", "launch",
-    "launch_or_raise", "list_checkpoints", "open_store", "publish_bundle", "pull_checkpoint",
-    "read_bundle_manifest", "read_lease", "resolve_latest", "scan_checkpoints", "stored_bundle",
-    "verify_checkpoint",
+    "PublishSettings", "RunAlreadyActive", "RunLeaseLost", "StagedFileChanged", "StateSettings",
+    "StorageTimeoutError", "StoreLocation", "StoreTimeouts", "StoreUnavailable", "StoredObjectCorrupt",
+    "TransitionError", "abort_publication", "acquire_run_lease", "check_run_lease", "check_store_writable",
+    "checkpoint_name", "classify_exception", "cleanup_staging", "collect_garbage", "commit_checkpoint",
+    "diagnose_launch", "download_checkpoint", "fetch_bundle", "latest_checkpoint", "launch", "launch_or_raise",
+    "list_checkpoints", "open_store", "publish_bundle", "pull_checkpoint", "read_bundle_manifest", "read_lease",
+    "resolve_latest", "scan_checkpoints", "stored_bundle", "verify_checkpoint",
 ]

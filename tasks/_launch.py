@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from infra.launcher import LaunchResult, launch_or_raise
+from infra.run_lease import RunLeaseLost
 
 from .failure_report import report_failure
 from .outcomes import PlannedRun
@@ -27,6 +28,8 @@ def launch_stage(planned: PlannedRun, stage: str, module: str, segment_index: in
             nproc_per_node=planned.nproc_per_node, timeout_s=timeout_s, on_line=on_line, monitor=monitor,
             log_dir=stage_log_dir(run_dir, stage, segment_index),
         )
+    except RunLeaseLost:
+        raise  # another run owns the run directory now: record nothing in it
     except Exception as error:
         report_failure(run_dir, planned.run_id, stage, error, segment=segment_index)
         raise

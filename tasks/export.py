@@ -19,13 +19,16 @@ from prefect.cache_policies import NO_CACHE
 from infra import ledger
 from infra.journal import Journal, PublicationState
 from infra.publication import abort_publication, checkpoint_name
+from infra.run_lease import RunLeaseLost
 from trainer_core.plan import read_plan
 
 from ._launch import launch_stage
 from ._logging import rank_line_logger
 from ._store import store_for
+from .fencing import fence, fenced_monitor
 from .outcomes import ExportOutcome, PlannedRun
 from .run_state import fetch_plan_file, fetch_segment_state
+from .retry_policy import retry_unless_fenced
 
 
 def staged_dir_for(planned: PlannedRun, segment_index: int) -> Path:
@@ -42,6 +45,7 @@ def export_fingerprint(planned: PlannedRun, step: int) -> str:
 
 def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) -> ExportOutcome:
     run_dir = Path(planned.run_dir)
+    fence(planned, f"export of segment {segment_index}")
     fetch_plan_file(planned)
     out_dir = staged_dir_for(planned, segment_index)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -60,11 +64,15 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     journal.begin(fingerprint)
     try:
         launched = launch_stage(planned, "export", "trainer_core.export_main", segment_index,
-                                ["--out", str(out_dir)], on_line, timeout_s=planned.export_timeout_s)
+                                ["--out", str(out_dir)], on_line, timeout_s=planned.export_timeout_s,
+                                monitor=fenced_monitor(planned, f"export of segment {segment_index}", None))
+    except RunLeaseLost:
+        raise  # the staging belongs to the run that holds the lease now
     except Exception as error:
         # Every rank has aborted this publication; record it and drop the temporaries.
         abort_publication(out_dir, store, planned.run_id, step, reason=str(error).splitlines()[0])
         raise
+    fence(planned, f"export of segment {segment_index}")
     result = json.loads((out_dir.parent / f"{out_dir.name}.result.json").read_text())
     manifest_bytes = (out_dir / "MANIFEST.json").read_bytes()
     manifest = json.loads(manifest_bytes)
@@ -80,6 +88,7 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     return outcome
 
 
-@task(name="export", task_run_name="export-segment-{segment_index}", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+@task(name="export", task_run_name="export-segment-{segment_index}", retries=2, retry_delay_seconds=[2, 10],
+      retry_condition_fn=retry_unless_fenced, cache_policy=NO_CACHE)
 def export_segment(planned: PlannedRun, segment_index: int) -> ExportOutcome:
     return export_segment_fn(planned, segment_index, on_line=rank_line_logger())

@@ -25,6 +25,8 @@ class PlannedRun(BaseModel):
     """The segment watchdog's limit (train.stall_timeout_s)."""
     export_timeout_s: float = 1800.0
     """Wall-clock limit of an export launch (export.timeout_s)."""
+    lease_token: str | None = None
+    """The run lease this run holds (infra/run_lease.py); writing stages check it first. None: no lease taken."""
 
     @property
     def total_steps(self) -> int:

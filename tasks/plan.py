@@ -1,10 +1,19 @@
-"""The plan stage: validate, tokenize and shard; reuse a plan already on disk; store the plan with the run."""
+"""The plan stage: validate, tokenize and shard (pure), then write the plan; reuse a plan already on disk.
+
+Computing the plan writes nothing for the run (only the shared data cache), so
+the flow can learn the run id (the plan's digest) and take the run lease
+(infra/run_lease.py) before the first byte lands in the run directory. Once
+written, the plan is also stored with the run, so a segment on another worker
+(an empty work dir) resumes from the store.
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -16,35 +25,65 @@ from .outcomes import PlannedRun
 from .run_state import publish_plan
 
 
-def _planned(plan: Plan, run_dir: Path, config: RunConfig) -> PlannedRun:
+@dataclass(frozen=True)
+class ComputedPlan:
+    """A plan in memory, not yet written: its run id is known, its run directory untouched."""
+
+    plan: Plan
+    shards: dict[int, dict[str, torch.Tensor]]
+    compute_s: float
+
+    @property
+    def run_id(self) -> str:
+        return self.plan.run_id
+
+
+def _planned(plan: Plan, run_dir: Path, config: RunConfig, lease_token: str | None) -> PlannedRun:
     return PlannedRun(
         run_id=plan.run_id, digest=plan.digest, run_dir=str(run_dir), num_segments=len(plan.segments),
         segment_steps=[(s.start_step, s.end_step) for s in plan.segments],
         nproc_per_node=config.train.nproc_per_node, segment_timeout_s=config.train.segment_timeout_s,
         storage_url=config.storage.url, stall_timeout_s=config.train.stall_timeout_s,
         export_timeout_s=config.export.timeout_s, storage_timeout_s=config.storage.timeout_s,
-        storage_request_timeout_s=config.storage.request_timeout_s,
+        storage_request_timeout_s=config.storage.request_timeout_s, lease_token=lease_token,
     )
 
 
-def plan_run_fn(config: RunConfig) -> PlannedRun:
-    """Build the plan; write it unless the same plan (same digest) is already on disk."""
+def compute_plan_fn(config: RunConfig) -> ComputedPlan:
+    """Build the plan in memory; bad input raises here, and nothing of the run is written."""
     started = time.perf_counter()
-    plan, shards = build_plan(config)  # bad input raises here, before anything is written
+    plan, shards = build_plan(config)
+    return ComputedPlan(plan=plan, shards=shards, compute_s=time.perf_counter() - started)
+
+
+def write_plan_fn(config: RunConfig, computed: ComputedPlan, lease_token: str | None = None) -> PlannedRun:
+    """Write the plan unless the same plan (same digest) is already on disk; record it in the ledger.
+
+    The caller holds the run lease (`lease_token`) when there is one.
+    """
+    started = time.perf_counter()
+    plan = computed.plan
     run_dir = run_dir_for(config, plan.run_id)
     # The same digest means the same shards; rewriting plan.json refreshes what
     # the digest leaves out (storage, timeouts), so a re-run resumes this run.
     reused = (run_dir / "plan.json").is_file() and read_plan(run_dir).digest == plan.digest
-    write_plan(plan, shards, run_dir)
+    write_plan(plan, computed.shards, run_dir)
     ledger.record(
         run_dir, "plan", "reused" if reused else "completed", run_id=plan.run_id, digest=plan.digest,
         num_conversations=plan.num_conversations, num_tokens=plan.num_tokens, num_truncated=plan.num_truncated,
         num_dropped=plan.num_dropped, num_segments=len(plan.segments), data_kind=plan.data_kind, packed=plan.packed,
-        num_flat_groups=plan.num_flat_groups, stage_digests=plan.stage_digests, wall_s=time.perf_counter() - started,
+        num_flat_groups=plan.num_flat_groups, stage_digests=plan.stage_digests,
+        wall_s=computed.compute_s + time.perf_counter() - started,
     )
-    planned = _planned(plan, run_dir, config)
+    planned = _planned(plan, run_dir, config, lease_token)
     publish_plan(planned)  # a segment on another worker (an empty work dir) resumes from the store
     return planned
 
 
-plan_run = task(name="plan", cache_policy=NO_CACHE)(plan_run_fn)
+def plan_run_fn(config: RunConfig) -> PlannedRun:
+    """Compute and write the plan without a run lease (tests and benchmarks that drive stages directly)."""
+    return write_plan_fn(config, compute_plan_fn(config))
+
+
+compute_plan = task(name="plan", cache_policy=NO_CACHE)(compute_plan_fn)
+write_plan_task = task(name="plan-write", cache_policy=NO_CACHE)(write_plan_fn)

@@ -22,8 +22,10 @@ from infra.publication import CommitOutcome
 from infra.storage import Deadline, storage_errors
 
 from ._store import store_for
+from .fencing import fence
 from .live import artifact_key
 from .outcomes import PlannedRun, SegmentOutcome
+from .retry_policy import retry_unless_fenced
 
 
 def publish_run_files_fn(planned: PlannedRun) -> dict[str, str]:
@@ -78,7 +80,7 @@ def summary_markdown(planned: PlannedRun, commits: list[CommitOutcome], location
     )
 
 
-@task(name="report", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 5])
+@task(name="report", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 5], retry_condition_fn=retry_unless_fenced)
 def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[CommitOutcome]) -> dict[str, str]:
     create_table_artifact(
         key=artifact_key(planned.run_id, "segments"),
@@ -90,6 +92,7 @@ def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[Co
         ],
         description=f"Segment metrics of run {planned.run_id}",
     )
+    fence(planned, "report")
     curve = write_run_loss_curve(planned, segments)
     locations = publish_run_files_fn(planned)
     create_markdown_artifact(

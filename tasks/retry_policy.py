@@ -3,7 +3,8 @@
 Bad data or config, code errors and in-rank out-of-memory errors would fail the
 same way again, so they end the task at once; a dead, stalled or preempted
 rank, a collective timeout or a storage outage is retried from the last saved
-state, up to the task's `retries`.
+state, up to the task's `retries`. A stage fenced off by the run lease
+(another run of the run id took it over) is never retried.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
 
 from infra.failures import classify_exception
+from infra.run_lease import RunAlreadyActive, RunLeaseLost
 
 
 def retry_if_retriable(task, task_run: TaskRun, state: State) -> bool:
@@ -19,4 +21,12 @@ def retry_if_retriable(task, task_run: TaskRun, state: State) -> bool:
     error = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
     if not isinstance(error, BaseException):
         return True
+    if isinstance(error, (RunLeaseLost, RunAlreadyActive)):
+        return False  # another run of this run id owns it: a retry would only be fenced again
     return classify_exception(error).retriable
+
+
+def retry_unless_fenced(task, task_run: TaskRun, state: State) -> bool:
+    """For publication stages, which retry every failure: every one but a lost run lease."""
+    error = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
+    return not isinstance(error, (RunLeaseLost, RunAlreadyActive))

@@ -28,6 +28,7 @@ from trainer_core.state import has_state, state_dir_for
 
 from ._launch import launch_stage
 from ._logging import rank_line_logger
+from .fencing import fence, fenced_monitor
 from .events import SEGMENT_COMPLETED, emit_run_event, flow_run_url
 from .live import LiveArtifacts, in_prefect_run, publisher_for
 from .outcomes import PlannedRun, SegmentOutcome
@@ -50,6 +51,7 @@ def _outcome(result: dict, launch_wall_s: float, reused: bool) -> SegmentOutcome
 
 def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, live: LiveArtifacts | None = None) -> SegmentOutcome:
     run_dir = Path(planned.run_dir)
+    fence(planned, f"segment {segment_index}")
     result_path = segment_result_path(run_dir, segment_index)
     stored = stored_segment_result(planned, segment_index)
     if stored is None and has_state(state_dir_for(run_dir, segment_index)) and result_path.is_file():
@@ -65,13 +67,15 @@ def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, liv
     publisher = publisher_for(live, segment_index)
     watch = SegmentWatch(progress_file, planned.stall_timeout_s, on_records=publisher)
     launched = launch_stage(planned, "segment", "trainer_core.segment_main", segment_index, [], on_line,
-                            timeout_s=planned.segment_timeout_s, monitor=watch)
+                            timeout_s=planned.segment_timeout_s,
+                            monitor=fenced_monitor(planned, f"segment {segment_index}", watch))
     watch()  # the records written after the last poll
     if publisher is not None:
         publisher.flush()
     publish_segment_state(planned, segment_index)  # before success: a retry elsewhere resumes from the store
     result = json.loads(result_path.read_text())
     outcome = _outcome(result, launched.wall_s, reused=False)
+    fence(planned, f"segment {segment_index}")
     ledger.record(run_dir, "segment", "completed", launch_wall_s=launched.wall_s,
                   **{k: v for k, v in result.items() if k not in ("grad_norms",)})
     if in_prefect_run():

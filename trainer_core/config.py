@@ -42,6 +42,10 @@ class RunSection(_Section):
     """Seed for model initialisation, data order and every rank's RNG."""
     work_dir: str = ".rankflow"
     """Local scratch directory: plan shards, training states, staged exports, ledger."""
+    lease_wait_s: float = Field(0, ge=0)
+    """How long a run waits for another run of the same run id to finish (its run lease) before giving up."""
+    lease_ttl_s: float = Field(60, ge=1)
+    """Seconds a run's lease outlives its last heartbeat (every ttl/3): how long a crashed run blocks the next."""
 
 
 class LoraSection(_Section):

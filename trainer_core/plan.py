@@ -149,7 +149,8 @@ def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple
         training_config.pop(volatile)
     if config.export.merge_lora:  # the merged weights are part of what the run commits
         training_config["export"] = {"merge_lora": True}
-    training_config["run"].pop("work_dir")
+    for operational in ("work_dir", "lease_wait_s", "lease_ttl_s"):  # the run lease's settings: how, not what
+        training_config["run"].pop(operational)
     for operational in ("segment_timeout_s", "stall_timeout_s", "collective_timeout_s", "planner_miss_threshold"):
         training_config["train"].pop(operational)
     if config.train.reduction == "deterministic":

@@ -1,0 +1,43 @@
+"""Fencing for the pipeline's writing stages: write only while this run holds its run lease.
+
+Each stage that writes (segment, export, commit, cleanup, report) calls
+`fence` before its first write and again before recording its outcome; a
+segment also checks during its launch (`fenced_monitor`), so a run whose lease
+was taken over stops its torchrun launch within `every_s` seconds instead of
+training on beside the new holder. A `PlannedRun` without a lease token (stages
+driven directly, outside the flow) is not fenced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from infra.run_lease import check_run_lease
+
+from ._store import store_for
+from .outcomes import PlannedRun
+
+FENCE_EVERY_S = 2.0
+"""How often a running launch re-checks the lease (one small read of the store)."""
+
+
+def fence(planned: PlannedRun, stage: str) -> None:
+    """Raise RunLeaseLost unless this run still holds its run lease."""
+    if planned.lease_token is not None:
+        check_run_lease(store_for(planned), planned.run_id, planned.lease_token, stage)
+
+
+def fenced_monitor(planned: PlannedRun, stage: str, monitor: Callable[[], str | None] | None,
+                   every_s: float = FENCE_EVERY_S, clock: Callable[[], float] = time.monotonic) -> Callable[[], str | None]:
+    """`monitor`, plus a lease check every `every_s`: a lost lease raises RunLeaseLost, which ends the launch."""
+    last_check = clock()
+
+    def watch() -> str | None:
+        nonlocal last_check
+        if clock() - last_check >= every_s:
+            last_check = clock()
+            fence(planned, stage)  # raising here kills the launch's process group (infra/launcher.py)
+        return monitor() if monitor is not None else None
+
+    return watch
