@@ -25,6 +25,12 @@ class PlannedRun(BaseModel):
     """The segment watchdog's limit (train.stall_timeout_s)."""
     export_timeout_s: float = 1800.0
     """Wall-clock limit of an export launch (export.timeout_s)."""
+    nnodes: int = 1
+    """Nodes each segment runs on (train.nnodes; `tasks.nodes`)."""
+    rdzv_endpoint: str | None = None
+    """Node 0's rendezvous HOST:PORT (train.rdzv_endpoint); None: a free loopback port for local node launches."""
+    node_deployment: str | None = None
+    """The per-node deployment the nodes run as (train.node_deployment); None: local node processes."""
 
     @property
     def total_steps(self) -> int:
