@@ -35,10 +35,9 @@ from pathlib import Path
 
 from trainer_core.rank_process import ERRORS_DIR_ENV
 
-from .loopback_torchrun import STORE_HOST_ENV
 from .processes import PARENT_PID_ENV, handles_signal, kill_launch, process_state, rank_pids, signal_pids
 from .rank_logs import RankLogTail
-from .rendezvous import NodeRendezvous
+from .rendezvous import STORE_HOST_ENV, NodeRendezvous
 
 STACK_DUMP_WAIT_S = 1.5
 """How long a stalled launch's ranks get to print their stacks before they are killed."""

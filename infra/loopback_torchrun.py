@@ -24,10 +24,6 @@ from datetime import timedelta
 
 
 
-STORE_HOST_ENV = "RANKFLOW_STORE_HOST"
-"""The address store servers listen on instead of 127.0.0.1: a multi-node endpoint's host, set by the launcher."""
-
-
 def _loopback_listener(port: int, host: str = "127.0.0.1") -> tuple[int, int]:
     """A listening socket on host:port (0: any free port); returns (fd, port) and gives up the fd."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -62,6 +58,7 @@ def main() -> None:
     from trainer_core.rank_process import die_with_parent
 
     from .processes import PARENT_PID_ENV
+    from .rendezvous import STORE_HOST_ENV
 
     expected = os.environ.get(PARENT_PID_ENV)
     die_with_parent(int(expected) if expected else None)

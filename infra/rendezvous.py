@@ -1,7 +1,9 @@
 """One node's part of a multi-node torchrun launch: its c10d rendezvous arguments.
 
-Every node runs `torchrun --nnodes N --node-rank K --rdzv-backend=c10d
---rdzv-endpoint HOST:PORT --rdzv-id ID --max-restarts=0`. Node 0 serves the
+Every node runs `torchrun --nnodes N --rdzv-backend=c10d --rdzv-endpoint
+HOST:PORT --rdzv-id ID --max-restarts=0`; c10d hands out the node ranks (and
+so the global ranks) as nodes join, which changes no result: logical ranks
+make the weights independent of which process runs which. Node 0 serves the
 rendezvous store on HOST:PORT (`is_host=1`; it must run on HOST), the others
 connect to it (`is_host=0`): stated explicitly rather than guessed from the
 hostname, since on one machine every node's hostname matches. The id names
@@ -16,7 +18,11 @@ from dataclasses import dataclass
 
 from trainer_core.node_topology import split_endpoint
 
-__all__ = ["LOOPBACK_HOSTS", "NodeRendezvous", "rendezvous_id"]
+__all__ = ["LOOPBACK_HOSTS", "NodeRendezvous", "STORE_HOST_ENV", "rendezvous_id"]
+
+STORE_HOST_ENV = "RANKFLOW_STORE_HOST"
+"""The address torchrun's store servers listen on instead of 127.0.0.1 (`infra.loopback_torchrun`): a multi-node
+endpoint's host, set by the launcher."""
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 JOIN_TIMEOUT_S = 300
@@ -50,7 +56,7 @@ class NodeRendezvous:
         return self.host in LOOPBACK_HOSTS
 
     def torchrun_args(self) -> list[str]:
-        args = [f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}", "--rdzv-backend=c10d",
+        args = [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.rdzv_id}",
                 f"--rdzv-conf=is_host={int(self.node_rank == 0)},join_timeout={int(self.join_timeout_s)}"]
         if self.is_loopback:

@@ -24,6 +24,7 @@ from trainer_core.segment_main import segment_result_path
 from trainer_core.state import has_state, state_dir_for
 
 from ._launch import launch_stage
+from .nodes import launch_segment_nodes
 from ._logging import rank_line_logger
 from .events import SEGMENT_COMPLETED, emit_run_event, flow_run_url
 from .live import LiveArtifacts, in_prefect_run, publisher_for
@@ -55,14 +56,17 @@ def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, liv
     progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
     publisher = publisher_for(live, segment_index)
     watch = SegmentWatch(progress_file, planned.stall_timeout_s, on_records=publisher)
-    launched = launch_stage(planned, "segment", "trainer_core.segment_main", segment_index, [], on_line,
-                            timeout_s=planned.segment_timeout_s, monitor=watch)
+    if planned.nnodes > 1:
+        launch_wall_s = launch_segment_nodes(planned, segment_index, on_line, watch)
+    else:
+        launch_wall_s = launch_stage(planned, "segment", "trainer_core.segment_main", segment_index, [], on_line,
+                                     timeout_s=planned.segment_timeout_s, monitor=watch).wall_s
     watch()  # the records written after the last poll
     if publisher is not None:
         publisher.flush()
     result = json.loads(result_path.read_text())
-    outcome = _outcome(result, launched.wall_s, reused=False)
-    ledger.record(run_dir, "segment", "completed", launch_wall_s=launched.wall_s,
+    outcome = _outcome(result, launch_wall_s, reused=False)
+    ledger.record(run_dir, "segment", "completed", launch_wall_s=launch_wall_s,
                   **{k: v for k, v in result.items() if k not in ("grad_norms",)})
     if in_prefect_run():
         emit_run_event(SEGMENT_COMPLETED, planned.run_id, loss=outcome.losses[-1], segment=segment_index,
