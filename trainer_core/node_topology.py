@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["NODE_KEYS", "check_nodes", "split_endpoint", "world_size"]
+__all__ = ["NODE_KEYS", "check_nodes", "check_nodes_deployable", "split_endpoint", "world_size"]
 
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
 
@@ -51,3 +51,11 @@ def split_endpoint(rdzv_endpoint: str) -> tuple[str, int]:
         raise ValueError(f"train.rdzv_endpoint={rdzv_endpoint!r} is not HOST:PORT; write node 0's address and a free "
                          "port on it, e.g. \"10.0.0.5:29400\" (or \"127.0.0.1:29400\" on one machine)")
     return host, int(port)
+
+
+def check_nodes_deployable(nnodes: int, rdzv_endpoint: str | None) -> None:
+    """A deployment of several nodes runs them on workers, which must be told where node 0 listens."""
+    if nnodes > 1 and rdzv_endpoint is None:
+        raise ValueError(f"train.nnodes={nnodes} on a work pool needs train.rdzv_endpoint = \"HOST:PORT\" (the address "
+                         "of the machine whose worker serves queue node-0, and a free port on it); set it in the config "
+                         "or with --set train.rdzv_endpoint=HOST:PORT")
