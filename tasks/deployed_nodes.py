@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from infra.failures import Failure, FailureClass
 
-from .nodes import NODE_QUEUE, NodeFailed
+from .nodes import NODE_QUEUE, NodeFailed, node_failure
 from .outcomes import PlannedRun
 
 __all__ = ["failure_from_message", "launch_deployed_nodes"]
@@ -94,7 +94,9 @@ def launch_deployed_nodes(planned: PlannedRun, segment_index: int, rdzv: str, at
                     reason = f"node {node_rank} of segment {segment_index} ended {state.name}"
                     _cancel(client, runs, reason)
                     runs = {}  # all ended: nothing left to cancel on the way out
-                    raise NodeFailed(f"{reason}: {state.message}", failure_from_message(state.message), node_rank)
+                    raise NodeFailed(f"{reason}: {state.message}",
+                                     node_failure(failure_from_message(state.message), node_rank, planned.nnodes),
+                                     node_rank)
                 if all(s is not None and s.is_completed() for s in states.values()):
                     return
                 if time.monotonic() > deadline:

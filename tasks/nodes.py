@@ -21,13 +21,14 @@ retry policy decides as for one node and a retry resumes from the last state.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from infra.failures import FailureClass, classify_exception
+from infra.failures import Failure, FailureClass, classify_exception
 from infra.local_process import pick_free_port
 from infra.rendezvous import NodeRendezvous, rendezvous_id
 
@@ -119,7 +120,14 @@ def _launch_local_nodes(planned: PlannedRun, segment_index: int, endpoint: str, 
         node_rank, error = _first_cause(errors, aborted)
         others = sorted(set(errors) - {node_rank})
         raise NodeFailed(f"node {node_rank} of {planned.nnodes} failed; nodes {others} were stopped with it\n{error}",
-                         getattr(error, "failure", None), node_rank) from error
+                         node_failure(getattr(error, "failure", None), node_rank, planned.nnodes), node_rank) from error
+
+
+def node_failure(failure: Failure | None, node_rank: int, nnodes: int) -> Failure | None:
+    """The node's diagnosis, with the node named in its detail (the ledger's and the failure report's headline)."""
+    if failure is None:
+        return None
+    return dataclasses.replace(failure, detail=f"node {node_rank} of {nnodes}: {failure.detail}")
 
 
 def launch_segment_nodes(planned: PlannedRun, segment_index: int, on_line: Callable[[str], None],
