@@ -5,7 +5,8 @@ Retried by Prefect when the failure's class says a retry can help
 state, and a segment whose own state is already saved is not trained again:
 its task run ends in the state named "Reused". While it trains, a watchdog
 ends a launch that stops making progress (`tasks.watchdog`) and the run's
-live artifacts follow its steps (`tasks.live`).
+live artifacts follow its steps (`tasks.live`). With train.nnodes > 1 the
+launch is one per node, started and failed together by `tasks.nodes`.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from trainer_core.segment_main import segment_result_path
 from trainer_core.state import has_state, state_dir_for
 
 from ._launch import launch_stage
-from .nodes import launch_segment_nodes
 from ._logging import rank_line_logger
 from .events import SEGMENT_COMPLETED, emit_run_event, flow_run_url
 from .live import LiveArtifacts, in_prefect_run, publisher_for
+from .nodes import launch_segment_nodes
 from .outcomes import PlannedRun, SegmentOutcome
 from .retry_policy import retry_if_retriable
 from .watchdog import SegmentWatch
