@@ -31,7 +31,8 @@ from prefect.workers.process import ProcessWorker
 
 from trainer_core.config import RunConfig
 
-__all__ = ["Deployed", "ONE_RUN_AT_A_TIME", "deploy_flow", "deploy_training", "ensure_work_pool", "worker_command"]
+__all__ = ["Deployed", "ONE_RUN_AT_A_TIME", "deploy_flow", "deploy_node_flow", "deploy_training", "ensure_work_pool",
+           "worker_command"]
 
 ONE_RUN_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 """A run that would start while another run of the same deployment is active is cancelled, not queued.
@@ -118,11 +119,33 @@ def deploy_flow(flow: Flow, *, name: str, pool: str, parameters: dict[str, Any],
                     work_pool_type=work_pool.type, work_queue=work_queue)
 
 
+def deploy_node_flow(*, pool: str, name: str, job_variables: dict[str, Any] | None = None) -> Deployed:
+    """Deploy the per-node flow (`flows.node`) on `pool`: node K's runs go to its queue `node-K`.
+
+    No concurrency limit: every node of a segment runs at the same time.
+    """
+    from .node import node_flow
+
+    return deploy_flow(node_flow, name=name, pool=pool, parameters={}, job_variables=job_variables,
+                       tags=["rankflow", "rankflow-node"], concurrency_limit=None,
+                       description="one node's torchrun of a multi-node rankflow segment; workers serve queue node-K")
+
+
 def deploy_training(config: RunConfig, *, pool: str, name: str | None = None, work_queue: str | None = None,
                     job_variables: dict[str, Any] | None = None, cron: str | None = None,
                     interval_s: float | None = None) -> Deployed:
-    """Deploy the training flow with `config` (paths already absolute) as its parameters."""
+    """Deploy the training flow with `config` (paths already absolute) as its parameters.
+
+    With train.nnodes > 1 the per-node flow is deployed alongside, under the
+    same name, and the config names it (train.node_deployment) unless it names
+    one already.
+    """
     from .pipeline import train_flow
+
+    if config.train.nnodes > 1 and config.train.node_deployment is None:
+        config = config.model_copy(deep=True)
+        node_deployment = deploy_node_flow(pool=pool, name=name or config.run.name, job_variables=job_variables)
+        config.train.node_deployment = node_deployment.full_name  # validated: needs train.rdzv_endpoint
 
     return deploy_flow(
         train_flow, name=name or config.run.name, pool=pool, parameters={"config": config.model_dump(mode="json")},

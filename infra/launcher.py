@@ -33,10 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_core.rank_process import ERRORS_DIR_ENV, error_path
+from trainer_core.rank_process import ERRORS_DIR_ENV
 
 from .processes import PARENT_PID_ENV, handles_signal, kill_launch, process_state, rank_pids, signal_pids
 from .rank_logs import RankLogTail
+from .rendezvous import STORE_HOST_ENV, NodeRendezvous
 
 STACK_DUMP_WAIT_S = 1.5
 """How long a stalled launch's ranks get to print their stacks before they are killed."""
@@ -74,12 +75,15 @@ class LaunchResult:
     """Where each rank's full log is, when the caller asked to keep them."""
 
 
-def torchrun_command(module: str, args: list[str], nproc_per_node: int, log_dir: Path) -> list[str]:
+def torchrun_command(module: str, args: list[str], nproc_per_node: int, log_dir: Path,
+                     node: NodeRendezvous | None = None) -> list[str]:
+    """torchrun for one node: the whole launch (`node` None), or node `node.node_rank` of a multi-node one."""
+    rendezvous = node.torchrun_args() if node is not None else [
+        "--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex}",
+        "--local-addr=127.0.0.1"]
     return [
         sys.executable, "-m", "infra.loopback_torchrun",
-        "--nnodes=1", f"--nproc-per-node={nproc_per_node}",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex}",
-        "--local-addr=127.0.0.1",
+        f"--nproc-per-node={nproc_per_node}", *rendezvous,
         "--max-restarts=0", "--monitor-interval=0.5",
         f"--log-dir={log_dir}", "--redirects=3",
         "-m", module, *args,
@@ -98,23 +102,26 @@ def parse_rank_exits(torchrun_lines: list[str] | tuple[str, ...]) -> dict[int, i
     return {int(rank): int(code) for rank, code in _FAILED_RANK.findall("\n".join(torchrun_lines))}
 
 
-def _read_error_records(directory: Path, nproc_per_node: int) -> tuple[dict, ...]:
+def _read_error_records(directory: Path) -> tuple[dict, ...]:
     records = []
-    for rank in range(nproc_per_node):
-        path = error_path(directory, rank)
-        if path.is_file():
-            try:
-                records.append(json.loads(path.read_text()))
-            except ValueError:
-                continue  # a rank killed while writing: its log still tells
+    # Every rank's file by its global rank: on node K of several they do not start at 0.
+    for path in sorted(directory.glob("rank-*.error.json")):  # trainer_core.rank_process.error_path
+        try:
+            records.append(json.loads(path.read_text()))
+        except ValueError:
+            continue  # a rank killed while writing: its log still tells
     return tuple(sorted(records, key=lambda r: r["time"]))
 
 
-def _child_env(env: dict[str, str] | None, nproc_per_node: int, errors_dir: Path) -> dict[str, str]:
+def _child_env(env: dict[str, str] | None, nproc_per_node: int, errors_dir: Path,
+               node: NodeRendezvous | None = None) -> dict[str, str]:
     child_env = {**os.environ, **(env or {})}
     child_env.setdefault("OMP_NUM_THREADS", _threads_per_rank(nproc_per_node))
-    # Collective traffic of a single-node launch stays on loopback as well.
-    child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if node is None or node.is_loopback:
+        # Collective traffic of a single-node (or one-machine) launch stays on loopback as well.
+        child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    else:
+        child_env[STORE_HOST_ENV] = node.host  # node 0's store serves the other nodes at the endpoint
     child_env["PYTHONUNBUFFERED"] = "1"
     child_env[ERRORS_DIR_ENV] = str(errors_dir)
     child_env[PARENT_PID_ENV] = str(os.getpid())
@@ -133,13 +140,15 @@ def launch(
     monitor: Callable[[], str | None] | None = None,
     log_dir: Path | None = None,
     poll_s: float = 0.5,
+    node: NodeRendezvous | None = None,
 ) -> LaunchResult:
     """Run `module` on `nproc_per_node` ranks; returns when every rank has exited.
 
     `monitor` is called every `poll_s` in the calling thread while the launch
     runs; a string it returns is the reason to end the launch (a stall).
     `log_dir` keeps each rank's log there; without it they go to a temporary
-    directory removed at the end.
+    directory removed at the end. `node` makes this one node of a multi-node
+    launch (`infra.rendezvous`); without it the launch is the whole world.
     """
     keep_logs = log_dir is not None
     log_dir = Path(log_dir) if keep_logs else Path(tempfile.mkdtemp(prefix="rankflow-launch-"))
@@ -148,9 +157,9 @@ def launch(
     # The thread that starts torchrun is the one that waits for it: PR_SET_PDEATHSIG
     # follows the thread that forked, so it must outlive the launch.
     process = subprocess.Popen(
-        torchrun_command(module, args, nproc_per_node, log_dir),
+        torchrun_command(module, args, nproc_per_node, log_dir, node),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        text=True, errors="replace", env=_child_env(env, nproc_per_node, log_dir), start_new_session=True,
+        text=True, errors="replace", env=_child_env(env, nproc_per_node, log_dir, node), start_new_session=True,
     )
     tail: deque[str] = deque(maxlen=tail_lines)
     torchrun_lines: list[str] = []
@@ -209,7 +218,7 @@ def launch(
     result = LaunchResult(
         process.returncode, time.perf_counter() - started, timed_out, tuple(tail), tuple(rank_errors),
         stalled=stalled, rank_tails={r: rank_logs.last_lines(r) for r in sorted(rank_logs.tails)},
-        rank_exits=parse_rank_exits(torchrun_lines), error_records=_read_error_records(log_dir, nproc_per_node),
+        rank_exits=parse_rank_exits(torchrun_lines), error_records=_read_error_records(log_dir),
         stopped_ranks=stopped, log_dir=str(log_dir) if keep_logs else None,
     )
     if not keep_logs:

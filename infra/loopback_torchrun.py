@@ -1,4 +1,4 @@
-"""torchrun for single-node launches: its stores listen on 127.0.0.1 only, and it dies with its parent.
+"""torchrun whose stores listen on 127.0.0.1 only (or on a multi-node endpoint's host), and that dies with its parent.
 
     python -m infra.loopback_torchrun [torchrun arguments]
 
@@ -24,18 +24,18 @@ from datetime import timedelta
 
 
 
-def _loopback_listener(port: int) -> tuple[int, int]:
-    """A listening socket on 127.0.0.1:port (0: any free port); returns (fd, port) and gives up the fd."""
+def _loopback_listener(port: int, host: str = "127.0.0.1") -> tuple[int, int]:
+    """A listening socket on host:port (0: any free port); returns (fd, port) and gives up the fd."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
+    sock.bind((host, port))
     sock.listen(2048)
     bound_port = sock.getsockname()[1]
     return sock.detach(), bound_port  # the store owns the fd from now on
 
 
-def bind_stores_to_loopback() -> None:
-    """Make every TCPStore server created from now on in this process listen on 127.0.0.1."""
+def bind_stores_to_loopback(host: str = "127.0.0.1") -> None:
+    """Make every TCPStore server created from now on in this process listen on `host` (loopback by default)."""
     import torch.distributed as dist
 
     wildcard_store = dist.TCPStore
@@ -45,7 +45,7 @@ def bind_stores_to_loopback() -> None:
                      timeout: timedelta = timedelta(seconds=300), wait_for_workers: bool = True,
                      multi_tenant: bool = False, master_listen_fd: int | None = None, use_libuv: bool = True) -> None:
             if is_master and master_listen_fd is None:
-                master_listen_fd, port = _loopback_listener(port)
+                master_listen_fd, port = _loopback_listener(port, host)
             super().__init__(host_name, port, world_size, is_master, timeout, wait_for_workers,
                              multi_tenant, master_listen_fd, use_libuv)
 
@@ -58,10 +58,12 @@ def main() -> None:
     from trainer_core.rank_process import die_with_parent
 
     from .processes import PARENT_PID_ENV
+    from .rendezvous import STORE_HOST_ENV
 
     expected = os.environ.get(PARENT_PID_ENV)
     die_with_parent(int(expected) if expected else None)
-    bind_stores_to_loopback()
+    # A multi-node launch across machines serves its rendezvous at the endpoint's host, and only there.
+    bind_stores_to_loopback(os.environ.get(STORE_HOST_ENV, "127.0.0.1"))
     from torch.distributed.run import main as torchrun_main
 
     torchrun_main()

@@ -55,7 +55,10 @@ class RankLogTail:
 
     def _emit(self, rank: int, text: str) -> None:
         match = _RANK_PREFIX.match(text)
-        line = text if match and int(match.group(1)) == rank else f"[rank {rank}] {text}"
+        # Files are named by local rank; on node K of several, the global rank is the one a rank prints.
+        if match:
+            rank = int(match.group(1))
+        line = text if match else f"[rank {rank}] {text}"
         self.tails.setdefault(rank, deque(maxlen=self._tail_lines)).append(line)
         self._on_line(line)
 

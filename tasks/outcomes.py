@@ -27,6 +27,12 @@ class PlannedRun(BaseModel):
     """Wall-clock limit of an export launch (export.timeout_s)."""
     lease_token: str | None = None
     """The run lease this run holds (infra/run_lease.py); writing stages check it first. None: no lease taken."""
+    nnodes: int = 1
+    """Nodes each segment runs on (train.nnodes; `tasks.nodes`)."""
+    rdzv_endpoint: str | None = None
+    """Node 0's rendezvous HOST:PORT (train.rdzv_endpoint); None: a free loopback port for local node launches."""
+    node_deployment: str | None = None
+    """The per-node deployment the nodes run as (train.node_deployment); None: local node processes."""
 
     @property
     def total_steps(self) -> int:

@@ -46,6 +46,8 @@ def _planned(plan: Plan, run_dir: Path, config: RunConfig, lease_token: str | No
         storage_url=config.storage.url, stall_timeout_s=config.train.stall_timeout_s,
         export_timeout_s=config.export.timeout_s, storage_timeout_s=config.storage.timeout_s,
         storage_request_timeout_s=config.storage.request_timeout_s, lease_token=lease_token,
+        nnodes=config.train.nnodes, rdzv_endpoint=config.train.rdzv_endpoint,
+        node_deployment=config.train.node_deployment,
     )
 
 

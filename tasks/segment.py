@@ -8,7 +8,8 @@ its task run ends in the state named "Reused". Saved means in the store
 inputs a segment lacks locally are fetched from the store, verified. While
 it trains, a watchdog ends a launch that stops making progress
 (`tasks.watchdog`) and the run's live artifacts follow its steps
-(`tasks.live`).
+(`tasks.live`). With train.nnodes > 1 the launch is one per node, started and
+failed together by `tasks.nodes`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ._logging import rank_line_logger
 from .fencing import fence, fenced_monitor
 from .events import SEGMENT_COMPLETED, emit_run_event, flow_run_url
 from .live import LiveArtifacts, in_prefect_run, publisher_for
+from .nodes import launch_segment_nodes
 from .outcomes import PlannedRun, SegmentOutcome
 from .retry_policy import retry_if_retriable
 from .run_state import fetch_segment_inputs, publish_segment_state, stored_segment_result
@@ -66,17 +68,20 @@ def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, liv
     progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
     publisher = publisher_for(live, segment_index)
     watch = SegmentWatch(progress_file, planned.stall_timeout_s, on_records=publisher)
-    launched = launch_stage(planned, "segment", "trainer_core.segment_main", segment_index, [], on_line,
-                            timeout_s=planned.segment_timeout_s,
-                            monitor=fenced_monitor(planned, f"segment {segment_index}", watch))
+    monitor = fenced_monitor(planned, f"segment {segment_index}", watch)
+    if planned.nnodes > 1:
+        launch_wall_s = launch_segment_nodes(planned, segment_index, on_line, monitor)
+    else:
+        launch_wall_s = launch_stage(planned, "segment", "trainer_core.segment_main", segment_index, [], on_line,
+                                     timeout_s=planned.segment_timeout_s, monitor=monitor).wall_s
     watch()  # the records written after the last poll
     if publisher is not None:
         publisher.flush()
     publish_segment_state(planned, segment_index)  # before success: a retry elsewhere resumes from the store
     result = json.loads(result_path.read_text())
-    outcome = _outcome(result, launched.wall_s, reused=False)
+    outcome = _outcome(result, launch_wall_s, reused=False)
     fence(planned, f"segment {segment_index}")
-    ledger.record(run_dir, "segment", "completed", launch_wall_s=launched.wall_s,
+    ledger.record(run_dir, "segment", "completed", launch_wall_s=launch_wall_s,
                   **{k: v for k, v in result.items() if k not in ("grad_norms",)})
     if in_prefect_run():
         emit_run_event(SEGMENT_COMPLETED, planned.run_id, loss=outcome.losses[-1], segment=segment_index,

@@ -132,6 +132,14 @@ class TrainSection(_Section):
     """Logical data-parallel ranks; results do not depend on the physical world size."""
     nproc_per_node: int = Field(1, ge=1)
     """Physical ranks (torchrun processes); must divide logical_dp."""
+    nnodes: int = Field(1, ge=1, le=4096)
+    """Nodes a segment runs on (torchrun `--nnodes`, c10d rendezvous); world size = nnodes × nproc_per_node."""
+    rdzv_endpoint: str | None = None
+    """With nnodes > 1: HOST:PORT of the c10d rendezvous store, served by node 0 (which must run on HOST).
+    Unset: node launches started by `rankflow run` itself use 127.0.0.1 and a free port."""
+    node_deployment: str | None = None
+    """With nnodes > 1: the per-node deployment (`rankflow-node/NAME`) each node's launch runs as, one flow run per
+    node on work queue `node-K` of its pool. Unset: the node launches run as local processes (one machine)."""
     reduction: Literal["deterministic", "fast"] = "deterministic"
     """`deterministic`: gradients, losses and counts are folded in logical-rank order, so results are bitwise the same
     at any nproc_per_node; `fast`: a plain all-reduce (last bits depend on nproc_per_node)."""
@@ -160,6 +168,10 @@ class TrainSection(_Section):
 
     @model_validator(mode="after")
     def _divisibility(self) -> "TrainSection":
+        if self.nnodes > 1:
+            from .node_topology import check_nodes
+
+            check_nodes(self.nnodes, self.nproc_per_node, self.logical_dp, self.node_deployment, self.rdzv_endpoint)
         if self.logical_dp % self.nproc_per_node:
             raise ValueError(
                 f"train.logical_dp={self.logical_dp} is not a multiple of "

@@ -157,6 +157,11 @@ def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple
         # The number of processes changes only the speed (trainer_core.ranks): a run
         # resumed at another nproc_per_node is the same run, under the same id.
         training_config["train"].pop("nproc_per_node")
+    # Nodes are processes too (trainer_core.node_topology); one node leaves the digest as it was before nnodes.
+    if config.train.reduction == "deterministic" or config.train.nnodes == 1:
+        training_config["train"].pop("nnodes")
+    for where in ("rdzv_endpoint", "node_deployment"):
+        training_config["train"].pop(where)
     for section in ("model", "tokenizer", "data"):
         training_config[section].pop("path", None)
         training_config[section].pop("config", None)
