@@ -10,6 +10,7 @@ from the progress records rank 0 writes, so start-up never counts.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -25,6 +26,18 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MODEL = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 64, "layer_types": ["full_attention"] * 4}
 """The example's config (vocabulary 1024, the tokenizer's) made wider and deeper: ≈ 3.7M parameters."""
+
+
+def parse_segment_args(prog: str, doc: str, launches: str, argv: list[str] | None) -> argparse.Namespace:
+    """The options every segment-launching benchmark takes: rounds, steps, a quick smoke run."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3, help=f"rounds of the {launches}")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per launch (the first is not timed)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: the example's tiny model, 1 round, 3 steps")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.reps, args.steps = 1, 3
+    return args
 
 
 def plan_run(work_dir: Path, *, steps: int, logical_dp: int, train: dict, quick: bool = False) -> Path:

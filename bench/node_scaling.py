@@ -14,7 +14,6 @@ or the benchmark fails.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import statistics
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench._models import emit
-from bench._segments import machine, plan_run
+from bench._segments import machine, parse_segment_args, plan_run
 from infra.launcher import launch
 from tasks.nodes import launch_nodes
 from tasks.outcomes import PlannedRun
@@ -71,13 +70,7 @@ def _run(run_dir: Path, side: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m bench.node_scaling", description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3, help="rounds of the two launches")
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per launch (the first is not timed)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: the example's tiny model, 1 round, 3 steps")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.reps, args.steps = 1, 3
+    args = parse_segment_args("python -m bench.node_scaling", __doc__, "two launches", argv)
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="bench-node-scaling-") as tmp:
         run_dir = plan_run(Path(tmp), steps=args.steps, logical_dp=2, quick=args.quick,

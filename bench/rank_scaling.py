@@ -18,25 +18,18 @@ same for fast, and `deterministic_over_fast` compares the two at each W.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 from pathlib import Path
 
 from bench._models import emit
-from bench._segments import machine, plan_run, run_segment
+from bench._segments import machine, parse_segment_args, plan_run, run_segment
 
 SIDES = (("deterministic", 1), ("deterministic", 2), ("fast", 1), ("fast", 2))
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m bench.rank_scaling", description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3, help="rounds of the four launches")
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per launch (the first is not timed)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: the example's tiny model, 1 round, 3 steps")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.reps, args.steps = 1, 3
+    args = parse_segment_args("python -m bench.rank_scaling", __doc__, "four launches", argv)
     with tempfile.TemporaryDirectory(prefix="bench-rank-scaling-") as tmp:
         run_dirs = {mode: plan_run(Path(tmp) / mode, steps=args.steps, logical_dp=4, quick=args.quick,
                                    train={"reduction": mode}) for mode in ("deterministic", "fast")}
