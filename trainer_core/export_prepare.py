@@ -70,7 +70,9 @@ def _phase(topology: Topology, what: str, action: Callable[[], Any]) -> list[Any
     return [s.value for s in statuses]
 
 
-def _verify_share(directory: Path, files: list[Path], own: dict[str, torch.Tensor]) -> list[dict]:
+def _verify_share(directory: Path, files: list[Path], own: dict[str, torch.Tensor],
+                  true_vocab: int | None) -> list[dict]:
+    """Check every tensor of this rank's files against its own weights; `true_vocab`: rows the export keeps of padded ones."""
     entries = []
     for path in files:
         if path.suffix == ".safetensors":
@@ -81,8 +83,8 @@ def _verify_share(directory: Path, files: list[Path], own: dict[str, torch.Tenso
                     if mine is None:
                         continue  # adapter files and merged weights are named differently from the live module
                     mine = mine.detach().to("cpu", loaded.dtype)
-                    if mine.shape[1:] == loaded.shape[1:] and mine.shape[0] > loaded.shape[0]:
-                        mine = mine[:loaded.shape[0]]  # a padded vocabulary is cut to the true one on export
+                    if true_vocab is not None and loaded.shape[0] == true_vocab < mine.shape[0]:
+                        mine = mine[:true_vocab]  # a padded vocabulary is cut to the true one on export
                     if not torch.equal(loaded, mine):
                         raise ValueError(f"{path.name}: tensor {name} differs from this rank's weights")
         entries.append(file_entry(directory, path))
@@ -128,7 +130,7 @@ def prepare_export(topology: Topology, config: RunConfig, trainer: Trainer, out_
             share = staged_files(tmp)[topology.rank::topology.world_size]
             def verify() -> list[dict]:
                 inject_fault(topology.rank, "verify")
-                return _verify_share(tmp, share, own)
+                return _verify_share(tmp, share, own, trainer.vocab_size)
 
             entries = _phase(topology, "verifying its share of the files", verify)
 
