@@ -70,7 +70,8 @@ class ModuleState:
         return cls([_Snapshot.of(module) for module in modules])
 
     def held_bytes(self) -> int:
-        """Bytes of recorded buffers that their modules have since replaced: kept alive by this state alone."""
+        """Bytes of recorded buffers that no recorded module holds as a buffer now (replaced since): this state keeps
+        them alive (counted even where a plain attribute holds them too: the bound errs high, never low)."""
         current = {buffer.untyped_storage().data_ptr() for module, name, _ in self._buffers
                    if (buffer := module._buffers.get(name)) is not None}
         held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for _, _, t in self._buffers}
