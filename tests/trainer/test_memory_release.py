@@ -20,7 +20,7 @@ import torch
 
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.test_backward_state import sft_loss
-from trainer_core.training import GradientTransactionError, StalenessPolicy, Trainer
+from trainer_core.training import GradientTransactionError, GraphConsumedError, StalenessPolicy, Trainer
 
 MODES = ["retain", "offload", "replay"]
 ITERATIONS = 50
@@ -149,3 +149,63 @@ def test_the_weight_snapshot_of_a_stale_graph_is_released_after_its_backward(mod
     del stale
     gc.collect()
     assert snapshot() is None, "the weight snapshot outlived the graph that needed it"
+
+
+class _RaisingHead(torch.nn.Module):
+    """A value head that fails in its forward, after the model's saved tensors were packed."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(32, 1)
+
+    def forward(self, hidden):
+        raise ValueError("the head refuses this batch")
+
+
+@pytest.mark.parametrize("failure", ["target_out_of_range", "head_raises"])
+def test_an_offload_forward_that_raises_removes_its_files(failure, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    trainer = Trainer(tiny_qwen3().train(), offload_target="disk")
+    trainer.add_base_checkpoint()
+    ids, mask = batch(size=2, length=16)
+    if failure == "head_raises":
+        trainer.add_module_checkpoint("value", _RaisingHead())
+        kwargs, expected = {"outputs": ("logprobs", "heads")}, ValueError
+    else:
+        targets = ids.clone()
+        targets[0, 3] = 10_000  # past the vocabulary: the fused cross-entropy raises after the model ran
+        kwargs, expected = {"targets": targets}, (IndexError, RuntimeError)
+    for _ in range(3):
+        with pytest.raises(expected):
+            trainer.forward(ids, mask, mode="offload", **kwargs)
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
+    assert trainer.graphs.live() == []
+
+
+def test_a_lone_graph_whose_backward_failed_in_the_model_is_released_and_says_so():
+    """Autograd freed part of the graph before the failure: it is gone, counts nothing, and a retry gets the
+    trainer's error — not autograd's "backward through the graph a second time"."""
+    model = tiny_qwen3().train()
+    trainer = Trainer(model)
+    trainer.add_base_checkpoint()
+    ids, mask = batch()
+    out = trainer.forward(ids, mask, mode="retain")
+    probe = _Probe()
+    graph_node(trainer, out.graph_id).metadata["probe"] = probe
+    probe = weakref.ref(probe)
+
+    def fail(grad):
+        raise RuntimeError("a backward hook in the model failed")
+
+    # The hook sits below the head: autograd has run (and freed) the nodes above it when it fails.
+    handle = model.model.norm.weight.register_hook(fail)
+    with pytest.raises(RuntimeError, match="a backward hook in the model failed"):
+        trainer.backward(sft_loss(out.logprobs, mask))
+    handle.remove()
+    gc.collect()
+    assert probe() is None, "the failed graph's saved tensors are still held"
+    assert trainer.resident_bytes() == 0 and trainer.graphs.live() == []
+    with pytest.raises(GraphConsumedError, match=f"graph {out.graph_id}"):
+        trainer.backward(sft_loss(out.logprobs, mask))
+    assert all(p.grad is None for p in model.parameters())

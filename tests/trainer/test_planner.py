@@ -8,13 +8,14 @@ took. Nothing is injected into the planner.
 from __future__ import annotations
 
 import copy
+import gc
 import json
 
 import pytest
 import torch
 
 from tests.trainer.models import batch, mixed_batches, tiny_qwen3, wide_qwen3
-from tests.trainer.test_backward_state import sft_loss
+from tests.trainer.test_backward_state import reference_logprobs, sft_loss
 from trainer_core.training import MemoryPlanner, StalenessPolicy, Trainer
 from trainer_core.training.memory import MissReports
 
@@ -154,7 +155,8 @@ def test_offload_is_timed_on_its_copies_and_chosen_where_it_is_cheaper():
 
 def test_host_offload_on_a_cpu_frees_nothing_so_replay_is_chosen():
     ids, mask = batch(seed=6)
-    trainer = trainer_with(tiny_qwen3().train(), budget=1, offload_target="host")
+    # Room for a replay's input copies and no more (a zero budget leaves disk offload: see below).
+    trainer = trainer_with(tiny_qwen3().train(), budget=ids.nbytes + mask.nbytes, offload_target="host")
     modes = []
     for _ in range(2):
         out = trainer.forward(ids, mask)
@@ -205,3 +207,29 @@ def test_misses_are_counted_and_reported_within_bounds(tmp_path):
     assert trainer.planner.num_misses == 1 + len(MIXED_SHAPES[2:]) and reports.num_misses == trainer.planner.num_misses
     assert sorted(p.name for p in (tmp_path / "planner").iterdir()) == ["rank-0-miss-001.json", "rank-0-miss-002.json"]
     assert all(p.stat().st_size <= 4096 for p in reports.written)
+
+
+@pytest.mark.parametrize("stale_mode", ["snapshot", "importance"])
+@pytest.mark.parametrize("offload_target", ["host", "disk"])
+def test_a_zero_budget_keeps_nothing_resident_in_any_mode(offload_target, stale_mode, tmp_path, monkeypatch):
+    """A budget bounds every mode: replay's input copies count too, and disk offload keeps nothing at all.
+
+    Host offload on a CPU frees nothing, so a zero budget leaves disk offload as the only mode that fits."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    model = tiny_qwen3().train()
+    reference = copy.deepcopy(model)
+    trainer = trainer_with(model, 0, offload_target=offload_target,
+                           staleness=StalenessPolicy(max_gradient_staleness=1, stale_mode=stale_mode))
+    batches = mixed_batches(9, MIXED_SHAPES[:4])
+    outs = []
+    for ids, mask in batches:  # every graph stays live: they all add up
+        outs.append(trainer.forward(ids, mask))
+        assert trainer.resident_bytes() == 0, graph_of(trainer, outs[-1]).mode
+    assert trainer.peak_saved_bytes == 0
+    trainer.backward(sum(sft_loss(out.logprobs, mask) for out, (_, mask) in zip(outs, batches)))
+    sum(sft_loss(reference_logprobs(reference, ids, mask), mask) for ids, mask in batches).backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+    del outs
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []  # the offload files (input copies included) went with their graphs

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import gc
+import tempfile
 
 import pytest
 import torch
@@ -93,15 +95,20 @@ def test_importance_weight_formula_and_clamps_exactly():
     assert not weights.requires_grad
 
 
-def test_importance_replay_uses_current_weights_with_weighted_logprob_cotangents():
+@pytest.mark.parametrize("mode", ["retain", "offload", "replay", None])
+def test_importance_replay_uses_current_weights_with_weighted_logprob_cotangents(mode, tmp_path, monkeypatch):
+    """Every backward mode (None: the planner's choice) gives the importance gradient for a stale graph."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     trainer = make_trainer(stale_mode="importance")
     low, high = trainer.staleness.importance_low, trainer.staleness.importance_high
     ids, mask = batch(seed=1)
-    out = trainer.forward(ids, mask, mode="replay")
+    out = trainer.forward(ids, mask, mode=mode)
     recorded = out.logprobs.detach().clone()
     params_before = [id(p) for p in trainer.model.parameters()]
     take_steps(trainer, 1)
     assert [id(p) for p in trainer.model.parameters()] == params_before  # importance keeps no snapshot
+    # A stale graph keeps what a replay needs, no saved tensors: at most the copies of its inputs.
+    assert trainer.resident_bytes() <= ids.nbytes + mask.nbytes
     current = copy.deepcopy(trainer.model)
     trainer.backward(sft_loss(out.logprobs, mask))
     logprobs_now = reference_logprobs(current, ids, mask)
@@ -109,6 +116,9 @@ def test_importance_replay_uses_current_weights_with_weighted_logprob_cotangents
     sft_loss(weights * logprobs_now, mask).backward()
     for live, reference in zip(trainer.model.parameters(), current.parameters()):
         torch.testing.assert_close(live.grad, reference.grad, rtol=1e-5, atol=1e-7)
+    del out
+    gc.collect()
+    assert trainer.resident_bytes() == 0 and list(tmp_path.iterdir()) == []  # disk offload's files went too
 
 
 def test_bad_policy_is_rejected():
@@ -116,12 +126,13 @@ def test_bad_policy_is_rejected():
         StalenessPolicy(max_gradient_staleness=-1)
 
 
-def test_importance_policy_leaves_a_fresh_replayed_graph_exact():
+@pytest.mark.parametrize("mode", ["retain", "offload", "replay"])
+def test_importance_policy_leaves_a_fresh_graph_exact(mode):
     trainer = make_trainer(stale_mode="importance")
     reference = copy.deepcopy(trainer.model)
     ids, mask = batch(seed=1)
     torch.manual_seed(0)
-    out = trainer.forward(ids, mask, mode="replay")
+    out = trainer.forward(ids, mask, mode=mode)
     trainer.backward(sft_loss(out.logprobs, mask))
     torch.manual_seed(0)
     sft_loss(reference_logprobs(reference, ids, mask), mask).backward()

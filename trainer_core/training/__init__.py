@@ -9,7 +9,7 @@ from .checkpoint_io import export_checkpoint_module, restore_checkpoint, save_ch
 from .checkpoints import Checkpoint, OptimizerConfig, StepReport
 from .graphs import GraphConsumedError, ManagedOutputs
 from .hf_weights import hf_state_dict, save_hf_model
-from .memory import BackwardMode, MemoryPlanner, MissReports
+from .memory import BackwardMode, MemoryPlanner, MissReports, NoGradientPathError, ReplayMismatchError
 from .staleness import StaleGraphError, StalenessPolicy, importance_weights
 from .trainer import BackwardReport, Trainer
 from .transaction import GradientTransactionError, NonFinitePolicy
@@ -18,7 +18,8 @@ from .vocab import pad_vocabulary
 
 __all__ = [
     "BackwardMode", "BackwardReport", "Checkpoint", "GradientTransactionError", "GraphConsumedError", "ManagedOutputs",
-    "MemoryPlanner", "MissReports", "NonFinitePolicy", "OptimizerConfig", "StaleGraphError", "StalenessPolicy", "StepReport",
+    "MemoryPlanner", "MissReports", "NoGradientPathError", "NonFinitePolicy", "OptimizerConfig", "ReplayMismatchError",
+    "StaleGraphError", "StalenessPolicy", "StepReport",
     "Trainer", "Version", "export_checkpoint_module", "hf_state_dict", "importance_weights", "pad_vocabulary",
     "restore_checkpoint", "save_checkpoint", "save_hf_model",
 ]

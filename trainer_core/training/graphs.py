@@ -3,11 +3,14 @@
 A forward returns its outputs as leaf tensors the trainer owns (the caller's
 loss graph ends at them) and keeps a `Graph`: the versions it ran at, the
 weights it holds for its backward, and its backward state — one of
-`RetainedGraph`, `OffloadedGraph`, `ReplayedGraph`. When every managed output
-of a forward has been dropped, the graph is released; a graph that was
-backwarded (without retain_graph) or can never be differentiated again (past
-the staleness bound, or its checkpoint replaced) is released at once and keeps
-only what its error message needs.
+`RetainedGraph`, `OffloadedGraph`, `ReplayedGraph`. Under the importance
+policy a retained or offloaded graph also holds a `ReplayedGraph` for later
+(`stale_replay`): once stale, it becomes that. When every managed output of a
+forward has been dropped, the graph is released; a graph that was backwarded
+(without retain_graph, or by a backward that failed after autograd freed part
+of it) or can never be differentiated again (past the staleness bound, or its
+checkpoint replaced) is released at once and keeps only what its error message
+needs.
 
 Every output is tagged with its trainer's table token, so a loss over two
 trainers' outputs is refused instead of routed to the wrong graphs.
@@ -42,8 +45,12 @@ class Graph:
     weights: dict[str, dict[str, torch.Tensor]]
     """Per checkpoint, the parameter tensors the forward used, held for the backward (empty when not needed)."""
     state: BackwardState | None
+    stale_replay: BackwardState | None = None
+    """What a replay of this forward needs, kept under the importance policy by a retained or offloaded graph."""
     live_outputs: int = 0
     status: GraphStatus = "live"
+    consumed_because: str = ""
+    """Why a consumed graph cannot be differentiated again, when not because a backward succeeded."""
     mode: BackwardMode = field(init=False)
 
     def __post_init__(self) -> None:
@@ -51,15 +58,24 @@ class Graph:
 
     @property
     def saved_bytes(self) -> int:
-        return self.state.saved_bytes if self.state is not None else 0
+        return sum(s.saved_bytes for s in (self.state, self.stale_replay) if s is not None)
 
     def holds_weights_of(self, checkpoint: str, version: Version) -> bool:
         return self.state is not None and checkpoint in self.weights and self.versions.get(checkpoint) == version
 
-    def release(self, status: GraphStatus) -> None:
-        if self.state is not None:
-            self.state.release()
-        self.state, self.weights, self.status = None, {}, status
+    def replay_from_now_on(self) -> None:
+        """Drop the saved tensors and become the replay kept for this (a stale graph under the importance policy)."""
+        assert self.stale_replay is not None and self.state is not None
+        self.state.release()
+        self.state, self.stale_replay = self.stale_replay, None
+        self.mode = self.state.mode
+
+    def release(self, status: GraphStatus, because: str = "") -> None:
+        for state in (self.state, self.stale_replay):
+            if state is not None:
+                state.release()
+        self.state, self.stale_replay, self.weights, self.status = None, None, {}, status
+        self.consumed_because = because
 
 
 @dataclass
@@ -162,16 +178,21 @@ class GraphTable:
     def get(self, graph_id: int) -> Graph | None:
         return self._graphs.get(graph_id)
 
+    def _all(self) -> tuple[Graph, ...]:
+        # A garbage collection while we iterate may drop a graph's last output, and its finalizer removes the
+        # graph from the table: iterate over a copy, taken in one step.
+        return tuple(self._graphs.values())
+
     def live(self) -> list[Graph]:
-        return [g for g in self._graphs.values() if g.status == "live"]
+        return [g for g in self._all() if g.status == "live"]
 
     def resident_saved_bytes(self) -> int:
-        return sum(g.saved_bytes for g in self._graphs.values())
+        return sum(g.saved_bytes for g in self._all())
 
     def held_weight_bytes(self, live_storages: set[int]) -> int:
         """Bytes of the weight snapshots graphs hold: tensors a step handed over, no longer any checkpoint's."""
         held: dict[int, int] = {}
-        for graph in self._graphs.values():
+        for graph in self._all():
             for tensors in graph.weights.values():
                 for tensor in tensors.values():
                     storage = tensor.untyped_storage()

@@ -3,15 +3,20 @@
 A graph's age for a checkpoint is `current revision − recorded revision`.
 Past `max_gradient_staleness` (default 2; 0 = strict) backward refuses it; a
 replaced checkpoint (new identity) is always refused. Within the bound a stale
-graph is differentiated at the weights it ran at, or — with the `importance`
-policy, for a replayed graph — replayed at the current weights with each
-logprob (and top-k logprob) cotangent scaled by
-`clamp(exp(logp_current − logp_recorded), low, high)`.
+graph is differentiated at the weights it ran at (`snapshot`), or — with the
+`importance` policy — replayed at the current weights with each logprob (and
+top-k logprob) cotangent scaled by `clamp(exp(logp_current − logp_recorded),
+low, high)`. The estimator does not depend on the backward mode: under
+`importance` a retained or offloaded graph also keeps what a replay needs (its
+input copies, RNG and module state), and once a step makes it stale it drops
+its saved tensors and becomes a replayed graph. No graph holds a weight copy.
 
 The trainer asks this policy every question about age: at backward (`ages`),
 before a step (`usable_after_step`: is a weight snapshot worth keeping), after
-a step (`expired`: release what can never be differentiated), and per forward
-(`keeps_weights`: does a graph of this mode need the weights it ran at).
+a step (`expired`: release what can never be differentiated; `is_stale`: a
+graph to replay from now on), and per forward (`keeps_weights`: does a graph
+need the weights it ran at; `records_stale_replays`: does it need what a
+replay at the current weights needs).
 """
 
 from __future__ import annotations
@@ -82,10 +87,20 @@ class StalenessPolicy:
         """Whether a graph recorded at `recorded` can still be differentiated once `current` steps once more."""
         return recorded.identity == current.identity and current.revision + 1 - recorded.revision <= self.max_gradient_staleness
 
-    def keeps_weights(self, replayed: bool) -> bool:
-        """Whether a graph must hold the weights it ran at: retained and offloaded graphs saved them;
-        a replayed one re-runs at them (snapshot) or at the current weights (importance)."""
-        return not replayed or self.stale_mode == "snapshot"
+    def is_stale(self, recorded: Mapping[str, Version], current: Mapping[str, Version]) -> bool:
+        """True when some checkpoint the graph ran at has stepped since."""
+        return any(current[name].revision != version.revision for name, version in recorded.items())
+
+    def keeps_weights(self) -> bool:
+        """Whether a graph holds the weights it ran at, for when it is stale: under `snapshot` it is differentiated
+        at them; under `importance` it is replayed at the current weights instead."""
+        return self.stale_mode == "snapshot"
+
+    @property
+    def records_stale_replays(self) -> bool:
+        """Whether a retained or offloaded graph also keeps what a replay needs: under `importance`, where a graph
+        can go stale (a bound of 0 expires it at the next step instead)."""
+        return self.stale_mode == "importance" and self.max_gradient_staleness > 0
 
     def replays_at_current_weights(self, age: int) -> bool:
         return age > 0 and self.stale_mode == "importance"

@@ -31,7 +31,10 @@ from .gradient_reduction import GradientReduction, RankSum
 from .graphs import (
     Graph, GraphConsumedError, GraphTable, LossLeaves, ManagedOutputs, leaf_tag, loss_leaves, make_leaf,
 )
-from .memory import BACKWARD_MODES, BackwardMode, MemoryPlanner, OffloadedGraph, ReplayedGraph, RetainedGraph, Rerun
+from .memory import (
+    BACKWARD_MODES, BackwardMode, BackwardStateError, ForwardStart, MemoryPlanner, OffloadedGraph, OffloadHooks,
+    ReplayedGraph, RetainedGraph, Rerun,
+)
 from .memory.estimates import GraphShape
 from .memory.offload import OffloadTarget
 from .memory.retained import saved_tensor_bytes
@@ -127,16 +130,21 @@ class Trainer(CheckpointRegistry):
         self._expire_graphs()
         shape = _graph_shape(call)
         decision = None
+        offload_target = self.offload_target
         if mode is None:
             decision = self.planner.choose(
                 shape, self.resident_bytes(), replay_bytes=call.nbytes, offload_target=self.offload_target,
-                offload_frees=self.offload_target == "disk" or call.input_ids.is_cuda)
-            mode = decision.mode
-        state, values = self._record(mode, call, shape)
-        held = self.staleness.keeps_weights(replayed=mode == "replay")
-        weights = {name: self.checkpoints[name].parameters() for name in versions} if held else {}
-        graph = Graph(self.graphs.new_id(), versions, weights, state)
-        managed = self._managed(values, graph, versions)
+                offload_frees=self.offload_target == "disk" or call.input_ids.is_cuda,
+                retained_inputs_bytes=call.nbytes if self.staleness.records_stale_replays else 0)
+            mode, offload_target = decision.mode, decision.offload_target or offload_target
+        state, values, stale_replay = self._record(mode, call, shape, offload_target)
+        weights = {name: self.checkpoints[name].parameters() for name in versions} if self.staleness.keeps_weights() else {}
+        graph = Graph(self.graphs.new_id(), versions, weights, state, stale_replay)
+        try:
+            managed = self._managed(values, graph, versions)
+        except BaseException:  # no output leads to the graph: nothing else would ever release it
+            graph.release("consumed")
+            raise
         resident = self.resident_bytes()
         self.peak_saved_bytes = max(self.peak_saved_bytes, resident)
         if decision is not None:
@@ -147,21 +155,27 @@ class Trainer(CheckpointRegistry):
         self.activate_adapter(call.adapter)
         return compute_outputs(self.model, self.heads, call, topk_ids, vocab_size=self.vocab_size)
 
-    def _record(self, mode: BackwardMode, call: ForwardCall, shape: GraphShape):
-        """Run the forward in `mode`; while the planner measures, time the forward alone and count what it saved."""
+    def _record(self, mode: BackwardMode, call: ForwardCall, shape: GraphShape, offload_target: OffloadTarget):
+        """Run the forward in `mode`: its backward state, its outputs, and (importance policy) what a replay of it
+        needs once it is stale. While the planner measures, time the forward alone and count what it saved."""
         measuring = self.planner.measuring
         watch = Stopwatch(call.input_ids.device, enabled=measuring)
+        # A replay starts from the module state the forward ran with: the adapter already active.
+        self.activate_adapter(call.adapter)
+        if mode == "replay":
+            state, values = ReplayedGraph.record(self._run, call, modules=self._modules(),
+                                                 parameters=self._all_parameters())
+            return state, values, None
+        start = None
+        if self.staleness.records_stale_replays:
+            start = ForwardStart.capture(call.input_ids.device, self._modules(), self._all_parameters())
 
         def run():
             with watch:
                 return self._run(call)
 
-        if mode == "replay":
-            return ReplayedGraph.record(self._run, call,
-                                        modules=[m for root in (self.model, *self.heads.values()) for m in root.modules()],
-                                        parameters=self._all_parameters())
         if mode == "offload":
-            state, values = OffloadedGraph.record(run, self.offload_target, self._parameter_storages(),
+            state, values = OffloadedGraph.record(run, offload_target, self._parameter_storages(),
                                                   call.input_ids.is_cuda, timed=measuring)
             if measuring:
                 hooks = state.offload_hooks
@@ -169,12 +183,23 @@ class Trainer(CheckpointRegistry):
                 self.planner.observe_pack(hooks.offloaded_bytes, pack_s)
                 self.planner.observe_forward(shape, watch.seconds - pack_s)
                 self.planner.observe_saved(shape, hooks.retained_equivalent_bytes)
-            return state, values
-        state, values = RetainedGraph.record(run, self._parameter_storages())
-        if measuring:
-            self.planner.observe_forward(shape, watch.seconds)
-            self.planner.observe_saved(shape, state.saved_bytes)
-        return state, values
+        else:
+            state, values = RetainedGraph.record(run, self._parameter_storages())
+            if measuring:
+                self.planner.observe_forward(shape, watch.seconds)
+                self.planner.observe_saved(shape, state.saved_bytes)
+        if start is None:
+            return state, values, None
+        try:
+            # An offloaded graph's input copies go where its saved tensors went: it keeps nothing resident either.
+            stash = OffloadHooks(offload_target, set()) if mode == "offload" else None
+            return state, values, ReplayedGraph.of(call, start, values, stash)
+        except BaseException:
+            state.release()
+            raise
+
+    def _modules(self) -> list[nn.Module]:
+        return [m for root in (self.model, *self.heads.values()) for m in root.modules()]
 
     def _managed(self, values: dict[str, torch.Tensor], graph: Graph | None, versions: dict) -> ManagedOutputs:
         managed = ManagedOutputs(graph_id=None if graph is None else graph.graph_id, versions=versions)
@@ -231,15 +256,14 @@ class Trainer(CheckpointRegistry):
         """
         error: BaseException | None = None
         entered: list[Graph] = []
-        keep_graph = True
         try:
-            graphs, staged, keep_graph, ages = self._stage(loss, gradient, retain_graph, entered)
+            graphs, staged, ages = self._stage(loss, gradient, retain_graph, entered)
             staged.validate(self.nonfinite)
             staged.build()
         except Exception as failure:  # noqa: BLE001 - every rank must hear of it before anyone raises
             error = failure
         error = self.gradient_reduction.agree_on_backward(error)
-        self._settle(entered, succeeded=error is None, keep_graph=keep_graph, retain_graph=retain_graph)
+        self._settle(entered, error, retain_graph=retain_graph)
         if error is not None:
             raise error
         num_gradients = len(staged)
@@ -252,10 +276,12 @@ class Trainer(CheckpointRegistry):
         wrt = managed + [param for _, _, param in direct]
         cotangents = torch.autograd.grad(loss, wrt, grad_outputs=gradient, retain_graph=retain_graph, allow_unused=True)
         by_graph: dict[int, dict[str, torch.Tensor]] = {}
+        used: dict[int, dict[str, torch.Tensor]] = {}  # the managed outputs themselves: what a replay must reproduce
         for leaf, cotangent in zip(managed, cotangents):
             if cotangent is not None:
                 graph_id, name = leaf_tag(leaf)
                 by_graph.setdefault(graph_id, {})[name] = cotangent
+                used.setdefault(graph_id, {})[name] = leaf
         foreign = [c for c in cotangents if c is not None] + ([gradient] if gradient is not None else [])
         staged = StagedGradients(self.checkpoints, foreign)
         for (checkpoint, param, _), grad in zip(direct, cotangents[len(managed):]):
@@ -271,35 +297,46 @@ class Trainer(CheckpointRegistry):
         for graph in graphs:
             ages[graph.graph_id] = self.staleness.ages(graph.versions, self._current_versions())
             entered.append(graph)
-            grads = self._differentiate(graph, by_graph[graph.graph_id], ages[graph.graph_id], keep_graph)
+            grads = self._differentiate(graph, by_graph[graph.graph_id], used[graph.graph_id], ages[graph.graph_id],
+                                        keep_graph)
             for (checkpoint, param), grad in grads.items():
                 staged.add(checkpoint, param, grad)
-        return graphs, staged, keep_graph, ages
+        return graphs, staged, ages
 
     def _backwardable(self, graph_id: int) -> Graph:
         graph = self.graphs.get(graph_id)
         if graph is None or graph.status == "consumed":
             raise GraphConsumedError(
-                f"graph {graph_id} was already used by a backward; pass retain_graph=True to backward it again"
+                f"graph {graph_id} " + ((graph.consumed_because if graph is not None else "")
+                                        or "was already used by a backward; pass retain_graph=True to backward it again")
             )
         if graph.status == "expired":
             self.staleness.ages(graph.versions, self._current_versions())  # raises, naming checkpoint and age
             raise StaleGraphError(f"graph {graph_id} can no longer be differentiated; run the forward again")
         return graph
 
-    def _settle(self, graphs: list[Graph], *, succeeded: bool, keep_graph: bool, retain_graph: bool) -> None:
-        """Decide, once every rank agreed, which graphs this backward consumed."""
+    def _settle(self, graphs: list[Graph], error: BaseException | None, *, retain_graph: bool) -> None:
+        """Once every rank agreed, settle each graph from what autograd did to it: consumed by a backward that
+        succeeded without retain_graph, or by one that failed after autograd had run through it freeing as it
+        went (part of it is gone); live otherwise, for a retry."""
         for graph in graphs:
-            if succeeded and not retain_graph:
+            if graph.state is None:
+                continue
+            if error is None and not retain_graph:
                 graph.release("consumed")
-            elif not succeeded and not keep_graph and not graph.state.survives_failed_backward:
-                graph.release("consumed")  # autograd already freed its saved tensors: no retry
+            elif error is not None and graph.state.freed_by_backward:
+                graph.release("consumed", f"cannot be differentiated again: its backward failed ({type(error).__name__}: "
+                                          f"{error}) after autograd had freed part of it; run the forward again")
 
-    def _differentiate(self, graph: Graph, cotangents: dict[str, torch.Tensor], ages: dict[str, int],
-                       keep_graph: bool) -> dict[tuple[str, str], torch.Tensor]:
-        """One graph's gradients, per (checkpoint, parameter), at the weights the staleness policy says."""
-        replayed = isinstance(graph.state, ReplayedGraph)
-        at_current = {name for name, age in ages.items() if replayed and self.staleness.replays_at_current_weights(age)}
+    def _differentiate(self, graph: Graph, cotangents: dict[str, torch.Tensor], used: dict[str, torch.Tensor],
+                       ages: dict[str, int], keep_graph: bool) -> dict[tuple[str, str], torch.Tensor]:
+        """One graph's gradients, per (checkpoint, parameter), at the weights the staleness policy says.
+
+        `used`: the graph's managed outputs the loss depends on — a replay at the forward's weights must give
+        them again bit for bit."""
+        at_current = {name for name, age in ages.items() if self.staleness.replays_at_current_weights(age)}
+        # A retained or offloaded graph becomes its replay at the step that makes it stale (`_expire_graphs`).
+        assert not at_current or isinstance(graph.state, ReplayedGraph), f"graph {graph.graph_id} is stale, not replayed"
         weights: dict[str, Mapping[str, torch.Tensor]] = {
             name: (graph.weights[name] if name in graph.weights and name not in at_current else c.parameters())
             for name, c in self.checkpoints.items() if name in graph.versions
@@ -310,7 +347,8 @@ class Trainer(CheckpointRegistry):
         # current values on purpose, or not read at all (another adapter than the graph's).
         unchecked = at_current | {name for name in self.checkpoints if name not in graph.versions}
         rerun = Rerun(lambda call, topk_ids: self._rerun(call, topk_ids, weights),
-                      frozenset(id(p) for name in unchecked for p in self.checkpoints[name].parameters().values()))
+                      frozenset(id(p) for name in unchecked for p in self.checkpoints[name].parameters().values()),
+                      expected=None if at_current else used)
 
         def cotangents_for(outputs):
             if not at_current:
@@ -320,7 +358,10 @@ class Trainer(CheckpointRegistry):
             return {name: cotangent * importance_weights(outputs[name], recorded[name], low, high)
                     if name in _IMPORTANCE_WEIGHTED else cotangent for name, cotangent in cotangents.items()}
 
-        grads = graph.state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)
+        try:
+            grads = graph.state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)
+        except BackwardStateError as error:
+            raise type(error)(f"graph {graph.graph_id}: {error}") from None
         if self.planner.measuring and isinstance(graph.state, OffloadedGraph):
             self.planner.observe_restore(*graph.state.offload_hooks.take_restore_measurement())
         return {key: g for key, g in zip(keys, grads) if g is not None}
@@ -332,11 +373,17 @@ class Trainer(CheckpointRegistry):
         While the planner measures, a replay is a forward with grad like any
         other: its time and the bytes its graph saved are evidence too.
         """
-        with self.weights_swapped_in(weights):
-            if not self.planner.measuring:
-                return self._run(call, topk_ids)
-            with Stopwatch(call.input_ids.device) as watch:
-                outputs = self._run(call, topk_ids)
+        # The replay restores the module state the forward read, and the caller's after it: peft's active
+        # adapter with it. The registry's record of which adapter is active must follow.
+        active = self._active_adapter
+        try:
+            with self.weights_swapped_in(weights):
+                if not self.planner.measuring:
+                    return self._run(call, topk_ids)
+                with Stopwatch(call.input_ids.device) as watch:
+                    outputs = self._run(call, topk_ids)
+        finally:
+            self._active_adapter = active
         shape = _graph_shape(call)
         self.planner.observe_forward(shape, watch.seconds)
         weight_storages = {t.untyped_storage().data_ptr() for tensors in weights.values() for t in tensors.values()}
@@ -353,11 +400,14 @@ class Trainer(CheckpointRegistry):
             checkpoint.detach_revision()
 
     def _expire_graphs(self) -> None:
-        """Release every graph that can never be differentiated again: its weights and saved tensors go now."""
+        """Release every graph that can never be differentiated again: its weights and saved tensors go now.
+        A stale graph that kept a replay (importance policy) drops its saved tensors: it will be replayed."""
         current = self._current_versions()
         for graph in self.graphs.live():
             if self.staleness.expired(graph.versions, current):
                 graph.release("expired")
+            elif graph.stale_replay is not None and self.staleness.is_stale(graph.versions, current):
+                graph.replay_from_now_on()
 
     def step(self, names: Iterable[str] | None = None, *, learning_rate: float | None = None) -> dict[str, StepReport]:
         """Reduce gradients over ranks; if every selected checkpoint's norm is finite, clip and step each one's AdamW.

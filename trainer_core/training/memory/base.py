@@ -11,8 +11,14 @@ one mode and half another. The trainer gives `differentiate`:
   logprob cotangents by the importance weight, which needs the replayed outputs);
 - `keep_graph`: keep the saved tensors after this backward (retain_graph, or a
   transaction that might still be retried);
-- `rerun`: how to run the forward again, and which parameters it reads at
-  their current values on purpose (used by replay only).
+- `rerun`: how to run the forward again, which parameters it reads at
+  their current values on purpose, and the outputs it must reproduce bitwise
+  (used by replay only).
+
+A graph whose outputs the loss uses lead back to no trainable parameter is an
+error in every mode, as it is in plain PyTorch ("does not require grad"), never
+an empty gradient. Errors a state raises about itself are `BackwardStateError`s;
+the trainer names the graph.
 """
 
 from __future__ import annotations
@@ -42,6 +48,16 @@ class Rerun:
     current_parameter_ids: frozenset[int] = frozenset()
     """Parameters whose in-place changes since the forward are expected: read at their current values on
     purpose (a stale graph under the importance policy), or not read at all (an adapter the forward did not run)."""
+    expected: Mapping[str, torch.Tensor] | None = None
+    """The forward's outputs the replay must reproduce bit for bit (None: it runs at other weights on purpose)."""
+
+
+class BackwardStateError(RuntimeError):
+    """A graph's backward state cannot give its gradient; the message says why (the trainer adds which graph)."""
+
+
+class NoGradientPathError(BackwardStateError):
+    """The outputs a loss uses lead back to no trainable parameter."""
 
 
 class BackwardState(Protocol):
@@ -52,8 +68,9 @@ class BackwardState(Protocol):
         """Bytes this graph keeps resident on the device until it is released."""
 
     @property
-    def survives_failed_backward(self) -> bool:
-        """Whether a backward that ran without keep_graph leaves it differentiable (only a replay does)."""
+    def freed_by_backward(self) -> bool:
+        """Whether autograd has run through its saved tensors without keeping them: even a backward that then
+        failed may have freed some, so the graph cannot be differentiated again (never true of a replay)."""
 
     def differentiate(self, inputs: Sequence[torch.Tensor], cotangents_for: CotangentsFor, *, keep_graph: bool,
                       rerun: Rerun) -> Gradients: ...
@@ -61,9 +78,21 @@ class BackwardState(Protocol):
     def release(self) -> None: ...
 
 
-def gradients(outputs: Outputs, cotangents: Mapping[str, torch.Tensor], inputs: Sequence[torch.Tensor],
-              keep_graph: bool) -> Gradients:
+def differentiable_outputs(outputs: Outputs, cotangents: Mapping[str, torch.Tensor]) -> list[str]:
+    """The outputs with a cotangent that lead back to a parameter; raises when none does."""
     names = [name for name in cotangents if outputs[name].requires_grad]
+    if cotangents and not names:
+        raise NoGradientPathError(
+            f"the outputs the loss uses ({', '.join(cotangents)}) reach no trainable parameter: the forward read "
+            "only frozen weights, or the model turned grad off inside its forward; nothing was accumulated — "
+            "register the weights that should train, or leave these outputs out of the loss"
+        )
+    return names
+
+
+def gradients(outputs: Outputs, cotangents: Mapping[str, torch.Tensor], names: Sequence[str],
+              inputs: Sequence[torch.Tensor], keep_graph: bool) -> Gradients:
+    """Autograd from the outputs `names` (see `differentiable_outputs`) to `inputs`."""
     if not names or not inputs:
         return tuple(None for _ in inputs)
     return torch.autograd.grad([outputs[n] for n in names], list(inputs), grad_outputs=[cotangents[n] for n in names],

@@ -85,11 +85,12 @@ class OffloadHooks:
         if cached is not None and cached[0]() is tensor and cached[1] == tensor._version:
             return cached[2]
         with self.pack_timer.timing(tensor.device):
-            packed = self._move_out(tensor)
+            packed = self.move_out(tensor)
         self._packed[key] = (weakref.ref(tensor), tensor._version, packed)
         return packed
 
-    def _move_out(self, tensor: torch.Tensor):
+    def move_out(self, tensor: torch.Tensor):
+        """Copy `tensor` to the target; `unpack` brings it back (also used for a replay's input copies)."""
         self.offloaded_bytes += tensor.numel() * tensor.element_size()
         if self.target == "host":
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
@@ -158,8 +159,12 @@ class OffloadedGraph(RetainedGraph):
     def record(cls, run: Callable[[], dict[str, torch.Tensor]], target: OffloadTarget, parameter_storages: set[int],
                on_cuda: bool, *, timed: bool = False) -> tuple["OffloadedGraph", dict]:
         hooks = OffloadHooks(target, parameter_storages, timed=timed)
-        with hooks.hooks():
-            values = run()
+        try:
+            with hooks.hooks():
+                values = run()
+        except BaseException:  # what was packed before the failure goes now: no graph will ever own it
+            hooks.release()
+            raise
         # Host offload on a CPU device moves nothing out of device memory.
         resident = hooks.offloaded_bytes if target == "host" and not on_cuda else 0
         return cls(values, hooks, resident), values

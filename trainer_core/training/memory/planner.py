@@ -9,12 +9,18 @@ stale graphs hold — the planner, per forward:
 2. retains it if `resident + estimate·(1 + estimate_headroom) <= budget` (the
    headroom covers a shape between the observed ones, where the fit can be
    a fraction of a percent low);
-3. otherwise compares the measured costs of the two ways to keep nothing on
-   the device: offload = estimate × (pack + restore seconds per byte, timed on
-   the copies themselves, synchronised on CUDA), replay = one more forward
-   (seconds per padded token, timed on forwards with grad), and takes the
-   cheaper. Offload to host memory on a CPU-only machine frees nothing, so it
-   is never chosen there.
+3. otherwise compares the measured costs of the two ways to keep (almost)
+   nothing on the device: offload = estimate × (pack + restore seconds per
+   byte, timed on the copies themselves, synchronised on CUDA), replay = one
+   more forward (seconds per padded token, timed on forwards with grad), and
+   takes the cheaper.
+
+The budget bounds every mode: a replay keeps copies of the inputs, so it is
+chosen only where they fit too. Offload keeps nothing on the device — except
+host offload on a CPU-only machine, where host memory is the device memory:
+there it frees nothing and is never chosen, and where replay does not fit
+either the graph is offloaded to disk (`PlannerDecision.offload_target`).
+Only what no mode can shed (weight snapshots already held) can exceed it.
 
 With no evidence yet (the first forward of a shape signature), the default
 is to offload the graph when offloading frees device memory — it keeps
@@ -66,6 +72,8 @@ class PlannerDecision:
     """Resident bytes expected right after this forward (None without a budget)."""
     observations: tuple = ()
     """The saved-bytes observations behind the estimate, as (batch_size, seq_len, saved_bytes)."""
+    offload_target: str | None = None
+    """Where an offloaded graph's tensors go: the trainer's target, or disk where that frees nothing."""
 
 
 @dataclass
@@ -110,36 +118,51 @@ class MemoryPlanner:
         return pack + restore, self.pack_s_per_byte is not None and self.restore_s_per_byte is not None
 
     def choose(self, shape: GraphShape, resident_bytes: int, *, replay_bytes: int, offload_target: str,
-               offload_frees: bool) -> PlannerDecision:
-        """Pick the backward state of a forward of `shape`; `replay_bytes` is what a replay keeps (input copies)."""
+               offload_frees: bool, retained_inputs_bytes: int = 0) -> PlannerDecision:
+        """Pick the backward state of a forward of `shape`.
+
+        `replay_bytes`: what a replay keeps (input copies); `retained_inputs_bytes`: what a retained graph keeps
+        besides its saved tensors (input copies for a replay once stale, under the importance policy);
+        `offload_frees`: whether offloading to `offload_target` frees device memory.
+        """
         def decide(mode: BackwardMode, reason: str, graph_bytes: float | None, estimate=None, offload_s=None,
                    replay_s=None, measured=False) -> PlannerDecision:
             predicted = None if graph_bytes is None else resident_bytes + graph_bytes
             self.choices[mode] += 1
             seen = tuple(asdict(o) for o in self.saved.observations(shape)) if self.budget_bytes is not None else ()
+            target = (offload_target if offload_frees else "disk") if mode == "offload" else None
             return PlannerDecision(mode, reason, shape, resident_bytes, self.budget_bytes, estimate, offload_s,
-                                   replay_s, measured, predicted, seen)
+                                   replay_s, measured, predicted, seen, target)
 
         if self.budget_bytes is None:
             return decide("retain", "no budget", None)
+        replay_fits = resident_bytes + replay_bytes <= self.budget_bytes
+        # Disk is where an offload goes when the target frees nothing; it keeps nothing on the device.
+        to_disk = "" if offload_frees else f"; {offload_target} offload frees no device memory here: offload to disk"
         estimate = self.saved.estimate(shape)
         if estimate is None:
             if offload_frees:
                 return decide("offload", "no evidence yet: offload keeps nothing and measures the bytes", 0.0)
-            return decide("replay", "no evidence yet: replay keeps only the inputs and measures the bytes", replay_bytes)
-        if resident_bytes + estimate * (1 + self.estimate_headroom) <= self.budget_bytes:
-            return decide("retain", "fits the budget", estimate, estimate)
-        per_byte, measured = self.offload_s_per_byte(offload_target)
+            if replay_fits:
+                return decide("replay", "no evidence yet: replay keeps only the inputs and measures the bytes",
+                              replay_bytes)
+            return decide("offload", "no evidence yet: replay's input copies do not fit the budget" + to_disk, 0.0)
+        retained_bytes = estimate * (1 + self.estimate_headroom) + retained_inputs_bytes
+        if resident_bytes + retained_bytes <= self.budget_bytes:
+            return decide("retain", "fits the budget", estimate + retained_inputs_bytes, estimate)
+        per_byte, measured = self.offload_s_per_byte(offload_target if offload_frees else "disk")
         offload_s = estimate * per_byte
         replay_s = self.forward_s_per_token * shape.padded_tokens if self.forward_s_per_token else math.inf
-        if not offload_frees:
-            return decide("replay", "over the budget; offload to host frees no device memory here", replay_bytes,
-                          estimate, offload_s, replay_s, measured)
+        costs = dict(estimate=estimate, offload_s=offload_s, replay_s=replay_s, measured=measured)
+        if not offload_frees and replay_fits:
+            return decide("replay", f"over the budget; {offload_target} offload frees no device memory here",
+                          replay_bytes, **costs)
+        if not replay_fits:
+            return decide("offload", "over the budget; replay's input copies do not fit it either" + to_disk, 0.0,
+                          **costs)
         if offload_s < replay_s:
-            return decide("offload", "over the budget; offload is cheaper", 0.0, estimate, offload_s, replay_s,
-                          measured)
-        return decide("replay", "over the budget; replay is cheaper", replay_bytes, estimate, offload_s, replay_s,
-                      measured)
+            return decide("offload", "over the budget; offload is cheaper", 0.0, **costs)
+        return decide("replay", "over the budget; replay is cheaper", replay_bytes, **costs)
 
     def settle(self, decision: PlannerDecision, observed_peak_bytes: int) -> bool:
         """Compare the prediction with the observed peak; a miss is counted and reported. Returns whether it missed."""
@@ -150,7 +173,8 @@ class MemoryPlanner:
         self.history.append({"batch_size": decision.shape.batch_size, "seq_len": decision.shape.seq_len,
                              "choice": decision.mode, "reason": decision.reason, "predicted_peak_bytes": predicted,
                              "observed_peak_bytes": observed_peak_bytes, "offload_s": decision.offload_s,
-                             "replay_s": decision.replay_s, "miss": error > self.miss_threshold})
+                             "replay_s": decision.replay_s, "offload_target": decision.offload_target,
+                             "miss": error > self.miss_threshold})
         if error <= self.miss_threshold:
             return False
         self.num_misses += 1

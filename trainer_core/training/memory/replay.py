@@ -1,20 +1,34 @@
 """Replayed backward state: keep what the forward saw, and run it again in backward.
 
 What is kept: private copies of the inputs (the caller may refill its batch
-buffers after the forward), the CPU/CUDA RNG state (dropout draws the same
-masks), the autocast state, every module's train/eval flag (an RL loop may
-switch to `eval()` to sample before it backwards), the top-k ids the forward
-chose, and the version counter of every parameter — a parameter changed in
-place since the forward raises PyTorch's "modified by an inplace operation"
-error instead of being replayed at values the forward never saw. The caller's
-RNG and module flags are restored after the replay.
+buffers after the forward; an offloaded graph's copies go where its saved
+tensors went), the CPU/CUDA RNG state (dropout draws the same masks), the
+autocast state, every module's attributes and buffers as the forward started
+(`module_state.py`: the train/eval flag, a buffer dynamic RoPE recomputes, the
+active adapter), the top-k ids the forward chose, the forward's logprobs and
+top-k values (for the importance weight of a stale replay), and the version
+counter of every parameter — a parameter changed in place since the forward
+raises PyTorch's "modified by an inplace operation" error instead of being
+replayed at values the forward never saw.
+
+The replay runs with grad enabled whatever the caller's grad mode (backward
+under `torch.no_grad()` is still a backward). The caller's RNG and module
+state are restored after it. A replay at the weights the forward ran at must
+reproduce the forward's outputs bit for bit; one that does not — something it
+reads changed in a way nothing here restores — raises instead of
+differentiating another function.
+
+The same record serves a graph retained or offloaded under the importance
+policy: made before its forward (`ForwardStart`) and completed after
+(`ReplayedGraph.of`), it is what the graph becomes once it is stale.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -22,7 +36,11 @@ import torch
 from torch import nn
 
 from ..outputs import ForwardCall
-from .base import BackwardMode, CotangentsFor, Gradients, Rerun, gradients, inplace_error
+from .base import (
+    BackwardMode, BackwardStateError, CotangentsFor, Gradients, Rerun, differentiable_outputs, gradients, inplace_error,
+)
+from .module_state import ModuleState
+from .offload import OffloadHooks
 
 
 @dataclass(frozen=True)
@@ -52,49 +70,124 @@ class _RandomAndAutocast:
                 yield
 
 
-@contextlib.contextmanager
-def _training_flags(flags: Sequence[tuple[nn.Module, bool]]):
-    """Set every module's train/eval flag as recorded, and put the caller's back afterwards."""
-    current = [(module, module.training) for module, _ in flags]
-    try:
-        for module, training in flags:
-            module.training = training
-        yield
-    finally:
-        for module, training in current:
-            module.training = training
+@dataclass
+class ForwardStart:
+    """What a forward starts from besides its inputs and weights; taken right before it runs."""
+
+    rng: _RandomAndAutocast
+    modules: ModuleState
+    parameter_versions: list[tuple[weakref.ref, int]]
+
+    @classmethod
+    def capture(cls, device: torch.device, modules: Iterable[nn.Module],
+                parameters: Iterable[torch.Tensor]) -> "ForwardStart":
+        return cls(_RandomAndAutocast.capture(device), ModuleState.capture(modules),
+                   [(weakref.ref(p), p._version) for p in parameters])
+
+    @contextlib.contextmanager
+    def restored(self):
+        with self.rng.restored(), self.modules.restored():
+            yield
+
+
+_TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "targets")
+
+
+class _KeptInputs:
+    """Private copies of a call's input tensors: on the device, or moved out through offload hooks of their own."""
+
+    def __init__(self, call: ForwardCall, stash: OffloadHooks | None):
+        self._stash = stash
+        if stash is None:
+            self._call, self._packed = call.copied(), {}
+        else:
+            tensors = {name: getattr(call, name) for name in _TENSOR_FIELDS if getattr(call, name) is not None}
+            try:
+                self._packed = {name: stash.move_out(tensor.detach()) for name, tensor in tensors.items()}
+            except BaseException:
+                stash.release()
+                raise
+            self._call = dataclasses.replace(call, **{name: None for name in tensors})
+        nbytes = sum(t.numel() * t.element_size() for t in call.tensors())
+        # Host memory is device memory on a CPU-only machine.
+        moved_off = stash is not None and (stash.target == "disk" or call.input_ids.is_cuda)
+        self.saved_bytes = 0 if moved_off else nbytes
+
+    def call(self) -> ForwardCall:
+        assert self._call is not None, "replaying a released graph"
+        if not self._packed:
+            return self._call
+        return dataclasses.replace(self._call, **{name: self._stash.unpack(p) for name, p in self._packed.items()})
+
+    def release(self) -> None:
+        self._call, self._packed, self.saved_bytes = None, {}, 0
+        if self._stash is not None:
+            self._stash.release()
+
+
+class ReplayMismatchError(BackwardStateError):
+    """A replay at the forward's weights computed something else than the forward did."""
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _check_reproduced(outputs: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> None:
+    """Raise unless every expected output came out of the replay bit for bit."""
+    for name, recorded in expected.items():
+        replayed = outputs[name]
+        comparable = replayed.shape == recorded.shape and replayed.dtype == recorded.dtype
+        if comparable and torch.equal(_bits(replayed), _bits(recorded)):
+            continue
+        if not comparable:
+            detail = (f"{tuple(replayed.shape)}/{replayed.dtype} where the forward gave "
+                      f"{tuple(recorded.shape)}/{recorded.dtype}")
+        else:
+            with torch.no_grad():
+                differs = (_bits(replayed) != _bits(recorded)).view(-1, replayed.element_size()).any(-1)
+                difference = (replayed.double() - recorded.double()).abs().max()
+                detail = f"{int(differs.sum())} of {recorded.numel()} values differ, max |difference| {float(difference):.3g}"
+        raise ReplayMismatchError(
+            f"the replay did not reproduce the forward's {name} bitwise ({detail}): something the model reads changed "
+            "since the forward in a way a replay cannot restore (a buffer or an object changed in place); nothing was "
+            "accumulated — run the forward again, or record it with mode='retain' or 'offload'"
+        )
 
 
 class ReplayedGraph:
     mode: ClassVar[BackwardMode] = "replay"
-    survives_failed_backward = True
+    # Its rerun's graph is private to one backward: a failed backward leaves the record as it was.
+    freed_by_backward = False
 
-    def __init__(self, call: ForwardCall, rng: _RandomAndAutocast, flags: list[tuple[nn.Module, bool]],
-                 parameter_versions: list[tuple[weakref.ref, int]], recorded: dict[str, torch.Tensor]):
-        self._call: ForwardCall | None = call
-        self._rng = rng
-        self._flags = flags
-        self._parameter_versions = parameter_versions
+    def __init__(self, inputs: _KeptInputs, start: ForwardStart, recorded: dict[str, torch.Tensor]):
+        self._inputs: _KeptInputs | None = inputs
+        self._start = start
         self._recorded = recorded
 
     @classmethod
     def record(cls, run: Callable[[ForwardCall], dict[str, torch.Tensor]], call: ForwardCall,
                modules: Iterable[nn.Module], parameters: Iterable[torch.Tensor]) -> tuple["ReplayedGraph", dict]:
-        rng = _RandomAndAutocast.capture(call.input_ids.device)
-        flags = [(module, module.training) for module in modules]
-        versions = [(weakref.ref(p), p._version) for p in parameters]
+        start = ForwardStart.capture(call.input_ids.device, modules, parameters)
         with torch.no_grad():
             values = run(call)
+        return cls.of(call, start, values), values
+
+    @classmethod
+    def of(cls, call: ForwardCall, start: ForwardStart, values: Mapping[str, torch.Tensor],
+           stash: OffloadHooks | None = None) -> "ReplayedGraph":
+        """The replay of a forward that ran from `start` and gave `values`, in any mode; `stash` moves the input
+        copies off the device (an offloaded graph's, so that they too keep nothing resident)."""
         # What the forward produced, for the importance weight of a stale replay and
         # the top-k ids a replay gathers at (these alias the managed outputs: no copy).
         recorded = {name: values[name].detach() for name in ("logprobs", "topk", "topk_ids") if name in values}
-        return cls(call.copied(), rng, flags, versions, recorded), values
+        return cls(_KeptInputs(call, stash), start, recorded)
 
     @property
     def saved_bytes(self) -> int:
-        if self._call is None:
+        if self._inputs is None:
             return 0
-        return sum(t.numel() * t.element_size() for t in self._call.tensors())
+        return self._inputs.saved_bytes + self._start.modules.held_bytes()
 
     @property
     def recorded_outputs(self) -> dict[str, torch.Tensor]:
@@ -103,22 +196,29 @@ class ReplayedGraph:
 
     def _check_parameters_unchanged(self, read_at_current: frozenset[int]) -> None:
         """Raise PyTorch's in-place error if a parameter the replay reads changed since the forward."""
-        for reference, version in self._parameter_versions:
+        for reference, version in self._start.parameter_versions:
             param = reference()
             if param is not None and id(param) not in read_at_current and param._version != version:
                 raise inplace_error(f"{param.dtype} parameter", tuple(param.shape), version, param._version)
 
     def differentiate(self, inputs: Sequence[torch.Tensor], cotangents_for: CotangentsFor, *, keep_graph: bool,
                       rerun: Rerun) -> Gradients:
-        assert self._call is not None, "differentiating a released graph"
+        assert self._inputs is not None, "differentiating a released graph"
         self._check_parameters_unchanged(rerun.current_parameter_ids)
-        with self._rng.restored(), _training_flags(self._flags):
-            outputs = rerun.run(self._call, self._recorded.get("topk_ids"))
+        call = self._inputs.call()
+        # Grad on whatever the caller's mode: the outputs must lead back to the weights.
+        with self._start.restored(), torch.enable_grad():
+            outputs = rerun.run(call, self._recorded.get("topk_ids"))
+        if rerun.expected is not None:
+            _check_reproduced(outputs, rerun.expected)
+        cotangents = cotangents_for(outputs)
         # The replayed graph is this call's alone: nothing to keep for a later backward.
-        return gradients(outputs, cotangents_for(outputs), inputs, keep_graph=False)
+        return gradients(outputs, cotangents, differentiable_outputs(outputs, cotangents), inputs, keep_graph=False)
 
     def release(self) -> None:
-        self._call = None
+        if self._inputs is not None:
+            self._inputs.release()
+        self._inputs = None
         self._recorded = {}
-        self._flags = []
-        self._parameter_versions = []
+        self._start.modules.clear()
+        self._start.parameter_versions = []

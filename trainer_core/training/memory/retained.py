@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from .base import BackwardMode, CotangentsFor, Gradients, Outputs, Rerun, gradients
+from .base import BackwardMode, CotangentsFor, Gradients, Outputs, Rerun, differentiable_outputs, gradients
 
 
 @functools.cache
@@ -60,11 +60,11 @@ def saved_tensor_bytes(outputs: Outputs, excluded_storages: set[int]) -> int:
 
 class RetainedGraph:
     mode: ClassVar[BackwardMode] = "retain"
-    survives_failed_backward = False
 
     def __init__(self, outputs: dict[str, torch.Tensor], saved_bytes: int):
         self._outputs: dict[str, torch.Tensor] | None = outputs
         self._saved_bytes = saved_bytes
+        self.freed_by_backward = False
 
     @classmethod
     def record(cls, run: Callable[[], dict[str, torch.Tensor]], parameter_storages: set[int]) -> tuple["RetainedGraph", dict]:
@@ -82,7 +82,11 @@ class RetainedGraph:
 
     def differentiate(self, inputs: Sequence[torch.Tensor], cotangents_for: CotangentsFor, *, keep_graph: bool,
                       rerun: Rerun) -> Gradients:
-        return gradients(self.outputs, cotangents_for(self.outputs), inputs, keep_graph)
+        cotangents = cotangents_for(self.outputs)
+        names = differentiable_outputs(self.outputs, cotangents)
+        # From here autograd frees saved tensors as it goes unless kept, whether or not it gets to the end.
+        self.freed_by_backward = self.freed_by_backward or (not keep_graph and bool(names) and bool(inputs))
+        return gradients(self.outputs, cotangents, names, inputs, keep_graph)
 
     def release(self) -> None:
         self._outputs = None
