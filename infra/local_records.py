@@ -15,8 +15,9 @@ bucket/prefix, or the resolved path of a local store. Two spellings of one
 store (a symlinked path, another host name for the same endpoint) may get two
 keys, which is safe: a store without local records is read from the store
 itself. Content the work dir caches (the plan, segment states, a staged
-export) is the same whatever the store, and is verified against its manifest
-before it is used, so it is shared.
+export) is the same whatever the store (a function of the plan), so it is
+shared: a store that lacks it gets it uploaded from the cache, a store that
+has it is the reference the cache is checked against.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from .storage import Deadline, StoreLocation, run_async
 
 SHA256_METADATA_KEY = "sha256"
 ETAG_METADATA_KEY = "etag"
-"""Metadata: the ETag the store computes from the bytes rankflow verified and sent (a later rewrite changes the real one)."""
+"""Metadata: the ETag the store computes from the bytes rankflow verified and sent (a rewrite changes the real one)."""
 MULTIPART_THRESHOLD_BYTES = 64 * 2**20
 PART_SIZE_BYTES = 16 * 2**20
 _BLOCK_BYTES = 4 * 2**20
@@ -141,7 +141,8 @@ def object_problem(found: RemoteObject | None, entry: FileEntry) -> str | None:
         return None if found.sha256 == entry.sha256 else \
             f"sha256 {found.sha256} does not match the manifest's {entry.sha256}"
     if found.server_sha256 is not None and found.server_sha256 != entry.sha256:
-        return f"the store's own sha256 of its bytes, {found.server_sha256}, does not match the manifest's {entry.sha256}"
+        return (f"the store's own sha256 of its bytes, {found.server_sha256}, does not match the manifest's "
+                f"{entry.sha256}")
     if found.sha256 is not None and found.sha256 != entry.sha256:
         return f"recorded sha256 {found.sha256} does not match the manifest's"
     if found.server_sha256 is None and found.recorded_etag is not None and found.etag != found.recorded_etag:
@@ -373,8 +374,8 @@ def put_small(store: StoreLocation, path: str, data: bytes, deadline: Deadline |
         return
     bucket, key = store.bucket_and_key(path)
     checksum = base64.b64encode(bytes.fromhex(digest)).decode()
-    run_async(store, deadline, store.fs._call_s3, "put_object", Bucket=bucket, Key=key, Body=data,
-              Metadata={SHA256_METADATA_KEY: digest, ETAG_METADATA_KEY: hashlib.md5(data, usedforsecurity=False).hexdigest()},
+    metadata = {SHA256_METADATA_KEY: digest, ETAG_METADATA_KEY: hashlib.md5(data, usedforsecurity=False).hexdigest()}
+    run_async(store, deadline, store.fs._call_s3, "put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata,
               ChecksumSHA256=checksum)
 
 
