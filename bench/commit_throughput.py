@@ -18,6 +18,7 @@ import json
 import time
 
 from bench._storage import BUCKET, checkpoint_arguments, median, seaweedfs, stage_checkpoint, staged_bytes
+from infra.journal import journal_path_for
 from infra.publication import commit_checkpoint
 from infra.storage import open_store
 
@@ -41,8 +42,7 @@ def main(argv: list[str] | None = None) -> None:
                     times[side].append(time.perf_counter() - started)
                 else:
                     # A fresh journal each time: every file is uploaded, as in a first commit.
-                    for journal in staged.parent.glob("*.journal.json"):
-                        journal.unlink()
+                    journal_path_for(staged, store).unlink(missing_ok=True)
                     started = time.perf_counter()
                     outcome = commit_checkpoint(staged, store, run_id)
                     times[side].append(time.perf_counter() - started)

@@ -19,6 +19,7 @@ import json
 import time
 
 from bench._storage import BUCKET, checkpoint_arguments, median, seaweedfs, stage_checkpoint, staged_bytes
+from infra.journal import journal_path_for
 from infra.publication import commit_checkpoint
 from infra.storage import open_store
 
@@ -29,9 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     args = checkpoint_arguments(__doc__.splitlines()[0]).parse_args(argv)
     with seaweedfs() as (_, tmp):
         staged = stage_checkpoint(tmp / "staging", RUN, 100, args.shards, args.shard_mb * 10**6)
-        journal = staged.with_name(staged.name + ".journal.json")
         megabytes = staged_bytes(staged) / 1e6
         store = open_store(f"s3://{BUCKET}/runs")
+        journal = journal_path_for(staged, store)
         mirror = store.path(RUN, "publications", f"{staged.name}.json")
         times: dict[str, list[float]] = {"baseline": [], "candidate": [], "with_journal": []}
         for _ in range(args.repeats):

@@ -3,11 +3,24 @@
 A checkpoint is visible only when its MANIFEST.json exists and verifies:
 a known format (every earlier version is accepted), the run and step it is
 stored under, paths that stay inside the checkpoint, and every file present
-with its size and sha256. `quick` verification takes the digest each object
-carries (one HEAD per file on S3, no download); `full` verification hashes
-every byte. A corrupt manifest or LATEST is reported and skipped, never
-trusted and never an error for the rest of the run: `resolve_latest` falls
-back to the newest checkpoint that verifies and says why.
+with its size and sha256. Three depths (see infra/objects.py for the
+evidence each object carries):
+
+- quick (the default; `rankflow checkpoints list/verify`, LATEST): one HEAD per
+  object on S3, no download. Refused: a wrong size, a sha256 recorded at upload
+  that is not the manifest's, a sha256 the store computed from its bytes that
+  is not the manifest's, an ETag other than the one of the bytes uploaded (the
+  object was rewritten since, metadata kept or not). An object with only a
+  recorded digest and no evidence from the store is trusted. A local store
+  hashes every file.
+- confirm (`confirm=True`; the run's own "is this step committed" check, so a
+  rerun repairs what does not pass): as quick, and any object that no digest
+  of the store's own confirms is hashed (downloaded).
+- full (`full=True`): every byte hashed.
+
+A corrupt manifest or LATEST is reported and skipped, never trusted and never
+an error for the rest of the run: `resolve_latest` falls back to the newest
+checkpoint that verifies and says why.
 """
 
 from __future__ import annotations
@@ -23,7 +36,7 @@ from .downloads import fetch_verified
 from .durable import temp_name
 from .latest import latest_path, parse_latest
 from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name, parse_manifest, step_of
-from .objects import remote_objects
+from .objects import confirmed, object_problem, remote_objects
 from .storage import StoreLocation, storage_errors
 
 _BLOCK_BYTES = 4 * 2**20
@@ -100,8 +113,9 @@ def _hash_object(store: StoreLocation, path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def verify_checkpoint(store: StoreLocation, run_id: str, name: str, *, full: bool = False) -> CheckpointReport:
-    """Check one checkpoint; `full` hashes every byte, otherwise the digest each object carries is used."""
+def verify_checkpoint(store: StoreLocation, run_id: str, name: str, *, full: bool = False,
+                      confirm: bool = False) -> CheckpointReport:
+    """Check one checkpoint: quick, `confirm` (hash what the store's own digests do not confirm) or `full`."""
     step = step_of(name)
     if step is None:
         return CheckpointReport(name, -1, False, (f"{name!r} is not a checkpoint name (step-NNNNNNNN)",))
@@ -117,16 +131,14 @@ def verify_checkpoint(store: StoreLocation, run_id: str, name: str, *, full: boo
         found = remote_objects(store, base, list(manifest.files), deadline=None)
         for entry in manifest.files:
             there = found.get(entry.path)
-            if there is None:
-                problems.append(f"{entry.path}: missing")
-            elif there.size != entry.size:
-                problems.append(f"{entry.path}: size {there.size}, manifest says {entry.size}")
-            elif full:
+            problem = object_problem(there, entry)
+            # A local store hashed the file already (`there.hashed`): that is the full check.
+            if problem is None and ((full and not there.hashed) or (confirm and not confirmed(there, entry))):
                 size, digest = _hash_object(store, f"{base}/{entry.path}")
                 if (size, digest) != (entry.size, entry.sha256):
-                    problems.append(f"{entry.path}: sha256 {digest} does not match the manifest's {entry.sha256}")
-            elif there.sha256 is not None and there.sha256 != entry.sha256:
-                problems.append(f"{entry.path}: recorded sha256 {there.sha256} does not match the manifest's")
+                    problem = f"sha256 {digest} does not match the manifest's {entry.sha256}"
+            if problem is not None:
+                problems.append(f"{entry.path}: {problem}")
     return CheckpointReport(name, step, not problems, tuple(problems), manifest)
 
 

@@ -2,17 +2,24 @@
 
     PREPARING → PREPARED → COMMITTING → COMMITTED → CLEANED      or → ABORTED
 
-The journal lives beside the staged files (`export/step-N.journal.json`,
-atomic replace + fsync) and is mirrored under the run in the store
-(`RUN_ID/publications/step-N.json`), so a retry on another machine, the FIFO
-order of finalizers and `rankflow checkpoints` see it too.
+The journal is kept beside the staged files, in a directory per store
+(`export/journals/<store key>/step-N.json`, atomic replace + fsync; see
+infra/local_records.py): it records what happened in *one* store, so the same
+work dir used with another `storage.url` starts that store's publication from
+nothing instead of believing the first store's outcome. It is mirrored under
+the run in the store (`RUN_ID/publications/step-N.json`), so a retry on
+another machine, the FIFO order of finalizers and `rankflow checkpoints` see
+it too; without a local journal for the store, the mirror is read.
 
 Transitions are checked (`ALLOWED`): a publication that was aborted never
 finishes, a committed one is never aborted, nothing leaves CLEANED or
 ABORTED. A retry resumes from the recorded state: a staging that no longer
 matches its manifest sends it back to PREPARING (re-export), a failed commit
 stays COMMITTING and is resumed, a publication that has its outcome
-(COMMITTED, CLEANED) is never serialized or uploaded again.
+(COMMITTED, CLEANED) is never serialized or uploaded again — unless its
+checkpoint no longer verifies in the store, when `begin(..., outcome_lost=…)`
+starts a new publication of the step that replaces it (the outcome recorded
+is no longer true, so it is not kept as if it were).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from enum import Enum
 from pathlib import Path
 
 from .durable import write_durable
+from .local_records import note_store, records_dir
 from .manifests import PUBLICATIONS_DIR, checkpoint_name
 from .storage import StoreLocation, storage_errors, write_small_atomic
 
@@ -109,8 +117,13 @@ class JournalRecord:
         return cls(**raw)
 
 
-def journal_path_for(staged_dir: Path) -> Path:
-    return staged_dir.with_name(f"{staged_dir.name}.journal.json")
+JOURNALS_DIR = "journals"
+"""Beside the stagings: one directory of journals per store."""
+
+
+def journal_path_for(staged_dir: Path, store: StoreLocation) -> Path:
+    """The local journal of the publication staged at `staged_dir`, in `store`."""
+    return records_dir(staged_dir.parent / JOURNALS_DIR, store) / f"{staged_dir.name}.json"
 
 
 def mirror_path_for(store: StoreLocation, run_id: str, step: int) -> str:
@@ -118,7 +131,9 @@ def mirror_path_for(store: StoreLocation, run_id: str, step: int) -> str:
 
 
 class Journal:
-    """One publication's journal: a durable local file, mirrored in the store."""
+    """One publication's journal: a durable local file, mirrored in the store.
+
+    `store` None: a local file only (tests of the state machine without a store)."""
 
     def __init__(self, path: Path, store: StoreLocation | None, run_id: str, step: int):
         self.path, self.store, self.run_id, self.step = path, store, run_id, step
@@ -129,8 +144,8 @@ class Journal:
         """Whether the record came from the store's mirror (no local journal: another machine's)."""
 
     @classmethod
-    def for_staging(cls, staged_dir: Path, store: StoreLocation | None, run_id: str, step: int) -> "Journal":
-        return cls(journal_path_for(staged_dir), store, run_id, step).load()
+    def for_staging(cls, staged_dir: Path, store: StoreLocation, run_id: str, step: int) -> "Journal":
+        return cls(journal_path_for(staged_dir, store), store, run_id, step).load()
 
     @property
     def mirror_path(self) -> str | None:
@@ -176,18 +191,24 @@ class Journal:
 
     # -- transitions -------------------------------------------------------
 
-    def begin(self, fingerprint: str | None = None, note: str = "export started") -> None:
-        """Start (or restart) preparing: a new publication after an abort, or after a finished one of other bytes.
+    def begin(self, fingerprint: str | None = None, note: str = "export started", *,
+              outcome_lost: str | None = None) -> None:
+        """Start (or restart) preparing: a new publication after an abort, after a finished one of other bytes,
+        or after a finished one whose checkpoint no longer verifies in the store (`outcome_lost`: why).
 
         A publication with its outcome and the same `fingerprint` is not
-        prepared again (TransitionError): check `has_outcome` first.
+        prepared again (TransitionError) unless its outcome is lost: check
+        `has_outcome` first.
         """
         current = self.state
-        if current is None or current is S.ABORTED or (current in HAS_OUTCOME and self.record.fingerprint != fingerprint):
+        replaced = current in HAS_OUTCOME and (self.record.fingerprint != fingerprint or outcome_lost is not None)
+        if current is None or current is S.ABORTED or replaced:
             previous = self.record.publication_id if self.record else None
+            why = f", whose checkpoint {outcome_lost}" if outcome_lost and current in HAS_OUTCOME else ""
             self.record = JournalRecord(run_id=self.run_id, step=self.step, publication_id=secrets.token_hex(8),
                                         state=S.PREPARING, fingerprint=fingerprint)
-            self._append(S.PREPARING, f"{note} (new publication{'; replaces ' + previous if previous else ''})")
+            self.from_mirror = False
+            self._append(S.PREPARING, f"{note} (new publication{'; replaces ' + previous + why if previous else ''})")
             self._persist(mirror_required=False)
             return
         self.transition(S.PREPARING, note=note, fingerprint=fingerprint)
@@ -216,7 +237,7 @@ class Journal:
         assert self.record is not None and self.record.state is S.COMMITTING
         self.record.uploaded[path] = {"size": size, "sha256": sha256}
         self.record.updated_at = time.time()
-        write_durable(self.path, self.record.to_bytes())
+        self._write_local(self.record.to_bytes())
 
     def _append(self, state: PublicationState, note: str) -> None:
         now = time.time()
@@ -224,9 +245,14 @@ class Journal:
         self.record.history.append({"state": state.value, "time": now, "host": socket.gethostname(),
                                     "pid": os.getpid(), "note": note})
 
+    def _write_local(self, data: bytes) -> None:
+        write_durable(self.path, data)
+        if self.store is not None:
+            note_store(self.path.parent, self.store)
+
     def _persist(self, *, mirror_required: bool, mirror: bool = True) -> None:
         data = self.record.to_bytes()
-        write_durable(self.path, data)
+        self._write_local(data)
         if self.store is None or not mirror:
             return
         try:

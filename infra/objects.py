@@ -1,18 +1,32 @@
 """The object operations a publication needs: digests without downloads, verified concurrent uploads.
 
-- `remote_objects` finds which of a checkpoint's objects are already in the
-  store with the right size *and* sha256. On S3 the digest travels with the
-  object (`x-amz-meta-sha256`, written at upload), so one HEAD per object
-  answers it: a recommit never downloads an object to check it. On a local
-  store the file is hashed where it lies.
+- `remote_objects` says what the store holds for each of a checkpoint's
+  objects: its size, the sha256 rankflow recorded with it at upload
+  (`x-amz-meta-sha256`), and what the store itself computed from the bytes it
+  holds: the sha256 checksum S3 keeps for a single-part object sent with
+  `x-amz-checksum-sha256` (HEAD with checksum mode), and the ETag, compared
+  with the ETag rankflow computed from the verified bytes it sent
+  (`x-amz-meta-etag`: the MD5, or for a multipart upload the MD5 of the
+  parts' MD5s). One HEAD per object, no download. On a local store the file
+  is hashed where it lies.
+- What that evidence proves (`object_problem`, `confirmed`): a recorded
+  digest is only what was true at upload; bytes rewritten later keep their
+  metadata. Only a digest the store computed from the bytes it holds (or a
+  local hash) *confirms* an object; a recorded digest that disagrees, or an
+  ETag other than the one recorded, *refutes* it. Uploads skip only what is
+  confirmed (`matches`); readers' quick checks refuse what is refuted; the
+  run's own "is it committed" check hashes what is not confirmed
+  (infra/checkpoints.py).
 - `upload_files` uploads many files at once (a thread pool locally, one
   asyncio batch on s3fs's loop, multipart for large files). A staged file
   whose bytes no longer match its manifest raises StagedFileChanged instead
   of being published. Each single-request upload carries the manifest's
   sha256 as `x-amz-checksum-sha256`: a server that verifies it (probed once
   per endpoint; SeaweedFS and AWS do) refuses other bytes, so the client need
-  not hash them again; otherwise, and for multipart uploads, the client
-  hashes the bytes as it reads them.
+  not hash them again; otherwise the client hashes them. A multipart upload
+  hashes the file first (sha256 against the manifest, MD5 per part) and sends
+  each part with its `Content-MD5`, so the server refuses a part whose bytes
+  changed since.
 """
 
 from __future__ import annotations
@@ -29,11 +43,13 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from .durable import temp_name
+from .durable import TEMP_MARKER, temp_name
 from .manifests import FileEntry
 from .storage import Deadline, StoreLocation, run_async
 
 SHA256_METADATA_KEY = "sha256"
+ETAG_METADATA_KEY = "etag"
+"""Metadata: the ETag the store computes from the bytes rankflow verified and sent (a rewrite changes the real one)."""
 MULTIPART_THRESHOLD_BYTES = 64 * 2**20
 PART_SIZE_BYTES = 16 * 2**20
 _BLOCK_BYTES = 4 * 2**20
@@ -47,7 +63,15 @@ class StagedFileChanged(ValueError):
 class RemoteObject:
     size: int
     sha256: str | None
-    """The digest recorded with the object (None: uploaded without one, so unknown)."""
+    """The digest recorded with the object at upload (None: uploaded without one); on a local store, its bytes' own."""
+    hashed: bool = False
+    """`sha256` was computed here from the bytes the store holds (a local store), not read from a record."""
+    server_sha256: str | None = None
+    """The sha256 the store computed from the bytes it holds (S3's full-object ChecksumSHA256), hex."""
+    etag: str | None = None
+    """The store's ETag of the bytes it holds."""
+    recorded_etag: str | None = None
+    """The ETag rankflow computed from the bytes it verified and uploaded (metadata)."""
 
 
 def _changed(local: Path, entry: FileEntry, digest: str, size: int) -> StagedFileChanged:
@@ -69,7 +93,8 @@ def remote_objects(store: StoreLocation, base: str, entries: list[FileEntry], de
             if path.is_file():
                 size = path.stat().st_size
                 # Only hash what could match; a wrong size is a mismatch already.
-                found[entry.path] = RemoteObject(size, _sha256_file(path) if size == entry.size else None)
+                found[entry.path] = RemoteObject(size, _sha256_file(path) if size == entry.size else None,
+                                                 hashed=size == entry.size)
         return found
 
     async def head_all() -> dict[str, RemoteObject]:
@@ -79,11 +104,11 @@ def remote_objects(store: StoreLocation, base: str, entries: list[FileEntry], de
             bucket, key = store.bucket_and_key(f"{base}/{entry.path}")
             async with limit:
                 try:
-                    response = await store.fs._call_s3("head_object", Bucket=bucket, Key=key)
+                    # Checksum mode: S3 returns the checksum it stored for the object's bytes.
+                    response = await store.fs._call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
                 except FileNotFoundError:
                     return entry.path, None
-            metadata = {k.lower(): v for k, v in (response.get("Metadata") or {}).items()}
-            return entry.path, RemoteObject(int(response["ContentLength"]), metadata.get(SHA256_METADATA_KEY))
+            return entry.path, _remote_object(response)
 
         pairs = await asyncio.gather(*(head(entry) for entry in entries))
         return {path: found for path, found in pairs if found is not None}
@@ -91,8 +116,53 @@ def remote_objects(store: StoreLocation, base: str, entries: list[FileEntry], de
     return run_async(store, deadline, head_all)
 
 
+def _remote_object(response: dict) -> RemoteObject:
+    metadata = {k.lower(): v for k, v in (response.get("Metadata") or {}).items()}
+    checksum = response.get("ChecksumSHA256")
+    server_sha256 = None
+    # A multipart object's checksum is of its parts' checksums ("…-N", type COMPOSITE): not the file's sha256.
+    if checksum and "-" not in checksum and response.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT":
+        try:
+            server_sha256 = base64.b64decode(checksum, validate=True).hex()
+        except ValueError:
+            server_sha256 = None
+    etag = (response.get("ETag") or "").strip('"') or None
+    return RemoteObject(int(response["ContentLength"]), metadata.get(SHA256_METADATA_KEY), server_sha256=server_sha256,
+                        etag=etag, recorded_etag=metadata.get(ETAG_METADATA_KEY))
+
+
+def object_problem(found: RemoteObject | None, entry: FileEntry) -> str | None:
+    """Why the stored object is not `entry`'s bytes, by what the store says of it; None when nothing refutes it."""
+    if found is None:
+        return "missing"
+    if found.size != entry.size:
+        return f"size {found.size}, manifest says {entry.size}"
+    if found.hashed:
+        return None if found.sha256 == entry.sha256 else \
+            f"sha256 {found.sha256} does not match the manifest's {entry.sha256}"
+    if found.server_sha256 is not None and found.server_sha256 != entry.sha256:
+        return (f"the store's own sha256 of its bytes, {found.server_sha256}, does not match the manifest's "
+                f"{entry.sha256}")
+    if found.sha256 is not None and found.sha256 != entry.sha256:
+        return f"recorded sha256 {found.sha256} does not match the manifest's"
+    if found.server_sha256 is None and found.recorded_etag is not None and found.etag != found.recorded_etag:
+        return (f"its ETag {found.etag} is not {found.recorded_etag}, the ETag of the bytes uploaded: the object was "
+                "rewritten since (a store whose ETag is not the MD5, SSE-KMS, needs `verify --full`)")
+    return None
+
+
+def confirmed(found: RemoteObject | None, entry: FileEntry) -> bool:
+    """Whether a digest of the bytes the store holds (not one recorded at upload) says they are `entry`'s."""
+    if object_problem(found, entry) is not None:
+        return False
+    if found.hashed or found.server_sha256 is not None:
+        return True
+    return found.sha256 == entry.sha256 and found.recorded_etag is not None and found.etag == found.recorded_etag
+
+
 def matches(found: RemoteObject | None, entry: FileEntry) -> bool:
-    return found is not None and found.size == entry.size and found.sha256 == entry.sha256
+    """Whether an upload may skip `entry`: the object there is confirmed to hold its bytes."""
+    return confirmed(found, entry)
 
 
 # -- uploads -----------------------------------------------------------------
@@ -105,7 +175,8 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _read_verified(local: Path, entry: FileEntry, hash_locally: bool) -> bytes:
+def _read_verified(local: Path, entry: FileEntry, hash_locally: bool) -> tuple[bytes, str]:
+    """The file's bytes (checked against the manifest when `hash_locally`) and their MD5, the ETag S3 will give them."""
     data = local.read_bytes()
     if len(data) != entry.size:
         raise _changed(local, entry, "(not hashed)", len(data))
@@ -113,7 +184,25 @@ def _read_verified(local: Path, entry: FileEntry, hash_locally: bool) -> bytes:
         digest = hashlib.sha256(data).hexdigest()
         if digest != entry.sha256:
             raise _changed(local, entry, digest, len(data))
-    return data
+    return data, hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def _part_digests(local: Path, entry: FileEntry) -> list[bytes]:
+    """The MD5 of each part of a multipart upload, after checking the whole file's sha256 against the manifest."""
+    digest, size, part_md5s = hashlib.sha256(), 0, []
+    with local.open("rb") as handle:
+        while chunk := handle.read(PART_SIZE_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+            part_md5s.append(hashlib.md5(chunk, usedforsecurity=False).digest())
+    if size != entry.size or digest.hexdigest() != entry.sha256:
+        raise _changed(local, entry, digest.hexdigest(), size)
+    return part_md5s
+
+
+def multipart_etag(part_md5s: list[bytes]) -> str:
+    """The ETag S3 gives a multipart object: the MD5 of its parts' MD5s, a dash, the number of parts."""
+    return f"{hashlib.md5(b''.join(part_md5s), usedforsecurity=False).hexdigest()}-{len(part_md5s)}"
 
 
 _CHECKSUM_MISMATCH_CODES = ("BadDigest", "XAmzContentChecksumMismatch", "InvalidDigest")
@@ -204,11 +293,11 @@ async def _upload_s3(store: StoreLocation, staged_dir: Path, base: str, entries:
     async def upload(entry: FileEntry) -> None:
         local = staged_dir / entry.path
         bucket, key = store.bucket_and_key(f"{base}/{entry.path}")
-        metadata = {SHA256_METADATA_KEY: entry.sha256}
         async with limit:
             if entry.size < MULTIPART_THRESHOLD_BYTES:
-                data = await asyncio.to_thread(_read_verified, local, entry, hash_locally)
+                data, md5 = await asyncio.to_thread(_read_verified, local, entry, hash_locally)
                 checksum = base64.b64encode(bytes.fromhex(entry.sha256)).decode()
+                metadata = {SHA256_METADATA_KEY: entry.sha256, ETAG_METADATA_KEY: md5}
                 try:
                     await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata,
                                       ChecksumSHA256=checksum)
@@ -217,45 +306,60 @@ async def _upload_s3(store: StoreLocation, staged_dir: Path, base: str, entries:
                         raise _changed(local, entry, "(refused by the server's sha256 check)", len(data)) from error
                     raise
             else:
-                await _multipart(fs, bucket, key, local, entry, metadata)
+                await _multipart(fs, bucket, key, local, entry)
         async with record_lock:  # the journal is written by one upload at a time
             await asyncio.to_thread(on_uploaded, entry)
 
     await asyncio.gather(*(upload(entry) for entry in sorted(entries, key=lambda e: -e.size)))
 
 
-async def _multipart(fs, bucket: str, key: str, local: Path, entry: FileEntry, metadata: dict) -> None:
-    """Upload a large file in parts, hashing as it reads; abort the upload if the bytes do not match."""
+async def _multipart(fs, bucket: str, key: str, local: Path, entry: FileEntry) -> None:
+    """Upload a large file in parts: hashed first, each part sent with its Content-MD5; aborted on any failure.
+
+    Hashing before the upload lets the object carry the ETag its verified
+    bytes give (metadata is fixed when the upload starts), and the server
+    checks each part's MD5, so bytes that changed between the hash and the
+    send are refused rather than published.
+    """
+    part_md5s = await asyncio.to_thread(_part_digests, local, entry)
+    metadata = {SHA256_METADATA_KEY: entry.sha256, ETAG_METADATA_KEY: multipart_etag(part_md5s)}
     started = await fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key, Metadata=metadata)
     upload_id = started["UploadId"]
-    digest, size, parts, pending = hashlib.sha256(), 0, [], []
+    parts, pending = [], []
     try:
         with local.open("rb") as handle:
-            part_number = 0
-            while chunk := await asyncio.to_thread(handle.read, PART_SIZE_BYTES):
-                part_number += 1
-                await asyncio.to_thread(digest.update, chunk)
-                size += len(chunk)
+            for part_number, part_md5 in enumerate(part_md5s, 1):
+                chunk = await asyncio.to_thread(handle.read, PART_SIZE_BYTES)
                 pending.append(asyncio.ensure_future(fs._call_s3(
-                    "upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=part_number, Body=chunk)))
+                    "upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=part_number, Body=chunk,
+                    ContentMD5=base64.b64encode(part_md5).decode())))
                 if len(pending) >= 4:  # at most four parts of one file in flight
                     await asyncio.gather(*pending)
                     parts.extend(pending)
                     pending = []
             await asyncio.gather(*pending)
             parts.extend(pending)
-        if size != entry.size or digest.hexdigest() != entry.sha256:
-            raise _changed(local, entry, digest.hexdigest(), size)
+            if handle.read(1):
+                raise _changed(local, entry, "(grew while it was uploaded)", entry.size + 1)
         await fs._call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={
             "Parts": [{"PartNumber": i, "ETag": part.result()["ETag"]} for i, part in enumerate(parts, 1)]})
-    except BaseException:
-        for part in pending:
-            part.cancel()
-        try:
-            await fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
-        except Exception:  # noqa: BLE001 - the store may be gone; cleanup aborts it later
-            pass
+    except OSError as error:
+        await _abort(fs, bucket, key, upload_id, pending)
+        if _checksum_mismatch(error):  # a part's bytes are not the ones hashed: the file changed meanwhile
+            raise _changed(local, entry, "(a part refused by the server's MD5 check)", entry.size) from error
         raise
+    except BaseException:
+        await _abort(fs, bucket, key, upload_id, pending)
+        raise
+
+
+async def _abort(fs, bucket: str, key: str, upload_id: str, pending: list) -> None:
+    for part in pending:
+        part.cancel()
+    try:
+        await fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+    except Exception:  # noqa: BLE001 - the store may be gone; cleanup aborts it later
+        pass
 
 
 # -- small objects, removal, dangling uploads ---------------------------------------
@@ -270,8 +374,9 @@ def put_small(store: StoreLocation, path: str, data: bytes, deadline: Deadline |
         return
     bucket, key = store.bucket_and_key(path)
     checksum = base64.b64encode(bytes.fromhex(digest)).decode()
-    run_async(store, deadline, store.fs._call_s3, "put_object", Bucket=bucket, Key=key, Body=data,
-              Metadata={SHA256_METADATA_KEY: digest}, ChecksumSHA256=checksum)
+    metadata = {SHA256_METADATA_KEY: digest, ETAG_METADATA_KEY: hashlib.md5(data, usedforsecurity=False).hexdigest()}
+    run_async(store, deadline, store.fs._call_s3, "put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata,
+              ChecksumSHA256=checksum)
 
 
 def list_files(store: StoreLocation, base: str) -> dict[str, int]:
@@ -294,6 +399,34 @@ def remove_files(store: StoreLocation, base: str, relative_paths: list[str]) -> 
             Path(path).unlink(missing_ok=True)
         return
     store.fs.rm(paths)
+
+
+def remove_left_temporaries(store: StoreLocation, prefix: str, *, skip: tuple[str, ...] = ()) -> list[str]:
+    """Remove the temporary files interrupted local writes left under `prefix/`; the paths removed.
+
+    Local stores only (an S3 PUT leaves nothing partial; its unfinished
+    multipart uploads are aborted by `abort_dangling_uploads`). The caller
+    holds the lease that serialises the writers of `prefix`, so a temporary
+    there is a dead (or fenced-off) writer's — except this process's own and
+    those under the folders in `skip` (written by processes that hold no such
+    lease, such as lease records).
+    """
+    if not store.is_local:
+        return []
+    own = f"{TEMP_MARKER}{os.getpid()}-"
+    root = Path(store.root).resolve()
+    removed = []
+    for path in sorted(list_files(store, prefix)):
+        name = path.rsplit("/", 1)[-1]
+        if TEMP_MARKER not in name or own in name or path.startswith(tuple(f"{folder}/" for folder in skip)):
+            continue
+        target = Path(prefix, path)
+        # Never through a link: a linked folder inside the store could point anywhere.
+        if target.parent.resolve() != root / target.parent.relative_to(store.root):
+            continue
+        target.unlink(missing_ok=True)
+        removed.append(f"{prefix.rstrip('/')}/{path}")
+    return removed
 
 
 def remove_tree(store: StoreLocation, base: str) -> None:

@@ -9,12 +9,16 @@ writes the manifest last (its presence makes the checkpoint visible), moves
 LATEST forward with compare-and-swap, and removes objects of the step that
 the new manifest does not list (an earlier layout's shards). Every step is
 recorded in the publication's journal (infra/journal.py), so a retry resumes
-where the last try stopped; one that already has its outcome returns at once.
+where the last try stopped; one that already has its outcome returns at once
+if its checkpoint still verifies in the store (confirm depth, infra/checkpoints.py),
+and raises CheckpointDoesNotVerify if it does not: the step is exported and
+committed again (tasks/publish.py), never reported committed while damaged.
 
 `cleanup_staging` removes the local staging of a committed (or aborted)
 publication and, holding the lease, aborts this checkpoint's dangling
-multipart uploads; a cleanup failure leaves the checkpoint committed and is
-retried alone. `abort_publication` ends a publication that will not be
+multipart uploads and removes the temporary files interrupted writes of the
+run left in a local store (a killed commit or upload); a cleanup failure
+leaves the checkpoint committed and is retried alone. `abort_publication` ends a publication that will not be
 committed (refused once it is).
 """
 
@@ -27,23 +31,40 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .checkpoints import verify_checkpoint
 from .finalizer import FinalizerSettings, finalizer
 from .journal import HAS_OUTCOME, Journal, PublicationState, TransitionError, journal_path_for
+from .lease import LEASES_DIR
 from .latest import advance_latest, read_latest
 from .manifests import (CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name,
                         parse_manifest)
 from .objects import (StagedFileChanged, abort_dangling_uploads, list_files, matches, put_small, remote_objects,
-                      remove_files, upload_files)
+                      remove_files, remove_left_temporaries, upload_files)
 from .storage import Deadline, StoreLocation, storage_errors
 
 __all__ = [
-    "CommitOutcome", "CleanupOutcome", "LATEST_FILE", "MANIFEST_FILE", "PublishSettings", "StagedFileChanged",
-    "abort_publication", "checkpoint_name", "cleanup_staging", "commit_checkpoint", "read_latest",
-    "read_staged_manifest",
+    "CheckpointDoesNotVerify", "CommitOutcome", "CleanupOutcome", "EXPORT_AGAIN", "LATEST_FILE", "MANIFEST_FILE",
+    "PublishSettings", "StagedFileChanged", "StagingMissing", "abort_publication", "checkpoint_name",
+    "cleanup_staging", "commit_checkpoint", "read_latest", "read_staged_manifest",
 ]
 
 Observer = Callable[[str], None]
 S = PublicationState
+
+
+class StagingMissing(FileNotFoundError):
+    """The staging has no manifest (deleted, or its export never finished): export the step again."""
+
+
+class CheckpointDoesNotVerify(OSError):
+    """A publication recorded as committed whose checkpoint no longer verifies in the store: export it again.
+
+    An OSError: the store does not hold what was written to it (bytes changed
+    under it, objects deleted) — a fault of the store, not of the input."""
+
+
+EXPORT_AGAIN = (StagedFileChanged, StagingMissing, CheckpointDoesNotVerify)
+"""The commit errors that a new export of the step (from its stored state), then a commit, resolve."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +106,8 @@ class CleanupOutcome:
     removed_bytes: int = 0
     aborted_uploads: int = 0
     stale_objects_removed: int = 0
+    temporaries_removed: int = 0
+    """Temporary files that interrupted writes of the run had left in a local store."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -108,7 +131,8 @@ def read_staged_manifest(staged_dir: Path, run_id: str | None = None) -> tuple[M
     """The staged manifest, checked: safe paths, and every file a regular file inside the staging with its size."""
     path = staged_dir / MANIFEST_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{staged_dir} has no {MANIFEST_FILE}; the export did not finish — rerun the export stage")
+        raise StagingMissing(f"{staged_dir} has no {MANIFEST_FILE} (its export did not finish, or the staging was "
+                             "deleted); the step is exported again")
     data = path.read_bytes()
     manifest = parse_manifest(data, str(path), run_id=run_id)
     root = staged_dir.resolve()
@@ -123,7 +147,7 @@ def read_staged_manifest(staged_dir: Path, run_id: str | None = None) -> tuple[M
 
 
 def _step_of_staging(staged_dir: Path, run_id: str, store: StoreLocation) -> int:
-    journal_file = journal_path_for(staged_dir)
+    journal_file = journal_path_for(staged_dir, store)
     if journal_file.is_file():
         probe = Journal(journal_file, None, run_id, 0).load()
         if probe.record is not None:
@@ -156,11 +180,12 @@ def commit_checkpoint(staged_dir: Path, store: StoreLocation, run_id: str, *,
 
 def _already_committed(journal: Journal, store: StoreLocation, run_id: str, started: float) -> CommitOutcome:
     step = journal.step
-    base = remote_dir(store, run_id, step)
-    if not store.fs.exists(f"{base}/{MANIFEST_FILE}"):
-        raise FileNotFoundError(
-            f"publication {journal.name} is {journal.state.value} but {base}/{MANIFEST_FILE} is gone from the store; "
-            "nothing was re-uploaded — run `rankflow checkpoints verify` and export the step again if it is needed"
+    report = verify_checkpoint(store, run_id, checkpoint_name(step), confirm=True)
+    if not report.verified:
+        raise CheckpointDoesNotVerify(
+            f"publication {journal.name} is {journal.state.value}, but its checkpoint at "
+            f"{store.url_of(run_id, CHECKPOINTS_DIR, checkpoint_name(step))} does not verify "
+            f"({'; '.join(report.problems)}); the step is exported again from its stored state and committed"
         )
     latest = read_latest(store, run_id)
     return CommitOutcome(
@@ -299,7 +324,7 @@ def cleanup_staging(staged_dir: Path, store: StoreLocation, run_id: str, *,
 
 def _cleanup(staged_dir: Path, store: StoreLocation, run_id: str, settings: PublishSettings,
              observer: Observer | None) -> CleanupOutcome:
-    if not journal_path_for(staged_dir).is_file() and not (staged_dir / MANIFEST_FILE).is_file():
+    if not journal_path_for(staged_dir, store).is_file() and not (staged_dir / MANIFEST_FILE).is_file():
         return CleanupOutcome(step=None, state="nothing staged")
     journal = open_journal(staged_dir, store, run_id)
     state = journal.state
@@ -322,6 +347,9 @@ def _cleanup(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publ
         # Only this checkpoint's prefix, with its trailing '/': other steps'
         # in-flight uploads (and `step-…X` siblings) are never touched.
         aborted = abort_dangling_uploads(store, base)
+        # The local-store counterpart: what a killed write of this run left (a commit's, a state upload's, LATEST's).
+        # Not under leases/, which processes waiting for a lease write without holding this one.
+        temporaries = remove_left_temporaries(store, store.path(run_id), skip=(LEASES_DIR,))
         deadline.remaining()
         published = _read_bytes(store, f"{base}/{MANIFEST_FILE}")
         stale: list[str] = []
@@ -330,17 +358,18 @@ def _cleanup(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publ
             stale = sorted(set(list_files(store, base)) - {e.path for e in manifest.files} - {MANIFEST_FILE})
             remove_files(store, base, stale)
         _notify(observer, "store-cleaned")
-        journal.transition(S.CLEANED, note=f"removed {removed} staged bytes, aborted {aborted} uploads")
+        journal.transition(S.CLEANED, note=f"removed {removed} staged bytes, aborted {aborted} uploads, "
+                                            f"removed {len(temporaries)} temporaries")
     return CleanupOutcome(step=journal.step, state=S.CLEANED.value, removed_bytes=removed, aborted_uploads=aborted,
-                          stale_objects_removed=len(stale))
+                          stale_objects_removed=len(stale), temporaries_removed=len(temporaries))
 
 
 # -- abort --------------------------------------------------------------------
 
-def abort_publication(staged_dir: Path, store: StoreLocation | None, run_id: str, step: int, reason: str) -> Journal:
+def abort_publication(staged_dir: Path, store: StoreLocation, run_id: str, step: int, reason: str) -> Journal:
     """End a publication that will not be committed; removes its temporary files (not a verified staging)."""
     journal = Journal.for_staging(staged_dir, store, run_id, step)
-    if journal.state is S.COMMITTING and store is not None:
+    if journal.state is S.COMMITTING:
         published = _read_bytes(store, f"{remote_dir(store, run_id, step)}/{MANIFEST_FILE}")
         if published is not None and published == (staged_dir / MANIFEST_FILE).read_bytes():
             raise TransitionError(f"publication {journal.name} is already visible in the store (its manifest is "

@@ -1,8 +1,13 @@
 """Whether a step's checkpoint is already committed, so a scheduled tick of a finished run launches nothing.
 
-The one place that answers it, with the publication's verifying reader: a
-checkpoint counts only when its manifest parses, stays inside its checkpoint
-and every file it lists is in the store with its size and sha256.
+The one place that answers it, with the publication's verifying reader at
+its confirm depth (infra/checkpoints.py): a checkpoint counts only when its
+manifest parses, stays inside its checkpoint and every file it lists is in
+the store with its size and sha256 — confirmed by a digest the store
+computed from the bytes it holds (one HEAD per file on S3), or else by
+hashing the file. A sha256 recorded at upload is not enough: bytes changed
+under it keep it. A step whose checkpoint does not pass is published again
+(export → commit), which repairs it from the stored state.
 """
 
 from __future__ import annotations
@@ -24,17 +29,19 @@ from .outcomes import PlannedRun
 
 
 def committed_checkpoint_url(store: StoreLocation, run_id: str, step: int) -> str | None:
-    """The checkpoint of `step` when it is committed and verifies (one HEAD per file on S3, no download)."""
+    """The checkpoint of `step` when it is committed and its bytes are confirmed (see the module docstring)."""
     name = checkpoint_name(step)
-    return store.url_of(run_id, "checkpoints", name) if verify_checkpoint(store, run_id, name).verified else None
+    verified = verify_checkpoint(store, run_id, name, confirm=True).verified
+    return store.url_of(run_id, "checkpoints", name) if verified else None
 
 
-def _cleanup_pending(planned: PlannedRun, segment_index: int) -> bool:
-    """Whether this machine's journal of the step says COMMITTED: its cleanup failed and must run again."""
+def _cleanup_pending(planned: PlannedRun, store: StoreLocation, segment_index: int) -> bool:
+    """Whether this machine's journal of the step in this store says COMMITTED: its cleanup must run again."""
     from .export import staged_dir_for  # the export stage owns where a step is staged
 
     step = planned.segment_steps[segment_index][1]
-    journal = Journal(journal_path_for(staged_dir_for(planned, segment_index)), None, planned.run_id, step).load()
+    path = journal_path_for(staged_dir_for(planned, segment_index), store)
+    journal = Journal(path, None, planned.run_id, step).load()  # this machine's record only, not the mirror
     return journal.state == PublicationState.COMMITTED
 
 
@@ -46,8 +53,9 @@ def already_committed_fn(planned: PlannedRun, segment_index: int) -> CommitOutco
     nothing uploaded) and the cleanup finishes.
     """
     step = planned.segment_steps[segment_index][1]
-    url = committed_checkpoint_url(store_for(planned), planned.run_id, step)
-    if url is None or _cleanup_pending(planned, segment_index):
+    store = store_for(planned)
+    url = committed_checkpoint_url(store, planned.run_id, step)
+    if url is None or _cleanup_pending(planned, store, segment_index):
         return None
     ledger.record(Path(planned.run_dir), "export", "skipped", step=step, segment=segment_index, checkpoint_url=url,
                   reason="already committed")

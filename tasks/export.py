@@ -4,7 +4,14 @@ It drives the first half of the publication's journal (infra/journal.py):
 PREPARING before the launch, PREPARED once the staged manifest is there, and
 ABORTED (temporaries removed) when any rank fails. A publication that already
 has its outcome (committed earlier: a re-run, a retried flow) is not exported
-again.
+again while its checkpoint verifies in the store (the confirm check of
+infra/checkpoints.py); one whose checkpoint does not (bytes changed, objects
+gone) is a lost outcome: a new publication of the step is exported from the
+segment's stored state, and the commit repairs the store.
+
+The journal is the one of this store (infra/local_records.py): the same work
+dir used with another `storage.url` exports and commits the step for that
+store, never trusting the first store's outcome.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
+from infra.checkpoints import verify_checkpoint
 from infra.journal import Journal, PublicationState
 from infra.publication import abort_publication, checkpoint_name
 from infra.run_lease import RunLeaseLost
@@ -53,15 +61,20 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     store = store_for(planned)
     journal = Journal.for_staging(out_dir, store, planned.run_id, step)
     fingerprint = export_fingerprint(planned, step)
+    lost = None
     if journal.has_outcome and journal.record.fingerprint in (fingerprint, None):
-        # Committed already (a re-run, a retried flow): never serialize it again.
-        outcome = ExportOutcome(segment=segment_index, step=step, staged_dir=str(out_dir), reused=True,
-                                num_files=journal.record.num_files + 1, num_bytes=journal.record.num_bytes,
-                                launch_wall_s=0.0)
-        ledger.record(run_dir, "export", "reused", publication=journal.state.value, **outcome.model_dump())
-        return outcome
+        report = verify_checkpoint(store, planned.run_id, checkpoint_name(step), confirm=True)
+        if report.verified:
+            # Committed already (a re-run, a retried flow): never serialize it again.
+            outcome = ExportOutcome(segment=segment_index, step=step, staged_dir=str(out_dir), reused=True,
+                                    num_files=journal.record.num_files + 1, num_bytes=journal.record.num_bytes,
+                                    launch_wall_s=0.0)
+            ledger.record(run_dir, "export", "reused", publication=journal.state.value, **outcome.model_dump())
+            return outcome
+        lost = f"does not verify in the store ({'; '.join(report.problems)})"
+        ledger.record(run_dir, "export", "repairing", step=step, segment=segment_index, reason=lost)
     fetch_segment_state(planned, segment_index)  # the work dir is a cache: the state may be only in the store
-    journal.begin(fingerprint)
+    journal.begin(fingerprint, outcome_lost=lost)
     try:
         launched = launch_stage(planned, "export", "trainer_core.export_main", segment_index,
                                 ["--out", str(out_dir)], on_line, timeout_s=planned.export_timeout_s,

@@ -2,9 +2,12 @@
 
 Both are retried on their own and resume from the publication's journal: a
 failed cleanup never rolls back the commit before it, a retried commit skips
-the objects an earlier try uploaded (size and sha256 verified), and one whose
-staging no longer matches its manifest exports the step again instead of
-uploading it.
+the objects an earlier try uploaded (confirmed in the store), and one whose
+staging no longer matches its manifest (or is gone), or whose committed
+checkpoint no longer verifies in the store, exports the step again from its
+stored state and commits that instead (`EXPORT_AGAIN`). A failure a retry
+cannot change (bad input, a refused transition) is not retried; each failure
+is reported under its stage's name.
 """
 
 from __future__ import annotations
@@ -17,27 +20,35 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
-from infra.publication import CleanupOutcome, CommitOutcome, StagedFileChanged, cleanup_staging, commit_checkpoint
+from infra.publication import EXPORT_AGAIN, CleanupOutcome, CommitOutcome, cleanup_staging, commit_checkpoint
 
 from ._logging import rank_line_logger
 from ._store import publish_settings, store_for
 from .export import export_segment_fn
+from .failure_report import report_failure
 from .fencing import fence
 from .outcomes import ExportOutcome, PlannedRun
-from .retry_policy import retry_unless_fenced
+from .retry_policy import retry_unless_final
 
 T = TypeVar("T")
 
 
-def _recorded(planned: PlannedRun, exported: ExportOutcome, stage: str, action: Callable[..., T]) -> T:
-    """Run one publication stage and record its outcome (or its error) in the ledger."""
+def _recorded(planned: PlannedRun, exported: ExportOutcome, stage: str, action: Callable[..., T],
+              handled: tuple[type[BaseException], ...] = ()) -> T:
+    """Run one publication stage and record its outcome (or its failure, reported as this stage's) in the ledger.
+
+    An error in `handled` is the caller's to resolve: recorded, not reported as the run's failure."""
     run_dir = Path(planned.run_dir)
     fence(planned, f"{stage} of step {exported.step}")
     try:
         outcome = action(Path(exported.staged_dir), store_for(planned), planned.run_id,
                          settings=publish_settings(planned))
+    except handled as error:
+        ledger.record(run_dir, stage, "failed", step=exported.step, error=f"{type(error).__name__}: {error}",
+                      resolved_by="export again")
+        raise
     except Exception as error:
-        ledger.record(run_dir, stage, "failed", step=exported.step, error=f"{type(error).__name__}: {error}")
+        report_failure(run_dir, planned.run_id, stage, error, step=exported.step)
         raise
     ledger.record(run_dir, stage, "completed", **outcome.to_dict())
     return outcome
@@ -45,10 +56,11 @@ def _recorded(planned: PlannedRun, exported: ExportOutcome, stage: str, action: 
 
 def commit_fn(planned: PlannedRun, exported: ExportOutcome) -> CommitOutcome:
     try:
-        return _recorded(planned, exported, "commit", commit_checkpoint)
-    except StagedFileChanged:
+        return _recorded(planned, exported, "commit", commit_checkpoint, handled=EXPORT_AGAIN)
+    except EXPORT_AGAIN:
         # The staged files changed after the export (disk fault, a stray
-        # writer): serialize the step again and commit that, never the bytes.
+        # writer), or are gone, or the store lost the committed bytes:
+        # serialize the step again from its stored state and commit that.
         export_segment_fn(planned, exported.segment, on_line=_line_logger())
         return _recorded(planned, exported, "commit", commit_checkpoint)
 
@@ -65,6 +77,6 @@ def cleanup_fn(planned: PlannedRun, exported: ExportOutcome) -> CleanupOutcome:
 
 
 commit = task(name="commit", task_run_name="commit-step-{exported.step}", retries=3,
-              retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_fenced, cache_policy=NO_CACHE)(commit_fn)
+              retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_final, cache_policy=NO_CACHE)(commit_fn)
 cleanup = task(name="cleanup", task_run_name="cleanup-step-{exported.step}", retries=3,
-               retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_fenced, cache_policy=NO_CACHE)(cleanup_fn)
+               retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_final, cache_policy=NO_CACHE)(cleanup_fn)

@@ -13,6 +13,7 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
 
 from infra.failures import classify_exception
+from infra.lease import LeaseLostError
 from infra.run_lease import RunAlreadyActive, RunLeaseLost
 
 
@@ -30,3 +31,20 @@ def retry_unless_fenced(task, task_run: TaskRun, state: State) -> bool:
     """For publication stages, which retry every failure: every one but a lost run lease."""
     error = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
     return not isinstance(error, (RunLeaseLost, RunAlreadyActive))
+
+
+def retry_unless_final(task, task_run: TaskRun, state: State) -> bool:
+    """For the commit and cleanup stages: retry unless fenced off or the failure would recur.
+
+    A refused manifest, a forbidden transition or a code error fail the same
+    way on every try, so they end the stage at once; a storage outage, a
+    timeout or a lost finalizer lease (the next try takes it again) are retried.
+    """
+    error = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
+    if not isinstance(error, BaseException):
+        return True
+    if isinstance(error, (RunLeaseLost, RunAlreadyActive)):
+        return False
+    if isinstance(error, LeaseLostError):
+        return True
+    return classify_exception(error).retriable

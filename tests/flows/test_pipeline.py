@@ -15,6 +15,7 @@ from flows.cli import main
 from flows.pipeline import RunFailed, train_flow
 from infra import ledger
 from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
+from infra.journal import journal_path_for
 from infra.storage import open_store
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
@@ -80,10 +81,11 @@ def test_local_run_commits_a_checkpoint_that_transformers_loads(local_run):
     stages = {(e["stage"], e["status"]) for e in ledger.read(run_dir)}
     assert {("plan", "completed"), ("segment", "completed"), ("export", "completed"),
             ("commit", "completed"), ("cleanup", "completed")} <= stages
-    # Cleanup removed the staging; only the publication's journal stays, recording its outcome.
-    left = sorted(p.name for p in (run_dir / "export").iterdir())
-    assert left == [f"step-{result['steps']:08d}.journal.json"]
-    assert json.loads((run_dir / "export" / left[0]).read_text())["state"] == "CLEANED"
+    # Cleanup removed the staging; only the publication's journal stays, recording its outcome in this store.
+    assert sorted(p.name for p in (run_dir / "export").iterdir()) == ["journals"]
+    journal = journal_path_for(run_dir / "export" / f"step-{result['steps']:08d}", open_store(config.storage.url))
+    assert sorted(p.name for p in journal.parent.iterdir()) == ["STORE.json", journal.name]
+    assert json.loads(journal.read_text())["state"] == "CLEANED"
     assert Path(result["ledger_url"]).is_file()
 
 

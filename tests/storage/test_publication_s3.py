@@ -17,7 +17,7 @@ from infra.checkpoints import list_checkpoints, verify_checkpoint
 from infra.conditional import (ConditionalWritesUnsupported, check_conditional_writes, create_if_absent, read_versioned,
                                replace_if_unchanged)
 from infra.finalizer import FINALIZER_LEASE
-from infra.journal import read_mirrors
+from infra.journal import journal_path_for, read_mirrors
 from infra.latest import read_latest
 from infra.lease import Lease
 from infra.objects import SHA256_METADATA_KEY
@@ -71,7 +71,7 @@ def test_uploads_carry_their_sha256_and_a_recommit_only_heads(store, tmp_path, m
         assert head["Metadata"][SHA256_METADATA_KEY] == entry["sha256"]
     # No journal at all (the work dir and the mirror lost, or a checkpoint committed by an older
     # rankflow): every object is checked, and a HEAD per object suffices, nothing is downloaded.
-    (tmp_path / "staging" / "step-00000010.journal.json").unlink()
+    journal_path_for(staged, store).unlink()
     store.fs.rm_file(store.path(RUN, "publications", "step-00000010.json"))
     calls = []
     real = store.fs._call_s3

@@ -37,8 +37,8 @@ def crash_after_uploads(num_uploads: int):
     return fail_after_uploads(num_uploads, KeyboardInterrupt("simulated crash"))
 
 
-def state_of(staged: Path) -> str:
-    return json.loads(journal_path_for(staged).read_text())["state"]
+def state_of(staged: Path, store) -> str:
+    return json.loads(journal_path_for(staged, store).read_text())["state"]
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_journal_records_every_transition_durably_and_mirrors_it(tmp_path, store
     staged = stage(tmp_path, 10, FILES)
     commit_checkpoint(staged, store, RUN)
     cleanup_staging(staged, store, RUN)
-    local = json.loads(journal_path_for(staged).read_text())
+    local = json.loads(journal_path_for(staged, store).read_text())
     assert [h["state"] for h in local["history"]] == ["PREPARED", "COMMITTING", "COMMITTED", "CLEANED"]
     mirror = json.loads(Path(store.path(RUN, "publications", "step-00000010.json")).read_text())
     assert mirror["state"] == "CLEANED" and mirror["publication_id"] == local["publication_id"]
@@ -85,7 +85,7 @@ def test_a_second_finalizer_is_refused_naming_the_holder(tmp_path, store):
     quick = PublishSettings(finalizer=type(FAST.finalizer)(wait_s=0.3, poll_s=0.1))
     with pytest.raises(LeaseHeldError, match="held by node-7:4242 .*expires in"):
         commit_checkpoint(staged, store, RUN, settings=quick)
-    assert state_of(staged) == "PREPARED" and list_checkpoints(store, RUN) == []
+    assert state_of(staged, store) == "PREPARED" and list_checkpoints(store, RUN) == []
     holder.release()
     assert commit_checkpoint(staged, store, RUN, settings=quick).latest_moved
 
@@ -134,7 +134,7 @@ def test_a_staged_file_corrupted_after_export_is_not_uploaded(tmp_path, store):
     same_size_other_bytes(victim)
     with pytest.raises(StagedFileChanged, match="no longer matches its manifest"):
         commit_checkpoint(staged, store, RUN)
-    assert state_of(staged) == "PREPARING"  # back to the export, which must serialize it again
+    assert state_of(staged, store) == "PREPARING"  # back to the export, which must serialize it again
     assert list_checkpoints(store, RUN) == [] and read_latest(store, RUN) is None
     assert not Path(store.path(RUN, "checkpoints", "step-00000010", victim.name)).exists()
 
@@ -284,11 +284,11 @@ def test_a_failed_cleanup_leaves_the_commit_and_its_retry_finishes(tmp_path, sto
 
     with pytest.raises(ConnectionError):
         cleanup_staging(staged, store, RUN, observer=fail_in_the_store)
-    assert state_of(staged) == "COMMITTED"
+    assert state_of(staged, store) == "COMMITTED"
     assert list_checkpoints(store, RUN) == ["step-00000010"] and read_latest(store, RUN)["step"] == 10
     assert verify_checkpoint(store, RUN, "step-00000010", full=True).verified
     retried = cleanup_staging(staged, store, RUN)
-    assert retried.state == "CLEANED" and state_of(staged) == "CLEANED" and not staged.exists()
+    assert retried.state == "CLEANED" and state_of(staged, store) == "CLEANED" and not staged.exists()
 
 
 def test_gc_removes_orphans_and_never_a_committed_checkpoint_or_another_run(tmp_path, store):
@@ -328,4 +328,6 @@ def test_local_writes_leave_no_temporary_files(tmp_path, store):
     cleanup_staging(staged, store, RUN)
     leftovers = [p for p in tmp_path.rglob("*") if "rankflow-tmp" in p.name]
     assert leftovers == []
-    assert os.listdir(tmp_path / "staging") == ["step-00000010.journal.json"]
+    assert os.listdir(tmp_path / "staging") == ["journals"]  # the journals, one directory per store
+    assert sorted(p.name for p in journal_path_for(staged, store).parent.iterdir()) == ["STORE.json",
+                                                                                        "step-00000010.json"]

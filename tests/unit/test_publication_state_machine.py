@@ -173,7 +173,7 @@ class PublicationMachine(RuleBasedStateMachine):
     @invariant()
     def transitions_were_allowed(self):
         for step in STEPS:
-            path = journal_path_for(self.staged(step))
+            path = journal_path_for(self.staged(step), self.store)
             if not path.is_file():
                 continue
             history = json.loads(path.read_text())["history"]
