@@ -9,7 +9,7 @@ enters those collectives alone.
 
 | command  | on each rank                                                                 | result to rank 0 |
 |----------|------------------------------------------------------------------------------|------------------|
-| forward  | per local logical rank with rows: seed (seed, forward id, logical rank), `trainer.forward`; outputs kept for backward | each logical rank's outputs |
+| forward  | per local logical rank with rows, under its own RNG seeded (seed, forward id, logical rank): `trainer.forward`; outputs kept for backward | each logical rank's outputs |
 | backward | per local logical rank with cotangents, inside that logical rank: one backward of Σ(output · cotangent) | ages, gradient counts |
 | step     | `trainer.step` (the logical reduction folds every logical rank's gradient in order) | step reports |
 | save     | rank 0 writes the training state                                             | bytes written |
@@ -34,6 +34,7 @@ from ..training.checkpoint_io import export_checkpoint_module
 from ..training.graphs import ManagedOutputs
 from .coordination import describe, exchange
 from .logical_gradients import LogicalGradients
+from .rng import logical_rank_rng, model_device
 from .topology import Topology, step_seed
 
 ROW_INPUTS = ("input_ids", "attention_mask", "targets", "position_ids")
@@ -112,10 +113,11 @@ class CommandExecutor:
     def _forward(self, options: dict, payload: dict[int, dict[str, torch.Tensor]]) -> dict[int, dict[str, torch.Tensor]]:
         forward_id, grad = options["forward_id"], options["grad"]
         results = {}
+        device = model_device(self.trainer.model)
         for logical_rank in sorted(payload):
             rows = payload[logical_rank]
-            torch.manual_seed(step_seed(self.seed, forward_id, logical_rank))
-            with torch.set_grad_enabled(grad):
+            # Seeded per logical rank; on rank 0 the driver's own streams come back as they were.
+            with logical_rank_rng(step_seed(self.seed, forward_id, logical_rank), device), torch.set_grad_enabled(grad):
                 out = self.trainer.forward(rows["input_ids"], rows.get("attention_mask"), targets=rows.get("targets"),
                                            position_ids=rows.get("position_ids"), **options["kwargs"])
             if out.graph_id is not None:
