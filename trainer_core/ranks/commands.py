@@ -94,16 +94,18 @@ class CommandExecutor:
             self._outputs.pop(forward_id, None)
         prepare, run = self._handlers[command.name]
         error, result = None, None
+        # BaseException: a KeyboardInterrupt here is reported like any failure, so rank 0 hears of it and aborts
+        # every rank (this one re-raises it then, `serve_commands`), instead of losing the rank mid-command.
         try:
             maybe_inject_command_fault(command.name, self.topology.rank)
             result = prepare(command.options, payload)
-        except Exception as failure:  # noqa: BLE001 - reported to rank 0, which stops every rank
+        except BaseException as failure:  # noqa: BLE001 - reported to rank 0, which stops every rank
             error = failure
         if run is not None:
             try:
                 prepared = exchange(command.name, error, result)  # raises on every rank if any failed
                 result = run(command.options, result, prepared)
-            except Exception as failure:  # noqa: BLE001
+            except BaseException as failure:  # noqa: BLE001
                 error = failure
         self.last_error = error
         return (None, result) if error is None else (describe(error), None)
