@@ -28,8 +28,8 @@ VARIANTS = {
 }
 
 
-def trained(variant: str):
-    base = tiny_qwen3().train()
+def trained(variant: str, dtype=torch.float32):
+    base = tiny_qwen3(dtype=dtype).train()
     pristine = copy.deepcopy(base)
     trainer = Trainer(base)
     config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, **VARIANTS[variant])
@@ -83,3 +83,19 @@ def test_merging_an_adapter_no_layer_holds_is_refused(tmp_path):
     trainer, _ = trained("lora")
     with pytest.raises(ValueError, match="no LoRA layer holds an adapter named 'other'"):
         save_hf_model(trainer.model, tmp_path / "merged", merge_adapter="other")
+
+
+@pytest.mark.parametrize("variant", ["lora", "dora"])
+def test_a_bfloat16_merge_is_peft_merge_in_float32_rounded_once(tmp_path, variant):
+    """In bf16, peft's merge would round ΔW to bf16 before adding it; the export merges in float32, then rounds."""
+    trainer, pristine = trained(variant, torch.bfloat16)
+    export_checkpoint_module(trainer, "adapter", tmp_path / "adapter")
+    save_hf_model(trainer.model, tmp_path / "merged", merge_adapter="adapter")
+    peft_model = PeftModel.from_pretrained(copy.deepcopy(pristine), str(tmp_path / "adapter"))
+    reference = peft_model.float().merge_and_unload().to(torch.bfloat16)
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), local_files_only=True)
+    reference_state = reference.state_dict()
+    for name, tensor in merged.state_dict().items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, reference_state[name]), name
+    ids, mask = batch(seed=5)
+    assert (logits(merged, ids, mask).float() - logits(pristine, ids, mask).float()).abs().max() > 1e-2

@@ -9,7 +9,8 @@ what peft's own `merge` makes of them — and the per-token rows cut to the true
 vocabulary. `save_hf_model` writes it with `save_pretrained`, the config
 saying the true vocabulary size.
 
-The merge is peft's, layer by layer, on a private copy of the layer: a
+The merge is peft's, layer by layer, on a private float32 copy of the layer
+(each merged tensor is rounded once, to the dtype it trained in): a
 variant changes what merging means (DoRA rescales every output row by its
 trained magnitude, `lora_bias` moves the base bias, rsLoRA scales by
 α/√r), and `W + get_delta_weight` is right for plain LoRA only. The live
@@ -34,6 +35,9 @@ _BASE_LAYER = ".base_layer"
 def _merged_layer(module: nn.Module, module_name: str, adapter: str) -> dict[str, torch.Tensor]:
     """The base layer's tensors after peft merges `adapter` into a copy of the layer: `{module_name}.base_layer.*`."""
     copied = copy.deepcopy(module)  # one layer at a time: the copy costs one layer's weights, briefly
+    dtypes = {name: tensor.dtype for name, tensor in copied.get_base_layer().state_dict().items()}
+    # Merged in float32 and rounded once to each tensor's own dtype: in bf16, peft would round ΔW before adding it.
+    copied.float()
     try:
         # safe_merge: peft checks the merged weights are finite (a broken adapter raises, naming itself).
         copied.merge(safe_merge=True, adapter_names=[adapter])
@@ -42,7 +46,7 @@ def _merged_layer(module: nn.Module, module_name: str, adapter: str) -> dict[str
                          "export it unmerged (export.merge_lora = false / no merge_adapter) and load it with "
                          "PeftModel.from_pretrained") from None
     base = copied.get_base_layer()
-    return {f"{module_name}{_BASE_LAYER}.{name}": tensor for name, tensor in base.state_dict().items()}
+    return {f"{module_name}{_BASE_LAYER}.{name}": tensor.to(dtypes[name]) for name, tensor in base.state_dict().items()}
 
 
 def _merged_base_tensors(model: nn.Module, adapter: str) -> dict[str, torch.Tensor]:
