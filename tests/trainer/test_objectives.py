@@ -85,3 +85,20 @@ def test_masked_out_positions_holding_non_finite_values_change_neither_loss_nor_
         assert float(sft) == 3.0, poisoned
         sft.backward()
         assert torch.equal(sft_leaf.grad, torch.tensor([[-1.0, -1.0, 0.0, 0.0]], dtype=torch.float64)), poisoned
+
+
+def test_a_weighted_float_mask_still_weighs_and_its_zeros_still_select():
+    """Per-token weights (a float mask) scale each token's term, as before; a zero weight leaves NaN out entirely."""
+    logprobs = torch.tensor([[-1.0, -2.0, float("nan")]], dtype=torch.float64, requires_grad=True)
+    weights = torch.tensor([[1.0, 0.5, 0.0]], dtype=torch.float64)
+    sft = sft_loss_sum(logprobs, weights)
+    assert float(sft) == 1.0 + 0.5 * 2.0
+    sft.backward()
+    assert torch.equal(logprobs.grad, torch.tensor([[-1.0, -0.5, 0.0]], dtype=torch.float64))
+    on_policy = logprobs.detach().clone().requires_grad_()
+    advantages = torch.tensor([[2.0, -1.0, float("nan")]], dtype=torch.float64)
+    loss, stats = clipped_policy_gradient_sum(on_policy, on_policy.detach(), advantages, weights)
+    # r = 1 everywhere it counts: the term is −A per token, weighted: −(1·2 + 0.5·(−1)).
+    assert float(loss) == -(1.0 * 2.0 + 0.5 * -1.0) and stats.mean_ratio == pytest.approx(1.0)
+    loss.backward()
+    assert torch.equal(on_policy.grad, torch.tensor([[-2.0, 0.5, 0.0]], dtype=torch.float64))
