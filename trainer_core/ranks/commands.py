@@ -32,7 +32,7 @@ from ..files import tensors_sha256
 from ..state import load_training_state, save_training_state
 from ..training.checkpoint_io import export_checkpoint_module
 from ..training.graphs import ManagedOutputs
-from .coordination import describe, exchange
+from .coordination import describe, exchange, reportable
 from .logical_gradients import LogicalGradients
 from .rng import logical_rank_rng, model_device
 from .topology import Topology, step_seed
@@ -41,6 +41,8 @@ ROW_INPUTS = ("input_ids", "attention_mask", "targets", "position_ids")
 """Forward arguments with the batch in dimension 0: split over logical ranks."""
 _OUTPUT_FIELDS = ("logprobs", "topk_logprobs", "topk_ids", "logits", "hidden_states")
 HEAD_FIELD = "head:"
+_COLLECTIVE_RUNS = frozenset({"step"})
+"""Commands whose work after the exchange holds collectives (the step's reduction): see `coordination.reportable`."""
 
 
 @dataclass(frozen=True)
@@ -100,12 +102,16 @@ class CommandExecutor:
             maybe_inject_command_fault(command.name, self.topology.rank)
             result = prepare(command.options, payload)
         except BaseException as failure:  # noqa: BLE001 - reported to rank 0, which stops every rank
+            if not reportable(failure):
+                raise
             error = failure
         if run is not None:
             try:
                 prepared = exchange(command.name, error, result)  # raises on every rank if any failed
                 result = run(command.options, result, prepared)
             except BaseException as failure:  # noqa: BLE001
+                if not reportable(failure, collectives=command.name in _COLLECTIVE_RUNS):
+                    raise
                 error = failure
         self.last_error = error
         return (None, result) if error is None else (describe(error), None)

@@ -132,7 +132,7 @@ class LogicalDataParallel:
         with coordinated("step"):
             maybe_inject_command_fault("step", self.topology.rank)
             self.gradients.check_ready()
-        with coordinated("step"):
+        with coordinated("step", collectives=True):  # the reduction's collectives
             return self.trainer.step(names, learning_rate=learning_rate)
 
     def command(self, name: str):
