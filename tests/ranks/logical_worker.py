@@ -57,7 +57,8 @@ def run_scenarios(topology: Topology) -> dict[str, dict]:
     trainer = make_trainer()
     record("spmd_shuffled", trainer, spmd_shuffled(trainer, topology, shuffle_pool()))
     trainer = make_trainer()
-    record("rank_zero_shuffled", trainer, run_rank_zero(trainer, topology, lambda t: rank_zero_shuffled(t, shuffle_pool())))
+    record("rank_zero_shuffled", trainer,
+           run_rank_zero(trainer, topology, lambda t: rank_zero_shuffled(t, shuffle_pool())))
 
     local = torch.stack([_partial(r) for r in topology.local_logical_ranks])
     folded = sharded_ordered_fold(to_shard_layout(local, topology.world_size), topology)[:local.shape[1]]

@@ -21,7 +21,8 @@ def test_an_interrupt_in_a_command_is_exchanged_then_raised_as_itself(interrupt)
     with pytest.raises(interrupt) as raised:
         with coordinated("forward", where="logical rank 1"):
             raise interrupt()
-    assert _notes(raised.value) == [f"forward failed, every rank stopped (rank 0: {interrupt.__name__} (in logical rank 1))"]
+    expected = f"forward failed, every rank stopped (rank 0: {interrupt.__name__} (in logical rank 1))"
+    assert _notes(raised.value) == [expected]
 
 
 def test_an_interrupt_in_work_that_holds_collectives_is_not_exchanged():

@@ -77,7 +77,7 @@ def test_a_checkpoint_saved_with_use_cache_false_passes_the_model_check(tmp_path
 
 
 def test_an_export_is_the_base_of_the_next_run(tmp_path):
-    """The newcomer's path: train, export, then train on the export (model.path) — pre-flight, plan, segment, export."""
+    """The newcomer's path: train, export, then train on the export as model.path (pre-flight to export)."""
     _, _, _, export = run_and_export(tmp_path / "first", steps=2)
     second = _run_on(tmp_path / "second", export)
     validate_inputs(second)  # the pre-flight forward check included

@@ -73,7 +73,7 @@ def test_masked_out_positions_holding_non_finite_values_change_neither_loss_nor_
                                                   clip_low=0.2, clip_high=0.2)
         # By hand, tokens 0 and 1 only: r0 = e^0.2 ≈ 1.2214 clipped to 1.2 (A = 1 > 0: min picks 1.2);
         # r1 = e^-0.5 ≈ 0.6065, A = −0.5: min(−0.3033, −0.4) = −0.4 (clipped at 0.8).
-        r0, r1 = float(torch.exp(torch.tensor(0.2, dtype=torch.float64))), float(torch.exp(torch.tensor(-0.5, dtype=torch.float64)))
+        r0, r1 = (float(torch.exp(torch.tensor(x, dtype=torch.float64))) for x in (0.2, -0.5))
         expected = -min(r0 * 1.0, min(max(r0, 0.8), 1.2) * 1.0) - min(r1 * -0.5, min(max(r1, 0.8), 1.2) * -0.5)
         assert float(loss) == pytest.approx(expected, rel=1e-12), poisoned
         assert stats.clipped_fraction == pytest.approx(1.0) and stats.mean_ratio == pytest.approx((r0 + r1) / 2)

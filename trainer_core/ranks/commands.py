@@ -125,7 +125,8 @@ class CommandExecutor:
         for logical_rank in sorted(payload):
             rows = payload[logical_rank]
             # Seeded per logical rank; on rank 0 the driver's own streams come back as they were.
-            with logical_rank_rng(step_seed(self.seed, forward_id, logical_rank), device), torch.set_grad_enabled(grad):
+            seed = step_seed(self.seed, forward_id, logical_rank)
+            with logical_rank_rng(seed, device), torch.set_grad_enabled(grad):
                 out = self.trainer.forward(rows["input_ids"], rows.get("attention_mask"), targets=rows.get("targets"),
                                            position_ids=rows.get("position_ids"), **options["kwargs"])
             if out.graph_id is not None:

@@ -81,8 +81,8 @@ class LogicalShard:
         facade = self._facade
         # Outermost: the status exchange, which runs whatever the inner parts raise.
         with coordinated(f"the logical ranks' work of step {self._step}", where=f"logical rank {self.logical_rank}"):
-            with facade.gradients.scope(self.logical_rank), \
-                    logical_rank_rng(step_seed(facade.seed, self._step, self.logical_rank), model_device(facade.trainer.model)):
+            seed = step_seed(facade.seed, self._step, self.logical_rank)
+            with facade.gradients.scope(self.logical_rank), logical_rank_rng(seed, model_device(facade.trainer.model)):
                 maybe_inject_command_fault("logical_rank", facade.topology.rank)
                 yield
 
