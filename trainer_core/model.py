@@ -49,7 +49,8 @@ def build_model(config: RunConfig) -> tuple[PreTrainedModel, int | None]:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.run.seed)
             model = AutoModelForCausalLM.from_config(load_model_config(config), dtype=dtype)
-    model.config.use_cache = False
+    # The config stays as the base has it (use_cache included): it is what the export writes, and the trainer's
+    # forwards ask for no KV cache themselves (training/outputs.py).
     true_vocab = None
     if config.model.pad_vocab_to_multiple_of is not None:
         true_vocab = pad_vocabulary(model, config.model.pad_vocab_to_multiple_of)

@@ -154,7 +154,9 @@ def _check_forward(model_config: PretrainedConfig, file_label: str) -> None:
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(model_config)
-            model(input_ids=torch.zeros(1, 8, dtype=torch.long))
+            # use_cache=True whatever the config says: without a cache (and without a mask) transformers looks for
+            # packed sequences in the position ids' values, which a meta tensor does not have. Shapes are the same.
+            model(input_ids=torch.zeros(1, 8, dtype=torch.long), use_cache=True)
     except Exception as error:  # noqa: BLE001 - any failure here means the config describes no working model
         raise ConfigError(f"{file_label}: does not describe a working model ({type(error).__name__}: "
                           f"{_one_line(error)}); fix its sizes (e.g. num_attention_heads must be a multiple of "

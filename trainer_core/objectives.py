@@ -18,8 +18,25 @@ from typing import Literal
 import torch
 
 
+def _select(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def _weighed(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """`values · loss_mask` where the mask is non-zero, exactly 0 elsewhere — selected, not multiplied, there.
+
+    Masked-out positions routinely hold −inf (a padded or masked vocabulary)
+    or NaN (padding of a behaviour-logprob column), and 0·(−inf), 0·NaN are
+    NaN. `torch.where` also gives those positions an exact zero gradient. A
+    boolean mask selects; a float mask (per-token weights) also weighs.
+    """
+    if loss_mask.dtype == torch.bool:
+        return _select(values, loss_mask)
+    return _select(values * loss_mask.to(values.dtype), loss_mask != 0)
+
+
 def sft_loss_sum(logprobs: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    return -(logprobs * loss_mask.to(logprobs.dtype)).sum()
+    return -_weighed(logprobs, loss_mask).sum()
 
 
 @dataclass(frozen=True)
@@ -37,19 +54,29 @@ def clipped_policy_gradient_sum(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
 ) -> tuple[torch.Tensor, PolicyGradientStats]:
-    """Sum over loss tokens of the clipped surrogate loss; all tensors are aligned per target token."""
-    mask = loss_mask.to(logprobs.dtype)
+    """Sum over loss tokens of the clipped surrogate loss; all tensors are aligned per target token.
+
+    Positions outside `loss_mask` may hold anything (−inf, NaN): every input is
+    selected with the mask before it is used, so they change neither the loss,
+    nor the statistics, nor the gradient (exactly zero there).
+    """
+    keep = torch.broadcast_to(loss_mask != 0, torch.broadcast_shapes(logprobs.shape, loss_mask.shape))
+    # Selecting the inputs, not only the per-token loss: exp(NaN − x) would give NaN in the backward of `where`'s
+    # unused branch (0 · NaN). At masked positions the ratio is then exp(0) = 1 and the advantage 0, both finite.
+    # Each keeps its own dtype, so the arithmetic promotes as it did before the selection.
+    logprobs, behaviour_logprobs, advantages = (_select(x, keep) for x in (logprobs, behaviour_logprobs, advantages))
     ratio = torch.exp(logprobs - behaviour_logprobs)
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
     with torch.no_grad():
-        count = mask.sum().clamp(min=1)
+        count = loss_mask.to(logprobs.dtype).sum().clamp(min=1)
         stats = PolicyGradientStats(
-            clipped_fraction=float(((clipped < unclipped).to(mask.dtype) * mask).sum() / count),
-            mean_ratio=float((ratio * mask).sum() / count),
+            # Sums over the full layout (zeros where masked), as before the selection: the same bits.
+            clipped_fraction=float(_weighed((clipped < unclipped).to(count.dtype), loss_mask).sum() / count),
+            mean_ratio=float(_weighed(ratio, loss_mask).sum() / count),
         )
-    return (per_token * mask).sum(), stats
+    return _weighed(per_token, loss_mask).sum(), stats
 
 
 def stale_trajectory_mask(

@@ -8,12 +8,18 @@ its error), logs `OK rank R CASE ELAPSED`, and re-synchronises all ranks
 
 Mode `--exit-on COMMAND`: rank 1 fails in COMMAND and nothing catches it:
 the launch must end, every rank with it, in seconds.
+
+Mode `--interrupt-in call|logical_rank`: rank 1 sends itself SIGINT inside a
+rank-zero callback or inside a logical rank's block, and nothing catches the
+KeyboardInterrupt: its peers must stop on a RankFailure naming rank 1 (not on
+a lost connection), and rank 1 on its own KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -49,6 +55,18 @@ def _break_on_rank(context, rank: int, where: str) -> None:
         trainer.checkpoints["base"].apply = broken  # after the step's reduction collectives
 
 
+def _interrupt_on_rank(context, rank: int) -> None:
+    """A real Ctrl-C on one rank: SIGINT to itself, which Python turns into KeyboardInterrupt in this frame."""
+    if context.topology.rank == rank:
+        signal.raise_signal(signal.SIGINT)
+        time.sleep(30)  # not reached: the handler raises as soon as the signal is handled
+
+
+def _interruptible() -> None:
+    """A launcher started in the background may hand its ranks SIGINT ignored; a terminal's Ctrl-C is not."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _raise_on_rank(context, rank: int) -> None:
     if context.topology.rank == rank:
         raise ValueError(f"callback refused its shard on rank {rank}")
@@ -82,7 +100,7 @@ def run_case(topology, case: str, failing: int, cause: str, body, where: str | N
     error = None
     try:
         body()
-    except Exception as raised:  # noqa: BLE001 - checked below
+    except BaseException as raised:  # noqa: BLE001 - checked below (KeyboardInterrupt included)
         error = raised
     elapsed = time.monotonic() - started
     _expect(case, topology.rank, failing, error, cause=cause, where=where)
@@ -108,6 +126,10 @@ def rank_zero_cases(topology, workdir: Path) -> None:
                  lambda: run_rank_zero(make_trainer(), topology, broken_loop))
     run_case(topology, "rank-zero callback", 1, "ValueError: callback refused its shard on rank 1",
              lambda: run_rank_zero(make_trainer(), topology, lambda t: t.call(_raise_on_rank, 1)))
+
+    for rank in (1, 0):  # a peer interrupted inside a command, and rank 0 (the driver's own rank)
+        run_case(topology, f"rank-zero interrupt on rank {rank}", rank, "KeyboardInterrupt",
+                 lambda: run_rank_zero(make_trainer(), topology, lambda t: t.call(_interrupt_on_rank, rank)))
 
     def driver_bug(trainer):
         trainer.forward(*[sft_batches((4,))[0][k] for k in ("input_ids", "attention_mask")])
@@ -143,13 +165,38 @@ def logical_dp_cases(topology) -> None:
                  where=f"logical rank {topology.logical_per_rank}" if in_shard else None)
         os.environ.pop(COMMAND_FAULT_ENV, None)
 
+    def interrupted_shard():
+        trainer = make_trainer()
+        for shard in LogicalDataParallel(trainer, topology).forward_batches(batch, step=0):
+            with shard:
+                _interrupt_on_rank(type("Context", (), {"topology": topology}), 1)
+    run_case(topology, "logical-dp interrupt", 1, "KeyboardInterrupt", interrupted_shard,
+             where=f"logical rank {topology.logical_per_rank}")
+
+
+def interrupted(topology, where: str) -> None:
+    """Rank 1 is interrupted in a callback or a logical rank's block; nothing here catches it."""
+    if where == "call":
+        run_rank_zero(make_trainer(), topology, lambda t: t.call(_interrupt_on_rank, 1))
+    else:
+        trainer = make_trainer()
+        for shard in LogicalDataParallel(trainer, topology).forward_batches(sft_batches((8,))[0], step=0):
+            with shard:
+                _interrupt_on_rank(type("Context", (), {"topology": topology}), 1)
+    raise AssertionError(f"the {where} finished although rank 1 was interrupted")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--exit-on", default=None)
+    parser.add_argument("--interrupt-in", choices=("call", "logical_rank"), default=None)
     args = parser.parse_args()
     pin_threads(1)
+    _interruptible()
     topology = init_distributed(logical_dp=LOGICAL_DP, timeout_s=COLLECTIVE_TIMEOUT_S)
+    if args.interrupt_in:
+        log(f"interrupting rank 1 in {args.interrupt_in} at {time.time():.3f}")
+        interrupted(topology, args.interrupt_in)
     with tempfile.TemporaryDirectory() as workdir:
         if args.exit_on:
             os.environ[COMMAND_FAULT_ENV] = f"{args.exit_on}:1"

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from tests.ranks.loops import (
-    EVEN_ROWS, LOGICAL_DP, UNEVEN_ROWS, digest, make_trainer, rl_batches, rl_loop, sft_batches, sft_loop, spmd_sft,
+    EVEN_ROWS, LOGICAL_DP, UNEVEN_ROWS, digest, make_trainer, rank_zero_shuffled, rl_batches, rl_loop, sft_batches,
+    sft_loop, shuffle_pool, spmd_sft, spmd_shuffled,
 )
 from trainer_core.distributed import init_distributed, log, run_rank_main
 from trainer_core.ranks import Topology, pin_threads, reduce_over_logical_ranks, run_rank_zero
@@ -53,6 +54,11 @@ def run_scenarios(topology: Topology) -> dict[str, dict]:
     record("rank_zero_sft", trainer, run_rank_zero(trainer, topology, lambda t: sft_loop(t, sft_batches(UNEVEN_ROWS))))
     trainer = make_trainer()
     record("rank_zero_rl", trainer, run_rank_zero(trainer, topology, lambda t: rl_loop(t, rl_batches())))
+    trainer = make_trainer()
+    record("spmd_shuffled", trainer, spmd_shuffled(trainer, topology, shuffle_pool()))
+    trainer = make_trainer()
+    record("rank_zero_shuffled", trainer,
+           run_rank_zero(trainer, topology, lambda t: rank_zero_shuffled(t, shuffle_pool())))
 
     local = torch.stack([_partial(r) for r in topology.local_logical_ranks])
     folded = sharded_ordered_fold(to_shard_layout(local, topology.world_size), topology)[:local.shape[1]]

@@ -108,3 +108,66 @@ def rl_loop(trainer, batches) -> list[float]:
         losses.append(loss.item())
         out = upcoming
     return losses
+
+
+SHUFFLE_POOL_ROWS = 16
+SHUFFLE_BATCH_ROWS = 6
+SHUFFLE_STEPS = 3
+SHUFFLE_SEED = 1234
+
+
+def shuffle_pool(seed: int = 3) -> dict[str, torch.Tensor]:
+    """The rows a shuffling loop draws its batches from."""
+    return sft_batches((SHUFFLE_POOL_ROWS,), seed)[0]
+
+
+def _rows(pool: dict[str, torch.Tensor], order: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {name: tensor[order] for name, tensor in pool.items()}
+
+
+def spmd_shuffled(trainer, topology, pool) -> list[float]:
+    """SPMD SFT whose every next batch is a `torch.randperm` of the pool, drawn from the global RNG after the forwards.
+
+    Every process draws the same order only if the facade left each process's
+    global RNG as the caller had it (a facade that reseeds leaves it at the
+    seed of the last logical rank the process ran: a different one per W and
+    per process).
+    """
+    ldp = LogicalDataParallel(trainer, topology, seed=0)
+    losses = []
+    with torch.random.fork_rng(devices=[]):  # the caller's own seed, without changing the test process's stream
+        torch.manual_seed(SHUFFLE_SEED)
+        order = torch.randperm(SHUFFLE_POOL_ROWS)[:SHUFFLE_BATCH_ROWS]
+        for step in range(SHUFFLE_STEPS):
+            batch = _rows(pool, order)
+            num_loss_tokens = int(batch["loss_mask"][:, 1:].sum())
+            loss_sums = {}
+            for shard in ldp.forward_batches(batch, step=step):
+                with shard:
+                    out = trainer.forward(shard.rows["input_ids"], shard.rows["attention_mask"])
+                    loss_sum = -(out.logprobs * shard.rows["loss_mask"][:, 1:]).sum()
+                    trainer.backward(loss_sum / num_loss_tokens)
+                    loss_sums[shard.logical_rank] = loss_sum.detach()
+            order = torch.randperm(SHUFFLE_POOL_ROWS)[:SHUFFLE_BATCH_ROWS]  # after the forwards
+            losses.append(float(ldp.reduce(loss_sums, "sum")) / num_loss_tokens)
+            ldp.step()
+    return losses
+
+
+def rank_zero_shuffled(trainer, pool) -> list[float]:
+    """Written for one process: after each forward, a token subsample and the next batch's order from the global RNG."""
+    losses = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SHUFFLE_SEED)
+        order = torch.randperm(SHUFFLE_POOL_ROWS)[:SHUFFLE_BATCH_ROWS]
+        for _ in range(SHUFFLE_STEPS):
+            batch = _rows(pool, order)
+            out = trainer.forward(batch["input_ids"], batch["attention_mask"])
+            keep = torch.rand(out.logprobs.shape) < 0.75  # drawn after the forward
+            mask = batch["loss_mask"][:, 1:] & keep
+            loss = -(out.logprobs * mask).sum() / mask.sum()
+            trainer.backward(loss)
+            order = torch.randperm(SHUFFLE_POOL_ROWS)[:SHUFFLE_BATCH_ROWS]  # after the backward, before the step
+            trainer.step()
+            losses.append(loss.item())
+    return losses

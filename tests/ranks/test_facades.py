@@ -14,8 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.ranks.loops import make_trainer, rl_batches, rl_loop, sft_batches, sft_loop, spmd_sft
-from trainer_core.ranks import LogicalDataParallel, Topology, run_rank_zero
-from trainer_core.training import GraphConsumedError
+from tests.trainer.models import tiny_qwen3
+from trainer_core.ranks import LogicalDataParallel, Topology, run_rank_zero, step_seed
+from trainer_core.training import GraphConsumedError, OptimizerConfig, Trainer
 
 TOPOLOGY = Topology(0, 1, 4)
 
@@ -127,3 +128,59 @@ def test_the_logical_dp_facade_refuses_work_outside_a_logical_rank():
                 with pytest.raises(RuntimeError, match="inside logical rank 0"):
                     ldp.gradients.check_ready()
     assert yielded == [(0, False), (1, False), (2, True), (3, True)]
+
+
+def _trainer_on(device: str) -> Trainer:
+    trainer = Trainer(tiny_qwen3(seed=0, dropout=0.1).train().to(device))
+    trainer.add_base_checkpoint(optimizer=OptimizerConfig(learning_rate=1e-2))
+    return trainer
+
+
+def _streams(device: str) -> list[torch.Tensor]:
+    """The caller's global random streams: the CPU's, and every CUDA device's when the test runs on CUDA."""
+    streams = [torch.get_rng_state()]
+    if device == "cuda":
+        streams += [torch.cuda.get_rng_state(index) for index in range(torch.cuda.device_count())]
+    return streams
+
+
+def _same_streams(left: list[torch.Tensor], right: list[torch.Tensor]) -> bool:
+    return len(left) == len(right) and all(torch.equal(a, b) for a, b in zip(left, right))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_the_facades_leave_the_callers_random_streams_as_they_were(device):
+    """Inside a logical rank the streams are its own seed's; after any facade call the caller's are untouched."""
+    batch = {name: tensor.to(device) for name, tensor in sft_batches((6,))[0].items()}
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if device == "cuda" else []):
+        torch.manual_seed(99)
+        trainer = _trainer_on(device)
+        ldp = LogicalDataParallel(trainer, TOPOLOGY, seed=5)
+        before = _streams(device)
+        inside = {}
+        for shard in ldp.forward_batches(batch, step=3):
+            with shard:
+                inside[shard.logical_rank] = torch.rand(4, device=device)  # the logical rank's stream
+                if not shard.empty:
+                    out = trainer.forward(shard.rows["input_ids"], shard.rows["attention_mask"])
+                    trainer.backward(-out.logprobs.sum())
+            assert _same_streams(_streams(device), before), f"logical rank {shard.logical_rank} left its stream behind"
+        ldp.step()
+        assert _same_streams(_streams(device), before)
+        for logical_rank, drawn in inside.items():
+            own = torch.Generator(device=device).manual_seed(step_seed(5, 3, logical_rank))
+            assert torch.equal(drawn, torch.rand(4, device=device, generator=own)), logical_rank
+
+        def driver(facade):
+            seen = [_streams(device)]
+            out = facade.forward(batch["input_ids"], batch["attention_mask"])
+            seen.append(_streams(device))
+            facade.backward(-out.logprobs.sum())
+            seen.append(_streams(device))
+            facade.step()
+            seen.append(_streams(device))
+            return seen
+
+        seen = run_rank_zero(_trainer_on(device), TOPOLOGY, driver, seed=5)
+        assert all(_same_streams(streams, seen[0]) for streams in seen[1:])

@@ -3,8 +3,10 @@
 Scenarios (tests/ranks/logical_worker.py): SPMD SFT over the logical-DP facade
 on even and uneven batches (logical ranks — at W = 4 whole processes — with
 no rows), with and without seeing the empty shards; an SFT and an off-policy
-RL loop written for one process, through the rank-zero facade; the sharded
-fold itself; the reduce API. Dropout is on, so the per-logical-rank seeds count.
+RL loop written for one process, through the rank-zero facade; loops of both
+facades that shuffle with torch's global RNG after their forwards (the facades
+must leave the caller's streams as they were); the sharded fold itself; the
+reduce API. Dropout is on, so the per-logical-rank seeds count.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def launch_worker(world_size: int, out_dir) -> dict:
 def test_every_scenario_is_bitwise_the_same_at_one_two_and_four_processes(tmp_path, one_thread):
     reference = run_scenarios(Topology(0, 1, LOGICAL_DP))
     assert set(reference) == {"spmd_even", "spmd_uneven", "spmd_uneven_skipping_empty", "rank_zero_sft", "rank_zero_rl",
-                              "fold", "reduce"}
+                              "spmd_shuffled", "rank_zero_shuffled", "fold", "reduce"}
     for world_size in (2, 4):
         results = launch_worker(world_size, tmp_path)
         for scenario, expected in reference.items():

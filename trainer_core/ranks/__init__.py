@@ -9,6 +9,8 @@
 - `logical_gradients`: each logical rank's gradient kept apart and folded at
   the step (`deterministic`), or summed by an all-reduce (`fast`).
 - `threads`: intra-op threads pinned per process, never derived from W.
+- `rng`: each logical rank's work under its own seed, the caller's RNG streams
+  restored after it.
 - `coordination`: the status exchange that fails every rank when one fails.
 - `logical_dp`: the SPMD facade; `rank_zero` (+ `commands`, `channel`): one
   driver on rank 0.

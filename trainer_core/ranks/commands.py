@@ -9,7 +9,7 @@ enters those collectives alone.
 
 | command  | on each rank                                                                 | result to rank 0 |
 |----------|------------------------------------------------------------------------------|------------------|
-| forward  | per local logical rank with rows: seed (seed, forward id, logical rank), `trainer.forward`; outputs kept for backward | each logical rank's outputs |
+| forward  | per local logical rank with rows, under its own RNG seeded (seed, forward id, logical rank): `trainer.forward`; outputs kept for backward | each logical rank's outputs |
 | backward | per local logical rank with cotangents, inside that logical rank: one backward of Σ(output · cotangent) | ages, gradient counts |
 | step     | `trainer.step` (the logical reduction folds every logical rank's gradient in order) | step reports |
 | save     | rank 0 writes the training state                                             | bytes written |
@@ -32,14 +32,17 @@ from ..files import tensors_sha256
 from ..state import load_training_state, save_training_state
 from ..training.checkpoint_io import export_checkpoint_module
 from ..training.graphs import ManagedOutputs
-from .coordination import describe, exchange
+from .coordination import describe, exchange, reportable
 from .logical_gradients import LogicalGradients
+from .rng import logical_rank_rng, model_device
 from .topology import Topology, step_seed
 
 ROW_INPUTS = ("input_ids", "attention_mask", "targets", "position_ids")
 """Forward arguments with the batch in dimension 0: split over logical ranks."""
 _OUTPUT_FIELDS = ("logprobs", "topk_logprobs", "topk_ids", "logits", "hidden_states")
 HEAD_FIELD = "head:"
+_COLLECTIVE_RUNS = frozenset({"step"})
+"""Commands whose work after the exchange holds collectives (the step's reduction): see `coordination.reportable`."""
 
 
 @dataclass(frozen=True)
@@ -93,16 +96,22 @@ class CommandExecutor:
             self._outputs.pop(forward_id, None)
         prepare, run = self._handlers[command.name]
         error, result = None, None
+        # BaseException: a KeyboardInterrupt here is reported like any failure, so rank 0 hears of it and aborts
+        # every rank (this one re-raises it then, `serve_commands`), instead of losing the rank mid-command.
         try:
             maybe_inject_command_fault(command.name, self.topology.rank)
             result = prepare(command.options, payload)
-        except Exception as failure:  # noqa: BLE001 - reported to rank 0, which stops every rank
+        except BaseException as failure:  # noqa: BLE001 - reported to rank 0, which stops every rank
+            if not reportable(failure):
+                raise
             error = failure
         if run is not None:
             try:
                 prepared = exchange(command.name, error, result)  # raises on every rank if any failed
                 result = run(command.options, result, prepared)
-            except Exception as failure:  # noqa: BLE001
+            except BaseException as failure:  # noqa: BLE001
+                if not reportable(failure, collectives=command.name in _COLLECTIVE_RUNS):
+                    raise
                 error = failure
         self.last_error = error
         return (None, result) if error is None else (describe(error), None)
@@ -112,10 +121,12 @@ class CommandExecutor:
     def _forward(self, options: dict, payload: dict[int, dict[str, torch.Tensor]]) -> dict[int, dict[str, torch.Tensor]]:
         forward_id, grad = options["forward_id"], options["grad"]
         results = {}
+        device = model_device(self.trainer.model)
         for logical_rank in sorted(payload):
             rows = payload[logical_rank]
-            torch.manual_seed(step_seed(self.seed, forward_id, logical_rank))
-            with torch.set_grad_enabled(grad):
+            # Seeded per logical rank; on rank 0 the driver's own streams come back as they were.
+            seed = step_seed(self.seed, forward_id, logical_rank)
+            with logical_rank_rng(seed, device), torch.set_grad_enabled(grad):
                 out = self.trainer.forward(rows["input_ids"], rows.get("attention_mask"), targets=rows.get("targets"),
                                            position_ids=rows.get("position_ids"), **options["kwargs"])
             if out.graph_id is not None:

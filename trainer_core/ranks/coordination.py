@@ -8,6 +8,9 @@ peers never wait in a collective for a rank that left. After the exchange
 every rank knows the outcome: the failing rank re-raises its own exception
 (its type still says what went wrong, with a note naming the command), every
 other rank raises `RankFailure` naming the failing rank(s) and their errors.
+That holds for any exception, KeyboardInterrupt and SystemExit included: a
+Ctrl-C on one rank stops its peers with a RankFailure naming it, never with a
+lost connection.
 
 A command whose own work contains collectives (the step's reduction, the
 export's weight check) exchanges once before them, so no rank enters a
@@ -45,8 +48,9 @@ class RankFailure(RuntimeError):
 
 
 def describe(error: BaseException) -> str:
-    """One line for the other ranks: the type and the message, bounded."""
-    return f"{type(error).__name__}: {error}"[:_MAX_STATUS_CHARS]
+    """One line for the other ranks: the type and the message (the type alone when it has none), bounded."""
+    message = str(error)
+    return (f"{type(error).__name__}: {message}" if message else type(error).__name__)[:_MAX_STATUS_CHARS]
 
 
 def is_coordinated(error: BaseException) -> bool:
@@ -96,14 +100,41 @@ def exchange(command: str, error: BaseException | None, payload: Any = None, *, 
     return [rank_payload for _, rank_payload in gathered]
 
 
+def reportable(error: BaseException, *, collectives: bool = False) -> bool:
+    """Whether a rank reports `error` to its peers before raising it.
+
+    A KeyboardInterrupt (Ctrl-C, SIGINT) or SystemExit on one rank is a
+    failure like any other: were it let through, its peers would wait in the
+    exchange for a rank that left and stop on a lost connection, with no word
+    of which rank stopped or why. Two exceptions to that:
+
+    - GeneratorExit is not a failure of the work: it closes an abandoned
+      command (garbage collection), where no collective may run;
+    - in work that holds collectives (`collectives=True`: the step's
+      reduction), an interrupt can land between two of them, while the peers
+      wait in the next one and not at the exchange: the exchange would be
+      matched against the wrong collective. The rank leaves instead, and its
+      peers fail on the lost connection (the launch names the interrupted
+      rank from its error record).
+    """
+    if isinstance(error, GeneratorExit):
+        return False
+    return isinstance(error, Exception) or not collectives
+
+
 @contextlib.contextmanager
-def coordinated(command: str, *, where: str | None = None) -> Iterator[None]:
-    """Run the body as one command: whatever it raises, this rank joins the status exchange first."""
+def coordinated(command: str, *, where: str | None = None, collectives: bool = False) -> Iterator[None]:
+    """Run the body as one command: whatever it raises, this rank joins the status exchange first.
+
+    The failing rank's own exception — a KeyboardInterrupt included — is
+    raised again once every rank knows of it (with a note naming the command).
+    `collectives`: the body runs collectives of its own (see `reportable`).
+    """
     error: BaseException | None = None
     try:
         yield
-    except Exception as failure:  # noqa: BLE001 - reported to every rank, then raised
-        if is_coordinated(failure):
-            raise  # every rank raised it together: nobody is waiting in an exchange
+    except BaseException as failure:  # noqa: BLE001 - reported to every rank, then raised
+        if is_coordinated(failure) or not reportable(failure, collectives=collectives):
+            raise  # every rank raised it together (nobody waits in an exchange), or it cannot be exchanged here
         error = failure
     exchange(command, error, where=where)

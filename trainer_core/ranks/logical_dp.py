@@ -19,6 +19,11 @@ caller sees it (`shard.empty`) and may skip its work inside `with shard:`;
 with False the facade runs its (empty) command itself. Either way its gradient
 is zeros and the step matches W = 1 bitwise.
 
+Inside `with shard:` torch's global RNG (CPU and the model's device) is
+seeded with (seed, step, logical rank); at the block's end the caller's
+streams are back as they were (`rng`), so draws outside the blocks — a
+shuffle of the next batch — are the same on every process and at every W.
+
 All work of a logical rank belongs inside `with shard:`: the block is one
 command of `coordination` — an exception in it, on any process, fails every
 process at the block's end with the failing rank named. Work outside a block
@@ -38,6 +43,7 @@ from ..faults import maybe_inject_command_fault
 from .coordination import coordinated
 from .logical_gradients import LogicalGradients, ReductionMode
 from .reduction import ReduceOp, reduce_over_logical_ranks
+from .rng import logical_rank_rng, model_device
 from .topology import Topology, step_seed
 
 
@@ -75,8 +81,8 @@ class LogicalShard:
         facade = self._facade
         # Outermost: the status exchange, which runs whatever the inner parts raise.
         with coordinated(f"the logical ranks' work of step {self._step}", where=f"logical rank {self.logical_rank}"):
-            with facade.gradients.scope(self.logical_rank):
-                torch.manual_seed(step_seed(facade.seed, self._step, self.logical_rank))
+            seed = step_seed(facade.seed, self._step, self.logical_rank)
+            with facade.gradients.scope(self.logical_rank), logical_rank_rng(seed, model_device(facade.trainer.model)):
                 maybe_inject_command_fault("logical_rank", facade.topology.rank)
                 yield
 
@@ -95,7 +101,8 @@ class LogicalDataParallel:
                         yield_empty: bool = True) -> Iterator[LogicalShard]:
         """This process's logical ranks' shards of `batch` (tensors with the batch in dimension 0), in logical order.
 
-        `step` seeds each logical rank's RNG with (seed, step, logical rank).
+        `step` seeds each logical rank's RNG with (seed, step, logical rank) inside its block; the
+        caller's RNG is left as it was.
         A shard the caller does not enter (an empty one with `yield_empty=False`,
         or one it skipped) is entered empty by the facade, so every process runs
         the same commands.
@@ -125,7 +132,7 @@ class LogicalDataParallel:
         with coordinated("step"):
             maybe_inject_command_fault("step", self.topology.rank)
             self.gradients.check_ready()
-        with coordinated("step"):
+        with coordinated("step", collectives=True):  # the reduction's collectives
             return self.trainer.step(names, learning_rate=learning_rate)
 
     def command(self, name: str):

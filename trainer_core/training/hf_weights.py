@@ -4,14 +4,24 @@ A trainer's model may carry peft LoRA layers (`q_proj` → `q_proj.base_layer`
 plus `lora_A` / `lora_B`) and a padded vocabulary. `hf_state_dict` gives the
 weights under the names `AutoModelForCausalLM` expects: `.base_layer` folded
 away, adapter tensors (peft names them `lora_*`) left out — or, for
-`merge_adapter=NAME`, each wrapped weight replaced by `W + ΔW` with peft's own
-`get_delta_weight` (computed in float32, stored in the weight's dtype) — and
-the per-token rows cut to the true vocabulary. `save_hf_model` writes it with
-`save_pretrained`, the config saying the true vocabulary size.
+`merge_adapter=NAME`, each wrapped layer's base weights (and bias) replaced by
+what peft's own `merge` makes of them — and the per-token rows cut to the true
+vocabulary. `save_hf_model` writes it with `save_pretrained`, the config
+saying the true vocabulary size.
+
+The merge is peft's, layer by layer, on a private float32 copy of the layer
+(each merged tensor is rounded once, to the dtype it trained in): a
+variant changes what merging means (DoRA rescales every output row by its
+trained magnitude, `lora_bias` moves the base bias, rsLoRA scales by
+α/√r), and `W + get_delta_weight` is right for plain LoRA only. The live
+model is never touched (merging in place and unmerging after would change
+the training weights by rounding). A variant peft cannot merge (aLoRA, an
+Arrow router…) is refused with its reason, before anything is written.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -22,31 +32,50 @@ from .vocab import cut_to_true_vocab, true_vocab_config, vocab_parameter_names
 _BASE_LAYER = ".base_layer"
 
 
-def _merged_deltas(model: nn.Module, adapter: str) -> dict[str, torch.Tensor]:
-    """`{module_name}.base_layer.weight` → ΔW of `adapter`, for every peft layer that holds the adapter."""
+def _merged_layer(module: nn.Module, module_name: str, adapter: str) -> dict[str, torch.Tensor]:
+    """The base layer's tensors after peft merges `adapter` into a copy of the layer: `{module_name}.base_layer.*`."""
+    copied = copy.deepcopy(module)  # one layer at a time: the copy costs one layer's weights, briefly
+    dtypes = {name: tensor.dtype for name, tensor in copied.get_base_layer().state_dict().items()}
+    # Merged in float32 and rounded once to each tensor's own dtype: in bf16, peft would round ΔW before adding it.
+    copied.float()
+    try:
+        # safe_merge: peft checks the merged weights are finite (a broken adapter raises, naming itself).
+        copied.merge(safe_merge=True, adapter_names=[adapter])
+    except (NotImplementedError, RuntimeError) as refused:
+        raise ValueError(f"adapter '{adapter}' cannot be merged into the base weights ({module_name}: {refused}); "
+                         "export it unmerged (export.merge_lora = false / no merge_adapter) and load it with "
+                         "PeftModel.from_pretrained") from None
+    base = copied.get_base_layer()
+    return {f"{module_name}{_BASE_LAYER}.{name}": tensor.to(dtypes[name]) for name, tensor in base.state_dict().items()}
+
+
+def _merged_base_tensors(model: nn.Module, adapter: str) -> dict[str, torch.Tensor]:
+    """Every peft layer's base tensors with `adapter` merged, by their names in `model.state_dict()`."""
     from peft.tuners.lora import LoraLayer
 
-    deltas = {}
-    for module_name, module in model.named_modules():
-        if isinstance(module, LoraLayer) and adapter in module.lora_A:
-            deltas[f"{module_name}{_BASE_LAYER}.weight"] = module.get_delta_weight(adapter)
-    if not deltas:
+    merged: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for module_name, module in model.named_modules():
+            if isinstance(module, LoraLayer) and adapter in module.lora_A.keys() | module.lora_embedding_A.keys():
+                merged.update(_merged_layer(module, module_name, adapter))
+    if not merged:
         raise ValueError(f"no LoRA layer holds an adapter named '{adapter}'; nothing to merge")
-    return deltas
+    unplaced = sorted(merged.keys() - model.state_dict().keys())
+    # A layer whose merged tensors are not the model's own (a peft layer wrapping a bare parameter) must not be
+    # left out silently: the export would hold the unmerged weights.
+    assert not unplaced, f"merged tensors with no place in the model's weights: {unplaced[:4]}"
+    return merged
 
 
 def hf_state_dict(model: nn.Module, *, vocab_size: int | None = None, merge_adapter: str | None = None) -> dict[str, torch.Tensor]:
     """Plain Hugging Face weights of `model` (see the module docstring)."""
     state = model.state_dict()
-    deltas = _merged_deltas(model, merge_adapter) if merge_adapter is not None else {}
+    merged = _merged_base_tensors(model, merge_adapter) if merge_adapter is not None else {}
     plain: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for name, tensor in state.items():
-            if ".lora_" in name:
-                continue
-            if name in deltas:
-                tensor = (tensor.float() + deltas[name].float()).to(tensor.dtype)
-            plain[name.replace(_BASE_LAYER, "")] = tensor.detach()
+    for name, tensor in state.items():
+        if ".lora_" in name:
+            continue
+        plain[name.replace(_BASE_LAYER, "")] = merged.get(name, tensor).detach()
     if vocab_size is not None:
         names = {name.replace(_BASE_LAYER, "") for name in vocab_parameter_names(model)}
         plain = cut_to_true_vocab(plain, names, vocab_size)

@@ -77,7 +77,10 @@ def compute_outputs(model: nn.Module, heads: Mapping[str, nn.Module], call: Forw
     """
     wants = set(call.outputs)
     need_hidden = "hidden" in wants or ("heads" in wants and bool(heads))
-    kwargs = dict(input_ids=call.input_ids, attention_mask=call.attention_mask, output_hidden_states=need_hidden)
+    # use_cache=False whatever the model's config says (most say true): a training forward has no use for a KV
+    # cache, and with one transformers skips its packing detection, so packed documents would attend to each other.
+    kwargs = dict(input_ids=call.input_ids, attention_mask=call.attention_mask, output_hidden_states=need_hidden,
+                  use_cache=False)
     if call.position_ids is not None:
         kwargs["position_ids"] = call.position_ids
     result = model(**kwargs)
