@@ -21,6 +21,7 @@ import asyncio
 import base64
 import hashlib
 import os
+import posixpath
 import secrets
 import shutil
 import threading
@@ -329,6 +330,38 @@ def remove_files(store: StoreLocation, base: str, relative_paths: list[str]) -> 
             Path(path).unlink(missing_ok=True)
         return
     store.fs.rm(paths)
+
+
+def remove_empty_directories(store: StoreLocation, base: str, relative_paths: list[str]) -> None:
+    """Remove `base/` and the directories of `relative_paths` under it once nothing is left in them.
+
+    Both a local disk and SeaweedFS keep a directory after its last object is
+    removed, and a reader would list it as a checkpoint. On S3 the directory
+    is its key with a trailing '/' (deleting it is a no-op where the store
+    has no such entry, as on AWS); it is deleted only after a fresh listing
+    finds no object left under `base/`.
+    """
+    base = base.rstrip("/")
+    directories = {base} | {posixpath.join(base, posixpath.dirname(p)) for p in relative_paths if "/" in p}
+    for path in list(directories):
+        while path != base:  # every ancestor up to base
+            directories.add(path)
+            path = posixpath.dirname(path)
+    deepest_first = sorted(directories, key=lambda d: d.count("/"), reverse=True)
+    if store.is_local:
+        _refuse_outside(store, base, base)
+        for directory in deepest_first:
+            try:
+                os.rmdir(directory)  # only when empty; never a link (ENOTDIR)
+            except OSError:
+                continue
+        return
+    if list_files(store, base):
+        return  # something landed there since: a directory with objects is never removed
+    for directory in deepest_first:
+        bucket, key = store.bucket_and_key(directory + "/")
+        store.fs.call_s3("delete_object", Bucket=bucket, Key=key)
+    store.fs.invalidate_cache(base)
 
 
 def remove_tree(store: StoreLocation, base: str) -> None:

@@ -2,7 +2,8 @@
 
 Found and removed, holding the run's finalizer lease (so no commit is in
 flight), and only under `RUN_ID/` with its trailing '/':
-- the objects of a checkpoint that never got its manifest (a commit that died);
+- the objects of a checkpoint that never got its manifest (a commit that died),
+  then its emptied directory (a local disk and SeaweedFS keep one);
 - objects of a committed checkpoint that its manifest does not list (the
   shards of an earlier layout of the same step);
 - temporary files of interrupted local writes;
@@ -28,7 +29,8 @@ from .checkpoints import checkpoint_names, read_manifest
 from .durable import TEMP_MARKER
 from .finalizer import FinalizerSettings, finalizer
 from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, ManifestError
-from .objects import abort_dangling_uploads, list_files, list_links, outside_store, remove_files
+from .objects import (abort_dangling_uploads, list_files, list_links, outside_store, remove_empty_directories,
+                      remove_files)
 from .storage import StoreLocation, storage_errors
 
 
@@ -72,6 +74,8 @@ def collect_garbage(store: StoreLocation, run_id: str, *, dry_run: bool = False,
                 report.removed_bytes += sum(files[path] for path in orphans)
                 if not dry_run:
                     remove_files(store, base, orphans)
+                    if manifest is None:  # nothing of it is left: its directory must not be listed as a checkpoint
+                        remove_empty_directories(store, base, orphans)
             run_root = store.path(run_id)
             report.kept += [f"{run_root}/{path}: a symbolic link (to {target}); gc never follows or removes links"
                             for path, target in sorted(list_links(store, run_root).items())]
