@@ -1,5 +1,6 @@
-"""`rankflow checkpoints list | verify | pull | gc RUN_ID [STEP]`: the verifying readers from a shell.
+"""`rankflow checkpoints runs | list | verify | pull | gc [RUN_ID [STEP]]`: the verifying readers from a shell.
 
+    rankflow checkpoints runs (--store URL | --config TOML) [--json]   every run in the store, with its LATEST
     rankflow checkpoints list RUN_ID (--store URL | --config TOML) [--json]
     rankflow checkpoints verify RUN_ID [STEP] ...     hash every byte against the manifest; exit 1 if any fails
     rankflow checkpoints pull RUN_ID [STEP] [--dest DIR]   download the newest verified (or STEP), verified
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from trainer_core.config import ConfigError
@@ -61,6 +63,25 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"{report.name}  {status:12s} {report.num_files:3d} files  {_size(report.num_bytes):>9s}{mark}")
         for problem in report.problems:
             print(f"    {problem}")
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from infra.store_runs import list_runs
+
+    store = _store(args)
+    runs = list_runs(store)
+    if args.json:
+        print(json.dumps({"store": store.url, "runs": [run.to_dict() for run in runs]}))
+        return EXIT_OK
+    if not runs:
+        print(f"{store.url}: no runs")
+    width = max((len(run.run_id) for run in runs), default=0)
+    for run in runs:
+        latest = run.latest or "no LATEST"
+        last = f"{run.last_stage} {run.last_status}" if run.last_status else "no stored ledger"
+        when = f" ({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(run.last_time))})" if run.last_time else ""
+        print(f"{run.run_id:{width}s}  {latest:14s} {run.num_checkpoints:3d} checkpoints  last: {last}{when}")
     return EXIT_OK
 
 
@@ -122,8 +143,8 @@ def _reporting_failures(handler):
         try:
             return handler(args)
         except OSError as error:
-            print(f"rankflow: checkpoints {args.checkpoints_command} {args.run_id}: {type(error).__name__}: {error}",
-                  file=sys.stderr)
+            what = " ".join(filter(None, (args.checkpoints_command, getattr(args, "run_id", None))))
+            print(f"rankflow: checkpoints {what}: {type(error).__name__}: {error}", file=sys.stderr)
             return EXIT_FAILED
 
     return run
@@ -131,22 +152,25 @@ def _reporting_failures(handler):
 
 def add_checkpoint_commands(commands: argparse._SubParsersAction) -> None:
     """Register `rankflow checkpoints …` on the top-level parser's subcommands."""
-    group = commands.add_parser("checkpoints", help="list, verify, pull or garbage-collect a run's checkpoints",
+    group = commands.add_parser("checkpoints", help="list the runs of a store; list, verify, pull or garbage-collect "
+                                "a run's checkpoints",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = group.add_subparsers(dest="checkpoints_command", required=True)
-    handlers = {"list": cmd_list, "verify": cmd_verify, "pull": cmd_pull, "gc": cmd_gc}
-    helps = {"list": "list checkpoints (quick check: sizes and recorded digests)",
+    handlers = {"runs": cmd_runs, "list": cmd_list, "verify": cmd_verify, "pull": cmd_pull, "gc": cmd_gc}
+    helps = {"runs": "list the runs in the store: LATEST, number of checkpoints, last ledger status",
+             "list": "list checkpoints (quick check: sizes and recorded digests)",
              "verify": "hash every file of every (or one) checkpoint against its manifest",
              "pull": "download the newest verified checkpoint, or STEP, verifying it",
              "gc": "remove orphaned objects, temporaries and dangling uploads of the run"}
     for name, handler in handlers.items():
         command = sub.add_parser(name, help=helps[name])
-        command.add_argument("run_id", help="the run id (NAME-DIGEST12), as `rankflow run` prints it")
+        if name != "runs":
+            command.add_argument("run_id", help="the run id (NAME-DIGEST12), as `rankflow run` prints it")
         if name in ("verify", "pull"):
             command.add_argument("step", nargs="?", type=int, help="one checkpoint's step (default: all / the newest)")
         command.add_argument("--store", help="storage URL: a path, file://PATH or s3://BUCKET/PREFIX")
         command.add_argument("--config", help="a run config TOML whose storage.url to use")
-        if name == "list":
+        if name in ("runs", "list"):
             command.add_argument("--json", action="store_true", help="print one JSON object")
         if name == "pull":
             command.add_argument("--dest", help="directory to create (default: RUN_ID/STEP-NAME)")

@@ -6,7 +6,7 @@
     rankflow server [--port P] [--db URL | --pg-dir D]  start a Prefect server on PostgreSQL, for workers
     rankflow deploy CONFIG --pool NAME [--cron EXPR]    deploy the flow to a work pool of that server
     rankflow s3 serve [--dir D] [--bucket B]            start a local S3 server (SeaweedFS)
-    rankflow checkpoints list|verify|pull|gc RUN_ID     read, verify, download or tidy a run's checkpoints
+    rankflow checkpoints runs|list|verify|pull|gc [RUN_ID]  the runs of a store; read, verify, download or tidy a run's checkpoints
 
 Exit status: 0 success; 2 bad config or input (nothing started, nothing
 written); 1 a failure during the run; 75 (EX_TEMPFAIL) another run of the

@@ -22,9 +22,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from prefect.client.orchestration import get_client
-from prefect.runtime import flow_run
-
 from infra import ledger
 from infra.lease import Lease
 from infra.publication import CommitOutcome
@@ -37,6 +34,8 @@ from tasks.outcomes import ExportOutcome, PlannedRun, SegmentOutcome
 from tasks.plan import ComputedPlan
 from trainer_core.config import RunConfig
 from trainer_core.errors import BadInputError
+
+from .run_name import rename_flow_run
 
 
 class RunFailed(RuntimeError):
@@ -84,9 +83,7 @@ class RunRecord:
     @staticmethod
     def _name_flow_run(run_id: str) -> None:
         """Name the flow run after the run id, known once the plan is computed (also when it ends Cancelled)."""
-        if flow_run.get_id() is not None:
-            with get_client(sync_client=True) as client:
-                client.update_flow_run(flow_run.get_id(), name=run_id)
+        rename_flow_run(run_id)
 
     def exported(self, staged: ExportOutcome) -> ExportOutcome:
         self.export_wall_s += staged.launch_wall_s

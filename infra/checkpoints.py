@@ -36,7 +36,7 @@ from .downloads import fetch_verified
 from .durable import temp_name
 from .latest import latest_path, parse_latest
 from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name, parse_manifest, step_of
-from .objects import confirmed, object_problem, remote_objects
+from .objects import confirmed, list_files, object_problem, remote_objects
 from .storage import StoreLocation, storage_errors
 
 _BLOCK_BYTES = 4 * 2**20
@@ -143,8 +143,23 @@ def verify_checkpoint(store: StoreLocation, run_id: str, name: str, *, full: boo
 
 
 def scan_checkpoints(store: StoreLocation, run_id: str, *, full: bool = False) -> list[CheckpointReport]:
-    """A report for every checkpoint directory of the run, oldest first."""
-    return [verify_checkpoint(store, run_id, name, full=full) for name in checkpoint_names(store, run_id)]
+    """A report for every checkpoint directory of the run that holds anything, oldest first.
+
+    A directory with no manifest and no object is nothing: a local disk and
+    SeaweedFS keep a directory whose objects were removed (by gc, or by hand).
+    """
+    reports = []
+    for name in checkpoint_names(store, run_id):
+        report = verify_checkpoint(store, run_id, name, full=full)
+        if report.manifest is None and report.step >= 0 and _holds_nothing(store, run_id, name):
+            continue
+        reports.append(report)
+    return reports
+
+
+def _holds_nothing(store: StoreLocation, run_id: str, name: str) -> bool:
+    with storage_errors(store, f"listing of {name} of run {run_id}"):
+        return not list_files(store, _base(store, run_id, name))
 
 
 def list_checkpoints(store: StoreLocation, run_id: str) -> list[str]:

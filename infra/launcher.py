@@ -6,7 +6,9 @@ the last saved state). Single-node launches rendezvous over 127.0.0.1 only
 (`infra.loopback_torchrun`). The launch runs in its own process group; a
 timeout, a stall reported by the caller's monitor, or an interrupted caller
 ends torchrun and every rank (`infra.processes.kill_launch`), and a dead
-caller takes the launch with it (PR_SET_PDEATHSIG on torchrun and each rank).
+caller takes the launch with it: torchrun and each rank start through
+`trainer_core.process_boot`, which arms PR_SET_PDEATHSIG against the parent
+that started it before any slow import, or exits if that parent is gone.
 
 Each rank's output goes to its own file (torchrun `--redirects=3`) and is
 forwarded as whole lines (`infra.rank_logs`); the result keeps each rank's last
@@ -33,9 +35,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainer_core.process_boot import BOOT_SCRIPT, PARENT_PID_ENV
 from trainer_core.rank_process import ERRORS_DIR_ENV
 
-from .processes import PARENT_PID_ENV, handles_signal, kill_launch, process_state, rank_pids, signal_pids
+from .processes import handles_signal, kill_launch, process_state, rank_pids, signal_pids
 from .rank_logs import RankLogTail
 from .rendezvous import STORE_HOST_ENV, NodeRendezvous
 
@@ -77,16 +80,21 @@ class LaunchResult:
 
 def torchrun_command(module: str, args: list[str], nproc_per_node: int, log_dir: Path,
                      node: NodeRendezvous | None = None) -> list[str]:
-    """torchrun for one node: the whole launch (`node` None), or node `node.node_rank` of a multi-node one."""
+    """torchrun for one node: the whole launch (`node` None), or node `node.node_rank` of a multi-node one.
+
+    torchrun and each rank run through `trainer_core.process_boot` (by its
+    path: the script torchrun runs on every rank), armed to die with their
+    parent before they import anything that takes time.
+    """
     rendezvous = node.torchrun_args() if node is not None else [
         "--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex}",
         "--local-addr=127.0.0.1"]
     return [
-        sys.executable, "-m", "infra.loopback_torchrun",
+        sys.executable, str(BOOT_SCRIPT), "infra.loopback_torchrun",
         f"--nproc-per-node={nproc_per_node}", *rendezvous,
         "--max-restarts=0", "--monitor-interval=0.5",
         f"--log-dir={log_dir}", "--redirects=3",
-        "-m", module, *args,
+        str(BOOT_SCRIPT), module, *args,
     ]
 
 
@@ -124,7 +132,7 @@ def _child_env(env: dict[str, str] | None, nproc_per_node: int, errors_dir: Path
         child_env[STORE_HOST_ENV] = node.host  # node 0's store serves the other nodes at the endpoint
     child_env["PYTHONUNBUFFERED"] = "1"
     child_env[ERRORS_DIR_ENV] = str(errors_dir)
-    child_env[PARENT_PID_ENV] = str(os.getpid())
+    child_env[PARENT_PID_ENV] = str(os.getpid())  # torchrun dies with this process (it names itself to the ranks)
     return child_env
 
 

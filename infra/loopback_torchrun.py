@@ -12,8 +12,11 @@ over loopback too.
 
 torchrun is started in a session of its own (so a timeout can kill its group);
 it asks the kernel for SIGKILL when its parent, the orchestrator, dies
-(`PR_SET_PDEATHSIG`), and each rank does the same with torchrun
-(`trainer_core.rank_process`), so no launch outlives a killed `rankflow run`.
+(`PR_SET_PDEATHSIG`), and each rank does the same with torchrun, so no launch
+outlives a killed `rankflow run`. The launcher starts both through
+`trainer_core.process_boot`, which arms the signal before any slow import,
+against the parent named in RANKFLOW_PARENT_PID: the launcher names itself to
+torchrun, and torchrun, here, names itself to its ranks.
 """
 
 from __future__ import annotations
@@ -55,13 +58,13 @@ def bind_stores_to_loopback(host: str = "127.0.0.1") -> None:
 
 
 def main() -> None:
-    from trainer_core.rank_process import die_with_parent
+    from trainer_core.process_boot import PARENT_PID_ENV, die_with_parent
 
-    from .processes import PARENT_PID_ENV
     from .rendezvous import STORE_HOST_ENV
 
-    expected = os.environ.get(PARENT_PID_ENV)
-    die_with_parent(int(expected) if expected else None)
+    die_with_parent()  # armed already when started through process_boot; `python -m` started, armed here
+    # The ranks follow this process: they inherit its environment, with this pid as the parent to die with.
+    os.environ[PARENT_PID_ENV] = str(os.getpid())
     # A multi-node launch across machines serves its rendezvous at the endpoint's host, and only there.
     bind_stores_to_loopback(os.environ.get(STORE_HOST_ENV, "127.0.0.1"))
     from torch.distributed.run import main as torchrun_main

@@ -35,6 +35,7 @@ import asyncio
 import base64
 import hashlib
 import os
+import posixpath
 import secrets
 import shutil
 import threading
@@ -380,21 +381,56 @@ def put_small(store: StoreLocation, path: str, data: bytes, deadline: Deadline |
 
 
 def list_files(store: StoreLocation, base: str) -> dict[str, int]:
-    """Every object under `base/` (relative path → size); empty if there is none."""
+    """Every object under `base/` (relative path → size); empty if there is none.
+
+    In a local store a symbolic link is not an object: it is neither listed
+    nor descended into, so nothing reached through one is ever removed.
+    """
     prefix = base.rstrip("/") + "/"
     try:
         found = store.fs.find(prefix, detail=True)
     except FileNotFoundError:
         return {}
     return {path.removeprefix(prefix): int(info.get("size") or 0) for path, info in found.items()
-            if path.startswith(prefix) and info.get("type", "file") != "directory"}
+            if path.startswith(prefix) and info.get("type", "file") != "directory" and not info.get("islink")}
+
+
+def list_links(store: StoreLocation, base: str) -> dict[str, str]:
+    """The symbolic links under `base/` of a local store (relative path → target); none on S3."""
+    if not store.is_local:
+        return {}
+    prefix = base.rstrip("/") + "/"
+    try:
+        found = store.fs.find(prefix, detail=True)
+    except FileNotFoundError:
+        return {}
+    return {path.removeprefix(prefix): os.readlink(path) for path, info in found.items()
+            if path.startswith(prefix) and info.get("islink")}
+
+
+def outside_store(store: StoreLocation, path: str) -> str | None:
+    """Where `path` of a local store really is when a symbolic link takes it out of the store's root, else None."""
+    if not store.is_local:
+        return None
+    root, real = os.path.realpath(store.root), os.path.realpath(path)
+    return None if real == root or real.startswith(root.rstrip(os.sep) + os.sep) else real
+
+
+def _refuse_outside(store: StoreLocation, path: str, directory: str) -> None:
+    escaped = outside_store(store, directory)
+    if escaped is not None:
+        raise PermissionError(f"refusing to remove {path}: through a symbolic link it lies in {escaped}, outside the "
+                              f"store {store.root}; nothing is removed outside a store — remove the link by hand")
 
 
 def remove_files(store: StoreLocation, base: str, relative_paths: list[str]) -> None:
+    """Remove objects under `base/`; in a local store never through a link out of the store (a link itself may go)."""
     if not relative_paths:
         return
     paths = [f"{base.rstrip('/')}/{p}" for p in relative_paths]
     if store.is_local:
+        for path in paths:  # all checked before any is removed
+            _refuse_outside(store, path, os.path.dirname(path))
         for path in paths:
             Path(path).unlink(missing_ok=True)
         return
@@ -429,9 +465,42 @@ def remove_left_temporaries(store: StoreLocation, prefix: str, *, skip: tuple[st
     return removed
 
 
+def remove_empty_directories(store: StoreLocation, base: str, relative_paths: list[str]) -> None:
+    """Remove `base/` and the directories of `relative_paths` under it once nothing is left in them.
+
+    Both a local disk and SeaweedFS keep a directory after its last object is
+    removed, and a reader would list it as a checkpoint. On S3 the directory
+    is its key with a trailing '/' (deleting it is a no-op where the store
+    has no such entry, as on AWS); it is deleted only after a fresh listing
+    finds no object left under `base/`.
+    """
+    base = base.rstrip("/")
+    directories = {base} | {posixpath.join(base, posixpath.dirname(p)) for p in relative_paths if "/" in p}
+    for path in list(directories):
+        while path != base:  # every ancestor up to base
+            directories.add(path)
+            path = posixpath.dirname(path)
+    deepest_first = sorted(directories, key=lambda d: d.count("/"), reverse=True)
+    if store.is_local:
+        _refuse_outside(store, base, base)
+        for directory in deepest_first:
+            try:
+                os.rmdir(directory)  # only when empty; never a link (ENOTDIR)
+            except OSError:
+                continue
+        return
+    if list_files(store, base):
+        return  # something landed there since: a directory with objects is never removed
+    for directory in deepest_first:
+        bucket, key = store.bucket_and_key(directory + "/")
+        store.fs.call_s3("delete_object", Bucket=bucket, Key=key)
+    store.fs.invalidate_cache(base)
+
+
 def remove_tree(store: StoreLocation, base: str) -> None:
     if store.is_local:
-        shutil.rmtree(base, ignore_errors=True)
+        _refuse_outside(store, base, base)
+        shutil.rmtree(base, ignore_errors=True)  # rmtree unlinks the links it meets, never follows them
         return
     files = list_files(store, base)
     remove_files(store, base, sorted(files))

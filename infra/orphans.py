@@ -2,7 +2,8 @@
 
 Found and removed, holding the run's finalizer lease (so no commit is in
 flight), and only under `RUN_ID/` with its trailing '/':
-- the objects of a checkpoint that never got its manifest (a commit that died);
+- the objects of a checkpoint that never got its manifest (a commit that died),
+  then its emptied directory (a local disk and SeaweedFS keep one);
 - objects of a committed checkpoint that its manifest does not list (the
   shards of an earlier layout of the same step);
 - temporary files of interrupted local writes;
@@ -11,17 +12,25 @@ flight), and only under `RUN_ID/` with its trailing '/':
 A committed checkpoint's listed files, a checkpoint whose manifest exists but
 does not parse (reported, kept for a person to look at), LATEST, the ledger,
 journals and leases are never touched.
+
+In a local store nothing is followed through a symbolic link: a run prefix
+that links out of the store is refused before anything (a lease included) is
+written through it, and a link inside the run is reported and left alone,
+never removed through (its target may be anywhere on the machine).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from trainer_core.errors import BadInputError
+
 from .checkpoints import checkpoint_names, read_manifest
 from .durable import TEMP_MARKER
 from .finalizer import FinalizerSettings, finalizer
 from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, ManifestError
-from .objects import abort_dangling_uploads, list_files, remove_files
+from .objects import (abort_dangling_uploads, list_files, list_links, outside_store, remove_empty_directories,
+                      remove_files)
 from .storage import StoreLocation, storage_errors
 
 
@@ -44,6 +53,11 @@ def collect_garbage(store: StoreLocation, run_id: str, *, dry_run: bool = False,
     """Remove the run's orphans (see the module docstring); `dry_run` only reports them."""
     settings = settings or FinalizerSettings(wait_s=60.0)
     report = GarbageReport(run_id=run_id, dry_run=dry_run)
+    escaped = outside_store(store, store.path(run_id))
+    if escaped is not None:
+        raise BadInputError(f"{store.path(run_id)} is a symbolic link to {escaped}, outside the store {store.root}: "
+                            f"gc never follows a link out of a store; give --store the store that holds run {run_id} "
+                            "itself, or remove the link")
     with storage_errors(store, f"garbage collection of run {run_id}"):
         with finalizer(store, run_id, settings, purpose=f"garbage collection of run {run_id}"):
             for name in checkpoint_names(store, run_id):
@@ -60,7 +74,11 @@ def collect_garbage(store: StoreLocation, run_id: str, *, dry_run: bool = False,
                 report.removed_bytes += sum(files[path] for path in orphans)
                 if not dry_run:
                     remove_files(store, base, orphans)
+                    if manifest is None:  # nothing of it is left: its directory must not be listed as a checkpoint
+                        remove_empty_directories(store, base, orphans)
             run_root = store.path(run_id)
+            report.kept += [f"{run_root}/{path}: a symbolic link (to {target}); gc never follows or removes links"
+                            for path, target in sorted(list_links(store, run_root).items())]
             temporaries = sorted(path for path in list_files(store, run_root) if TEMP_MARKER in path.rsplit("/", 1)[-1])
             report.removed += [f"{run_root}/{path}" for path in temporaries]
             if not dry_run:

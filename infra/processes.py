@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 
 PROC = Path("/proc")
-PARENT_PID_ENV = "RANKFLOW_LAUNCHER_PID"
-"""The pid torchrun must die with (the orchestrator's), set by the launcher."""
 
 
 def _stat_fields(pid: int) -> list[str] | None:

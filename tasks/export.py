@@ -29,6 +29,7 @@ from infra.journal import Journal, PublicationState
 from infra.publication import abort_publication, checkpoint_name
 from infra.run_lease import RunLeaseLost
 from trainer_core.plan import read_plan
+from trainer_core.progress import export_progress_path
 
 from ._launch import launch_stage
 from ._logging import rank_line_logger
@@ -37,6 +38,7 @@ from .fencing import fence, fenced_monitor
 from .outcomes import ExportOutcome, PlannedRun
 from .run_state import fetch_plan_file, fetch_segment_state
 from .retry_policy import retry_unless_fenced
+from .watchdog import ProgressWatch
 
 
 def staged_dir_for(planned: PlannedRun, segment_index: int) -> Path:
@@ -75,10 +77,13 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
         ledger.record(run_dir, "export", "repairing", step=step, segment=segment_index, reason=lost)
     fetch_segment_state(planned, segment_index)  # the work dir is a cache: the state may be only in the store
     journal.begin(fingerprint, outcome_lost=lost)
+    progress_file = export_progress_path(run_dir, segment_index)
+    progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
+    watch = ProgressWatch(progress_file, planned.stall_timeout_s)  # a hung rank: ended at stall_timeout_s, not the collective's
     try:
         launched = launch_stage(planned, "export", "trainer_core.export_main", segment_index,
                                 ["--out", str(out_dir)], on_line, timeout_s=planned.export_timeout_s,
-                                monitor=fenced_monitor(planned, f"export of segment {segment_index}", None))
+                                monitor=fenced_monitor(planned, f"export of segment {segment_index}", watch))
     except RunLeaseLost:
         raise  # the staging belongs to the run that holds the lease now
     except Exception as error:

@@ -87,5 +87,5 @@ def plan_run_fn(config: RunConfig) -> PlannedRun:
     return write_plan_fn(config, compute_plan_fn(config))
 
 
-compute_plan = task(name="plan", cache_policy=NO_CACHE)(compute_plan_fn)
-write_plan_task = task(name="plan-write", cache_policy=NO_CACHE)(write_plan_fn)
+compute_plan = task(name="plan", task_run_name="plan-{config.run.name}", cache_policy=NO_CACHE)(compute_plan_fn)
+write_plan_task = task(name="plan-write", task_run_name="plan-write-{computed.run_id}", cache_policy=NO_CACHE)(write_plan_fn)

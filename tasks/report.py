@@ -80,7 +80,7 @@ def summary_markdown(planned: PlannedRun, commits: list[CommitOutcome], location
     )
 
 
-@task(name="report", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 5], retry_condition_fn=retry_unless_fenced)
+@task(name="report", task_run_name="report-{planned.run_id}", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 5], retry_condition_fn=retry_unless_fenced)
 def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[CommitOutcome]) -> dict[str, str]:
     create_table_artifact(
         key=artifact_key(planned.run_id, "segments"),

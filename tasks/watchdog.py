@@ -1,12 +1,14 @@
-"""The segment's step-progress watchdog: no progress for `train.stall_timeout_s` ends the launch.
+"""The progress watchdog of a segment or an export launch: no progress for `train.stall_timeout_s` ends it.
 
 It tails the progress file rank 0 writes (`trainer_core.progress`): `ready`
-when setup is done, one `step` record per optimizer step, `saving` and `saved`
-around the state save. Each record resets the clock, which starts when the
-launch starts. Every step and the state save must finish within
-`stall_timeout_s`; setup (process start, imports, rendezvous, building the
-model, restoring the state) gets `max(stall_timeout_s, SETUP_GRACE_S)`, since
-on a busy machine starting the ranks alone can outlast a short step budget.
+when setup is done; for a segment one `step` record per optimizer step,
+`saving` and `saved` around the state save; for an export one `phase` record
+as each preparation phase begins, `exported` at the end. Each record resets
+the clock, which starts when the launch starts. Every step, every export
+phase and the state save must finish within `stall_timeout_s`; setup
+(process start, imports, rendezvous, building the model, restoring the
+state) gets `max(stall_timeout_s, SETUP_GRACE_S)`, since on a busy machine
+starting the ranks alone can outlast a short step budget.
 A rank that is stopped, hung, or blocked in a collective on a dead peer stops
 the records, and the launch is ended after `stall_timeout_s` plus a few
 seconds, not after the collective timeout.
@@ -28,7 +30,7 @@ SETUP_GRACE_S = 120.0
 """The least time setup gets before the first record, whatever stall_timeout_s is."""
 
 
-class SegmentWatch:
+class ProgressWatch:
     def __init__(self, progress_file: Path, stall_timeout_s: float,
                  on_records: Callable[[list[dict]], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._reader = ProgressReader(progress_file)
@@ -59,8 +61,14 @@ class SegmentWatch:
             return "setup never finished"
         if last["event"] == "step":
             return f"last completed step {last['step']}"
+        if last["event"] == "phase":
+            return f"stuck in the export phase '{last['phase']}'"
         return f"last event: {last['event']}"
 
     @property
     def steps(self) -> list[dict]:
         return [r for r in self.records if r["event"] == "step"]
+
+
+SegmentWatch = ProgressWatch
+"""The name segments (and their tests) know it by."""

@@ -15,7 +15,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .rank_process import die_with_parent, dump_stacks_on, record_error, write_line
+from .process_boot import die_with_parent
+from .rank_process import dump_stacks_on, record_error, write_line
 from .ranks.coordination import RankFailure
 from .ranks.topology import Topology, check_topology
 
@@ -63,7 +64,9 @@ def run_rank_main(main) -> None:
     peer failed and this rank stopped with it, see `trainer_core.ranks`) is
     printed but not recorded: the failing rank recorded its own error, and the
     launcher names the first failing rank from the records. The rank dies with
-    torchrun, and prints its stacks on SIGUSR1 (asked by the stall watchdog).
+    torchrun, the parent the launch named (armed already when the launcher
+    started it through `trainer_core.process_boot`; a rank started otherwise
+    arms here), and prints its stacks on SIGUSR1 (asked by the stall watchdog).
     """
     die_with_parent()
     dump_stacks_on()

@@ -9,6 +9,8 @@ any rank fails, every rank aborts and the error names the failing rank. A
 staged directory whose manifest still verifies with the same weights is kept as
 it is: a retried export does not serialize the same checkpoint again. The
 manifest carries the checkpoint's provenance (format rankflow-checkpoint/2).
+Rank 0 records its progress (`trainer_core.progress`: ready, each phase,
+exported), so the stall watchdog ends an export whose rank hangs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .faults import maybe_inject_export_fault
 from .files import write_text_atomic
 from .model import build_trainer
 from .plan import Plan, read_plan
+from .progress import ProgressWriter, export_progress_path
 from .ranks import exchange
 from .state import load_training_state, state_dir_for
 
@@ -43,6 +46,16 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
     config = plan.run_config()
     topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s,
                                 config.train.global_batch_size)
+    progress = ProgressWriter(export_progress_path(run_dir, segment_index), rank=topology.rank)
+    try:
+        _export(run_dir, segment_index, out_dir, plan, topology, progress, started)
+    finally:
+        progress.close()
+
+
+def _export(run_dir: Path, segment_index: int, out_dir: Path, plan: Plan, topology, progress: ProgressWriter,
+            started: float) -> None:
+    config = plan.run_config()
     error = trainer = meta = None
     try:
         trainer = build_trainer(config)
@@ -50,6 +63,7 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
     except Exception as failure:  # noqa: BLE001 - every rank hears of it in the exchange, then raises
         error = failure
     exchange("export", error)
+    progress.write("ready")
     step = meta["next_step"]
     provenance = {
         "run_id": plan.run_id, "step": step, "plan_digest": plan.digest,
@@ -57,13 +71,19 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
         "base_model": config.model.path or config.model.config,
         "world_size": topology.world_size, "logical_dp": config.train.logical_dp,
     }
-    prepared = prepare_export(topology, config, trainer, out_dir, provenance,
-                              lambda rank, phase: maybe_inject_export_fault(rank) if phase == "weights" else None)
+
+    def at_phase(rank: int, phase: str) -> None:
+        progress.write("phase", phase=phase)  # each phase ends in an exchange: a hung rank stops the records
+        if phase == "weights":
+            maybe_inject_export_fault(rank)
+
+    prepared = prepare_export(topology, config, trainer, out_dir, provenance, at_phase)
     if topology.rank == 0:
         result = {"segment": segment_index, "step": step, "out_dir": str(out_dir), "reused": prepared["reused"],
                   "weights_sha256": prepared["weights_sha256"], "export_s": time.perf_counter() - started}
         write_text_atomic(out_dir.parent / f"{out_dir.name}.result.json", json.dumps(result, indent=2))
         log(f"export of step {step} {'reused (manifest verifies)' if prepared['reused'] else 'written'} at {out_dir}")
+    progress.write("exported")
     if dist.is_initialized():
         dist.barrier()
 

@@ -1,10 +1,13 @@
-"""Live progress of a segment: rank 0 appends one JSON line per event to a small file.
+"""Live progress of a segment or an export: rank 0 appends one JSON line per event to a small file.
 
     RUN_DIR/progress/segment-NNNN.jsonl
+    RUN_DIR/progress/export-NNNN.jsonl
 
-Events: `ready` (setup done: the process group is up, the model built and the
-state restored), `step` (one optimizer step finished, with its figures) and
-`saved` (the segment's state is saved). The orchestrator tails the file while
+Segment events: `ready` (setup done: the process group is up, the model built
+and the state restored), `step` (one optimizer step finished, with its
+figures) and `saved` (the segment's state is saved). Export events: `ready`
+(the state is loaded on every rank), `phase` (a preparation phase begins:
+`phase` names it) and `exported` (the staging is in place). The orchestrator tails the file while
 torchrun runs: it shows the figures live and its watchdog treats every event
 as a sign of progress. Each record is written with one `os.write` on a file
 opened with O_APPEND, so a reader never sees half a record followed by another.
@@ -21,6 +24,11 @@ from pathlib import Path
 
 def progress_path(run_dir: Path, segment_index: int) -> Path:
     return run_dir / "progress" / f"segment-{segment_index:04d}.jsonl"
+
+
+def export_progress_path(run_dir: Path, segment_index: int) -> Path:
+    """The progress of the export of segment `segment_index`'s state."""
+    return run_dir / "progress" / f"export-{segment_index:04d}.jsonl"
 
 
 class ProgressWriter:

@@ -4,8 +4,10 @@ torchrun starts each rank in a session of its own, so a signal to torchrun's
 process group never reaches the ranks, and a torchrun that is killed outright
 (SIGKILL: its parent died, or the orchestrator gave up on a stalled launch)
 would leave them running. Each rank therefore asks the kernel to SIGKILL it
-when its parent dies (`PR_SET_PDEATHSIG`), which also ends a rank that is
-stopped (SIGSTOP) or blocked in a collective.
+when torchrun dies (`PR_SET_PDEATHSIG`), which also ends a rank that is
+stopped (SIGSTOP) or blocked in a collective: armed before its first import
+by `trainer_core.process_boot`, which the launcher starts every rank with,
+and again (against the same parent) by `run_rank_main`.
 
 A rank's lines are written with one `write` each: `print` writes the text and
 the newline separately, and two ranks sharing a pipe could interleave them.
@@ -18,7 +20,6 @@ failing rank even when the others fail a moment later because of it.
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import json
 import os
@@ -28,25 +29,8 @@ import time
 import traceback
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
 ERRORS_DIR_ENV = "RANKFLOW_RANK_ERRORS_DIR"
 _ATOMIC_LINE_BYTES = 4000  # below PIPE_BUF (4096): one write(2) of this size is never interleaved
-
-
-def die_with_parent(expected_parent: int | None = None) -> None:
-    """SIGKILL this process when its parent exits; exit now if it already has.
-
-    `expected_parent` closes the window between fork and this call; without it
-    the parent seen now is taken as the one to follow.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid() if expected_parent is None else expected_parent
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(1)
 
 
 def dump_stacks_on(sig: int = signal.SIGUSR1) -> None:

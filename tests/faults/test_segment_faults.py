@@ -120,3 +120,31 @@ def test_the_export_launch_has_its_own_timeout(tmp_path):
         export_segment_fn(planned, 0, on_line=lambda _: None)
     assert raised.value.failure.cause is FailureClass.LAUNCH_TIMEOUT and time.monotonic() - started < 30
     assert launch_processes(Path(planned.run_dir)) == []
+
+
+def test_a_hung_export_rank_is_ended_by_the_stall_watchdog_and_the_retry_exports(planned, monkeypatch, tmp_path):
+    from tasks.export import export_segment_fn
+    from trainer_core.faults import EXPORT_FAULT_ENV
+
+    # The collective timeout (60 s) is far past the watchdog's (12 s): only the watchdog can end it in time.
+    config_path = Path(planned.run_dir) / "plan.json"
+    config_path.write_text(config_path.read_text().replace('"collective_timeout_s": 120', '"collective_timeout_s": 60'))
+    publish_plan(planned)
+    train_segment_fn(planned, 0, on_line=lambda _: None)  # the state the export loads, in the store
+    marker = tmp_path / "export-hang"
+    monkeypatch.setenv(EXPORT_FAULT_ENV, f"1:{marker}")
+    monkeypatch.setenv(FAULT_KIND_ENV, "hang")
+    with pytest.raises(LaunchError, match="stall watchdog") as raised:
+        export_segment_fn(planned, 0, on_line=lambda _: None)
+    time_to_fail_s = time.time() - marker.stat().st_mtime
+    print(f"time to fail, hung export rank: {time_to_fail_s:.1f} s")
+    failure = raised.value.failure
+    assert failure.cause is FailureClass.RANK_STALLED and failure.retriable and failure.stage == "export"
+    assert failure.rank == 1  # the hung rank, not the one waiting for it in a collective
+    assert time_to_fail_s <= STALL_TIMEOUT_S + 8
+    deadline = time.monotonic() + 5
+    while launch_processes(Path(planned.run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert launch_processes(Path(planned.run_dir)) == [], "a process of the ended export survived"
+    retried = export_segment_fn(planned, 0, on_line=lambda _: None)  # the marker says: fault done
+    assert retried.step == 3 and (Path(retried.staged_dir) / "MANIFEST.json").is_file()
