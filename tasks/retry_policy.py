@@ -4,7 +4,8 @@ Bad data or config, code errors and in-rank out-of-memory errors would fail the
 same way again, so they end the task at once; a dead, stalled or preempted
 rank, a collective timeout or a storage outage is retried from the last saved
 state, up to the task's `retries`. A stage fenced off by the run lease
-(another run of the run id took it over) is never retried.
+(another run of the run id took it over), or whose finalizer lease another
+holder took over, is never retried: the new holder resumes the work.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
 
 from infra.failures import classify_exception
-from infra.run_lease import RunAlreadyActive, RunLeaseLost
+from infra.lease import LeaseLostError
+from infra.run_lease import RunAlreadyActive
+
+# RunLeaseLost is a LeaseLostError: the run lease, and the finalizer lease, taken over.
+_FENCED = (LeaseLostError, RunAlreadyActive)
 
 
 def retry_if_retriable(task, task_run: TaskRun, state: State) -> bool:
@@ -21,12 +26,12 @@ def retry_if_retriable(task, task_run: TaskRun, state: State) -> bool:
     error = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
     if not isinstance(error, BaseException):
         return True
-    if isinstance(error, (RunLeaseLost, RunAlreadyActive)):
-        return False  # another run of this run id owns it: a retry would only be fenced again
+    if isinstance(error, _FENCED):
+        return False  # another holder owns it: a retry would only be fenced again
     return classify_exception(error).retriable
 
 
 def retry_unless_fenced(task, task_run: TaskRun, state: State) -> bool:
-    """For publication stages, which retry every failure: every one but a lost run lease."""
+    """For publication stages, which retry every failure: every one but a lost lease."""
     error = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
-    return not isinstance(error, (RunLeaseLost, RunAlreadyActive))
+    return not isinstance(error, _FENCED)
