@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .durable import create_exclusive, write_durable
-from .storage import StoreLocation, run_async, storage_errors
+from .storage import StoreLocation, read_body, run_async, storage_errors
 
 _PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
 
@@ -92,7 +92,7 @@ def read_versioned(store: StoreLocation, path: str) -> Versioned | None:
                 return Versioned(await stream.read(), response["ETag"])
 
         try:
-            return run_async(store, None, get)
+            return run_async(store, None, read_body, store.timeouts, get)
         except FileNotFoundError:
             return None
 
