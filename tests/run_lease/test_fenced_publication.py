@@ -59,9 +59,14 @@ class Theft:
 
 
 def tree(store) -> dict[str, bytes]:
-    root = Path(store.root)
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and "/leases/" not in f"/{p.relative_to(root).as_posix()}" and not p.name.startswith(".")}
+    """Every object under the store's root but the leases (and a local store's lock files), with its bytes."""
+    try:
+        paths = store.fs.find(store.root)
+    except FileNotFoundError:
+        return {}
+    relative = {path: path.removeprefix(store.root.rstrip("/") + "/") for path in paths}
+    return {name: store.fs.cat_file(path) for path, name in sorted(relative.items())
+            if "/leases/" not in f"/{name}" and not name.rsplit("/", 1)[-1].startswith(".")}
 
 
 def written_after(theft: Theft) -> dict[str, bytes]:
@@ -70,9 +75,12 @@ def written_after(theft: Theft) -> dict[str, bytes]:
     return {path: data for path, data in now.items() if theft.snapshot.get(path) != data}
 
 
-@pytest.fixture
-def store(tmp_path):
-    return open_store(str(tmp_path / "store"))
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def store(request, tmp_path):
+    if request.param == "local":
+        return open_store(str(tmp_path / "store"))
+    request.getfixturevalue("s3_env")
+    return open_store(request.getfixturevalue("s3_bucket_url"))
 
 
 @pytest.fixture
