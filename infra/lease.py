@@ -241,12 +241,12 @@ class Lease:
                 current = read_versioned(self.store, self.path)
             except OSError:
                 current = None
-            if current is None or _token_of(current.data) != record.token:
+            if current is None or current.data != record.to_bytes():
                 raise  # the write's own error stands: it did not land, or the store cannot say
-        else:
-            if tag is not None:
-                return tag, None
-            current = read_versioned(self.store, self.path)
+            return current.tag, None
+        if tag is not None:
+            return tag, None
+        current = read_versioned(self.store, self.path)
         if current is not None and current.data == record.to_bytes():
             return current.tag, None
         return None, current
@@ -383,11 +383,6 @@ def _parse(data: bytes) -> LeaseRecord | None:
         return LeaseRecord.from_bytes(data)
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def _token_of(data: bytes) -> str | None:
-    record = _parse(data)
-    return record.token if record is not None else None
 
 
 def read_lease(store: StoreLocation, path: str) -> LeaseRecord | None:

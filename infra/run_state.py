@@ -13,10 +13,11 @@ relative paths, and one manifest per bundle:
 Publication follows the checkpoints' rules (infra/publication.py): holding the
 run's finalizer lease (so `rankflow checkpoints gc` never runs beside an
 upload) and checking the run's lease after each data file and before the
-manifest (`StateSettings.finalizer.run_lease_token`), the data objects go first — each skipped when already there with
-the right size and sha256 — and the manifest last; a manifest that differs is
-removed before any object it lists changes. A bundle exists only when its
-manifest does, so an interrupted upload is never used: its retry finishes it.
+manifest (`StateSettings.finalizer.run_lease_token`), the data objects go
+first — each skipped when already there with the right size and sha256 — and
+the manifest last; a manifest that differs is removed before any object it
+lists changes. A bundle exists only when its manifest does, so an interrupted
+upload is never used: its retry finishes it.
 
 Fetching makes the local run directory (`run.work_dir`, a cache) hold what a
 stage needs: each file is kept if it matches the stored manifest, otherwise

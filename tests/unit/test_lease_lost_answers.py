@@ -202,3 +202,37 @@ def test_a_finalizer_write_whose_answer_was_lost_holds_the_lease_at_once(store, 
         record = stored(store, held.path)
         assert lost and record.token == held.record.token and record.generation == 1
     assert waited_s < 1.0  # it did not poll for a holder that was itself
+
+
+# -- a lapse the store never saw taken over --------------------------------------
+
+def test_a_lease_that_lapsed_unrenewed_and_was_not_taken_over_is_renewed_by_check(store):
+    """Paused (no heartbeat) past its ttl, nobody took it: the store still holds this holder's token."""
+    lease = Lease.for_run(store, RUN, "finalizer", ttl_s=0.5).acquire()
+    time.sleep(0.7)
+    assert stored(store, lease.path).expired(time.time())
+    lease.check()  # before: LeaseLostError, "expired unrenewed"
+    record = stored(store, lease.path)
+    assert record.token == lease.record.token and not record.expired(time.time())
+    assert lease.release()
+
+
+def test_a_heartbeat_cut_off_past_the_ttl_keeps_the_lease_nobody_took(store, monkeypatch):
+    lease = Lease.for_run(store, RUN, "finalizer", ttl_s=0.6, heartbeat_s=0.1).acquire()
+    real = conditional.replace_if_unchanged
+    cut_off = [True]
+
+    def unreachable(store_, path, data, tag):
+        if cut_off[0]:
+            raise ConnectionRefusedError("object storage unreachable")
+        return real(store_, path, data, tag)
+
+    monkeypatch.setattr(lease_module, "replace_if_unchanged", unreachable)
+    lease.start_heartbeat()
+    time.sleep(1.0)  # every renewal fails, past the ttl
+    assert stored(store, lease.path).expired(time.time())
+    cut_off[0] = False
+    time.sleep(0.4)  # the store answers again: the heartbeat, still running, renews
+    assert not stored(store, lease.path).expired(time.time())  # before: the heartbeat had given up (lost)
+    lease.check()
+    assert lease.release()
