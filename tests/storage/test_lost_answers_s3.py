@@ -23,8 +23,8 @@ import time
 import pytest
 
 from infra.failures import FailureClass, classify_exception
-from infra.lease import Lease, LeaseRecord
-from infra.run_lease import acquire_run_lease, run_lease_path
+from infra.lease import LeaseRecord
+from infra.run_lease import acquire_run_lease, check_run_lease
 from infra.run_state import fetch_bundle, manifest_path, publish_bundle
 from infra.s3_server import CONFLICTING_AWS_ENV_VARS
 from infra.storage import open_store
@@ -70,22 +70,22 @@ def test_the_first_run_lease_write_whose_answer_was_lost_holds_the_lease(proxy, 
     assert LeaseRecord.from_bytes(direct[0].cat_file(f"{direct[1]}/{RUN}/leases/run.json")).released
 
 
-def test_a_renewal_whose_answer_was_lost_keeps_the_lease(proxy, direct, s3_bucket_url):
+def test_a_run_lease_renewal_whose_answer_was_lost_keeps_the_run_going(proxy, direct, s3_bucket_url):
+    """Before: the heartbeat took its own renewal for a takeover and stopped; the run failed, lease_lost, a ttl later."""
     store = open_store(s3_bucket_url)
-    lease = Lease.for_run(store, RUN, "finalizer", ttl_s=3.0, heartbeat_s=0.5).acquire()
-    proxy.drop_answer(conditional_put_of("/leases/finalizer.json", "if-match"))
-    lease.start_heartbeat()
+    proxy.drop_answer(conditional_put_of("/leases/run.json", "if-match"))
+    lease = acquire_run_lease(store, RUN, ttl_s=3.0, wait_s=0)  # heartbeat every ttl / 3
     try:
         deadline = time.monotonic() + 20
         while not proxy.applied:
             assert time.monotonic() < deadline, "the heartbeat never renewed"
             time.sleep(0.1)
-        time.sleep(4.0)  # past the ttl: the renewals after the lost answer must have kept it
-        lease.check()  # before: LeaseLostError, "was taken over" (by itself)
+        time.sleep(4.0)  # past the ttl: only the renewals after the lost answer can have kept it
+        check_run_lease(store, RUN, lease.record.token, "segment 1")
+        lease.check()
         fs, root = direct
-        stored = LeaseRecord.from_bytes(fs.cat_file(f"{root}/{RUN}/leases/finalizer.json"))
-        assert stored.token == lease.record.token and stored.expires_at > time.time()
-        assert not lease.lost
+        stored = LeaseRecord.from_bytes(fs.cat_file(f"{root}/{RUN}/leases/run.json"))
+        assert stored.token == lease.record.token and stored.expires_at > time.time() and not lease.lost
     finally:
         assert lease.release()
 
