@@ -55,7 +55,8 @@ class Theft:
 
     def check_stolen(self) -> None:
         assert self.at is not None, "the theft never happened"
-        assert LeaseRecord.from_bytes(self.store.fs.cat_file(run_lease_path(self.store, RUN))).owner == "gpu-node-9:4242"
+        stored = LeaseRecord.from_bytes(self.store.fs.cat_file(run_lease_path(self.store, RUN)))
+        assert stored.owner == "gpu-node-9:4242"
 
 
 def tree(store) -> dict[str, bytes]:

@@ -71,7 +71,7 @@ def test_the_first_run_lease_write_whose_answer_was_lost_holds_the_lease(proxy, 
 
 
 def test_a_run_lease_renewal_whose_answer_was_lost_keeps_the_run_going(proxy, direct, s3_bucket_url):
-    """Before: the heartbeat took its own renewal for a takeover and stopped; the run failed, lease_lost, a ttl later."""
+    """Before: the heartbeat took its own renewal for a takeover and stopped; the fence failed a ttl later."""
     store = open_store(s3_bucket_url)
     proxy.drop_answer(conditional_put_of("/leases/run.json", "if-match"))
     lease = acquire_run_lease(store, RUN, ttl_s=3.0, wait_s=0)  # heartbeat every ttl / 3

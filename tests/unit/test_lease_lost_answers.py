@@ -97,7 +97,7 @@ def test_a_create_retried_after_its_answer_was_lost_returns_the_tag_of_its_bytes
     monkeypatch.setattr(conditional, "create_exclusive", retried)
     tag = conditional.create_if_absent(store, path, b'{"nonce": "mine"}')
     assert tag is not None and tag == conditional.read_versioned(store, path).tag
-    assert conditional.create_if_absent(store, path, b'{"nonce": "someone else"}') is None  # a real conflict still is one
+    assert conditional.create_if_absent(store, path, b'{"nonce": "someone else"}') is None  # a real conflict
 
 
 def test_a_replace_whose_answer_was_lost_returns_the_tag_of_its_bytes(store, monkeypatch):
