@@ -11,8 +11,16 @@ operations, so that two writers on two machines can never both win.
 - Local filesystem: create publishes a fully written file with os.link (which
   fails when the name exists); replace holds an exclusive flock on a sidecar
   lock file while it compares and renames. The tag is the sha256 of
-  the bytes (the objects written here carry a fresh nonce, so equal bytes mean
-  the same write).
+  the bytes.
+
+A write whose answer was lost is confirmed from the store. When the server
+applied a conditional PUT but its answer never arrived, the client's retry of
+the same request is refused (412: the first one changed the object), or the
+client gives up with a connection error. So after a refused or failed write
+the object is read back: if it holds exactly the bytes written, the write
+landed and its tag is returned. A lease record carries a fresh token, so its
+bytes are this write's own; for LATEST they may be a racer's identical
+pointer, which leaves LATEST where this write wanted it.
 """
 
 from __future__ import annotations
@@ -23,12 +31,12 @@ import hashlib
 import os
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from .durable import create_exclusive, write_durable
-from .storage import StoreLocation, run_async, storage_errors
+from .storage import StoreLocation, read_body, run_async, storage_errors
 
 _PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
 
@@ -84,7 +92,7 @@ def read_versioned(store: StoreLocation, path: str) -> Versioned | None:
                 return Versioned(await stream.read(), response["ETag"])
 
         try:
-            return run_async(store, None, get)
+            return run_async(store, None, read_body, store.timeouts, get)
         except FileNotFoundError:
             return None
 
@@ -102,33 +110,70 @@ def _local_lock(path: Path) -> Iterator[None]:
         os.close(descriptor)  # closing releases the lock
 
 
+def _holding(store: StoreLocation, path: str, data: bytes) -> str | None:
+    """The object's tag if it holds exactly `data`, else None (an unreadable store raises)."""
+    current = read_versioned(store, path)
+    return current.tag if current is not None and current.data == data else None
+
+
+def _confirmed(store: StoreLocation, path: str, data: bytes, what: str, write: Callable[[], str | None]) -> str | None:
+    """Run a conditional `write`; a refused or failed one that nonetheless landed (its answer lost) wins."""
+    try:
+        with storage_errors(store, what):
+            tag = write()
+    except OSError:
+        try:
+            landed = _holding(store, path, data)
+        except OSError:
+            landed = None
+        if landed is None:
+            raise  # the write's own error stands (the object is not ours, or cannot be read): retry later
+        return landed
+    # Refused: by another writer, or by a first try of this very request that landed unanswered.
+    # If the object cannot be read now, that is an outage, never a refusal.
+    return tag if tag is not None else _holding(store, path, data)
+
+
+def _create_local(path: Path, data: bytes) -> str | None:
+    with _local_lock(path):
+        created = create_exclusive(path, data)
+    return hashlib.sha256(data).hexdigest() if created else None
+
+
+def _replace_local(path: Path, data: bytes, tag: str) -> str | None:
+    with _local_lock(path):
+        try:
+            current = hashlib.sha256(path.read_bytes()).hexdigest()
+        except FileNotFoundError:
+            return None
+        if current != tag:
+            return None
+        write_durable(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
 def create_if_absent(store: StoreLocation, path: str, data: bytes) -> str | None:
     """Write `data` only if `path` does not exist; the new tag, or None if it existed."""
-    with storage_errors(store, f"conditional create of {path}"):
+
+    def create() -> str | None:
         if store.is_local:
-            with _local_lock(Path(path)):
-                created = create_exclusive(Path(path), data)
-            return hashlib.sha256(data).hexdigest() if created else None
+            return _create_local(Path(path), data)
         response = _s3_call(store, "put_object", path, Body=data, IfNoneMatch="*")
         return None if response is None else response["ETag"]
+
+    return _confirmed(store, path, data, f"conditional create of {path}", create)
 
 
 def replace_if_unchanged(store: StoreLocation, path: str, data: bytes, tag: str) -> str | None:
     """Replace the object only if it still carries `tag`; the new tag, or None if it changed."""
-    with storage_errors(store, f"conditional replace of {path}"):
+
+    def replace() -> str | None:
         if store.is_local:
-            target = Path(path)
-            with _local_lock(target):
-                try:
-                    current = hashlib.sha256(target.read_bytes()).hexdigest()
-                except FileNotFoundError:
-                    return None
-                if current != tag:
-                    return None
-                write_durable(target, data)
-            return hashlib.sha256(data).hexdigest()
+            return _replace_local(Path(path), data, tag)
         response = _s3_call(store, "put_object", path, Body=data, IfMatch=tag)
         return None if response is None else response["ETag"]
+
+    return _confirmed(store, path, data, f"conditional replace of {path}", replace)
 
 
 def check_conditional_writes(store: StoreLocation, probe_prefix: str) -> None:

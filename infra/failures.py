@@ -10,6 +10,8 @@
 | collective_timeout | a collective timed out or lost a peer                     | yes     |
 | preempted          | a rank was told to stop (SIGTERM, SIGINT, SIGHUP)         | yes     |
 | storage_outage     | object storage was unreachable or failed                  | yes     |
+| lease_lost         | another run of this run id took the run lease over        | no      |
+| finalizer_lost     | another holder (a gc, a stale takeover) took the finalizer lease over mid-write; this run still holds its run lease | yes |
 | launch_timeout     | the launch ran past its wall-clock limit                  | yes     |
 | transient          | anything else (an injected fault, an unknown error)       | yes     |
 
@@ -17,6 +19,14 @@ A rank killed by a signal is the first failing rank even when a peer reported
 an error first: the peer's error ("connection closed by peer") is the effect.
 Otherwise the earliest recorded error that is not a lost-peer effect wins.
 Retries resume from the last saved state (see tasks/segment.py).
+
+A lost lease is never a code error. A lost run lease is never retried: the
+run belongs to the new holder, which resumes it. A lost finalizer lease alone
+is retried: the run lease (checked inside every finalizer-held write) still
+says no other run of the run id is at work, so the next try takes the
+finalizer again and resumes from what the store holds. A lease write whose
+answer was lost is no loss at all (infra/lease.py settles it by what the store
+holds).
 """
 
 from __future__ import annotations
@@ -36,11 +46,14 @@ class FailureClass(str, Enum):
     PREEMPTED = "preempted"
     STORAGE_OUTAGE = "storage_outage"
     LAUNCH_TIMEOUT = "launch_timeout"
+    LEASE_LOST = "lease_lost"
+    FINALIZER_LOST = "finalizer_lost"
     TRANSIENT = "transient"
 
     @property
     def retriable(self) -> bool:
-        return self not in (FailureClass.BAD_INPUT, FailureClass.CODE_ERROR, FailureClass.OUT_OF_MEMORY)
+        return self not in (FailureClass.BAD_INPUT, FailureClass.CODE_ERROR, FailureClass.OUT_OF_MEMORY,
+                            FailureClass.LEASE_LOST)
 
 
 _BAD_INPUT_TYPES = {"ValueError", "DataError", "ConfigError", "UnicodeDecodeError", "JSONDecodeError"}
@@ -50,6 +63,9 @@ _CODE_ERROR_TYPES = {
     "RecursionError", "FileNotFoundError", "IsADirectoryError", "NotADirectoryError",
 }
 _OOM_TYPES = {"MemoryError", "OutOfMemoryError"}
+# infra/lease.py and infra/run_lease.py: RuntimeErrors, but no bug.
+_LEASE_LOST_TYPES = {"RunLeaseLost"}
+_FINALIZER_LOST_TYPES = {"LeaseLostError"}
 _STORAGE_TYPES = {"ConnectionError", "ConnectionRefusedError", "ConnectionResetError", "TimeoutError",
                   "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "OSError", "PermissionError"}
 _COLLECTIVE_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError", "GradientTransactionError"}
@@ -76,7 +92,12 @@ class Failure:
 
     def headline(self) -> str:
         where = f"rank {self.rank}" if self.rank is not None else "no single rank"
-        verdict = "will be retried from the last saved state" if self.retriable else "not retried: fix and re-run"
+        if self.retriable:
+            verdict = "will be retried from the last saved state"
+        elif self.cause is FailureClass.LEASE_LOST:
+            verdict = "not retried: the lease's new holder owns the work now"
+        else:
+            verdict = "not retried: fix and re-run"
         return f"{self.stage} failed on {where}: {self.cause.value} ({self.detail}); {verdict}"
 
     def to_dict(self) -> dict:
@@ -90,6 +111,10 @@ def classify_error(type_name: str, message: str) -> FailureClass:
     lowered = message.lower()
     if type_name == "InjectedFault":
         return FailureClass.TRANSIENT
+    if type_name in _LEASE_LOST_TYPES:
+        return FailureClass.LEASE_LOST
+    if type_name in _FINALIZER_LOST_TYPES:
+        return FailureClass.FINALIZER_LOST
     if type_name in _OOM_TYPES or "out of memory" in lowered:
         return FailureClass.OUT_OF_MEMORY
     if type_name in _COLLECTIVE_TYPES:

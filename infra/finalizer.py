@@ -9,6 +9,14 @@ with a small object `RUN_ID/finalizer-queue/step-N.json` (refreshed every
 while an earlier step's waiter is alive. A waiter that died stops counting
 `ttl_s` after its last refresh, so it cannot block the run. A publication that
 already has its outcome never comes here (a retry skips the FIFO wait).
+
+The finalizer also fences the writer's run: given the run lease the writer's
+run holds (`FinalizerSettings.run_lease_token`), it checks that lease once it
+holds the finalizer, before each queue refresh, and in every `check()` of the
+held section (infra/run_lease.py). Publication calls `check()` right before
+each write that makes an outcome (the manifest, LATEST, a bundle manifest, the
+journal) and after each data file, so a run whose lease was taken over while it
+was inside (paused past its ttl, cut off) writes nothing more from there on.
 """
 
 from __future__ import annotations
@@ -16,13 +24,14 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .lease import Lease, LeaseHeldError
+from .lease import Lease, LeaseHeldError, LeaseRecord
 from .manifests import checkpoint_name, step_of
 from .objects import put_small
+from .run_lease import check_run_lease
 from .storage import StoreLocation, storage_errors
 
 FINALIZER_LEASE = "finalizer"
@@ -38,6 +47,40 @@ class FinalizerSettings:
     poll_s: float = 0.5
     owner: str | None = None
     """Who holds the lease (default host:pid)."""
+    run_lease_token: str | None = None
+    """The run lease the writer's run holds (None: not fenced, e.g. `rankflow checkpoints gc`); checked with
+    the finalizer lease, so a run whose lease was taken over publishes nothing more."""
+
+
+@dataclass(frozen=True)
+class HeldFinalizer:
+    """The finalizer lease, held; `check()` fences a write against it and against the writer's run lease."""
+
+    lease: Lease
+    fence_run: Callable[[], None]
+
+    @property
+    def owner(self) -> str:
+        return self.lease.owner
+
+    @property
+    def path(self) -> str:
+        return self.lease.path
+
+    @property
+    def record(self) -> LeaseRecord | None:
+        return self.lease.record
+
+    def check(self) -> None:
+        """Raise LeaseLostError (RunLeaseLost for the run lease) unless both leases are still this writer's."""
+        self.lease.check()
+        self.fence_run()
+
+
+def _run_fence(store: StoreLocation, run_id: str, token: str | None, purpose: str) -> Callable[[], None]:
+    if token is None:
+        return lambda: None
+    return lambda: check_run_lease(store, run_id, token, purpose)
 
 
 class FinalizerWaitTimeout(TimeoutError):
@@ -70,14 +113,15 @@ def earlier_waiters(store: StoreLocation, run_id: str, step: int, fresh_s: float
 
 @contextmanager
 def finalizer(store: StoreLocation, run_id: str, settings: FinalizerSettings, *, step: int | None = None,
-              purpose: str | None = None) -> Iterator[Lease]:
-    """Hold the run's finalizer lease (heartbeat running).
+              purpose: str | None = None) -> Iterator[HeldFinalizer]:
+    """Hold the run's finalizer lease (heartbeat running), fenced by the writer's run lease if given.
 
     For the publication of `step`, in step order (FIFO); without a step
     (cleanup, garbage collection), as soon as the lease is free.
     """
-    lease = Lease.for_run(store, run_id, FINALIZER_LEASE, owner=settings.owner, ttl_s=settings.ttl_s,
-                          purpose=purpose or f"finalizer of run {run_id} for {checkpoint_name(step or 0)}")
+    purpose = purpose or f"finalizer of run {run_id} for {checkpoint_name(step or 0)}"
+    lease = Lease.for_run(store, run_id, FINALIZER_LEASE, owner=settings.owner, ttl_s=settings.ttl_s, purpose=purpose)
+    fence_run = _run_fence(store, run_id, settings.run_lease_token, purpose)
     started, last_touch = time.monotonic(), None
     while True:
         blockers: list[int] = []
@@ -103,6 +147,7 @@ def finalizer(store: StoreLocation, run_id: str, settings: FinalizerSettings, *,
                 "sign of life)"
             )
         if step is not None and (last_touch is None or time.monotonic() - last_touch > settings.ttl_s / 3):
+            fence_run()  # a run that lost its lease while it waited does not queue on
             with storage_errors(store, f"finalizer queue of run {run_id}"):
                 put_small(store, _queue_path(store, run_id, step),
                           json.dumps({"waiting_at": time.time(), "owner": lease.owner}).encode())
@@ -113,7 +158,8 @@ def finalizer(store: StoreLocation, run_id: str, settings: FinalizerSettings, *,
             with storage_errors(store, f"finalizer queue of run {run_id}"):
                 store.fs.rm_file(_queue_path(store, run_id, step))
         lease.start_heartbeat()
-        yield lease
+        fence_run()  # the run lease may have been lost while this writer waited for the finalizer
+        yield HeldFinalizer(lease, fence_run)
     finally:
         # An unreachable store must not replace the error that ended the work
         # (usually the same outage) with one about the release: an unreleased

@@ -17,6 +17,14 @@ Fencing: a holder whose lease was taken over learns it at its next renewal
 (`lost`, `check()` raises LeaseLostError); callers check before each write
 that must not come from a stale holder.
 
+What the store holds decides, never a lost answer: a write that was refused
+or failed is settled by reading the lease object back. If it holds this
+holder's token, the lease is this holder's (a write of its own landed and only
+the answer was lost), whatever tag the holder last saw; only another token
+(a takeover) or a released record is a loss. A holder that could not renew
+while the store was unreachable keeps trying, and gets its lease back if
+nobody took it over meanwhile.
+
     with Lease.for_run(store, run_id, "finalizer", ttl_s=60).hold(wait_s=600) as lease:
         ...                      # heartbeat running; lease.check() before critical writes
 
@@ -36,7 +44,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
-from .conditional import check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
+from .conditional import Versioned, check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
 from .storage import StoreLocation
 
 LEASES_DIR = "leases"
@@ -204,22 +212,44 @@ class Lease:
         current = read_versioned(self.store, self.path)
         if current is None:
             record = self._new_record(generation=1)
-            tag = create_if_absent(self.store, self.path, record.to_bytes())
+            tag, found = self._write(record, lambda: create_if_absent(self.store, self.path, record.to_bytes()))
         else:
-            try:
-                holder = LeaseRecord.from_bytes(current.data)
-            except (ValueError, KeyError, TypeError):
-                holder = None  # an unreadable lease object guards nothing: take it over
+            holder = _parse(current.data)  # an unreadable lease object guards nothing: take it over
             if holder is not None and not holder.expired(self._clock()) and not _holder_is_dead(holder):
                 return holder
             record = self._new_record(generation=(holder.generation + 1) if holder else 1)
-            tag = replace_if_unchanged(self.store, self.path, record.to_bytes(), current.tag)
-        if tag is not None:
-            with self._mutex:
-                self._record, self._tag, self._lost = record, tag, False
-            with _HELD_LOCK:
-                _HELD_TOKENS.add(record.token)
+            tag, found = self._write(record, lambda: replace_if_unchanged(self.store, self.path, record.to_bytes(),
+                                                                         current.tag))
+        if tag is None:
+            return _parse(found.data) if found is not None else None
+        with self._mutex:
+            self._record, self._tag, self._lost = record, tag, False
+        with _HELD_LOCK:
+            _HELD_TOKENS.add(record.token)
         return None
+
+    def _write(self, record: LeaseRecord, write: Callable[[], str | None]) -> tuple[str | None, Versioned | None]:
+        """Run a conditional write of `record`: (its tag, None) if the store holds it, else (None, what it holds).
+
+        A write that was refused or raised is settled by what the store holds:
+        exactly this record means it landed and only its answer was lost.
+        """
+        try:
+            tag = write()
+        except OSError:
+            try:
+                current = read_versioned(self.store, self.path)
+            except OSError:
+                current = None
+            if current is None or current.data != record.to_bytes():
+                raise  # the write's own error stands: it did not land, or the store cannot say
+            return current.tag, None
+        if tag is not None:
+            return tag, None
+        current = read_versioned(self.store, self.path)
+        if current is not None and current.data == record.to_bytes():
+            return current.tag, None
+        return None, current
 
     # -- while held --------------------------------------------------------
 
@@ -230,7 +260,7 @@ class Lease:
                 raise LeaseLostError(f"{self.purpose}: the lease {self.path} is not held by {self.owner}")
             now = self._clock()
             renewed = replace(self._record, renewed_at=now, expires_at=now + self.ttl_s)
-            tag = replace_if_unchanged(self.store, self.path, renewed.to_bytes(), self._tag)
+            tag = self._replace_own(renewed)
             if tag is None:
                 self._lost = True
                 raise LeaseLostError(
@@ -239,18 +269,45 @@ class Lease:
                 )
             self._record, self._tag = renewed, tag
 
+    def _replace_own(self, record: LeaseRecord) -> str | None:
+        """Write `record` over this holder's lease object; its tag, or None if another holder's is there.
+
+        The tag this holder last saw may be stale: a renewal of its own that
+        landed without an answer. A stored record with this holder's token is
+        still this holder's, and is replaced under the tag it really has.
+        """
+        tag, found = self._write(record, lambda: replace_if_unchanged(self.store, self.path, record.to_bytes(),
+                                                                     self._tag))
+        if tag is not None or found is None:
+            return tag
+        stored = _parse(found.data)
+        if stored is None or stored.token != record.token or stored.released:
+            return None  # another holder's record (a takeover), or given up
+        tag, _ = self._write(record, lambda: replace_if_unchanged(self.store, self.path, record.to_bytes(), found.tag))
+        return tag
+
     def check(self) -> None:
-        """Confirm, against the store, that this owner still holds the lease (fencing)."""
+        """Confirm, against the store, that this owner still holds the lease (fencing).
+
+        Held means the store holds this holder's token. One that expired
+        unrenewed (the store unreachable, the process paused) and that nobody
+        took over is renewed here; another token, or none, is a loss.
+        """
         if self._record is None or self._lost:
             raise LeaseLostError(f"{self.purpose}: the lease {self.path} is not held by {self.owner}")
         current = read_versioned(self.store, self.path)
-        if current is None or current.tag != self._tag:
+        stored = _parse(current.data) if current is not None else None
+        if stored is None or stored.token != self._record.token or stored.released:
             self._lost = True
             raise LeaseLostError(
                 f"{self.purpose}: the lease {self.path} of {self.owner} was taken over; stop and retry"
             )
-        if self._record.expired(self._clock()):
-            raise LeaseLostError(f"{self.purpose}: the lease {self.path} of {self.owner} expired unrenewed")
+        with self._mutex:
+            # A renewal of ours that landed without an answer: the store's (newer) copy counts.
+            if self._record is not None and current.tag != self._tag and stored.renewed_at >= self._record.renewed_at:
+                self._record, self._tag = stored, current.tag
+        if stored.expired(self._clock()):
+            self.renew()  # nobody took it over meanwhile: it is still ours, for ttl_s more
 
     def release(self) -> bool:
         """Give the lease up (only if still ours); True if it was released.
@@ -260,17 +317,20 @@ class Lease:
         """
         self.stop_heartbeat()
         with self._mutex:
-            if self._record is None:
+            record, lost = self._record, self._lost
+            if record is None:
                 return False
-            record, tag, lost = self._record, self._tag, self._lost
-            self._record, self._tag = None, None
-        with _HELD_LOCK:
-            _HELD_TOKENS.discard(record.token)
-        if lost or tag is None:
-            return False
-        now = self._clock()
-        released = replace(record, renewed_at=now, expires_at=now, released=True)
-        return replace_if_unchanged(self.store, self.path, released.to_bytes(), tag) is not None
+            try:
+                if lost:
+                    return False
+                now = self._clock()
+                return self._replace_own(replace(record, renewed_at=now, expires_at=now, released=True)) is not None
+            finally:
+                # Given up even when the store could not be told: a retry in this
+                # process takes a record it no longer holds over at once.
+                self._record, self._tag = None, None
+                with _HELD_LOCK:
+                    _HELD_TOKENS.discard(record.token)
 
     # -- heartbeat ---------------------------------------------------------
 
@@ -294,12 +354,10 @@ class Lease:
             except LeaseLostError:
                 return
             except OSError:
-                # The store is unreachable right now; keep trying until the
-                # lease would have expired, after which it is not ours to trust.
-                record = self._record
-                if record is None or record.expired(self._clock()):
-                    self._lost = True
-                    return
+                # The store is unreachable (or an answer was lost): keep trying. The
+                # store decides: this holder's token still there means still held;
+                # meanwhile `check()` fails, with the store, and writers stop.
+                continue
 
     @contextmanager
     def hold(self, wait_s: float = 0.0) -> Iterator["Lease"]:
@@ -320,13 +378,15 @@ class Lease:
         self.release()
 
 
+def _parse(data: bytes) -> LeaseRecord | None:
+    try:
+        return LeaseRecord.from_bytes(data)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def read_lease(store: StoreLocation, path: str) -> LeaseRecord | None:
     """The current holder's record, or None if the lease is free (never taken, released) or unreadable."""
     current = read_versioned(store, path)
-    if current is None:
-        return None
-    try:
-        record = LeaseRecord.from_bytes(current.data)
-    except (ValueError, KeyError, TypeError):
-        return None
-    return None if record.released else record
+    record = _parse(current.data) if current is not None else None
+    return None if record is None or record.released else record

@@ -243,6 +243,7 @@ def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publi
         todo = [entry for entry in manifest.files if not matches(present.get(entry.path), entry)]
 
         def on_uploaded(entry) -> None:
+            lease.check()  # fencing, between data files: a run whose lease was taken over records nothing more
             journal.record_upload(entry.path, entry.size, entry.sha256)
             _notify(observer, f"uploaded {entry.path}")
 
@@ -257,13 +258,15 @@ def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publi
             _notify(observer, "manifest")
             put_small(store, f"{base}/{MANIFEST_FILE}", manifest_bytes)
         _notify(observer, "manifest-written")
-        # No second fencing check: LATEST is compare-and-swapped, a stale finalizer cannot move it back.
+        # LATEST is compare-and-swapped (never moved back), but a run whose lease was taken over must not move it.
+        lease.check()
         move = advance_latest(store, run_id, step, on_read=lambda: _notify(observer, "latest-read"))
         if move.note:
             notes.append(move.note)
         _notify(observer, "latest")
         # Objects the listing found that this manifest does not list: an earlier layout's shards.
         stale = sorted(set(listing) - {entry.path for entry in manifest.files} - {MANIFEST_FILE})
+        lease.check()  # before deleting, and before the outcome is recorded (the journal and its mirror)
         remove_files(store, base, stale)
         journal.transition(S.COMMITTED, note="; ".join(notes) or "manifest and LATEST written", error=None)
         _notify(observer, "committed")
@@ -342,7 +345,7 @@ def _cleanup(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publ
     _notify(observer, "local-removed")
     deadline = Deadline(settings.timeout_s, f"cleanup of {journal.name}", store)
     base = remote_dir(store, run_id, journal.step)
-    with finalizer(store, run_id, settings.finalizer, purpose=f"cleanup of {journal.name}"):
+    with finalizer(store, run_id, settings.finalizer, purpose=f"cleanup of {journal.name}") as lease:
         _notify(observer, "cleanup-lease")
         # Only this checkpoint's prefix, with its trailing '/': other steps'
         # in-flight uploads (and `step-…X` siblings) are never touched.
@@ -356,8 +359,10 @@ def _cleanup(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publ
         if published is not None:
             manifest = parse_manifest(published, f"{base}/{MANIFEST_FILE}", run_id=run_id, step=journal.step)
             stale = sorted(set(list_files(store, base)) - {e.path for e in manifest.files} - {MANIFEST_FILE})
+            lease.check()
             remove_files(store, base, stale)
         _notify(observer, "store-cleaned")
+        lease.check()  # fencing: no outcome is recorded by a run whose lease was taken over
         journal.transition(S.CLEANED, note=f"removed {removed} staged bytes, aborted {aborted} uploads, "
                                             f"removed {len(temporaries)} temporaries")
     return CleanupOutcome(step=journal.step, state=S.CLEANED.value, removed_bytes=removed, aborted_uploads=aborted,

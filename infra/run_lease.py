@@ -16,7 +16,11 @@ crashed run never wedges the next one for longer than that.
 Fencing: every writing stage calls `check_run_lease` with the lease token its
 run acquired; a run whose lease expired or was taken over gets `RunLeaseLost`
 and writes nothing more. The check reads the lease object from the store, so it
-holds wherever the stage runs.
+holds wherever the stage runs. Inside a commit, a cleanup or a state upload the
+finalizer checks it again before each write that makes an outcome (the
+manifest, LATEST, a bundle manifest, the journal) and after each data file
+(`FinalizerSettings.run_lease_token`, infra/finalizer.py), so a run paused or
+cut off past its ttl in the middle of one stops there when it resumes.
 """
 
 from __future__ import annotations

@@ -12,10 +12,12 @@ relative paths, and one manifest per bundle:
 
 Publication follows the checkpoints' rules (infra/publication.py): holding the
 run's finalizer lease (so `rankflow checkpoints gc` never runs beside an
-upload), the data objects go first — each skipped when already there with
-the right size and sha256 — and the manifest last; a manifest that differs is
-removed before any object it lists changes. A bundle exists only when its
-manifest does, so an interrupted upload is never used: its retry finishes it.
+upload) and checking the run's lease after each data file and before the
+manifest (`StateSettings.finalizer.run_lease_token`), the data objects go
+first — each skipped when already there with the right size and sha256 — and
+the manifest last; a manifest that differs is removed before any object it
+lists changes. A bundle exists only when its manifest does, so an interrupted
+upload is never used: its retry finishes it.
 
 Fetching makes the local run directory (`run.work_dir`, a cache) hold what a
 stage needs: each file is kept if it matches the stored manifest, otherwise
@@ -148,17 +150,19 @@ def publish_bundle(store: StoreLocation, run_id: str, run_dir: Path, bundle: str
             published = None
         if published is not None and published != manifest_bytes:
             # Another version of this bundle is visible: hide it before the objects it lists change.
+            lease.check()
             store.fs.rm_file(manifest_path(store, run_id, bundle))
         present = remote_objects(store, base, entries, deadline)
         todo = [entry for entry in entries if not matches(present.get(entry.path), entry)]
 
         def on_uploaded(entry: FileEntry) -> None:
+            lease.check()  # fencing, between data files: a run whose lease was taken over stops here
             if observer is not None:
                 observer(f"uploaded {entry.path}")
 
         upload_files(store, run_dir, base, todo, deadline, on_uploaded, settings.concurrency)
         deadline.remaining()
-        lease.check()  # fencing: a holder whose lease was taken over must not publish
+        lease.check()  # fencing (finalizer and run lease): a holder whose lease was taken over must not publish
         if published != manifest_bytes:
             put_small(store, manifest_path(store, run_id, bundle), manifest_bytes, deadline)
     uploaded = sum(e.size for e in todo)

@@ -7,6 +7,15 @@ Every S3 request has a connect and a read timeout and a bounded number of
 attempts (`StoreTimeouts`), and each publication step runs under an overall
 `Deadline`: a stopped or wedged server turns into a `StorageTimeoutError` (an
 `OSError`, so Prefect retries it) instead of a hang.
+
+Who retries what: botocore retries each request (`max_attempts`: connection
+errors, 5xx, and an answer cut short before its end, which aiobotocore reports
+as a closed connection); s3fs's own retry loop is off (`fs.retries = 1`) since
+it would multiply those attempts for a dead or stopped server. What botocore
+cannot see is a streamed body (GetObject) cut short after its headers came:
+`cat_file` and `read_body` read those again, up to `max_attempts` times. A
+cut answer that outlasts every attempt is a `ConnectionError` like any other
+outage (`storage_errors`), never an unclassified client error.
 """
 
 from __future__ import annotations
@@ -106,6 +115,10 @@ def _bounded_s3_filesystem(timeouts: StoreTimeouts):
     limit_s = timeouts.max_attempts * (timeouts.connect_s + timeouts.read_s)
 
     class BoundedS3FileSystem(s3fs.S3FileSystem):
+        async def _cat_file(self, path, *args, **kwargs):
+            # A body cut short is no request error botocore could retry (its headers had come).
+            return await read_body(timeouts, lambda: super(BoundedS3FileSystem, self)._cat_file(path, *args, **kwargs))
+
         async def _call_s3(self, method, *args, **kwargs):
             try:
                 return await asyncio.wait_for(super()._call_s3(method, *args, **kwargs), limit_s)
@@ -129,7 +142,8 @@ def open_store(url: str, timeouts: StoreTimeouts | None = None) -> StoreLocation
         # s3fs retries connection errors on its own (5 rounds, a class
         # attribute) on top of botocore's attempts: one round leaves the
         # count to StoreTimeouts.max_attempts, so a dead endpoint fails in
-        # about max_attempts × read_s.
+        # about max_attempts × read_s. The one thing only s3fs's rounds
+        # retried, a streamed body cut short, `read_body` retries instead.
         fs.retries = 1
         return StoreLocation(fs=fs, root=url.removeprefix("s3://").rstrip("/"), url=url, timeouts=timeouts)
     path = url.removeprefix("file://")
@@ -180,6 +194,35 @@ class Deadline:
         )
 
 
+def cut_answer_errors() -> tuple[type[BaseException], ...]:
+    """What an answer cut short or garbled on the way raises (aiohttp, http.client, botocore's parser)."""
+    import http.client
+
+    import aiohttp
+    from botocore.parsers import ResponseParserError
+
+    return aiohttp.ClientError, http.client.IncompleteRead, ResponseParserError
+
+
+async def read_body(timeouts: StoreTimeouts, read: Callable[[], Awaitable[T]]) -> T:
+    """Run `read` (a request and the reading of its streamed body) again when the body came cut short.
+
+    Up to `timeouts.max_attempts` tries, with a short pause between them; the
+    last error propagates (`storage_errors` makes it a ConnectionError).
+    """
+    import asyncio
+
+    errors = cut_answer_errors()
+    for attempt in range(1, timeouts.max_attempts + 1):
+        try:
+            return await read()
+        except errors:
+            if attempt >= timeouts.max_attempts:
+                raise
+            await asyncio.sleep(0.1 * 2 ** (attempt - 1))
+    raise AssertionError("unreachable: the loop returns or raises")
+
+
 def run_async(store: StoreLocation, deadline: Deadline | None, function: Callable[..., Awaitable[T]], *args,
               **kwargs) -> T:
     """Run an s3fs coroutine on the filesystem's event loop, cancelled at the deadline."""
@@ -198,11 +241,12 @@ def run_async(store: StoreLocation, deadline: Deadline | None, function: Callabl
 
 @contextlib.contextmanager
 def storage_errors(store: StoreLocation, what: str) -> Iterator[None]:
-    """Translate client-level failures (an unreachable endpoint) into ConnectionError.
+    """Translate client-level failures (an unreachable endpoint, a cut answer) into ConnectionError.
 
     s3fs already maps S3's HTTP errors to OSError subclasses; a refused or
-    dropped connection surfaces as a botocore exception, which callers and
-    Prefect's retries should see as the OSError it is.
+    dropped connection surfaces as a botocore exception, and a body cut short
+    (or garbled) as an aiohttp or parser error, which callers and Prefect's
+    retries should see as the OSError (a storage outage) it is.
     """
     if store.is_local:
         yield
@@ -220,3 +264,9 @@ def storage_errors(store: StoreLocation, what: str) -> Iterator[None]:
             raise StorageTimeoutError(f"{what}: {error.__cause__}") from error
         raise StorageTimeoutError(f"{what}: object storage at {store.url} did not answer in time; "
                                   "retry when it is back — finished uploads are kept") from error
+    except OSError:
+        raise  # already an OSError (aiohttp's ClientOSError among them): callers see it as it is
+    except cut_answer_errors() as error:
+        raise ConnectionError(f"{what}: object storage at {store.url} cut its answer short "
+                              f"({type(error).__name__}: {error}) on every attempt; retry when the connection "
+                              "holds — finished uploads are kept") from error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from infra.finalizer import FinalizerSettings
 from infra.publication import PublishSettings
 from infra.storage import StoreLocation, StoreTimeouts, open_store
 
@@ -22,4 +23,6 @@ def open_store_for_config(config: RunConfig) -> StoreLocation:
 
 
 def publish_settings(planned: PlannedRun) -> PublishSettings:
-    return PublishSettings(timeout_s=planned.storage_timeout_s)
+    # The run lease is checked inside the commit and cleanup too (infra/finalizer.py), not only before them.
+    return PublishSettings(timeout_s=planned.storage_timeout_s,
+                           finalizer=FinalizerSettings(run_lease_token=planned.lease_token))

@@ -4,8 +4,11 @@ Each stage that writes (segment, export, commit, cleanup, report) calls
 `fence` before its first write and again before recording its outcome; a
 segment also checks during its launch (`fenced_monitor`), so a run whose lease
 was taken over stops its torchrun launch within `every_s` seconds instead of
-training on beside the new holder. A `PlannedRun` without a lease token (stages
-driven directly, outside the flow) is not fenced.
+training on beside the new holder. Commit, cleanup and the state uploads pass
+the lease token into the finalizer (tasks/_store.py, tasks/run_state.py), which
+checks it again right before each manifest, LATEST and journal write and after
+each data file. A `PlannedRun` without a lease token (stages driven directly,
+outside the flow) is not fenced.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
 from infra.publication import EXPORT_AGAIN, CleanupOutcome, CommitOutcome, cleanup_staging, commit_checkpoint
+from infra.run_lease import RunLeaseLost
 
 from ._logging import rank_line_logger
 from ._store import publish_settings, store_for
@@ -43,6 +44,8 @@ def _recorded(planned: PlannedRun, exported: ExportOutcome, stage: str, action: 
     try:
         outcome = action(Path(exported.staged_dir), store_for(planned), planned.run_id,
                          settings=publish_settings(planned))
+    except RunLeaseLost:
+        raise  # the run directory and its ledger belong to the run that holds the lease now
     except handled as error:
         ledger.record(run_dir, stage, "failed", step=exported.step, error=f"{type(error).__name__}: {error}",
                       resolved_by="export again")

@@ -4,7 +4,10 @@ Bad data or config, code errors and in-rank out-of-memory errors would fail the
 same way again, so they end the task at once; a dead, stalled or preempted
 rank, a collective timeout or a storage outage is retried from the last saved
 state, up to the task's `retries`. A stage fenced off by the run lease
-(another run of the run id took it over) is never retried.
+(another run of the run id took it over) is never retried: the new holder
+resumes the work. A stage whose finalizer lease alone was taken over (a gc, a
+stale takeover while this run still holds its run lease) is retried: the next
+try takes the finalizer again.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
 
 from infra.failures import classify_exception
-from infra.lease import LeaseLostError
 from infra.run_lease import RunAlreadyActive, RunLeaseLost
+
+# Another run of the run id owns the work now: a retry would only be fenced again.
+_FENCED = (RunLeaseLost, RunAlreadyActive)
 
 
 def retry_if_retriable(task, task_run: TaskRun, state: State) -> bool:
@@ -22,15 +27,15 @@ def retry_if_retriable(task, task_run: TaskRun, state: State) -> bool:
     error = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
     if not isinstance(error, BaseException):
         return True
-    if isinstance(error, (RunLeaseLost, RunAlreadyActive)):
-        return False  # another run of this run id owns it: a retry would only be fenced again
+    if isinstance(error, _FENCED):
+        return False  # another holder owns it: a retry would only be fenced again
     return classify_exception(error).retriable
 
 
 def retry_unless_fenced(task, task_run: TaskRun, state: State) -> bool:
     """For publication stages, which retry every failure: every one but a lost run lease."""
     error = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
-    return not isinstance(error, (RunLeaseLost, RunAlreadyActive))
+    return not isinstance(error, _FENCED)
 
 
 def retry_unless_final(task, task_run: TaskRun, state: State) -> bool:
@@ -43,8 +48,6 @@ def retry_unless_final(task, task_run: TaskRun, state: State) -> bool:
     error = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
     if not isinstance(error, BaseException):
         return True
-    if isinstance(error, (RunLeaseLost, RunAlreadyActive)):
+    if isinstance(error, _FENCED):
         return False
-    if isinstance(error, LeaseLostError):
-        return True
-    return classify_exception(error).retriable
+    return classify_exception(error).retriable  # a lost finalizer lease alone is finalizer_lost: retried

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from infra import ledger
+from infra.finalizer import FinalizerSettings
 from infra.run_state import (PLAN_BUNDLE, Observer, StateSettings, fetch_bundle, publish_bundle, segment_bundle,
                              stored_bundle)
 from trainer_core.plan import PLAN_FILE, read_plan
@@ -27,7 +28,9 @@ from .outcomes import PlannedRun
 
 
 def _settings(planned: PlannedRun) -> StateSettings:
-    return StateSettings(timeout_s=planned.storage_timeout_s)
+    # Fenced by the run lease inside the upload too: a run whose lease was taken over stores no bundle.
+    return StateSettings(timeout_s=planned.storage_timeout_s,
+                         finalizer=FinalizerSettings(run_lease_token=planned.lease_token))
 
 
 def _relative(run_dir: Path, path: Path) -> str:

@@ -105,8 +105,10 @@ class PublicationMachine(RuleBasedStateMachine):
             outcome = commit_checkpoint(self.staged(step), self.store, RUN, settings=self.settings,
                                         observer=crash_at(crash))
         except SimulatedCrash as crash_event:
-            # Before the lease's COMMITTING it is still PREPARED; after the journal's COMMITTED, committed.
-            expected = {"lease": (S.PREPARED,), "committed": (S.COMMITTED,)}.get(str(crash_event), (S.COMMITTING,))
+            # Before the lease's COMMITTING it is still what it was (PREPARED, or COMMITTING for the retry of a
+            # crashed commit); after the journal's COMMITTED, committed.
+            expected = {"lease": (S.PREPARED, before), "committed": (S.COMMITTED,)}.get(str(crash_event),
+                                                                                       (S.COMMITTING,))
             assert self.journal(step).state in expected, (str(crash_event), self.journal(step).state)
             if str(crash_event) in PAST_THE_MANIFEST:  # the commit point was passed: readers may see it
                 self.published.setdefault(step, []).append(self.contents[step])

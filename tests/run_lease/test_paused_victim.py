@@ -1,0 +1,122 @@
+"""A run paused past its ttl inside a commit or a state upload, its run lease taken over, writes nothing on resuming.
+
+Real processes: the victim (tests/run_lease/paused_victim.py) holds its run
+lease, enters the commit (or the state upload) and stops itself with SIGSTOP
+at its first uploaded file, heartbeats included. The thief, a second holder
+in this process, waits out the victim's real ttl and takes the lease over
+through infra/lease.py, then the victim gets SIGCONT. Reference: the bytes in
+the store and the ledger at the moment of the theft. Before the fix, the
+victim wrote the rest of the data, the manifest, LATEST, the journal mirror
+and a ledger line after the theft.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from infra import ledger
+from infra.latest import latest_path
+from infra.lease import Lease, read_lease
+from infra.publication import remote_dir
+from infra.run_lease import run_lease_path
+from infra.run_state import manifest_path
+from infra.storage import open_store
+from tests.publication_helpers import random_files, stage
+from tests.storage.processes import spawn, wait_ready
+from trainer_core.segment_main import segment_result_path
+from trainer_core.state import state_dir_for
+
+RUN = "paused-victim-0123456789ab"
+TTL_S = 2.0
+
+
+def process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        return handle.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and "leases" not in p.parts and not p.name.startswith(".")}
+
+
+def steal_from_paused(victim, store) -> tuple[float, dict[str, bytes]]:
+    """Wait until the victim stopped itself, take its run lease over after its ttl; (when, the store then)."""
+    assert victim.stdout.readline().strip() == "stopping", victim.stderr.read()[-3000:]
+    deadline = time.monotonic() + 30
+    while process_state(victim.pid) != "T":
+        assert time.monotonic() < deadline, "the victim never stopped"
+        time.sleep(0.05)
+    thief = Lease.for_run(store, RUN, "run", owner="thief-on-node-2", ttl_s=600)
+    thief.acquire(wait_s=TTL_S * 10)  # the victim's process is alive (stopped): only its expiry lets the thief in
+    stolen_at = time.time()
+    return stolen_at, tree(Path(store.root))
+
+
+def resume(victim) -> dict:
+    os.kill(victim.pid, signal.SIGCONT)
+    out, err = victim.communicate(timeout=120)
+    assert victim.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def victim_env(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    run_dir = tmp_path / "work" / RUN
+    run_dir.mkdir(parents=True)
+    started: list = []
+    yield store, run_dir, started
+    for process in started:  # never leave a stopped victim behind (its own process group)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def start_victim(started: list, args: list[str]):
+    victim = spawn("tests.run_lease.paused_victim", args)
+    started.append(victim)
+    wait_ready(victim)
+    return victim
+
+
+def test_a_commit_paused_past_its_ttl_publishes_nothing_after_the_theft(victim_env):
+    store, run_dir, started = victim_env
+    staged = stage(run_dir / "export", 8, random_files(4, 200_000), run_id=RUN)
+    victim = start_victim(started, [store.url, RUN, str(run_dir), "commit", str(staged), "8", "--ttl-s", str(TTL_S)])
+    stolen_at, before = steal_from_paused(victim, store)
+    result = resume(victim)
+    assert result.get("error") == "RunLeaseLost" and "taken over by thief-on-node-2" in result["message"], result
+    assert read_lease(store, run_lease_path(store, RUN)).owner == "thief-on-node-2"
+    assert not store.fs.exists(f"{remote_dir(store, RUN, 8)}/MANIFEST.json")
+    assert not store.fs.exists(latest_path(store, RUN))
+    after = tree(Path(store.root))
+    changed = sorted(path for path, data in after.items() if before.get(path) != data)
+    # At most the data file that was in flight; no manifest, LATEST, journal mirror or queue entry.
+    assert all(path.startswith(f"{RUN}/checkpoints/step-00000008/model-") for path in changed), changed
+    assert [entry for entry in ledger.read(run_dir) if entry["time"] >= stolen_at] == []
+
+
+def test_a_state_upload_paused_past_its_ttl_stores_no_bundle_after_the_theft(victim_env):
+    store, run_dir, started = victim_env
+    state_dir = state_dir_for(run_dir, 0)
+    state_dir.mkdir(parents=True)
+    for index in range(4):
+        (state_dir / f"rank-{index}.safetensors").write_bytes(os.urandom(200_000))
+    segment_result_path(run_dir, 0).parent.mkdir(parents=True)
+    segment_result_path(run_dir, 0).write_text('{"segment": 0}')
+    victim = start_victim(started, [store.url, RUN, str(run_dir), "state", "--ttl-s", str(TTL_S)])
+    stolen_at, before = steal_from_paused(victim, store)
+    result = resume(victim)
+    assert result.get("error") == "RunLeaseLost", result
+    assert not store.fs.exists(manifest_path(store, RUN, "segment-0000"))
+    after = tree(Path(store.root))
+    changed = sorted(path for path, data in after.items() if before.get(path) != data)
+    assert all(path.startswith((f"{RUN}/state/", f"{RUN}/segments/")) for path in changed), changed
+    assert [entry for entry in ledger.read(run_dir) if entry["time"] >= stolen_at] == []

@@ -1,0 +1,47 @@
+"""Client-level S3 failures become the OSError a retry policy understands (infra/storage.py `storage_errors`).
+
+Before: a body cut short (aiohttp `ClientPayloadError`, `http.client.IncompleteRead`)
+passed through as itself, no OSError: a heartbeat that retries OSErrors died
+on it, and callers that catch storage errors did not see one.
+"""
+
+from __future__ import annotations
+
+import http.client
+
+import aiohttp
+import pytest
+
+from infra.failures import FailureClass, classify_exception
+from infra.storage import StoreLocation, StorageTimeoutError, storage_errors
+
+
+@pytest.fixture
+def s3_store():
+    import s3fs
+
+    # No request is ever made: only the error translation of a non-local store is under test.
+    return StoreLocation(fs=s3fs.S3FileSystem(anon=True, skip_instance_cache=True), root="bucket/run",
+                         url="s3://bucket/run")
+
+
+@pytest.mark.parametrize("cut", [
+    aiohttp.ClientPayloadError("Response payload is not completed: received 5 of 272 bytes"),
+    http.client.IncompleteRead(b"abc", 10),
+])
+def test_a_body_cut_short_is_a_storage_outage(s3_store, cut):
+    with pytest.raises(ConnectionError) as caught:
+        with storage_errors(s3_store, "reading s3://bucket/run/run-state/plan.json"):
+            raise cut
+    error = caught.value
+    assert error.__cause__ is cut and "s3://bucket/run" in str(error) and "cut its answer short" in str(error)
+    assert classify_exception(error) is FailureClass.STORAGE_OUTAGE and classify_exception(error).retriable
+
+
+def test_oserrors_and_timeouts_pass_as_they_were(s3_store):
+    with pytest.raises(FileNotFoundError):
+        with storage_errors(s3_store, "x"):
+            raise FileNotFoundError("bucket/run/missing")
+    with pytest.raises(StorageTimeoutError):
+        with storage_errors(s3_store, "x"):
+            raise StorageTimeoutError("S3 put_object got no answer within 210 s")
