@@ -77,8 +77,16 @@ def _summary(result: dict | None, wall_s: float, error: BaseException | None) ->
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     config = _load(args)
-    # Every input is read and checked before Prefect (and its temporary server) starts.
-    validate_inputs(config).store_cache()
+    # Every input is read and checked before Prefect (and its temporary server) starts,
+    # and the store is probed before the first byte is written (the stage cache included).
+    checked = validate_inputs(config)
+    unavailable = _storage_preflight(config)
+    if unavailable is not None:
+        print(f"rankflow: run failed: {unavailable}", file=sys.stderr)
+        print(json.dumps({**_summary(None, time.perf_counter() - started, unavailable), "failed_stage": "storage-check",
+                          "failure_cause": "storage_outage", "failed_rank": None}))
+        return EXIT_FAILED
+    checked.store_cache()
     from infra.run_lease import RunAlreadyActive
 
     from .pipeline import RunFailed, train_flow
@@ -99,6 +107,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"rankflow: run failed: {type(failure).__name__}: {failure}", file=sys.stderr)
     print(json.dumps(_summary(result, time.perf_counter() - started, error)))
     return EXIT_OK if error is None else EXIT_FAILED
+
+
+def _storage_preflight(config: RunConfig) -> ConnectionError | None:
+    """Probe the store: a refused setting raises (bad input, exit 2); a store that does not answer is returned."""
+    from infra.preflight import StoreUnavailable, check_store_writable
+
+    try:
+        check_store_writable(config.storage.url)
+    except StoreUnavailable as outage:  # an outage, not bad input: exit 1, run the same command again later
+        return outage
+    return None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
