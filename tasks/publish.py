@@ -22,6 +22,7 @@ from infra.publication import CleanupOutcome, CommitOutcome, StagedFileChanged, 
 from ._logging import rank_line_logger
 from ._store import publish_settings, store_for
 from .export import export_segment_fn
+from .failure_report import reports_failures
 from .fencing import fence
 from .outcomes import ExportOutcome, PlannedRun
 from .retry_policy import retry_unless_fenced
@@ -30,15 +31,11 @@ T = TypeVar("T")
 
 
 def _recorded(planned: PlannedRun, exported: ExportOutcome, stage: str, action: Callable[..., T]) -> T:
-    """Run one publication stage and record its outcome (or its error) in the ledger."""
+    """Run one publication stage and record its outcome in the ledger (a failed attempt: `reports_failures`)."""
     run_dir = Path(planned.run_dir)
     fence(planned, f"{stage} of step {exported.step}")
-    try:
-        outcome = action(Path(exported.staged_dir), store_for(planned), planned.run_id,
-                         settings=publish_settings(planned))
-    except Exception as error:
-        ledger.record(run_dir, stage, "failed", step=exported.step, error=f"{type(error).__name__}: {error}")
-        raise
+    outcome = action(Path(exported.staged_dir), store_for(planned), planned.run_id,
+                     settings=publish_settings(planned))
     ledger.record(run_dir, stage, "completed", **outcome.to_dict())
     return outcome
 
@@ -65,6 +62,8 @@ def cleanup_fn(planned: PlannedRun, exported: ExportOutcome) -> CleanupOutcome:
 
 
 commit = task(name="commit", task_run_name="commit-step-{exported.step}", retries=3,
-              retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_fenced, cache_policy=NO_CACHE)(commit_fn)
+              retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_fenced,
+              cache_policy=NO_CACHE)(reports_failures("commit")(commit_fn))
 cleanup = task(name="cleanup", task_run_name="cleanup-step-{exported.step}", retries=3,
-               retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_fenced, cache_policy=NO_CACHE)(cleanup_fn)
+               retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_fenced,
+               cache_policy=NO_CACHE)(reports_failures("cleanup")(cleanup_fn))
