@@ -89,22 +89,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     checked.store_cache()
     from infra.run_lease import RunAlreadyActive
 
+    from .finish import drain_prefect
     from .pipeline import RunFailed, train_flow
+    from .terminal import quiet_tracebacks
 
-    result, error = None, None
+    quiet_tracebacks()  # tracebacks go to the run's log files and the Prefect API, not to the terminal
+    result, error, message = None, None, None
     try:
         result = train_flow(config)
     except BadInputError:
+        drain_prefect()
         raise  # found inside the flow (an input changed since the check, or a storage setting): still exit 2
     except RunAlreadyActive as busy:  # the flow run ended as Cancelled, having done nothing
+        drain_prefect()
         print(f"rankflow: {busy}", file=sys.stderr)
         print(json.dumps({"run_id": busy.run_id, "status": "already_running", "checkpoint_url": None, "steps": 0,
                           "losses": [], "wall_s": round(time.perf_counter() - started, 3), "error": str(busy)}))
         return EXIT_ALREADY_RUNNING
+    except RunFailed as failure:  # its message is the failed attempt's headline and where its traceback is
+        error, result, message = failure, failure.summary, f"rankflow: run failed: {failure}"
     except Exception as failure:  # noqa: BLE001 - reported in the summary line
-        error = failure
-        result = failure.summary if isinstance(failure, RunFailed) else None  # the figures so far
-        print(f"rankflow: run failed: {type(failure).__name__}: {failure}", file=sys.stderr)
+        error, message = failure, f"rankflow: run failed: {type(failure).__name__}: {(str(failure).splitlines() or [''])[0]}"
+    drain_prefect()  # the UI gets every log line and event before the result line (see flows/finish.py)
+    if message is not None:
+        print(message, file=sys.stderr)
     print(json.dumps(_summary(result, time.perf_counter() - started, error)))
     return EXIT_OK if error is None else EXIT_FAILED
 
@@ -183,13 +191,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; `argv` None means this process is the `rankflow` command itself.
+
+    As the command, `rankflow run` ends within a moment of its last line once
+    a flow ran (flows/finish.py): the temporary Prefect server is stopped
+    without Prefect's 5 s wait and the process exits at once. Called with
+    `argv` (tests, other Python code), it returns the exit status instead.
+    """
     _prefect_defaults()
     args = build_parser().parse_args(argv)
     try:
-        return args.handler(args)
+        code = args.handler(args)
     except BadInputError as error:
         print(f"rankflow: bad input: {_without_credentials(str(error))}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        code = EXIT_BAD_INPUT
+    if argv is None and args.handler is cmd_run and "prefect" in sys.modules:
+        from .finish import exit_now, stop_temporary_server
+
+        stop_temporary_server()
+        exit_now(code)
+    return code
 
 
 _CREDENTIAL_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
