@@ -4,7 +4,9 @@ A full disk fails with ENOSPC (or EDQUOT) wherever a write happened to land,
 often far from the cause; the report names the device and mount point, the
 path that was written and the space left, so the fix (free space, or move
 `run.work_dir`) is obvious. Read from /proc/self/mountinfo and statvfs; on a
-system without them the path alone is named.
+system without them the path alone is named. `disk_is_full` tells a failure
+that could not say why (a rank whose every write failed, its error record and
+its log included) from one that could.
 """
 
 from __future__ import annotations
@@ -35,6 +37,22 @@ def mount_of(path: Path) -> tuple[str, str, str] | None:
     target = os.path.realpath(path)
     inside = [m for m in _mounts() if target == m[0] or target.startswith(m[0].rstrip("/") + "/")]
     return max(inside, key=lambda m: len(m[0]), default=None)
+
+
+FULL_BELOW_BYTES = 1 << 20
+"""A disk with less than this free (to this user) counts as full: no stage's write fits in it."""
+
+
+def disk_is_full(path: Path, below_bytes: int = FULL_BELOW_BYTES) -> bool:
+    """Whether the disk holding `path` (or its nearest existing parent) has less than `below_bytes` free."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        stats = os.statvfs(existing)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < below_bytes
 
 
 def _bytes(count: int) -> str:

@@ -12,8 +12,12 @@ its causes) goes to `RUN_DIR/logs/failures/`, so the terminal and the UI can
 keep to one line. An exception is reported once, however many layers see it
 pass (the launch, the task, the flow).
 
-A full disk must not hide itself: when the ledger line or the log file
-cannot be written either, the failure is still returned and shown.
+A full disk must not hide itself. A rank on a full disk often cannot record
+its error, nor even log it, so its launch fails with a bare exit status: a
+failure of no clear cause while the run directory's disk is full is a full
+disk (`no_space`), and the error carries that diagnosis, so the task's retry
+condition sees it too (a full disk is not retried). When the ledger line or
+the log file cannot be written either, the failure is still returned and shown.
 """
 
 from __future__ import annotations
@@ -31,13 +35,16 @@ from prefect.context import TaskRunContext
 
 from infra import ledger
 from infra.failures import Failure, FailureClass, classify_exception, no_space_error
-from infra.no_space import describe_no_space
+from infra.no_space import describe_no_space, disk_is_full
 from infra.run_lease import RunAlreadyActive, RunLeaseLost
 
 from .live import artifact_key, in_prefect_run, upsert_markdown_artifact
 
 _REPORTED = "_rankflow_failure"
 """Attribute an exception carries once reported: the Failure, so later layers reuse it."""
+
+_VAGUE = (FailureClass.TRANSIENT, FailureClass.CODE_ERROR)
+"""Causes a full disk can pass for: an unexplained exit, or a writer's error that names no errno."""
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +63,8 @@ def failure_of(stage: str, error: BaseException, run_dir: Path | None = None) ->
         message = (str(error).splitlines() or [""])[0][:300]
         failure = Failure(getattr(error, "stage", stage), classify_exception(error), None,
                           f"{type(error).__name__}: {message}")
+    if failure.cause in _VAGUE and run_dir is not None and disk_is_full(run_dir):
+        failure = dataclasses.replace(failure, cause=FailureClass.NO_SPACE)
     if failure.cause is FailureClass.NO_SPACE:
         full = no_space_error(error)
         where = Path(full.filename) if full is not None and full.filename else run_dir
@@ -116,7 +125,13 @@ def report_failure(run_dir: Path | None, run_id: str, stage: str, error: BaseExc
     earlier = reported(error)
     if earlier is not None:
         return earlier
-    failure = dataclasses.replace(failure_of(stage, error, run_dir), **_attempt_truth(error))
+    failure = failure_of(stage, error, run_dir)
+    if failure.cause is not classify_exception(error):
+        try:
+            error.failure = failure  # the refined diagnosis travels with the error: the retry condition reads it
+        except AttributeError:  # an exception type without a __dict__ keeps its own class
+            pass
+    failure = dataclasses.replace(failure, **_attempt_truth(error))
     if run_dir is not None:
         try:
             failure = dataclasses.replace(failure, log_file=_write_log(run_dir, failure, error, where))
