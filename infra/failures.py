@@ -164,11 +164,27 @@ def classify_exception(error: BaseException) -> FailureClass:
         return diagnosed.cause
     if no_space_error(error) is not None:
         return FailureClass.NO_SPACE
+    if _caused_by(error, _CREDENTIAL_TYPES):  # s3fs and storage_errors wrap botocore's error in an OSError
+        return FailureClass.BAD_INPUT
     for kind in type(error).__mro__:  # a subclass of ConnectionError is a storage outage, and so on
         cause = classify_error(kind.__name__, str(error))
         if cause is not FailureClass.TRANSIENT or kind.__name__ == "InjectedFault":
             return cause
     return FailureClass.TRANSIENT
+
+
+_CREDENTIAL_TYPES = frozenset({"NoCredentialsError", "PartialCredentialsError"})
+
+
+def _caused_by(error: BaseException | None, type_names: frozenset[str]) -> bool:
+    """Whether `error` or an exception it was raised from has one of these type names."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if any(kind.__name__ in type_names for kind in type(error).__mro__):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def no_space_error(error: BaseException | None) -> OSError | None:
