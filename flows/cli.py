@@ -18,7 +18,16 @@ Bad input is found before Prefect starts: `validate_inputs` reads and checks
 the config, tokenizer, model and data, so a bad input costs seconds and prints
 one message (`rankflow: bad input: …`, naming the file and line or the key and
 the fix) and no traceback. Any `BadInputError` — raised here, in the flow, or
-by a storage pre-flight that finds a configuration error — exits 2.
+by a storage pre-flight that finds a configuration error — exits 2. The
+storage pre-flight (`infra.preflight`) also runs here, before the stage cache
+or anything else is written: a store that does not answer is one line and
+exit 1, before Prefect starts.
+
+A failed run prints one line, `rankflow: run failed: STAGE failed on rank R:
+CAUSE (…); attempt N of M, not retried: …; … (full error and traceback:
+FILE)`; Prefect's own console lines stay, one line each, without tracebacks
+(`flows.terminal`). As the `rankflow` command, `run` exits within a moment of
+its JSON line (`flows.finish`).
 """
 
 from __future__ import annotations
