@@ -133,10 +133,14 @@ def report_failure(run_dir: Path | None, run_id: str, stage: str, error: BaseExc
             pass
     failure = dataclasses.replace(failure, **_attempt_truth(error))
     if run_dir is not None:
+        # A full disk, typically, fails these writes: the failure is still shown, and it is the error raised.
         try:
             failure = dataclasses.replace(failure, log_file=_write_log(run_dir, failure, error, where))
+        except OSError as unwritten:
+            log.warning("the error of %s could not be written under %s: %s", failure.stage, run_dir, unwritten)
+        try:
             ledger.record(run_dir, failure.stage, "failed", error=failure.headline(), failure=failure.to_dict(), **where)
-        except OSError as unrecorded:  # a full disk, typically: the failure is still shown, and it is the one raised
+        except OSError as unrecorded:
             log.warning("the failure of %s could not be recorded in %s: %s", failure.stage, run_dir, unrecorded)
     if in_prefect_run():
         upsert_markdown_artifact(artifact_key(run_id, "failure"), failure_markdown(run_id, failure), failure.headline())
