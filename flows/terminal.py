@@ -26,6 +26,8 @@ _MAX_CHARS = 400
 _SOURCE = re.compile(r"^(\[rank \d+\] )?(.*)$", re.DOTALL)
 _BANNER = "=" * 20
 _CHAINED = ("The above exception was the direct cause", "During handling of the above exception")
+# What Prefect says after an exception's repr: kept when the repr itself is cut.
+_RETRY_NOTE = re.compile(r" - (Retry \d+/\d+ will start .*|Retries are exhausted)$")
 
 
 class _TracebackLines(logging.Filter):
@@ -80,7 +82,12 @@ class _OneLine(logging.Formatter):
         except Exception:  # noqa: BLE001
             return self._inner.format(record)
         first = message.split("\n", 1)[0].split("\\n", 1)[0]  # a repr'd message keeps its newlines escaped
-        shown.msg, shown.args = (first[:_MAX_CHARS] + " …" if len(first) > _MAX_CHARS else first), None
+        if len(first) > _MAX_CHARS:
+            first = first[:_MAX_CHARS] + " …"
+        note = _RETRY_NOTE.search(message)
+        if first != message and note is not None and not first.endswith(note[0]):
+            first = f"{first} …{note[0]}"
+        shown.msg, shown.args = first, None
         shown.exc_info, shown.exc_text, shown.stack_info = None, None, None
         return self._inner.format(shown)
 
@@ -94,9 +101,9 @@ def _console_handlers() -> list[logging.Handler]:
     return list(handlers.values())
 
 
-def quiet_tracebacks() -> int:
-    """Make Prefect's console handlers print one line per record and no tracebacks; returns how many it changed."""
-    handlers = _console_handlers()
+def quiet_tracebacks(handlers: list[logging.Handler] | None = None) -> int:
+    """Make Prefect's console handlers (or `handlers`) print one line per record and no tracebacks; returns how many."""
+    handlers = _console_handlers() if handlers is None else handlers
     for handler in handlers:
         if not isinstance(handler.formatter, _OneLine):
             handler.setFormatter(_OneLine(handler.formatter))
