@@ -18,7 +18,16 @@ Bad input is found before Prefect starts: `validate_inputs` reads and checks
 the config, tokenizer, model and data, so a bad input costs seconds and prints
 one message (`rankflow: bad input: …`, naming the file and line or the key and
 the fix) and no traceback. Any `BadInputError` — raised here, in the flow, or
-by a storage pre-flight that finds a configuration error — exits 2.
+by a storage pre-flight that finds a configuration error — exits 2. The
+storage pre-flight (`infra.preflight`) also runs here, before the stage cache
+or anything else is written: a store that does not answer is one line and
+exit 1, before Prefect starts.
+
+A failed run prints one line, `rankflow: run failed: STAGE failed on rank R:
+CAUSE (…); attempt N of M, not retried: …; … (full error and traceback:
+FILE)`; Prefect's own console lines stay, one line each, without tracebacks
+(`flows.terminal`). As the `rankflow` command, `run` exits within a moment of
+its JSON line (`flows.finish`).
 """
 
 from __future__ import annotations
@@ -77,28 +86,55 @@ def _summary(result: dict | None, wall_s: float, error: BaseException | None) ->
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     config = _load(args)
-    # Every input is read and checked before Prefect (and its temporary server) starts.
-    validate_inputs(config).store_cache()
+    # Every input is read and checked before Prefect (and its temporary server) starts,
+    # and the store is probed before the first byte is written (the stage cache included).
+    checked = validate_inputs(config)
+    unavailable = _storage_preflight(config)
+    if unavailable is not None:
+        print(f"rankflow: run failed: {unavailable}", file=sys.stderr)
+        print(json.dumps({**_summary(None, time.perf_counter() - started, unavailable), "failed_stage": "storage-check",
+                          "failure_cause": "storage_outage", "failed_rank": None}))
+        return EXIT_FAILED
+    checked.store_cache()
     from infra.run_lease import RunAlreadyActive
 
+    from .finish import drain_prefect
     from .pipeline import RunFailed, train_flow
+    from .terminal import quiet_tracebacks
 
-    result, error = None, None
+    quiet_tracebacks()  # tracebacks go to the run's log files and the Prefect API, not to the terminal
+    result, error, message = None, None, None
     try:
         result = train_flow(config)
     except BadInputError:
+        drain_prefect()
         raise  # found inside the flow (an input changed since the check, or a storage setting): still exit 2
     except RunAlreadyActive as busy:  # the flow run ended as Cancelled, having done nothing
+        drain_prefect()
         print(f"rankflow: {busy}", file=sys.stderr)
         print(json.dumps({"run_id": busy.run_id, "status": "already_running", "checkpoint_url": None, "steps": 0,
                           "losses": [], "wall_s": round(time.perf_counter() - started, 3), "error": str(busy)}))
         return EXIT_ALREADY_RUNNING
+    except RunFailed as failure:  # its message is the failed attempt's headline and where its traceback is
+        error, result, message = failure, failure.summary, f"rankflow: run failed: {failure}"
     except Exception as failure:  # noqa: BLE001 - reported in the summary line
-        error = failure
-        result = failure.summary if isinstance(failure, RunFailed) else None  # the figures so far
-        print(f"rankflow: run failed: {type(failure).__name__}: {failure}", file=sys.stderr)
+        error, message = failure, f"rankflow: run failed: {type(failure).__name__}: {(str(failure).splitlines() or [''])[0]}"
+    drain_prefect()  # the UI gets every log line and event before the result line (see flows/finish.py)
+    if message is not None:
+        print(message, file=sys.stderr)
     print(json.dumps(_summary(result, time.perf_counter() - started, error)))
     return EXIT_OK if error is None else EXIT_FAILED
+
+
+def _storage_preflight(config: RunConfig) -> ConnectionError | None:
+    """Probe the store: a refused setting raises (bad input, exit 2); a store that does not answer is returned."""
+    from infra.preflight import StoreUnavailable, check_store_writable
+
+    try:
+        check_store_writable(config.storage.url)
+    except StoreUnavailable as outage:  # an outage, not bad input: exit 1, run the same command again later
+        return outage
+    return None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -164,13 +200,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; `argv` None means this process is the `rankflow` command itself.
+
+    As the command, `rankflow run` ends within a moment of its last line once
+    a flow ran (flows/finish.py): the temporary Prefect server is stopped
+    without Prefect's 5 s wait and the process exits at once. Called with
+    `argv` (tests, other Python code), it returns the exit status instead.
+    """
     _prefect_defaults()
     args = build_parser().parse_args(argv)
     try:
-        return args.handler(args)
+        code = args.handler(args)
     except BadInputError as error:
         print(f"rankflow: bad input: {_without_credentials(str(error))}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        code = EXIT_BAD_INPUT
+    if argv is None and args.handler is cmd_run and "prefect" in sys.modules:
+        from .finish import exit_now, stop_temporary_server
+
+        stop_temporary_server()
+        exit_now(code)
+    return code
 
 
 _CREDENTIAL_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")

@@ -1,9 +1,15 @@
 """What a flow run has done so far, its summary, and the one place where a run's failure is reported.
 
 `RunRecord.failures_reported()` wraps the pipeline from plan to cleanup: a
-failure anywhere ends as `RunFailed`, whose summary keeps the run id, the
-steps done and the losses so far, after a `rankflow.run.failed` event and a
-failure report (when the failing task did not already write one). The run
+failure anywhere ends as `RunFailed`, whose summary keeps the run id (known
+once the plan is computed, before anything of the run is written), the steps
+done and the losses so far, after a `rankflow.run.failed` event and a failure
+report. Each failed attempt of a stage is reported by its task
+(`tasks.failure_report.reports_failures`), with the stage, rank, cause and
+whether it is retried; the flow reports only what failed in its own code
+(taking the run lease, say), as not retried: nothing retries a flow run. The
+message of `RunFailed` is that failure's headline and where its full error
+and traceback were written. The run
 lease (infra/run_lease.py) is taken by `leased` once the plan names the run,
 before anything is written for it, and released on the way out, success or
 failure. A run that finds its run id held by another run ends as Cancelled
@@ -20,20 +26,20 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 from infra import ledger
 from infra.lease import Lease
 from infra.publication import CommitOutcome
 from infra.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease
 from tasks.events import RUN_FAILED, emit_run_event, flow_run_url
-from tasks.failure_report import report_failure
+from tasks.failure_report import report_failure, reported
 from tasks._store import open_store_for_config
 from tasks.live import in_prefect_run
 from tasks.outcomes import ExportOutcome, PlannedRun, SegmentOutcome
 from tasks.plan import ComputedPlan
 from trainer_core.config import RunConfig
 from trainer_core.errors import BadInputError
+from trainer_core.plan import run_dir_for
 
 from .run_name import rename_flow_run
 
@@ -58,10 +64,13 @@ class RunRecord:
         self.files: dict[str, str] = {}
         self.lease: Lease | None = None
         self.already_active: RunAlreadyActive | None = None
+        self.run_id: str | None = None
+        """The run id, from the computed plan: the summary names the run even when a later stage fails."""
 
     def leased(self, computed: ComputedPlan) -> str:
         """Take the run lease of the planned run id (waiting up to run.lease_wait_s); returns its token."""
         run = self.config.run
+        self.run_id = computed.run_id
         self._name_flow_run(computed.run_id)
         self.lease = acquire_run_lease(open_store_for_config(self.config), computed.run_id,
                                        ttl_s=run.lease_ttl_s, wait_s=run.lease_wait_s, on_wait=print)
@@ -94,7 +103,7 @@ class RunRecord:
         train_s = sum(s.train_s for s in trained)
         tokens = sum(s.num_tokens for s in trained)
         return {
-            "run_id": self.planned_run.run_id if self.planned_run else None,
+            "run_id": self.planned_run.run_id if self.planned_run else self.run_id,
             "status": status,
             "checkpoint_url": self.commits[-1].checkpoint_url if self.commits else None,
             "steps": self.segments[-1].end_step if self.segments else 0,
@@ -111,16 +120,16 @@ class RunRecord:
             "loss_curve_url": self.files.get("loss_curve.png"),
         }
 
-    def _reported_failure(self) -> dict | None:
-        """The failure a task of this flow run recorded in the ledger, newest first."""
-        if self.planned_run is None:
-            return None
-        for entry in reversed(ledger.read(Path(self.planned_run.run_dir))):
-            if entry["time"] < self.started_at:
-                return None
-            if entry["status"] == "failed" and "failure" in entry:
-                return entry["failure"]
-        return None
+    def _report_flow_failure(self, error: Exception) -> dict:
+        """The failure as its task reported it, or reported now: one that happened in the flow's own code."""
+        failure = reported(error)
+        if failure is None:
+            holds_run = self.lease is not None and self.run_id is not None
+            # Only a run that holds its run lease writes into its run directory.
+            run_dir = run_dir_for(self.config, self.run_id) if holds_run else None
+            stage = "flow" if holds_run else ("run-lease" if self.run_id else "plan")
+            failure = report_failure(run_dir, self.run_id or self.config.run.name, stage, error)
+        return failure
 
     @contextlib.contextmanager
     def failures_reported(self) -> Iterator[None]:
@@ -136,21 +145,18 @@ class RunRecord:
                            failed_rank=None)
             raise RunFailed(f"run lease lost: {lost}", summary) from lost
         except Exception as error:
-            failure = self._reported_failure()
-            if failure is None:
-                planned = self.planned_run
-                failure = report_failure(Path(planned.run_dir) if planned else None,
-                                         planned.run_id if planned else self.config.run.name,
-                                         "flow" if planned else "plan", error).to_dict()
+            failure = self._report_flow_failure(error)
             summary = self.summary("failed")
             summary.update(error=f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}",
-                           failed_stage=failure["stage"], failure_cause=failure["cause"], failed_rank=failure["rank"])
+                           failed_stage=failure.stage, failure_cause=failure.cause.value, failed_rank=failure.rank,
+                           failure_log=failure.log_file)
             if in_prefect_run() and summary["run_id"]:
                 emit_run_event(RUN_FAILED, summary["run_id"], loss=summary["losses"][-1] if summary["losses"] else None,
-                               labels={"rankflow.cause": failure["cause"]}, stage=failure["stage"],
-                               cause=failure["cause"], rank=failure["rank"], step=summary["steps"],
-                               error=summary["error"], url=flow_run_url() or self.planned_run.storage_url)
-            raise RunFailed(f"{failure['stage']} failed: {summary['error']}", summary) from error
+                               labels={"rankflow.cause": failure.cause.value}, stage=failure.stage,
+                               cause=failure.cause.value, rank=failure.rank, step=summary["steps"],
+                               error=summary["error"], url=flow_run_url() or self.config.storage.url)
+            details = f" (full error and traceback: {failure.log_file})" if failure.log_file else ""
+            raise RunFailed(f"{failure.headline()}{details}", summary) from error
         finally:
             self._release_lease()
 

@@ -13,12 +13,15 @@
 | lease_lost         | another run of this run id took the run lease over        | no      |
 | finalizer_lost     | another holder (a gc, a stale takeover) took the finalizer lease over mid-write; this run still holds its run lease | yes |
 | launch_timeout     | the launch ran past its wall-clock limit                  | yes     |
+| no_space           | a disk filled up (ENOSPC, EDQUOT): it stays full          | no      |
 | transient          | anything else (an injected fault, an unknown error)       | yes     |
 
 A rank killed by a signal is the first failing rank even when a peer reported
 an error first: the peer's error ("connection closed by peer") is the effect.
 Otherwise the earliest recorded error that is not a lost-peer effect wins.
-Retries resume from the last saved state (see tasks/segment.py).
+Retries resume from the last saved state (see tasks/segment.py). Missing
+S3 credentials (botocore's NoCredentialsError) are bad input: no retry finds
+them.
 
 A lost lease is never a code error. A lost run lease is never retried: the
 run belongs to the new holder, which resumes it. A lost finalizer lease alone
@@ -27,10 +30,17 @@ says no other run of the run id is at work, so the next try takes the
 finalizer again and resumes from what the store holds. A lease write whose
 answer was lost is no loss at all (infra/lease.py settles it by what the store
 holds).
+
+A `Failure` is one failed attempt: where and why, and, once the task that
+failed reports it (`tasks.failure_report`), which attempt it was and whether
+Prefect retries it (`retried`); its `headline` never promises a retry that
+will not happen.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 from dataclasses import asdict, dataclass
 from enum import Enum
@@ -48,15 +58,29 @@ class FailureClass(str, Enum):
     LAUNCH_TIMEOUT = "launch_timeout"
     LEASE_LOST = "lease_lost"
     FINALIZER_LOST = "finalizer_lost"
+    NO_SPACE = "no_space"
     TRANSIENT = "transient"
 
     @property
     def retriable(self) -> bool:
         return self not in (FailureClass.BAD_INPUT, FailureClass.CODE_ERROR, FailureClass.OUT_OF_MEMORY,
-                            FailureClass.LEASE_LOST)
+                            FailureClass.NO_SPACE, FailureClass.LEASE_LOST)
+
+    @property
+    def fix(self) -> str:
+        """What to do once no retry is left (or none can help)."""
+        if self is FailureClass.LEASE_LOST:
+            return "nothing to do: the run's new holder (another run of this run id) resumes the work"
+        if self is FailureClass.NO_SPACE:
+            return ("free space on that disk (or point run.work_dir at a larger one), then run the same command again: "
+                    "finished segments are kept")
+        if not self.retriable:
+            return "fix the cause, then run the same config again"
+        return "run the same command again to resume from the last saved state"
 
 
-_BAD_INPUT_TYPES = {"ValueError", "DataError", "ConfigError", "UnicodeDecodeError", "JSONDecodeError"}
+_BAD_INPUT_TYPES = {"ValueError", "DataError", "ConfigError", "UnicodeDecodeError", "JSONDecodeError",
+                    "NoCredentialsError", "PartialCredentialsError"}
 _CODE_ERROR_TYPES = {
     "TypeError", "AttributeError", "NameError", "UnboundLocalError", "ImportError", "ModuleNotFoundError",
     "AssertionError", "KeyError", "IndexError", "ZeroDivisionError", "NotImplementedError", "SyntaxError",
@@ -73,6 +97,9 @@ _COLLECTIVE_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError", "
 _LOST_PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out",
                       "timeout", "socket", "nccl", "gloo", "peer", "connection refused")
 _PREEMPTION_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+# How a full disk reads in a rank's error record (os.strerror of ENOSPC and EDQUOT, with or without "[Errno N]").
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE_MARKERS = tuple(os.strerror(code).lower() for code in _NO_SPACE_ERRNOS)
 
 
 @dataclass(frozen=True)
@@ -85,20 +112,39 @@ class Failure:
     """One line: what the rank did or said."""
     log_tail: tuple[str, ...] = ()
     """The last lines of that rank's log (or of the launch when no rank is named)."""
+    attempt: int | None = None
+    """Which attempt of its task failed (1-based); None outside a task (the flow itself)."""
+    max_attempts: int | None = None
+    """How many attempts the task has (its retries + 1)."""
+    retried: bool | None = None
+    """Whether Prefect runs the task again after this attempt; None: not known yet (the launch's own diagnosis)."""
+    log_file: str | None = None
+    """Where the attempt's full error and traceback were written (RUN_DIR/logs/failures/…)."""
 
     @property
     def retriable(self) -> bool:
         return self.cause.retriable
 
+    def verdict(self) -> str:
+        """What happens next: the truth once `retried` is known, what the class allows before."""
+        attempt = f"attempt {self.attempt} of {self.max_attempts}, " if self.attempt is not None else ""
+        if self.retried is None:
+            return "a retry can help" if self.retriable else f"a retry cannot help: {self.cause.fix}"
+        if self.retried:
+            return f"{attempt}retried from the last saved state"
+        if not self.retriable:
+            why = f"a retry cannot help ({self.cause.value})"
+        elif self.attempt is None:
+            why = "nothing retries the flow itself"
+        elif self.max_attempts is not None and self.attempt >= self.max_attempts:
+            why = "no attempts left"
+        else:
+            why = "its task does not retry this failure"
+        return f"{attempt}not retried: {why}; {self.cause.fix}"
+
     def headline(self) -> str:
         where = f"rank {self.rank}" if self.rank is not None else "no single rank"
-        if self.retriable:
-            verdict = "will be retried from the last saved state"
-        elif self.cause is FailureClass.LEASE_LOST:
-            verdict = "not retried: the lease's new holder owns the work now"
-        else:
-            verdict = "not retried: fix and re-run"
-        return f"{self.stage} failed on {where}: {self.cause.value} ({self.detail}); {verdict}"
+        return f"{self.stage} failed on {where}: {self.cause.value} ({self.detail}); {self.verdict()}"
 
     def to_dict(self) -> dict:
         figures = asdict(self)
@@ -115,6 +161,8 @@ def classify_error(type_name: str, message: str) -> FailureClass:
         return FailureClass.LEASE_LOST
     if type_name in _FINALIZER_LOST_TYPES:
         return FailureClass.FINALIZER_LOST
+    if any(marker in lowered for marker in _NO_SPACE_MARKERS):
+        return FailureClass.NO_SPACE
     if type_name in _OOM_TYPES or "out of memory" in lowered:
         return FailureClass.OUT_OF_MEMORY
     if type_name in _COLLECTIVE_TYPES:
@@ -135,11 +183,40 @@ def classify_exception(error: BaseException) -> FailureClass:
     diagnosed = getattr(error, "failure", None)
     if isinstance(diagnosed, Failure):
         return diagnosed.cause
+    if no_space_error(error) is not None:
+        return FailureClass.NO_SPACE
+    if _caused_by(error, _CREDENTIAL_TYPES):  # s3fs and storage_errors wrap botocore's error in an OSError
+        return FailureClass.BAD_INPUT
     for kind in type(error).__mro__:  # a subclass of ConnectionError is a storage outage, and so on
         cause = classify_error(kind.__name__, str(error))
         if cause is not FailureClass.TRANSIENT or kind.__name__ == "InjectedFault":
             return cause
     return FailureClass.TRANSIENT
+
+
+_CREDENTIAL_TYPES = frozenset({"NoCredentialsError", "PartialCredentialsError"})
+
+
+def _caused_by(error: BaseException | None, type_names: frozenset[str]) -> bool:
+    """Whether `error` or an exception it was raised from has one of these type names."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if any(kind.__name__ in type_names for kind in type(error).__mro__):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def no_space_error(error: BaseException | None) -> OSError | None:
+    """The ENOSPC/EDQUOT OSError `error` is or was raised from, if any (wrappers keep it as their cause)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _NO_SPACE_ERRNOS:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _signal_name(code: int) -> str:

@@ -6,10 +6,13 @@ seconds with the endpoint named, instead of after the whole run. Messages never
 carry credentials: the secret and key values are scrubbed from any client text.
 
 Two outcomes of a failed probe: a *setting* the user must fix (no such bucket,
-access denied, a wrong key, a local path that cannot be written) is bad input
+access denied, a wrong key, no credentials at all, an `AWS_ENDPOINT_URL` that
+is not an endpoint, a local path that cannot be written) is bad input
 (`StoreSettingError`, a `BadInputError`: exit 2); a store that does not answer
 (connection refused, a timeout, a 5xx) may be down or may be the wrong
 endpoint, and is a storage outage (`StoreUnavailable`, a `ConnectionError`).
+The endpoint is checked before any client is made, so a malformed one never
+reaches botocore (which would fail every request the same way, retried or not).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from urllib.parse import urlsplit
 
 from trainer_core.errors import BadInputError
 
@@ -39,6 +43,53 @@ class StoreSettingError(BadInputError):
 
 # Errors that say the store answered and refused (s3fs maps S3's codes to these).
 _SETTING_ERRORS = (PermissionError, FileNotFoundError, NotADirectoryError, FileExistsError, IsADirectoryError)
+# botocore's errors for credentials it could not find (or found half of): no request was even signed.
+CREDENTIAL_ERRORS = frozenset({"NoCredentialsError", "PartialCredentialsError"})
+CREDENTIALS_FIX = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary "
+                   "credentials) in the environment, or name a configured profile in AWS_PROFILE")
+
+
+def is_credentials_error(error: BaseException) -> bool:
+    """Whether `error` (or what it wraps) says botocore found no usable credentials."""
+    while error is not None:
+        if any(kind.__name__ in CREDENTIAL_ERRORS for kind in type(error).__mro__):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def endpoint_problem(value: str) -> str | None:
+    """What is wrong with an AWS_ENDPOINT_URL value as an S3 endpoint, or None when it is one."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # a port that is not a number raises here
+    except ValueError as error:
+        return f"it does not parse ({error})"
+    if parts.scheme not in ("http", "https"):
+        return "it has no http:// or https:// scheme" if not parts.scheme else f"its scheme {parts.scheme!r} is not http or https"
+    if not parts.hostname:
+        return "it names no host"
+    if parts.path not in ("", "/"):
+        return f"it has a path ({parts.path!r}); S3 requests go to the bucket at the endpoint's root"
+    if parts.query or parts.fragment or parts.username or parts.password:
+        return "it has a query, a fragment or user information"
+    if port == 0:
+        return "its port is 0"
+    return None
+
+
+def check_endpoint_setting(url: str) -> None:
+    """Raise StoreSettingError when an S3 store's AWS_ENDPOINT_URL is set but is not an endpoint URL."""
+    value = os.environ.get("AWS_ENDPOINT_URL")
+    if not url.startswith("s3://") or not value:
+        return
+    problem = endpoint_problem(value)
+    if problem is not None:
+        raise StoreSettingError(
+            f"AWS_ENDPOINT_URL={_scrub(value)!r} (the endpoint of storage.url={url!r}) is not an S3 endpoint URL: "
+            f"{problem}; set AWS_ENDPOINT_URL to http://HOST:PORT or https://HOST:PORT without a path "
+            "(e.g. http://127.0.0.1:8333), or unset it to use AWS"
+        )
 
 
 def _scrub(text: str) -> str:
@@ -66,6 +117,7 @@ def check_store_writable(url: str, connect_timeout_s: float = 5.0) -> dict:
     Raises StoreSettingError or StoreUnavailable naming the store, its endpoint and what to check.
     """
     started = time.perf_counter()
+    check_endpoint_setting(url)
     try:
         store = _probe_store(url, connect_timeout_s)
         probe = store.path(f"{PROBE_PREFIX}{uuid.uuid4().hex}")
@@ -77,6 +129,8 @@ def check_store_writable(url: str, connect_timeout_s: float = 5.0) -> dict:
     except Exception as error:  # noqa: BLE001 - every client failure becomes one clear message
         what = f"storage.url={url!r} at {endpoint_of(url)}"
         cause = f"{type(error).__name__}: {_scrub(str(error))[:300]}"
+        if is_credentials_error(error):
+            raise StoreSettingError(f"{what}: no AWS credentials were found ({cause}); {CREDENTIALS_FIX}") from None
         if isinstance(error, _SETTING_ERRORS) or (not url.startswith("s3://") and isinstance(error, OSError)):
             raise StoreSettingError(
                 f"{what} refuses the probe write ({cause}); check the bucket and the credentials "

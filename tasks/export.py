@@ -34,6 +34,7 @@ from trainer_core.progress import export_progress_path
 from ._launch import launch_stage
 from ._logging import rank_line_logger
 from ._store import store_for
+from .failure_report import reports_failures
 from .fencing import fence, fenced_monitor
 from .outcomes import ExportOutcome, PlannedRun
 from .run_state import fetch_plan_file, fetch_segment_state
@@ -108,5 +109,6 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
 
 @task(name="export", task_run_name="export-segment-{segment_index}", retries=2, retry_delay_seconds=[2, 10],
       retry_condition_fn=retry_unless_fenced, cache_policy=NO_CACHE)
+@reports_failures("export")
 def export_segment(planned: PlannedRun, segment_index: int) -> ExportOutcome:
     return export_segment_fn(planned, segment_index, on_line=rank_line_logger())

@@ -6,6 +6,11 @@ reads (`tasks.watchdog`), at most once a second: progress is the steps done of
 the run's total, the table shows the newest steps with loss, gradient norm,
 learning rate and tokens/s, and for RL the stale trajectories dropped, the
 clipped fraction and the mean importance ratio.
+
+Every artifact of a run is kept by key, one per flow run (`upsert_*`): an
+artifact the flow run already has under that key is updated in place, so a
+flow run started again (Retry in the UI re-runs the same flow run) still
+shows one progress, one metrics table, one failure report.
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ import time
 from uuid import UUID
 
 from prefect import get_run_logger
-from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
+                               update_progress_artifact)
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+from prefect.client.schemas.sorting import ArtifactSort
 from prefect.context import TaskRunContext, get_run_context
 from prefect.exceptions import MissingContextError
 from pydantic import BaseModel
@@ -50,14 +58,56 @@ class LiveArtifacts(BaseModel):
     total_steps: int
 
 
+def flow_run_artifact(key: str):
+    """This flow run's newest artifact under `key` (a prefect Artifact), if it has one (a flow run started again has)."""
+    from prefect.runtime import flow_run
+
+    flow_run_id = flow_run.get_id()
+    if flow_run_id is None:
+        return None
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]),
+                                           flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(str(flow_run_id))])),
+            sort=ArtifactSort.CREATED_DESC, limit=1)
+    return found[0] if found else None
+
+
+def _update(artifact_id: UUID, data, description: str) -> UUID:
+    with get_client(sync_client=True) as client:
+        client.update_artifact(artifact_id, ArtifactUpdate(data=data, description=description))
+    return artifact_id
+
+
+def upsert_progress_artifact(key: str, progress: float, description: str) -> UUID:
+    existing = flow_run_artifact(key)
+    if existing is not None:
+        return update_progress_artifact(existing.id, progress, description=description)
+    return create_progress_artifact(progress=progress, key=key, description=description)
+
+
+def upsert_table_artifact(key: str, table: list[dict], description: str) -> UUID:
+    existing = flow_run_artifact(key)
+    if existing is not None:
+        return _update(existing.id, json.dumps(table), description)
+    return create_table_artifact(table=table, key=key, description=description)
+
+
+def upsert_markdown_artifact(key: str, markdown: str, description: str) -> UUID:
+    existing = flow_run_artifact(key)
+    if existing is not None:
+        return _update(existing.id, markdown, description)
+    return create_markdown_artifact(markdown=markdown, key=key, description=description)
+
+
 def create_live_artifacts(run_id: str, total_steps: int, steps_done: int) -> LiveArtifacts:
-    progress_id = create_progress_artifact(
-        progress=100.0 * steps_done / total_steps, key=artifact_key(run_id, "progress"),
-        description=f"Run {run_id}: {steps_done} of {total_steps} optimizer steps done",
+    progress_id = upsert_progress_artifact(
+        artifact_key(run_id, "progress"), 100.0 * steps_done / total_steps,
+        f"Run {run_id}: {steps_done} of {total_steps} optimizer steps done",
     )
-    metrics_id = create_table_artifact(
-        table=[{"step": None, "loss": None}], key=artifact_key(run_id, "metrics"),
-        description=f"Run {run_id}: live step metrics (waiting for the first step)",
+    metrics_id = upsert_table_artifact(
+        artifact_key(run_id, "metrics"), [{"step": None, "loss": None}],
+        f"Run {run_id}: live step metrics (waiting for the first step)",
     )
     return LiveArtifacts(run_id=run_id, progress_id=progress_id, metrics_id=metrics_id, total_steps=total_steps)
 

@@ -26,7 +26,7 @@ from infra.run_lease import RunLeaseLost
 from ._logging import rank_line_logger
 from ._store import publish_settings, store_for
 from .export import export_segment_fn
-from .failure_report import report_failure
+from .failure_report import reports_failures
 from .fencing import fence
 from .outcomes import ExportOutcome, PlannedRun
 from .retry_policy import retry_unless_final
@@ -36,9 +36,9 @@ T = TypeVar("T")
 
 def _recorded(planned: PlannedRun, exported: ExportOutcome, stage: str, action: Callable[..., T],
               handled: tuple[type[BaseException], ...] = ()) -> T:
-    """Run one publication stage and record its outcome (or its failure, reported as this stage's) in the ledger.
+    """Run one publication stage and record its outcome in the ledger (a failed attempt: `reports_failures`).
 
-    An error in `handled` is the caller's to resolve: recorded, not reported as the run's failure."""
+    An error in `handled` is the caller's to resolve: recorded as resolved by it, not reported as a failure."""
     run_dir = Path(planned.run_dir)
     fence(planned, f"{stage} of step {exported.step}")
     try:
@@ -49,9 +49,6 @@ def _recorded(planned: PlannedRun, exported: ExportOutcome, stage: str, action: 
     except handled as error:
         ledger.record(run_dir, stage, "failed", step=exported.step, error=f"{type(error).__name__}: {error}",
                       resolved_by="export again")
-        raise
-    except Exception as error:
-        report_failure(run_dir, planned.run_id, stage, error, step=exported.step)
         raise
     ledger.record(run_dir, stage, "completed", **outcome.to_dict())
     return outcome
@@ -80,6 +77,8 @@ def cleanup_fn(planned: PlannedRun, exported: ExportOutcome) -> CleanupOutcome:
 
 
 commit = task(name="commit", task_run_name="commit-step-{exported.step}", retries=3,
-              retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_final, cache_policy=NO_CACHE)(commit_fn)
+              retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_final,
+              cache_policy=NO_CACHE)(reports_failures("commit")(commit_fn))
 cleanup = task(name="cleanup", task_run_name="cleanup-step-{exported.step}", retries=3,
-               retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_final, cache_policy=NO_CACHE)(cleanup_fn)
+               retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_final,
+               cache_policy=NO_CACHE)(reports_failures("cleanup")(cleanup_fn))

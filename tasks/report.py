@@ -3,7 +3,9 @@
 The loss curve (PNG) is written beside the ledger in the run directory and
 uploaded with it beside the run's checkpoints; a markdown artifact links the
 newest committed checkpoint, the ledger and the curve (and shows the curve
-inline, so it is visible in the UI without access to the store).
+inline, so it is visible in the UI without access to the store). Artifacts
+are kept by key, one per flow run (`tasks.live`); a failure report this flow
+run still shows is marked settled, since the run completed after it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import base64
 from pathlib import Path
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
@@ -22,8 +23,9 @@ from infra.publication import CommitOutcome
 from infra.storage import Deadline, storage_errors
 
 from ._store import store_for
+from .failure_report import reports_failures
 from .fencing import fence
-from .live import artifact_key
+from .live import artifact_key, flow_run_artifact, upsert_markdown_artifact, upsert_table_artifact
 from .outcomes import PlannedRun, SegmentOutcome
 from .retry_policy import retry_unless_fenced
 
@@ -80,24 +82,45 @@ def summary_markdown(planned: PlannedRun, commits: list[CommitOutcome], location
     )
 
 
+SETTLED = "## Settled: the run completed after this failure"
+
+
+def settle_failure_report(planned: PlannedRun) -> bool:
+    """Mark this flow run's failure report settled (the run completed after it); False when it has none.
+
+    The report keeps its details (stage, rank, cause, attempt): only its title
+    says that the failure is history now, and every failed attempt stays in the ledger.
+    """
+    key = artifact_key(planned.run_id, "failure")
+    existing = flow_run_artifact(key)
+    if existing is None:
+        return False
+    if not str(existing.data).startswith(SETTLED):
+        upsert_markdown_artifact(
+            key, f"{SETTLED}\n\nRun `{planned.run_id}` completed; the last failed attempt before it was:\n\n{existing.data}",
+            f"Settled: run {planned.run_id} completed after a failed attempt ({existing.description})")
+    return True
+
+
 @task(name="report", task_run_name="report-{planned.run_id}", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 5], retry_condition_fn=retry_unless_fenced)
+@reports_failures("report")
 def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[CommitOutcome]) -> dict[str, str]:
-    create_table_artifact(
-        key=artifact_key(planned.run_id, "segments"),
-        table=[
+    upsert_table_artifact(
+        artifact_key(planned.run_id, "segments"),
+        [
             {"segment": s.segment, "steps": f"{s.start_step}-{s.end_step - 1}", "first_loss": round(s.losses[0], 4),
              "last_loss": round(s.losses[-1], 4), "tokens": s.num_tokens, "tokens_per_s": round(s.tokens_per_s),
              "train_s": round(s.train_s, 2), "launch_wall_s": round(s.launch_wall_s, 2), "reused": s.reused}
             for s in segments
         ],
-        description=f"Segment metrics of run {planned.run_id}",
+        f"Segment metrics of run {planned.run_id}",
     )
     fence(planned, "report")
     curve = write_run_loss_curve(planned, segments)
     locations = publish_run_files_fn(planned)
-    create_markdown_artifact(
-        key=artifact_key(planned.run_id, "checkpoint"),
-        markdown=summary_markdown(planned, commits, locations, curve),
-        description=f"Newest checkpoint: {commits[-1].checkpoint_url}" if commits else "No checkpoint committed",
+    upsert_markdown_artifact(
+        artifact_key(planned.run_id, "checkpoint"), summary_markdown(planned, commits, locations, curve),
+        f"Newest checkpoint: {commits[-1].checkpoint_url}" if commits else "No checkpoint committed",
     )
+    settle_failure_report(planned)
     return locations

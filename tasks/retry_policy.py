@@ -5,9 +5,11 @@ same way again, so they end the task at once; a dead, stalled or preempted
 rank, a collective timeout or a storage outage is retried from the last saved
 state, up to the task's `retries`. A stage fenced off by the run lease
 (another run of the run id took it over) is never retried: the new holder
-resumes the work. A stage whose finalizer lease alone was taken over (a gc, a
-stale takeover while this run still holds its run lease) is retried: the next
-try takes the finalizer again.
+resumes the work, nor is a full disk (it stays full; the report says which
+one), even by the publication stages that retry everything else. A stage
+whose finalizer lease alone was taken over (a gc, a stale takeover while this
+run still holds its run lease) is retried: the next try takes the finalizer
+again.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
 
-from infra.failures import classify_exception
+from infra.failures import FailureClass, classify_exception
 from infra.run_lease import RunAlreadyActive, RunLeaseLost
 
 # Another run of the run id owns the work now: a retry would only be fenced again.
@@ -33,9 +35,11 @@ def retry_if_retriable(task, task_run: TaskRun, state: State) -> bool:
 
 
 def retry_unless_fenced(task, task_run: TaskRun, state: State) -> bool:
-    """For publication stages, which retry every failure: every one but a lost run lease."""
+    """For publication stages, which retry every failure: every one but a lost run lease or a full disk."""
     error = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
-    return not isinstance(error, _FENCED)
+    if isinstance(error, _FENCED):
+        return False
+    return not (isinstance(error, BaseException) and classify_exception(error) is FailureClass.NO_SPACE)
 
 
 def retry_unless_final(task, task_run: TaskRun, state: State) -> bool:

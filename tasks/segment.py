@@ -31,6 +31,7 @@ from ._launch import launch_stage
 from ._logging import rank_line_logger
 from .fencing import fence, fenced_monitor
 from .events import SEGMENT_COMPLETED, emit_run_event, flow_run_url
+from .failure_report import reports_failures
 from .live import LiveArtifacts, in_prefect_run, publisher_for
 from .nodes import launch_segment_nodes
 from .outcomes import PlannedRun, SegmentOutcome
@@ -97,6 +98,7 @@ def _run_name() -> str:
 
 @task(name="segment", task_run_name=_run_name, retries=2, retry_delay_seconds=[2, 10],
       retry_condition_fn=retry_if_retriable, cache_policy=NO_CACHE)
+@reports_failures("segment")
 def train_segment(planned: PlannedRun, segment_index: int, live: LiveArtifacts | None = None) -> SegmentOutcome:
     outcome = train_segment_fn(planned, segment_index, on_line=rank_line_logger(), live=live)
     return Completed(name=REUSED, data=outcome, message="state already saved; nothing trained") if outcome.reused else outcome

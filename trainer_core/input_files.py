@@ -4,7 +4,10 @@ Every input (the TOML config, the data, the tokenizer, the model config) is
 opened here. A path is opened non-blocking and checked with `fstat` before a
 byte is read, so a FIFO or a device fails at once instead of blocking forever
 or streaming without end, and the check cannot race with a file swapped in
-between. Text must be UTF-8 and JSON well formed; failures say `FILE:LINE:COL`.
+between. Text must be UTF-8 and JSON well formed; failures say `FILE:LINE:COL`. A read
+that fails (EIO from a failing disk or a broken mount, or a special file such
+as `/proc/self/mem` that looks regular) is a ConfigError naming the file too,
+whichever reader hits it: the handle `open_input` returns translates it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, BinaryIO
+from collections.abc import Iterator
+from typing import Any
 
 from .errors import ConfigError
 
@@ -31,10 +35,46 @@ def file_kind(mode: int) -> str:
     return next((words for test, words in _KINDS if test(mode)), "not a regular file")
 
 
-def open_input(path: str | Path, label: str, fix: str) -> BinaryIO:
+class InputFile:
+    """A binary input opened by `open_input`: its reads raise ConfigError `LABEL: cannot be read (…); FIX`."""
+
+    def __init__(self, handle, label: str, fix: str) -> None:
+        self._handle, self._label, self._fix = handle, label, fix
+
+    def _unreadable(self, error: OSError) -> ConfigError:
+        return ConfigError(f"{self._label}: cannot be read ({error.strerror or error}); {self._fix}")
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._handle.read(size)
+        except OSError as error:
+            raise self._unreadable(error) from None
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            try:
+                line = self._handle.readline()
+            except OSError as error:
+                raise self._unreadable(error) from None
+            if not line:
+                return
+            yield line
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> "InputFile":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+
+def open_input(path: str | Path, label: str, fix: str) -> InputFile:
     """Open a regular file for reading, or raise ConfigError `LABEL: problem; FIX`.
 
-    `label` names the input (`data.path=/x/y.jsonl`), `fix` says what to point it at.
+    `label` names the input (`data.path=/x/y.jsonl`), `fix` says what to point it at;
+    a read that fails later raises the same way.
     """
     path = Path(path)
     try:
@@ -52,15 +92,12 @@ def open_input(path: str | Path, label: str, fix: str) -> BinaryIO:
         os.close(fd)
         raise ConfigError(f"{label}: is {file_kind(mode)}, not a regular file; {fix}")
     os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+    return InputFile(os.fdopen(fd, "rb"), label, fix)
 
 
 def read_input_bytes(path: str | Path, label: str, fix: str) -> bytes:
     with open_input(path, label, fix) as handle:
-        try:
-            return handle.read()
-        except OSError as error:
-            raise ConfigError(f"{label}: cannot be read ({error.strerror}); {fix}") from None
+        return handle.read()
 
 
 def decode_utf8(data: bytes, where: str, fix: str = "save it as UTF-8") -> str:

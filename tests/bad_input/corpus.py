@@ -84,6 +84,11 @@ SURROGATE = '{"messages": [{"role": "user", "content": "bad \\ud800 escape"}, {"
 DEEP = '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
 FIX_TOML = r"fix the syntax there"
 
+# No credential anywhere botocore looks (variables, files, profile); instance metadata stays reachable as on a laptop.
+_NO_CREDENTIALS = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None, "AWS_PROFILE": None,
+                   "AWS_SHARED_CREDENTIALS_FILE": "{dir}/no-credentials", "AWS_CONFIG_FILE": "{dir}/no-config"}
+_DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}
+
 CASES: list[Case] = [
     # --- the config file itself
     Case("config_missing", "config-file", r"config file '{dir}/nope\.toml': does not exist", r"pass the path of a TOML config",
@@ -212,6 +217,16 @@ CASES: list[Case] = [
          config={"storage": {"url": "s3://my bucket/runs"}}),
     Case("s3_empty_segment", "storage", r"storage\.url='s3://rankflow//runs' has an empty", r"plain names joined by single '/'",
          config={"storage": {"url": "s3://rankflow//runs"}}),
+    # The storage pre-flight (infra/preflight.py) runs before anything is written: a setting no retry can fix is bad input.
+    Case("s3_no_credentials", "storage", r"storage\.url='s3://rankflow/runs' at http://127\.0\.0\.1:9: no AWS credentials",
+         r"set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", config={"storage": {"url": "s3://rankflow/runs"}},
+         env={**_NO_CREDENTIALS, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}),
+    Case("s3_endpoint_not_a_url", "storage", r"AWS_ENDPOINT_URL='not-a-url' \(the endpoint of storage\.url='s3://rankflow/runs'\) "
+         r"is not an S3 endpoint URL", r"set AWS_ENDPOINT_URL to http://HOST:PORT or https://HOST:PORT",
+         config={"storage": {"url": "s3://rankflow/runs"}}, env={**_DUMMY_CREDENTIALS, "AWS_ENDPOINT_URL": "not-a-url"}),
+    Case("s3_endpoint_with_a_path", "storage", r"AWS_ENDPOINT_URL='http://127\.0\.0\.1:9/s3' .* has a path \('/s3'\)",
+         r"without a path", config={"storage": {"url": "s3://rankflow/runs"}},
+         env={**_DUMMY_CREDENTIALS, "AWS_ENDPOINT_URL": "http://127.0.0.1:9/s3"}),
     Case("storage_unknown_scheme", "storage", r"storage\.url='gs://bucket/runs': unsupported scheme 'gs'",
          r"use a local path, file://PATH or s3://BUCKET/PREFIX", config={"storage": {"url": "gs://bucket/runs"}}),
     Case("storage_empty", "storage", r"  storage\.url: storage\.url is empty", r"set a local path", config={"storage": {"url": ""}}),
@@ -346,6 +361,9 @@ CASES: list[Case] = [
          r"point data\.path at a JSONL file", files={"data.jsonl": fifo}, config={"data": {"path": "{dir}/data.jsonl"}}),
     Case("data_is_a_device", "data-file", r"data\.path='/dev/null': is a character device", r"point data\.path at a JSONL file",
          config={"data": {"path": "/dev/null"}}),
+    # /proc/self/mem is a regular file whose every read fails with EIO (as a dying disk or a broken network mount does).
+    Case("data_read_fails_eio", "data-file", r"data\.path='/proc/(self|\d+)/mem': cannot be read \(Input/output error\)",
+         r"point data\.path at a JSONL file", config={"data": {"path": "/proc/self/mem"}}),
     Case("data_empty", "data-file", r"{bad}/empty_file\.jsonl: no conversations found", r"the file is empty",
          config={"data": {"path": "{bad}/empty_file.jsonl"}}),
     Case("data_blank_lines_only", "data-file", r"{dir}/data\.jsonl: no conversations found", r"the file is empty",

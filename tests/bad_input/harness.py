@@ -49,6 +49,8 @@ class Case:
     argv: tuple[str, ...] = ()
     command: str = "run"
     config_path: str = "run.toml"
+    env: dict[str, str | None] = field(default_factory=dict)
+    """Environment variables of the case (`{dir}` expands); None unsets one (the `AWS_*` storage settings)."""
 
 
 class Assets:
@@ -195,6 +197,25 @@ class Outcome:
     """Paths that appeared or changed under the case directory."""
 
 
+@contextlib.contextmanager
+def case_environment(case: Case, case_dir: Path) -> Iterator[None]:
+    """The case's environment variables for the duration of the block, then the previous values."""
+    saved = {name: os.environ.get(name) for name in case.env}
+    try:
+        for name, value in case.env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = expand(value, case_dir, regex=False)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def run_case(case: Case, case_dir: Path, assets: Assets) -> Outcome:
     """`rankflow ARGS` in this process, from inside the case directory."""
     from flows.cli import main
@@ -204,7 +225,7 @@ def run_case(case: Case, case_dir: Path, assets: Assets) -> Outcome:
     cwd = os.getcwd()
     os.chdir(case_dir)
     try:
-        with _captured_fds() as output:
+        with _captured_fds() as output, case_environment(case, case_dir):
             try:
                 code = main(argv)
             except SystemExit as exit_:  # argparse

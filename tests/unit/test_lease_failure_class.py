@@ -48,7 +48,7 @@ def test_a_state_upload_whose_finalizer_was_taken_over_fails_as_finalizer_lost_a
     assert classify_exception(error).value == "finalizer_lost"  # before: "code_error"
     assert classify_exception(error).retriable
     failure = failure_of("segment", error)
-    assert failure.cause.value == "finalizer_lost" and "will be retried" in failure.headline()
+    assert failure.cause.value == "finalizer_lost" and "a retry can help" in failure.headline()
     for policy in (retry_if_retriable, retry_unless_fenced, retry_unless_final):
         assert policy(None, None, Failed(data=error))
 
