@@ -22,8 +22,9 @@
   whose bytes no longer match its manifest raises StagedFileChanged instead
   of being published. Each single-request upload carries the manifest's
   sha256 as `x-amz-checksum-sha256`: a server that verifies it (probed once
-  per endpoint; SeaweedFS and AWS do) refuses other bytes, so the client need
-  not hash them again; otherwise the client hashes them. A multipart upload
+  per endpoint; SeaweedFS and AWS do) refuses other bytes and keeps the
+  checksum, so the client need not hash them again; otherwise the client
+  hashes them (sha256 against the manifest, MD5 recorded as the ETag). A multipart upload
   hashes the file first (sha256 against the manifest, MD5 per part) and sends
   each part with its `Content-MD5`, so the server refuses a part whose bytes
   changed since.
@@ -51,6 +52,9 @@ from .storage import Deadline, StoreLocation, run_async
 SHA256_METADATA_KEY = "sha256"
 ETAG_METADATA_KEY = "etag"
 """Metadata: the ETag the store computes from the bytes rankflow verified and sent (a rewrite changes the real one)."""
+CHECKSUM_METADATA_KEY = "checksum"
+"""Metadata: "sha256" when the object was sent with an x-amz-checksum-sha256 that the server verified and keeps
+(a rewrite without it leaves the object with no checksum: refuted at no hashing cost)."""
 MULTIPART_THRESHOLD_BYTES = 64 * 2**20
 PART_SIZE_BYTES = 16 * 2**20
 _BLOCK_BYTES = 4 * 2**20
@@ -73,6 +77,8 @@ class RemoteObject:
     """The store's ETag of the bytes it holds."""
     recorded_etag: str | None = None
     """The ETag rankflow computed from the bytes it verified and uploaded (metadata)."""
+    checksum_kept: bool = False
+    """rankflow sent the object with a sha256 checksum the server verified and keeps (metadata)."""
 
 
 def _changed(local: Path, entry: FileEntry, digest: str, size: int) -> StagedFileChanged:
@@ -129,7 +135,8 @@ def _remote_object(response: dict) -> RemoteObject:
             server_sha256 = None
     etag = (response.get("ETag") or "").strip('"') or None
     return RemoteObject(int(response["ContentLength"]), metadata.get(SHA256_METADATA_KEY), server_sha256=server_sha256,
-                        etag=etag, recorded_etag=metadata.get(ETAG_METADATA_KEY))
+                        etag=etag, recorded_etag=metadata.get(ETAG_METADATA_KEY),
+                        checksum_kept=metadata.get(CHECKSUM_METADATA_KEY) == "sha256")
 
 
 def object_problem(found: RemoteObject | None, entry: FileEntry) -> str | None:
@@ -146,9 +153,13 @@ def object_problem(found: RemoteObject | None, entry: FileEntry) -> str | None:
                 f"{entry.sha256}")
     if found.sha256 is not None and found.sha256 != entry.sha256:
         return f"recorded sha256 {found.sha256} does not match the manifest's"
+    if found.server_sha256 is None and found.checksum_kept:
+        return ("it was uploaded with its sha256 checksum, which the store no longer holds: the object was rewritten "
+                "since")
     if found.server_sha256 is None and found.recorded_etag is not None and found.etag != found.recorded_etag:
         return (f"its ETag {found.etag} is not {found.recorded_etag}, the ETag of the bytes uploaded: the object was "
-                "rewritten since (a store whose ETag is not the MD5, SSE-KMS, needs `verify --full`)")
+                "rewritten since (on a store whose ETags are not MD5s, such as SSE-KMS, large objects cannot be checked "
+                "this way: see the README's \"What the checks trust\")")
     return None
 
 
@@ -176,15 +187,23 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _read_verified(local: Path, entry: FileEntry, hash_locally: bool) -> tuple[bytes, str]:
-    """The file's bytes (checked against the manifest when `hash_locally`) and their MD5, the ETag S3 will give them."""
+def _read_verified(local: Path, entry: FileEntry, hash_locally: bool) -> tuple[bytes, str | None]:
+    """The file's bytes, and, when the server does not verify (and keep) their sha256, their checked MD5.
+
+    A server that verifies `x-amz-checksum-sha256` keeps that checksum and
+    returns it on HEAD: it confirms the object by itself, so neither hash is
+    computed here (this is the commit's hot path). Otherwise the bytes are
+    checked against the manifest here and their MD5, the ETag S3 will give
+    them, is recorded so that a later rewrite shows.
+    """
     data = local.read_bytes()
     if len(data) != entry.size:
         raise _changed(local, entry, "(not hashed)", len(data))
-    if hash_locally:
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != entry.sha256:
-            raise _changed(local, entry, digest, len(data))
+    if not hash_locally:
+        return data, None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry.sha256:
+        raise _changed(local, entry, digest, len(data))
     return data, hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
@@ -298,7 +317,8 @@ async def _upload_s3(store: StoreLocation, staged_dir: Path, base: str, entries:
             if entry.size < MULTIPART_THRESHOLD_BYTES:
                 data, md5 = await asyncio.to_thread(_read_verified, local, entry, hash_locally)
                 checksum = base64.b64encode(bytes.fromhex(entry.sha256)).decode()
-                metadata = {SHA256_METADATA_KEY: entry.sha256, ETAG_METADATA_KEY: md5}
+                metadata = {SHA256_METADATA_KEY: entry.sha256} | (
+                    {ETAG_METADATA_KEY: md5} if md5 else {CHECKSUM_METADATA_KEY: "sha256"})
                 try:
                     await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata,
                                       ChecksumSHA256=checksum)
