@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prefect import flow
+from prefect.client.schemas.objects import State
 from prefect.runtime import flow_run
 
 from infra.publication import CommitOutcome
@@ -31,7 +32,7 @@ def _planning_name() -> str:
 
 
 @flow(name="rankflow-train", flow_run_name=_planning_name, log_prints=True)
-def train_flow(config: RunConfig) -> dict:
+def train_flow(config: RunConfig) -> dict | State:
     """Train `config` in segments, exporting and committing checkpoints as configured."""
     run = RunRecord(config)
     with run.failures_reported():

@@ -27,7 +27,10 @@ import contextlib
 import time
 from collections.abc import Iterator
 
+from prefect.client.schemas.objects import State
+
 from infra import ledger
+from infra.failures import Failure
 from infra.lease import Lease
 from infra.publication import CommitOutcome
 from infra.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease
@@ -76,7 +79,7 @@ class RunRecord:
                                        ttl_s=run.lease_ttl_s, wait_s=run.lease_wait_s, on_wait=print)
         return self.lease.record.token
 
-    def outcome(self):
+    def outcome(self) -> dict | State:
         """The flow's return value: the summary, or a Cancelled state when another run held the run id."""
         if self.already_active is None:
             return self.summary("completed")
@@ -120,13 +123,13 @@ class RunRecord:
             "loss_curve_url": self.files.get("loss_curve.png"),
         }
 
-    def _report_flow_failure(self, error: Exception) -> dict:
+    def _report_flow_failure(self, error: Exception) -> Failure:
         """The failure as its task reported it, or reported now: one that happened in the flow's own code."""
         failure = reported(error)
         if failure is None:
             holds_run = self.lease is not None and self.run_id is not None
             # Only a run that holds its run lease writes into its run directory.
-            run_dir = run_dir_for(self.config, self.run_id) if holds_run else None
+            run_dir = run_dir_for(self.config, self.run_id) if holds_run and self.run_id is not None else None
             stage = "flow" if holds_run else ("run-lease" if self.run_id else "plan")
             failure = report_failure(run_dir, self.run_id or self.config.run.name, stage, error)
         return failure

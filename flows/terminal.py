@@ -42,7 +42,9 @@ class _TracebackLines(logging.Filter):
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a record that cannot format is the formatter's problem, not ours
             return True
-        source, body = _SOURCE.match(message).groups()
+        match = _SOURCE.match(message)
+        assert match is not None  # the pattern matches every string
+        source, body = match.groups()
         key = (record.name, getattr(record, "task_run_id", None), source)
         state = self._state.get(key)
         if body.startswith("Traceback (most recent call last):") or body.endswith("(most recent call first):"):

@@ -128,7 +128,7 @@ def report_failure(run_dir: Path | None, run_id: str, stage: str, error: BaseExc
     failure = failure_of(stage, error, run_dir)
     if failure.cause is not classify_exception(error):
         try:
-            error.failure = failure  # the refined diagnosis travels with the error: the retry condition reads it
+            setattr(error, "failure", failure)  # the refined diagnosis travels with the error: the retry condition reads it
         except AttributeError:  # an exception type without a __dict__ keeps its own class
             pass
     failure = dataclasses.replace(failure, **_attempt_truth(error))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -31,7 +31,13 @@ from .fencing import fence
 from .outcomes import ExportOutcome, PlannedRun
 from .retry_policy import retry_unless_final
 
-T = TypeVar("T")
+
+
+class _Recorded(Protocol):
+    def to_dict(self) -> dict: ...
+
+
+T = TypeVar("T", bound=_Recorded)
 
 
 def _recorded(planned: PlannedRun, exported: ExportOutcome, stage: str, action: Callable[..., T],

@@ -14,8 +14,7 @@ again.
 
 from __future__ import annotations
 
-from prefect.client.schemas.objects import TaskRun
-from prefect.states import State
+from prefect.client.schemas.objects import State, TaskRun
 
 from infra.failures import FailureClass, classify_exception
 from infra.run_lease import RunAlreadyActive, RunLeaseLost

@@ -11,7 +11,7 @@ kept as they are.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -59,7 +59,7 @@ def _example(info: Any) -> str:
     return ""
 
 
-def _describe(root: type[BaseModel], item: dict) -> str:
+def _describe(root: type[BaseModel], item: Mapping[str, Any]) -> str:
     loc = tuple(item["loc"])
     kind = item["type"]
     ctx = item.get("ctx") or {}

@@ -57,7 +57,7 @@ def _phase(topology: Topology, what: str, action: Callable[[], Any]) -> list[Any
         status = _Status(topology.rank, None, action())
     except Exception as error:  # noqa: BLE001 - reported to every rank, raised below
         status = _Status(topology.rank, f"{type(error).__name__}: {error}")
-    statuses = [status]
+    statuses: list = [status]
     if topology.world_size > 1:
         statuses = [None] * topology.world_size
         dist.all_gather_object(statuses, status)

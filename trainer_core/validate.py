@@ -91,13 +91,14 @@ def check_outputs(config: RunConfig) -> None:
 
 def input_fingerprint(config: RunConfig, template: str | None) -> dict:
     """Digests of the inputs that decide the result (paths themselves do not)."""
-    fingerprint = {"data": sha256_file(Path(config.data.path)),
+    fingerprint: dict[str, object] = {"data": sha256_file(Path(config.data.path)),
                    "tokenizer": sha256_file(tokenizer_file(config.tokenizer.path))}
     if template is not None:  # the tokenizer's own template decides the tokens and the masks
         fingerprint["chat_template"] = hashlib.sha256(template.encode()).hexdigest()
     if config.model.config is not None:
         fingerprint["model_config"] = sha256_file(Path(config.model.config))
     else:
+        assert config.model.path is not None  # the config holds exactly one of model.config and model.path
         model_dir = Path(config.model.path)
         # Hashing multi-GB weights would dominate planning; name + size + config is
         # enough to notice a different model in the same directory.
@@ -116,7 +117,8 @@ def _check_template(template: str, config: RunConfig) -> None:
     try:
         _compile_jinja_template(template)
     except TemplateError as error:
-        line = f"line {error.lineno}: " if getattr(error, "lineno", None) else ""
+        lineno = getattr(error, "lineno", None)  # a TemplateSyntaxError has one; other TemplateErrors do not
+        line = f"line {lineno}: " if lineno else ""
         raise ConfigError(f"tokenizer.path={config.tokenizer.path!r}: the chat template does not compile "
                           f"({line}{error}); fix its Jinja syntax, or remove it to train with ChatML") from None
 

@@ -31,6 +31,12 @@ def cache_key(data_sha256: str, tokenizer_sha256: str, template: str | None, nor
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
+def _rl_array(array: np.ndarray | None) -> np.ndarray:
+    if array is None:  # the data stages give every document of an RL source its arrays
+        raise ValueError("an RL document without its behaviour logprobs or advantages cannot be cached")
+    return array
+
+
 def save_staged(cache_dir: Path, key: str, documents: list[Aligned], is_rl: bool,
                 stats: AdvantageStats | None, digests: dict[str, str]) -> None:
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -41,8 +47,8 @@ def save_staged(cache_dir: Path, key: str, documents: list[Aligned], is_rl: bool
         "loss_mask": np.concatenate([d.loss_mask for d in documents]),
     }
     if is_rl:
-        tensors["behaviour_logprobs"] = np.concatenate([d.behaviour_logprobs for d in documents])
-        tensors["advantages"] = np.concatenate([d.advantages for d in documents])
+        tensors["behaviour_logprobs"] = np.concatenate([_rl_array(d.behaviour_logprobs) for d in documents])
+        tensors["advantages"] = np.concatenate([_rl_array(d.advantages) for d in documents])
         tensors["policy_version"] = np.array([d.policy_version for d in documents], dtype=np.int64)
     meta = {"is_rl": is_rl, "stats": asdict(stats) if stats else None, "digests": digests}
     tmp = cache_dir / f"{key}.tmp-{os.getpid()}"

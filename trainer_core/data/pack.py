@@ -69,6 +69,20 @@ def assign_rows(lengths: Sequence[int], num_rows: int, row_len: int) -> tuple[li
     return rows, len(lengths)
 
 
+@dataclass(frozen=True)
+class _RlColumns:
+    """The RL arrays of a layout: present for every row, or for none."""
+
+    logprobs: np.ndarray
+    advantages: np.ndarray
+    versions: np.ndarray
+
+    @classmethod
+    def empty(cls, shape: tuple[int, int]) -> _RlColumns:
+        return cls(np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32),
+                   np.full(shape, -1, dtype=np.int64))
+
+
 def layout_rows(documents: Sequence[Aligned], rows: Sequence[Sequence[int]], row_len: int, pad_id: int) -> Rows:
     """Write each row's documents one after another, right-padded to `row_len`.
 
@@ -84,9 +98,7 @@ def layout_rows(documents: Sequence[Aligned], rows: Sequence[Sequence[int]], row
     position_ids = np.zeros(shape, dtype=np.int64)
     document_ids = np.zeros(shape, dtype=np.int32)
     is_rl = any(documents[i].advantages is not None for row in rows for i in row)
-    logprobs = np.zeros(shape, dtype=np.float32) if is_rl else None
-    advantages = np.zeros(shape, dtype=np.float32) if is_rl else None
-    versions = np.full(shape, -1, dtype=np.int64) if is_rl else None
+    rl = _RlColumns.empty(shape) if is_rl else None
     for r, row in enumerate(rows):
         cursor = 0
         for number, index in enumerate(row, start=1):
@@ -101,21 +113,22 @@ def layout_rows(documents: Sequence[Aligned], rows: Sequence[Sequence[int]], row
             attention_mask[r, span] = True
             position_ids[r, span] = np.arange(n)
             document_ids[r, span] = number
-            if is_rl:
-                if doc.advantages is None:
+            if rl is not None:
+                if doc.advantages is None or doc.behaviour_logprobs is None or doc.policy_version is None:
                     raise ValueError(f"document {index} has no RL arrays but shares a batch with RL documents")
-                logprobs[r, span] = doc.behaviour_logprobs
-                advantages[r, span] = doc.advantages
-                versions[r, span] = doc.policy_version
+                rl.logprobs[r, span] = doc.behaviour_logprobs
+                rl.advantages[r, span] = doc.advantages
+                rl.versions[r, span] = doc.policy_version
             cursor += n
-    if is_rl:
+    if rl is not None:
         # Values only where the loss is taken, so a shard never carries a logprob
         # for a token that no document predicts (a first token, a truncated tail).
-        logprobs[~loss_mask] = 0.0
-        advantages[~loss_mask] = 0.0
+        rl.logprobs[~loss_mask] = 0.0
+        rl.advantages[~loss_mask] = 0.0
     return Rows(
         input_ids=input_ids, loss_mask=loss_mask, attention_mask=attention_mask, position_ids=position_ids,
-        document_ids=document_ids, behaviour_logprobs=logprobs, advantages=advantages, policy_version=versions,
+        document_ids=document_ids, behaviour_logprobs=rl.logprobs if rl else None,
+        advantages=rl.advantages if rl else None, policy_version=rl.versions if rl else None,
         documents=tuple(tuple(row) for row in rows),
     )
 

@@ -90,7 +90,7 @@ def exchange(command: str, error: BaseException | None, payload: Any = None, *, 
     """
     status = None if error is None else describe(error) + (f" (in {where})" if where else "")
     if _world_size() == 1:
-        gathered = [(status, payload)]
+        gathered: list = [(status, payload)]
     else:
         gathered = [None] * _world_size()
         dist.all_gather_object(gathered, (status, payload))

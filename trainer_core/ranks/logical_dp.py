@@ -74,6 +74,7 @@ class LogicalShard:
 
     def __exit__(self, *exc) -> bool:
         command, self._command = self._command, None
+        assert command is not None, "__exit__ without __enter__"
         return bool(command.__exit__(*exc))
 
     @contextlib.contextmanager

@@ -77,7 +77,7 @@ def sharded_ordered_fold(local_partials: torch.Tensor, topology: Topology) -> to
     return gathered
 
 
-def reduce_over_logical_ranks(values: Mapping[int, torch.Tensor] | Sequence[torch.Tensor | None], op: ReduceOp,
+def reduce_over_logical_ranks(values: Mapping[int, torch.Tensor | None] | Sequence[torch.Tensor | None], op: ReduceOp,
                               topology: Topology) -> torch.Tensor:
     """Sum (or mean) over logical ranks of one small tensor per logical rank, in logical order, on every process.
 
@@ -91,15 +91,17 @@ def reduce_over_logical_ranks(values: Mapping[int, torch.Tensor] | Sequence[torc
     if op not in ("sum", "mean"):
         raise ValueError(f"op={op!r}; choose 'sum' or 'mean'")
     local = topology.local_logical_ranks
-    if not isinstance(values, Mapping):
+    if isinstance(values, Mapping):
+        by_rank = dict(values)
+    else:
         if len(values) != len(local):
             raise ValueError(f"got {len(values)} values for this process's {len(local)} logical ranks {list(local)}; "
                              "pass one per logical rank (None for one without data) or a {logical_rank: tensor} mapping")
-        values = {rank: value for rank, value in zip(local, values)}
-    foreign = sorted(set(values) - set(local))
+        by_rank = {rank: value for rank, value in zip(local, values)}
+    foreign = sorted(set(by_rank) - set(local))
     if foreign:
         raise ValueError(f"logical rank(s) {foreign} are not run by this process (it runs {list(local)})")
-    mine = [(rank, values[rank].detach().cpu()) for rank in local if values.get(rank) is not None]
+    mine = [(rank, value.detach().cpu()) for rank in local if (value := by_rank.get(rank)) is not None]
     if topology.world_size > 1:
         gathered: list = [None] * topology.world_size
         dist.all_gather_object(gathered, mine)
