@@ -5,6 +5,8 @@
 - every docs/*.md the README links to exists, and every doc is linked from it;
 - every relative link in README.md and docs/*.md names a file that exists,
   and a `#anchor` names a heading of that file (GitHub's anchors);
+- every repository file a doc names (`infra/lease.py`) exists, and every
+  `python -m MODULE` it shows names a module that can be found;
 - no doc names an absolute path of a development machine (/work/..., /tmp/...).
 """
 
@@ -24,6 +26,10 @@ REGENERATE = "python scripts/config_reference.py > docs/configuration.md"
 _FENCE = re.compile(r"^(```|~~~)")
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 # An absolute path of this machine, not a path that merely ends in .../work (such as /var/lib/rankflow/work).
+# A file of this repository named in prose or code (folders are left out: the layout table names packages).
+_REPO_FILE = re.compile(r"(?<![\w/.-])((?:flows|tasks|trainer_core|infra|tests|bench|examples|scripts|docs|\.ci)/"
+                        r"[\w./*-]*\.(?:py|toml|md|json|jsonl|yaml|png|txt))\b")
+_PYTHON_MODULE = re.compile(r"python -m ([\w.]+)")
 _MACHINE_PATH = re.compile(r"(?<![\w.~/-])/(?:work|tmp)(?=/|\b)")
 
 
@@ -130,6 +136,28 @@ def test_every_relative_link_resolves(page: Path):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+def test_every_file_and_module_a_doc_names_exists(page: Path):
+    text = page.read_text(encoding="utf-8")
+    named = set(_REPO_FILE.findall(text))
+    missing_files = sorted(name for name in named if not (_glob_matches(name) if "*" in name else (ROOT / name).exists()))
+    missing_modules = sorted(module for module in set(_PYTHON_MODULE.findall(text)) if not _module_exists(module))
+    assert (missing_files, missing_modules) == ([], []), (
+        f"{page.relative_to(ROOT)} names files or `python -m` modules that do not exist (moved? update the doc): "
+        f"{missing_files + missing_modules}")
+
+
+def _glob_matches(pattern: str) -> bool:
+    return any(ROOT.glob(pattern))
+
+
+def _module_exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
 def test_no_doc_names_an_absolute_path_of_this_machine(page: Path):
     found = [f"{page.name}:{number}: {line.strip()}"
              for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
@@ -147,3 +175,7 @@ def test_the_link_and_path_checks_catch_what_they_are_for(tmp_path):
     assert _links(page) == ["#a-title-with-code-punctuation", "missing.md", "https://example.com/x"]
     assert [_relative(target) for target in _links(page)] == [True, True, False]
     assert len(_MACHINE_PATH.findall(page.read_text())) == 2
+    assert _REPO_FILE.findall("see `infra/lease.py`, tests/storage/test_run_state_*.py and infra/store/") == [
+        "infra/lease.py", "tests/storage/test_run_state_*.py"]
+    assert _module_exists("bench.packing") and not _module_exists("bench.no_such_benchmark")
+    assert not _module_exists("no_such_package.module")
