@@ -22,13 +22,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-# Document this checkout's models, not those of whichever copy is installed.
 ROOT = Path(__file__).resolve().parents[1]
-if sys.path[:1] != [str(ROOT)]:
-    sys.path.insert(0, str(ROOT))
-
-from trainer_core.config import RunConfig  # noqa: E402  (needs the path above)
-
 _INT64_MAX = 2**63 - 1
 
 HEADER = """\
@@ -47,7 +41,7 @@ in [data.md](data.md).
 """
 
 
-def _is_model(annotation: object) -> bool:
+def _is_model(annotation: object) -> typing.TypeGuard[type[BaseModel]]:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
@@ -62,7 +56,8 @@ def _without_none(annotation: object) -> tuple[list[object], bool]:
 def _section_of(field: FieldInfo) -> type[BaseModel] | None:
     """The model a field holds, when the field is a (sub)section such as `[model.lora]`."""
     members, _ = _without_none(field.annotation)
-    return members[0] if len(members) == 1 and _is_model(members[0]) else None  # type: ignore[return-value]
+    section = members[0] if len(members) == 1 else None
+    return section if _is_model(section) else None
 
 
 def _bounds(metadata: list[object]) -> str:
@@ -134,8 +129,10 @@ def _rows(model: type[BaseModel], prefix: str, subsections: list[tuple[str, type
         section = _section_of(field)
         if section is not None:
             subsections.append((key, section, field))
-            rows.append(f"| `{key}` | `[{key}]` section | {_default(field)} | {_cell(field.description or '')} "
-                        f"(see [{key}](#{key.replace('.', '')})) |")
+            rows.append(
+                f"| `{key}` | `[{key}]` section | {_default(field)} | {_cell(field.description or '')} "
+                f"(see [{key}](#{key.replace('.', '')})) |"
+            )
             continue
         rows.append(f"| `{key}` | {_cell(_field_type(field))} | {_default(field)} | {_cell(field.description or '')} |")
     return rows
@@ -155,6 +152,8 @@ def _section(key: str, model: type[BaseModel], intro: str) -> list[str]:
 
 def render() -> str:
     """The whole of docs/configuration.md."""
+    from trainer_core.config import RunConfig  # imported here: run as a script, the path is set first
+
     lines = [HEADER]
     for name, field in RunConfig.model_fields.items():
         section = _section_of(field)
@@ -166,4 +165,6 @@ def render() -> str:
 
 
 if __name__ == "__main__":
+    # Document this checkout's models, not those of whichever copy is installed.
+    sys.path.insert(0, str(ROOT))
     sys.stdout.write(render())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -27,14 +28,17 @@ _FENCE = re.compile(r"^(```|~~~)")
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 # An absolute path of this machine, not a path that merely ends in .../work (such as /var/lib/rankflow/work).
 # A file of this repository named in prose or code (folders are left out: the layout table names packages).
-_REPO_FILE = re.compile(r"(?<![\w/.-])((?:flows|tasks|trainer_core|infra|tests|bench|examples|scripts|docs|\.ci)/"
-                        r"[\w./*-]*\.(?:py|toml|md|json|jsonl|yaml|png|txt))\b")
+_REPO_FILE = re.compile(
+    r"(?<![\w/.-])((?:flows|tasks|trainer_core|infra|tests|bench|examples|scripts|docs|\.ci)/"
+    r"[\w./*-]*\.(?:py|toml|md|json|jsonl|yaml|png|txt))\b"
+)
 _PYTHON_MODULE = re.compile(r"python -m ([\w.]+)")
 _MACHINE_PATH = re.compile(r"(?<![\w.~/-])/(?:work|tmp)(?=/|\b)")
 
 
 def _config_reference():
     spec = importlib.util.spec_from_file_location("config_reference", ROOT / "scripts" / "config_reference.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -99,7 +103,8 @@ def test_every_config_field_has_a_docstring():
     sections = set(RunConfig.model_fields)
     assert not [key for key in missing if key not in sections], (
         f"config fields without a docstring (the reference's meaning column): {missing}; "
-        f"add one under each field in trainer_core/config.py, then run: {REGENERATE}")
+        f"add one under each field in trainer_core/config.py, then run: {REGENERATE}"
+    )
 
 
 def test_the_reference_names_every_choice_of_a_literal_field():
@@ -107,7 +112,7 @@ def test_the_reference_names_every_choice_of_a_literal_field():
 
     text = (DOCS / "configuration.md").read_text(encoding="utf-8")
     row = next(line for line in text.splitlines() if line.startswith("| `train.backward_mode` |"))
-    for choice in TrainSection.model_fields["backward_mode"].annotation.__args__:
+    for choice in typing.get_args(TrainSection.model_fields["backward_mode"].annotation):
         assert f"`{choice}`" in row
 
 
@@ -139,11 +144,14 @@ def test_every_relative_link_resolves(page: Path):
 def test_every_file_and_module_a_doc_names_exists(page: Path):
     text = page.read_text(encoding="utf-8")
     named = set(_REPO_FILE.findall(text))
-    missing_files = sorted(name for name in named if not (_glob_matches(name) if "*" in name else (ROOT / name).exists()))
+    missing_files = sorted(
+        name for name in named if not (_glob_matches(name) if "*" in name else (ROOT / name).exists())
+    )
     missing_modules = sorted(module for module in set(_PYTHON_MODULE.findall(text)) if not _module_exists(module))
     assert (missing_files, missing_modules) == ([], []), (
         f"{page.relative_to(ROOT)} names files or `python -m` modules that do not exist (moved? update the doc): "
-        f"{missing_files + missing_modules}")
+        f"{missing_files + missing_modules}"
+    )
 
 
 def _glob_matches(pattern: str) -> bool:
@@ -159,23 +167,30 @@ def _module_exists(module: str) -> bool:
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
 def test_no_doc_names_an_absolute_path_of_this_machine(page: Path):
-    found = [f"{page.name}:{number}: {line.strip()}"
-             for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
-             if _MACHINE_PATH.search(line)]
+    found = [
+        f"{page.name}:{number}: {line.strip()}"
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if _MACHINE_PATH.search(line)
+    ]
     assert found == [], found
 
 
 def test_the_link_and_path_checks_catch_what_they_are_for(tmp_path):
     # The checks above would pass on anything if their patterns matched nothing.
     page = tmp_path / "page.md"
-    page.write_text("# A title: with `code`, punctuation\n\n```bash\n# not a heading\n[x](nowhere.md)\n```\n"
-                    "[ok](#a-title-with-code-punctuation) [gone](missing.md) [web](https://example.com/x)\n"
-                    "see /work/main/x and /tmp/y, not /var/lib/rankflow/work\n", encoding="utf-8")
+    page.write_text(
+        "# A title: with `code`, punctuation\n\n```bash\n# not a heading\n[x](nowhere.md)\n```\n"
+        "[ok](#a-title-with-code-punctuation) [gone](missing.md) [web](https://example.com/x)\n"
+        "see /work/main/x and /tmp/y, not /var/lib/rankflow/work\n",
+        encoding="utf-8",
+    )
     assert _anchors(page) == {"a-title-with-code-punctuation"}
     assert _links(page) == ["#a-title-with-code-punctuation", "missing.md", "https://example.com/x"]
     assert [_relative(target) for target in _links(page)] == [True, True, False]
     assert len(_MACHINE_PATH.findall(page.read_text())) == 2
     assert _REPO_FILE.findall("see `infra/lease.py`, tests/storage/test_run_state_*.py and infra/store/") == [
-        "infra/lease.py", "tests/storage/test_run_state_*.py"]
+        "infra/lease.py",
+        "tests/storage/test_run_state_*.py",
+    ]
     assert _module_exists("bench.packing") and not _module_exists("bench.no_such_benchmark")
     assert not _module_exists("no_such_package.module")
