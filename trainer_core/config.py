@@ -32,7 +32,9 @@ _Beta = Annotated[float, Field(ge=0, lt=1)]
 class _Section(BaseModel):
     # Unknown keys are errors: a typo must not silently fall back to a default.
     # inf and nan are never a meaningful setting, and nan slips past bounds (nan > 0 is False).
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # Each field's docstring is its description: the UI's form shows it and docs/configuration.md is generated from it.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False,
+                              use_attribute_docstrings=True)
 
 
 class RunSection(_Section):
@@ -41,11 +43,13 @@ class RunSection(_Section):
     seed: int = Field(0, ge=0, le=_INT64_MAX)
     """Seed for model initialisation, data order and every rank's RNG."""
     work_dir: str = ".rankflow"
-    """Local scratch directory: plan shards, training states, staged exports, ledger."""
+    """Local cache of the run's state (the store holds it; deletable at any time), staged exports, logs and the
+    ledger."""
     lease_wait_s: float = Field(0, ge=0)
-    """How long a run waits for another run of the same run id to finish (its run lease) before giving up."""
+    """How long a run waits for another run of the same run id to finish (its run lease) before giving up (exit 75)."""
     lease_ttl_s: float = Field(60, ge=1)
-    """Seconds a run's lease outlives its last heartbeat (every ttl/3): how long a crashed run blocks the next."""
+    """Seconds a run's lease outlives its last heartbeat (every ttl/3): the longest a crashed run on another machine
+    blocks the next."""
 
 
 class LoraSection(_Section):
@@ -74,9 +78,11 @@ class LoraSection(_Section):
 
 class ModelSection(_Section):
     path: str | None = None
-    """A local Hugging Face model directory (config.json + weights) to fine-tune."""
+    """A local Hugging Face model directory (config.json + weights) to fine-tune; set exactly one of model.path and
+    model.config."""
     config: str | None = None
-    """A Hugging Face config.json for a randomly initialised model (tests, examples)."""
+    """A Hugging Face config.json for a randomly initialised model (tests, examples); set exactly one of model.path and
+    model.config."""
     lora: LoraSection | None = None
     """Train a LoRA adapter (`[model.lora]`) instead of every weight; the base stays frozen and is not re-saved."""
     pad_vocab_to_multiple_of: int | None = Field(None, ge=1, le=65536)
@@ -100,13 +106,13 @@ class TokenizerSection(_Section):
 
 class DataSection(_Section):
     path: str
-    """JSONL file of conversations, one JSON object per line."""
+    """JSONL file of conversations or RL trajectories, one JSON object per line (the format: docs/data.md)."""
     kind: Literal["sft", "rl"] = "sft"
     """Training objective: `sft` (loss on assistant tokens) or `rl` (clipped policy gradient on trajectories)."""
     max_seq_len: int = Field(512, ge=8)
     """Longest tokenized conversation; longer ones are handled by `overflow`."""
     overflow: Literal["error", "truncate", "drop"] = "error"
-    """What to do with a conversation longer than max_seq_len (drops are counted)."""
+    """What to do with a conversation longer than max_seq_len (truncations and drops are counted in the ledger)."""
     pack: bool = False
     """Pack several conversations per row of max_seq_len tokens, with attention kept within each."""
     advantage_normalization: Literal["mean_std", "mean"] = "mean_std"
@@ -119,27 +125,34 @@ class TrainSection(_Section):
     steps_per_segment: int = Field(50, ge=1)
     """Optimizer steps per torchrun launch; training state is saved between segments."""
     global_batch_size: int = Field(16, ge=1)
-    """Sequences per optimizer step, over all logical ranks."""
+    """Sequences per optimizer step, over all logical ranks; a multiple of logical_dp."""
     learning_rate: float = Field(1e-4, gt=0)
+    """AdamW's learning rate, reached after `warmup_steps` of linear warm-up."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW's decoupled weight decay."""
     betas: tuple[_Beta, _Beta] = (0.9, 0.95)
+    """AdamW's moment decay rates, each in [0, 1); note that torch.optim.AdamW's default is (0.9, 0.999)."""
     eps: float = Field(1e-8, gt=0)
+    """AdamW's epsilon."""
     warmup_steps: int = Field(0, ge=0)
     """Linear warm-up steps, then a constant learning rate."""
     grad_clip: float = Field(1.0, ge=0)
-    """Clip the global gradient norm to this value (0 disables clipping)."""
+    """Clip the global gradient norm to this value (0 disables clipping); note that torch.optim.AdamW does not clip."""
     logical_dp: int = Field(1, ge=1)
-    """Logical data-parallel ranks; results do not depend on the physical world size."""
+    """Logical data-parallel ranks L; results depend on L, never on the number of processes (docs/logical-ranks.md)."""
     nproc_per_node: int = Field(1, ge=1)
-    """Physical ranks (torchrun processes); must divide logical_dp."""
+    """Physical ranks W (torchrun processes per node); must divide logical_dp (a bad topology stops before any
+    process group)."""
     nnodes: int = Field(1, ge=1, le=4096)
-    """Nodes a segment runs on (torchrun `--nnodes`, c10d rendezvous); world size = nnodes × nproc_per_node."""
+    """Nodes a segment runs on (torchrun `--nnodes`, c10d rendezvous); the world size nnodes × nproc_per_node must
+    divide logical_dp (docs/nodes.md)."""
     rdzv_endpoint: str | None = None
-    """With nnodes > 1: HOST:PORT of the c10d rendezvous store, served by node 0 (which must run on HOST).
-    Unset: node launches started by `rankflow run` itself use 127.0.0.1 and a free port."""
+    """With nnodes > 1: HOST:PORT of the c10d rendezvous store, served by node 0 (which must run on HOST); required
+    on a work pool. Unset: node launches started by `rankflow run` itself use 127.0.0.1 and a free port."""
     node_deployment: str | None = None
     """With nnodes > 1: the per-node deployment (`rankflow-node/NAME`) each node's launch runs as, one flow run per
-    node on work queue `node-K` of its pool. Unset: the node launches run as local processes (one machine)."""
+    node on work queue `node-K` of its pool; `rankflow deploy` sets it. Unset: the node launches run as local
+    processes (one machine)."""
     reduction: Literal["deterministic", "fast"] = "deterministic"
     """`deterministic`: gradients, losses and counts are folded in logical-rank order, so results are bitwise the same
     at any nproc_per_node; `fast`: a plain all-reduce (last bits depend on nproc_per_node)."""
@@ -149,7 +162,8 @@ class TrainSection(_Section):
     backward_mode: Literal["retain", "offload", "replay", "auto"] = "retain"
     """How each forward keeps its backward state; `auto` lets the memory planner choose per graph."""
     saved_bytes_budget: int | None = Field(None, ge=0)
-    """Resident saved-tensor bytes the planner may keep (with backward_mode = auto)."""
+    """Resident bytes the planner may keep (with backward_mode = auto): live graphs' saved tensors and the weight
+    snapshots stale graphs hold."""
     max_gradient_staleness: int = Field(2, ge=0, strict=True)
     """Optimizer steps a forward's graph may lag behind at backward (0 = strict)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -160,11 +174,13 @@ class TrainSection(_Section):
     nonfinite: Literal["skip", "error"] = "skip"
     """A non-finite gradient norm: `skip` the update on every rank (counted in the segment result) or fail the segment."""
     segment_timeout_s: float = Field(1800, gt=0)
-    """Wall-clock limit of one torchrun launch; past it the process group is killed."""
+    """Wall-clock limit of one torchrun launch; past it torchrun and every rank are killed."""
     stall_timeout_s: float = Field(300, gt=0)
-    """Watchdog: a launch with no progress (setup done, a step, the state saved) for this long is killed and retried."""
+    """Watchdog: a segment or export launch with no progress (setup done, a step, the state saved, an export phase)
+    for this long is killed and retried."""
     collective_timeout_s: float = Field(600, gt=0)
-    """Timeout of every collective (init_process_group), set explicitly; a peer silent this long fails the rank."""
+    """Timeout of every collective (init_process_group), set explicitly; a peer silent this long fails the rank.
+    Keep it above stall_timeout_s, so that the watchdog, with its better diagnosis, fires first."""
 
     @model_validator(mode="after")
     def _divisibility(self) -> "TrainSection":
@@ -235,11 +251,13 @@ class ExportSection(_Section):
 
 class StorageSection(_Section):
     url: str = ".rankflow/store"
-    """Where checkpoints are committed: a local path, `file://…` or `s3://bucket/prefix`."""
+    """Where checkpoints and run state are stored: a local path, `file://…` or `s3://bucket/prefix`. A local store
+    may not overlap run.work_dir (the same directory, the work directory inside the store, or the store inside one
+    of its run directories or its cache): exit 2."""
     timeout_s: float = Field(1800, gt=0)
     """Overall time limit of one commit, cleanup or ledger upload; past it the stage fails, retriably."""
     request_timeout_s: float = Field(60, gt=0)
-    """Connect and read timeout of one S3 request: a stopped server fails it instead of hanging."""
+    """Connect and read timeout of one S3 request (3 attempts): a stopped server fails it instead of hanging."""
 
     @field_validator("url")
     @classmethod
