@@ -38,7 +38,7 @@ from pathlib import Path
 from trainer_core.process_boot import BOOT_SCRIPT, PARENT_PID_ENV
 from trainer_core.rank_process import ERRORS_DIR_ENV
 
-from .processes import handles_signal, kill_launch, process_state, rank_pids, signal_pids
+from .processes import handles_signal, is_stopped, kill_launch, rank_pids, signal_pids
 from .rank_logs import RankLogTail
 from .rendezvous import STORE_HOST_ENV, NodeRendezvous
 
@@ -284,7 +284,7 @@ def launch(
 def _end_launch(process: subprocess.Popen) -> tuple[int, ...]:
     """Ask the ranks for their stacks (for the failure report), then kill the launch; returns stopped ranks."""
     ranks = rank_pids(process.pid)
-    stopped = tuple(sorted(r for r, pid in ranks.items() if process_state(pid) == "T"))
+    stopped = tuple(sorted(r for r, pid in ranks.items() if is_stopped(pid)))
     # Only ranks that installed the stack dump (a rank still importing would die of SIGUSR1).
     signal_pids([pid for r, pid in ranks.items() if r not in stopped and handles_signal(pid, signal.SIGUSR1)], signal.SIGUSR1)
     time.sleep(STACK_DUMP_WAIT_S)
