@@ -1,7 +1,7 @@
 """The per-node flow: node K's share of one multi-node segment, run by the worker of work queue `node-K`.
 
 The segment stage of `rankflow-train` creates one run of this flow per node
-(`tasks.deployed_nodes`); each runs the node's torchrun (`tasks.node_launch`),
+(`tasks.nodes.work_pool`); each runs the node's torchrun (`tasks.nodes.node`),
 which joins the others at the rendezvous endpoint and ends with them. A
 failure fails this flow run, with the node's diagnosis as its message; the
 segment stage then cancels the other nodes' runs (the worker kills their
@@ -16,7 +16,7 @@ from prefect.runtime import flow_run
 
 from infra.rendezvous import NodeRendezvous
 from tasks._logging import rank_line_logger
-from tasks.node_launch import launch_node
+from tasks.nodes.node import launch_node
 from tasks.outcomes import PlannedRun
 
 __all__ = ["node_flow"]

@@ -38,7 +38,7 @@ from pathlib import Path
 from trainer_core.process_boot import BOOT_SCRIPT, PARENT_PID_ENV
 from trainer_core.rank_process import ERRORS_DIR_ENV
 
-from .processes import handles_signal, kill_launch, process_state, rank_pids, signal_pids
+from .processes import handles_signal, is_stopped, kill_launch, rank_pids, signal_pids
 from .rank_logs import RankLogTail
 from .rendezvous import STORE_HOST_ENV, NodeRendezvous
 
@@ -136,6 +136,115 @@ def _child_env(env: dict[str, str] | None, nproc_per_node: int, errors_dir: Path
     return child_env
 
 
+@dataclass(frozen=True)
+class _Ending:
+    """How the watch ended: torchrun exited (all false), the timeout passed, or the monitor said why (a stall)."""
+
+    timed_out: bool = False
+    stalled: str | None = None
+    stopped_ranks: tuple[int, ...] = ()
+
+
+class _LaunchOutput:
+    """What a launch prints: torchrun's own lines (its pipe) and each rank's (its files), forwarded as whole lines.
+
+    It keeps what the result reports: the last lines, torchrun's lines (its
+    failure summary) and the first `[rank N] ERROR` lines. The log directory is
+    the caller's, or a temporary one removed once the result is taken.
+    """
+
+    def __init__(self, log_dir: Path | None, tail_lines: int, on_line: Callable[[str], None]) -> None:
+        self.keep = log_dir is not None
+        self.directory = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="rankflow-launch-"))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.tail: deque[str] = deque(maxlen=tail_lines)
+        self.torchrun_lines: list[str] = []
+        self.rank_errors: list[str] = []
+        self.rank_logs = RankLogTail(self.directory, self._forward)
+        self._on_line = on_line
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._readers: list[threading.Thread] = []
+
+    def _forward(self, line: str) -> None:
+        with self._lock:
+            self.tail.append(line)
+            if line.startswith("[rank ") and "] ERROR " in line and len(self.rank_errors) < 8:
+                self.rank_errors.append(line)
+            self._on_line(line)
+
+    def _pump_torchrun(self, process: subprocess.Popen) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.torchrun_lines.append(line.rstrip("\n"))
+            self._forward(line.rstrip("\n"))
+
+    def _pump_ranks(self) -> None:
+        while not self._done.wait(0.2):
+            self.rank_logs.poll()
+
+    def follow(self, process: subprocess.Popen, module: str) -> None:
+        """Start the two readers: torchrun's pipe, and every rank's files (polled)."""
+        self._readers = [
+            threading.Thread(target=self._pump_torchrun, args=(process,), name=f"torchrun-log-{module}", daemon=True),
+            threading.Thread(target=self._pump_ranks, name=f"rank-logs-{module}", daemon=True)]
+        for reader in self._readers:
+            reader.start()
+
+    def stop(self, process: subprocess.Popen) -> None:
+        """Stop the rank files' reader, drain torchrun's pipe (killing a straggler that holds it), read what is left."""
+        pipe, files = self._readers
+        self._done.set()
+        files.join(timeout=5)
+        pipe.join(timeout=5)
+        if pipe.is_alive():  # a straggler still holds torchrun's pipe
+            kill_launch(process)
+            pipe.join(timeout=5)
+        self.rank_logs.poll(final=True)
+
+    def result(self, process: subprocess.Popen, wall_s: float, ending: _Ending) -> LaunchResult:
+        """The launch's result; a temporary log directory is removed once it is read."""
+        rank_logs = self.rank_logs
+        result = LaunchResult(
+            process.returncode, wall_s, ending.timed_out, tuple(self.tail), tuple(self.rank_errors),
+            stalled=ending.stalled, rank_tails={r: rank_logs.last_lines(r) for r in sorted(rank_logs.tails)},
+            rank_exits=parse_rank_exits(self.torchrun_lines), error_records=_read_error_records(self.directory),
+            stopped_ranks=ending.stopped_ranks, log_dir=str(self.directory) if self.keep else None,
+        )
+        if not self.keep:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        return result
+
+
+def _start_torchrun(module: str, args: list[str], nproc_per_node: int, log_dir: Path, env: dict[str, str] | None,
+                    node: NodeRendezvous | None) -> subprocess.Popen:
+    # The thread that starts torchrun is the one that waits for it: PR_SET_PDEATHSIG
+    # follows the thread that forked, so it must outlive the launch.
+    return subprocess.Popen(
+        torchrun_command(module, args, nproc_per_node, log_dir, node),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        text=True, errors="replace", env=_child_env(env, nproc_per_node, log_dir, node), start_new_session=True,
+    )
+
+
+def _watch(process: subprocess.Popen, timeout_s: float, monitor: Callable[[], str | None] | None,
+           poll_s: float) -> _Ending:
+    """Wait for torchrun, asking `monitor` every `poll_s`; past the timeout or on a stall, end the launch."""
+    timed_out, stalled = False, None
+    deadline = time.monotonic() + timeout_s
+    while process.poll() is None:
+        try:
+            process.wait(timeout=poll_s)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        timed_out = time.monotonic() > deadline
+        stalled = None if timed_out or monitor is None else monitor()
+        if timed_out or stalled:
+            return _Ending(timed_out, stalled, _end_launch(process))
+    return _Ending(timed_out, stalled)
+
+
 def launch(
     module: str,
     args: list[str],
@@ -158,86 +267,24 @@ def launch(
     directory removed at the end. `node` makes this one node of a multi-node
     launch (`infra.rendezvous`); without it the launch is the whole world.
     """
-    keep_logs = log_dir is not None
-    log_dir = Path(log_dir) if keep_logs else Path(tempfile.mkdtemp(prefix="rankflow-launch-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
+    output = _LaunchOutput(log_dir, tail_lines, on_line)
     started = time.perf_counter()
-    # The thread that starts torchrun is the one that waits for it: PR_SET_PDEATHSIG
-    # follows the thread that forked, so it must outlive the launch.
-    process = subprocess.Popen(
-        torchrun_command(module, args, nproc_per_node, log_dir, node),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        text=True, errors="replace", env=_child_env(env, nproc_per_node, log_dir, node), start_new_session=True,
-    )
-    tail: deque[str] = deque(maxlen=tail_lines)
-    torchrun_lines: list[str] = []
-    rank_errors: list[str] = []
-    lock = threading.Lock()
-
-    def forward(line: str) -> None:
-        with lock:
-            tail.append(line)
-            if line.startswith("[rank ") and "] ERROR " in line and len(rank_errors) < 8:
-                rank_errors.append(line)
-            on_line(line)
-
-    rank_logs = RankLogTail(log_dir, forward)
-    done = threading.Event()
-
-    def pump_torchrun() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            torchrun_lines.append(line.rstrip("\n"))
-            forward(line.rstrip("\n"))
-
-    def pump_ranks() -> None:
-        while not done.wait(0.2):
-            rank_logs.poll()
-
-    readers = [threading.Thread(target=pump_torchrun, name=f"torchrun-log-{module}", daemon=True),
-               threading.Thread(target=pump_ranks, name=f"rank-logs-{module}", daemon=True)]
-    for reader in readers:
-        reader.start()
-    timed_out, stalled, stopped = False, None, ()
+    process = _start_torchrun(module, args, nproc_per_node, output.directory, env, node)
+    output.follow(process, module)
     try:
-        deadline = time.monotonic() + timeout_s
-        while process.poll() is None:
-            try:
-                process.wait(timeout=poll_s)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            timed_out = time.monotonic() > deadline
-            stalled = None if timed_out or monitor is None else monitor()
-            if timed_out or stalled:
-                stopped = _end_launch(process)
-                break
+        ending = _watch(process, timeout_s, monitor, poll_s)
     except BaseException:
         kill_launch(process)  # an interrupted caller must not leave ranks running
         raise
     finally:
-        done.set()
-        readers[1].join(timeout=5)
-        readers[0].join(timeout=5)
-        if readers[0].is_alive():  # a straggler still holds torchrun's pipe
-            kill_launch(process)
-            readers[0].join(timeout=5)
-        rank_logs.poll(final=True)
-    result = LaunchResult(
-        process.returncode, time.perf_counter() - started, timed_out, tuple(tail), tuple(rank_errors),
-        stalled=stalled, rank_tails={r: rank_logs.last_lines(r) for r in sorted(rank_logs.tails)},
-        rank_exits=parse_rank_exits(torchrun_lines), error_records=_read_error_records(log_dir),
-        stopped_ranks=stopped, log_dir=str(log_dir) if keep_logs else None,
-    )
-    if not keep_logs:
-        shutil.rmtree(log_dir, ignore_errors=True)
-    return result
+        output.stop(process)
+    return output.result(process, time.perf_counter() - started, ending)
 
 
 def _end_launch(process: subprocess.Popen) -> tuple[int, ...]:
     """Ask the ranks for their stacks (for the failure report), then kill the launch; returns stopped ranks."""
     ranks = rank_pids(process.pid)
-    stopped = tuple(sorted(r for r, pid in ranks.items() if process_state(pid) == "T"))
+    stopped = tuple(sorted(r for r, pid in ranks.items() if is_stopped(pid)))
     # Only ranks that installed the stack dump (a rank still importing would die of SIGUSR1).
     signal_pids([pid for r, pid in ranks.items() if r not in stopped and handles_signal(pid, signal.SIGUSR1)], signal.SIGUSR1)
     time.sleep(STACK_DUMP_WAIT_S)

@@ -1,8 +1,11 @@
-"""The processes of a torchrun launch, seen through /proc: its ranks, their state, and how to end them.
+"""The processes of a torchrun launch: its ranks, their state, and how to end them.
 
 torchrun starts each rank in a session of its own, so killing torchrun's
 process group does not reach them; ending a launch means signalling the ranks
-themselves as well. Linux only (as torchrun's process handling is).
+themselves as well. The process table (children, state, environment) is read
+through psutil; only a process's signal handlers are read from /proc by hand
+(its SigCgt mask, which psutil does not expose). Linux only (as torchrun's
+process handling is).
 """
 
 from __future__ import annotations
@@ -13,22 +16,23 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
+
 PROC = Path("/proc")
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def _status(pid: int) -> str | None:
+    """psutil's status (running, sleeping, stopped, zombie, …), or None when the process is gone."""
     try:
-        raw = (PROC / str(pid) / "stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status()
+    except psutil.Error:
         return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    return raw[raw.rindex(")") + 2:].split()
 
 
-def process_state(pid: int) -> str | None:
-    """The kernel's one-letter state (R, S, D, T stopped, Z zombie), or None when gone."""
-    fields = _stat_fields(pid)
-    return fields[0] if fields else None
+def is_stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (SIGSTOP, SIGTSTP: state T)."""
+    return _status(pid) == psutil.STATUS_STOPPED
 
 
 def handles_signal(pid: int, sig: int) -> bool:
@@ -43,38 +47,28 @@ def handles_signal(pid: int, sig: int) -> bool:
 
 
 def is_alive(pid: int) -> bool:
-    return process_state(pid) not in (None, "Z", "X")
+    return _status(pid) not in (None, *_GONE)
 
 
 def child_pids(parent: int) -> list[int]:
-    children = []
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            if fields and int(fields[1]) == parent:
-                children.append(int(entry.name))
-    return children
+    try:
+        return [child.pid for child in psutil.Process(parent).children()]
+    except psutil.Error:
+        return []
 
 
 def descendant_pids(root: int) -> list[int]:
-    found, frontier = [], [root]
-    while frontier:
-        children = [c for parent in frontier for c in child_pids(parent)]
-        found.extend(children)
-        frontier = children
-    return found
+    try:
+        return [child.pid for child in psutil.Process(root).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def _environ_value(pid: int, name: str) -> str | None:
     try:
-        raw = (PROC / str(pid) / "environ").read_bytes()
-    except OSError:
+        return psutil.Process(pid).environ().get(name)
+    except psutil.Error:  # gone, a zombie, or not ours to read
         return None
-    prefix = name.encode() + b"="
-    for item in raw.split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix):].decode(errors="replace")
-    return None
 
 
 def rank_pids(torchrun_pid: int) -> dict[int, int]:

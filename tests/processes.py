@@ -1,36 +1,39 @@
-"""Which processes are alive, read from /proc: for tests that check a service left nothing behind."""
+"""Which processes are alive, read through psutil: for tests that check a service left nothing behind."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+
+import psutil
 
 
-def _stat_fields(entry: Path) -> list[str] | None:
-    """The fields of /proc/PID/stat after the parenthesised command: state, ppid, pgrp, ..."""
-    try:
-        return (entry / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None  # exited while we looked
-
-
-def _live_processes() -> dict[int, list[str]]:
+def _live_parents() -> dict[int, int]:
+    """{pid: parent pid} of every live process (zombies and processes that exited while we looked excluded)."""
     processes = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat_fields(entry)) is not None and fields[0] != "Z":
-            processes[int(entry.name)] = fields
+    for process in psutil.process_iter(["ppid", "status"]):
+        status, ppid = process.info["status"], process.info["ppid"]
+        if status not in (None, psutil.STATUS_ZOMBIE) and ppid is not None:
+            processes[process.pid] = ppid
     return processes
 
 
 def group_members(pgid: int) -> list[int]:
     """PIDs of the live processes in process group `pgid` (zombies excluded)."""
-    return sorted(pid for pid, fields in _live_processes().items() if int(fields[2]) == pgid)
+    members = []
+    for pid in _live_parents():
+        try:
+            if os.getpgid(pid) == pgid:
+                members.append(pid)
+        except ProcessLookupError:
+            continue  # exited while we looked
+    return sorted(members)
 
 
 def descendants(pid: int) -> list[int]:
     """PIDs of the live descendants of `pid`, including those that started their own session."""
     children: dict[int, list[int]] = {}
-    for child, fields in _live_processes().items():
-        children.setdefault(int(fields[1]), []).append(child)
+    for child, parent in _live_parents().items():
+        children.setdefault(parent, []).append(child)
     found, frontier = [], [pid]
     while frontier:
         for child in children.get(frontier.pop(), []):
@@ -40,5 +43,7 @@ def descendants(pid: int) -> list[int]:
 
 
 def pid_alive(pid: int) -> bool:
-    fields = _stat_fields(Path(f"/proc/{pid}"))
-    return fields is not None and fields[0] != "Z"
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

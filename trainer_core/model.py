@@ -22,20 +22,15 @@ What the trainer trains follows the config:
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from .config import LoraSection, RunConfig
-from .model_checks import read_model_config
+from .config import RunConfig
+from .model_config import peft_lora_config, read_model_config
 from .training import MemoryPlanner, MissReports, OptimizerConfig, StalenessPolicy, Trainer, pad_vocabulary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BASE_CHECKPOINT = "base"
 LORA_CHECKPOINT = "lora"
-
-
-def load_model_config(config: RunConfig) -> PretrainedConfig:
-    """The model's Hugging Face config (read and checked by `model_checks`)."""
-    return read_model_config(config)
 
 
 def build_model(config: RunConfig) -> tuple[PreTrainedModel, int | None]:
@@ -48,21 +43,13 @@ def build_model(config: RunConfig) -> tuple[PreTrainedModel, int | None]:
         # without a broadcast.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.run.seed)
-            model = AutoModelForCausalLM.from_config(load_model_config(config), dtype=dtype)
+            model = AutoModelForCausalLM.from_config(read_model_config(config), dtype=dtype)
     # The config stays as the base has it (use_cache included): it is what the export writes, and the trainer's
     # forwards ask for no KV cache themselves (training/outputs.py).
     true_vocab = None
     if config.model.pad_vocab_to_multiple_of is not None:
         true_vocab = pad_vocabulary(model, config.model.pad_vocab_to_multiple_of)
     return model, true_vocab
-
-
-def peft_lora_config(config: RunConfig, lora: LoraSection):
-    """The peft LoraConfig of `[model.lora]` (its adapter_config.json names the base model when it is a directory)."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
-                      task_type="CAUSAL_LM", base_model_name_or_path=config.model.path)
 
 
 def build_trainer(config: RunConfig, *, miss_reports: MissReports | None = None) -> Trainer:

@@ -1,8 +1,8 @@
 """Check the model a run trains before anything is written or launched.
 
-`read_model_config` reads `model.config` or `model.path/config.json` with
-errors that name the file and the fix; `check_model` then proves the model can
-be built and run: sizes are positive, a forward pass runs on the meta device
+`read_model_config` (`model_config`) reads `model.config` or
+`model.path/config.json` with errors that name the file and the fix;
+`check_model` then proves the model can be built and run: sizes are positive, a forward pass runs on the meta device
 (shapes only, no memory, so head counts that do not divide fail here and not
 on the ranks), the vocabulary covers the tokenizer and, for `model.path`, the
 weights exist, are readable and hold every tensor the model needs at the right
@@ -13,103 +13,29 @@ training will inject it, so a target module the model lacks fails here.
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from .config import RunConfig
 from .errors import ConfigError
-from .input_files import check_input_dir, open_input, read_input_json_object
+from .input_files import open_input, read_input_json_object
+from .model_config import PATH_FIX, one_line, config_source, peft_lora_config, quiet_transformers, read_model_config
 
-# Sizes every causal LM config has (when it has them at all) and that must be positive:
-# zero or a negative count builds an empty or broken model without any error from transformers.
-POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "head_dim", "max_position_embeddings")
+__all__ = ["WEIGHT_FILES", "check_model", "quiet_transformers", "read_model_config"]
+
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-_CONFIG_FIX = "point model.config at a Hugging Face config.json (with model_type) for a random-initialised model"
-_PATH_FIX = "point model.path at a Hugging Face model directory (config.json and weights, as save_pretrained writes them)"
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' warnings and progress bars while checking: bad input gets one message."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-def _source(config: RunConfig) -> tuple[Path, str, str]:
-    """The config.json to read, how to name it in messages, and the fix."""
-    if config.model.path is not None:
-        directory = check_input_dir(config.model.path, f"model.path={config.model.path!r}", _PATH_FIX)
-        file = directory / "config.json"
-        if not file.exists():
-            raise ConfigError(f"model.path={config.model.path!r}: the directory has no config.json; {_PATH_FIX}")
-        return file, f"model.path={config.model.path!r}", _PATH_FIX
-    return Path(config.model.config), f"model.config={config.model.config!r}", _CONFIG_FIX
-
-
-def _check_sizes(raw: dict, file: Path, fix: str) -> None:
-    for key in POSITIVE_SIZES:
-        value = raw.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"{file}: {key}={value!r} must be a positive whole number; set it to the model's real "
-                              f"{key}, or {fix}")
-
-
-def read_model_config(config: RunConfig) -> PretrainedConfig:
-    """The Hugging Face config of `config.model`, or a ConfigError naming the file, the key and the fix."""
-    file, label, fix = _source(config)
-    raw = read_input_json_object(file, label, fix)
-    model_type = raw.get("model_type")
-    if model_type is None:
-        raise ConfigError(f"{file}: has no 'model_type'; add one such as \"qwen3\", or {fix}")
-    if not isinstance(model_type, str):
-        raise ConfigError(f"{file}: model_type={model_type!r} must be a string such as \"qwen3\"")
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    if model_type not in CONFIG_MAPPING:
-        raise ConfigError(f"{file}: model_type={model_type!r} is not a model type transformers knows; "
-                          "use one such as \"qwen3\" or \"llama\"")
-    _check_sizes(raw, file, fix)
-    with quiet_transformers():
-        try:
-            if config.model.path is not None:
-                return AutoConfig.from_pretrained(config.model.path, local_files_only=True)
-            return AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
-        except Exception as error:  # noqa: BLE001 - configs validate with several exception types
-            raise ConfigError(f"{file}: not a valid {model_type} config ({_one_line(error)}); fix it, or {fix}") from None
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _check_weight_files(directory: Path, label: str) -> None:
     present = [name for name in WEIGHT_FILES if (directory / name).exists()]
     if not present:
-        raise ConfigError(f"{label}: the directory has no weights ({', '.join(WEIGHT_FILES[:3])}); {_PATH_FIX}, "
+        raise ConfigError(f"{label}: the directory has no weights ({', '.join(WEIGHT_FILES[:3])}); {PATH_FIX}, "
                           "or use model.config to start from random weights")
     for name in present:
         if name.endswith(".index.json"):
-            index = read_input_json_object(directory / name, label, _PATH_FIX)
+            index = read_input_json_object(directory / name, label, PATH_FIX)
             weight_map = index.get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise ConfigError(f"{directory / name}: has no 'weight_map'; re-save the model with save_pretrained")
@@ -125,12 +51,12 @@ def _check_safetensors_header(file: Path, label: str) -> None:
     """Reading the header proves the file is complete (it records every tensor's byte range)."""
     from safetensors import safe_open
 
-    open_input(file, label, _PATH_FIX).close()  # a FIFO or an unreadable file fails by name
+    open_input(file, label, PATH_FIX).close()  # a FIFO or an unreadable file fails by name
     try:
         with safe_open(str(file), "pt"):
             pass
     except Exception as error:  # noqa: BLE001 - safetensors raises its own SafetensorError
-        raise ConfigError(f"{file}: not a complete safetensors file ({_one_line(error)}); the copy is corrupt or "
+        raise ConfigError(f"{file}: not a complete safetensors file ({one_line(error)}); the copy is corrupt or "
                           "truncated: copy it again or re-save the model") from None
 
 
@@ -140,13 +66,13 @@ def _check_pretrained_loads(config: RunConfig, label: str) -> None:
         _, info = AutoModelForCausalLM.from_pretrained(config.model.path, local_files_only=True, device_map="meta",
                                                        output_loading_info=True)
     except (OSError, RuntimeError, ValueError) as error:
-        raise ConfigError(f"{label}: the weights do not load ({_one_line(error)}); they do not match config.json: "
-                          f"re-save the model, or {_PATH_FIX}") from None
+        raise ConfigError(f"{label}: the weights do not load ({one_line(error)}); they do not match config.json: "
+                          f"re-save the model, or {PATH_FIX}") from None
     problems = sorted(info.get("missing_keys") or ()) + sorted(str(k) for k in info.get("mismatched_keys") or ())
     if problems:
         shown = ", ".join(problems[:3]) + (f" and {len(problems) - 3} more" if len(problems) > 3 else "")
         raise ConfigError(f"{label}: the weights lack tensors the model needs ({shown}), which would start from "
-                          f"random values; use the weights that belong to this config.json, or {_PATH_FIX}")
+                          f"random values; use the weights that belong to this config.json, or {PATH_FIX}")
 
 
 def _check_forward(model_config: PretrainedConfig, file_label: str) -> None:
@@ -159,7 +85,7 @@ def _check_forward(model_config: PretrainedConfig, file_label: str) -> None:
             model(input_ids=torch.zeros(1, 8, dtype=torch.long), use_cache=True)
     except Exception as error:  # noqa: BLE001 - any failure here means the config describes no working model
         raise ConfigError(f"{file_label}: does not describe a working model ({type(error).__name__}: "
-                          f"{_one_line(error)}); fix its sizes (e.g. num_attention_heads must be a multiple of "
+                          f"{one_line(error)}); fix its sizes (e.g. num_attention_heads must be a multiple of "
                           "num_key_value_heads)") from None
 
 
@@ -170,8 +96,6 @@ def _linear_names(model: torch.nn.Module) -> list[str]:
 def _check_lora(config: RunConfig, model_config: PretrainedConfig) -> None:
     """Inject the adapter into a meta-device copy, as training will: every target must name a module peft can adapt."""
     from peft import inject_adapter_in_model
-
-    from .model import peft_lora_config
 
     lora = config.model.lora
     with torch.device("meta"):
@@ -188,7 +112,7 @@ def _check_lora(config: RunConfig, model_config: PretrainedConfig) -> None:
         inject_adapter_in_model(peft_lora_config(config, lora), model, low_cpu_mem_usage=True)
     except (ValueError, TypeError, KeyError) as error:
         raise ConfigError(f"model.lora.target_modules={lora.target_modules!r} does not fit this model "
-                          f"({_one_line(error)}); choose among its linear layers {linear}, or use \"all-linear\"") from None
+                          f"({one_line(error)}); choose among its linear layers {linear}, or use \"all-linear\"") from None
     if config.model.pad_vocab_to_multiple_of is not None:
         from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -202,7 +126,7 @@ def _check_lora(config: RunConfig, model_config: PretrainedConfig) -> None:
 def check_model(config: RunConfig, tokenizer_vocab_size: int) -> PretrainedConfig:
     """Every check of the module docstring; returns the model's config."""
     model_config = read_model_config(config)
-    file, label, _ = _source(config)
+    file, label, _ = config_source(config)
     vocab_size = int(model_config.vocab_size)
     if vocab_size < tokenizer_vocab_size:
         raise ConfigError(

@@ -15,6 +15,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from .config import RunConfig
 from .data import Prepared
 from .data.shards import round_up
@@ -51,14 +53,13 @@ def estimate_plan_size(config: RunConfig, prepared: Prepared) -> PlanSize:
 
 
 def available_memory_bytes() -> int | None:
-    """Memory this process can still get: MemAvailable, or less under a cgroup (v2) limit; None if unknown."""
+    """Memory this process can still get: MemAvailable (psutil), or less under a cgroup (v2) limit; None if unknown."""
     candidates = []
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                candidates.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
+        candidates.append(psutil.virtual_memory().available)  # MemAvailable on Linux
+    except (OSError, RuntimeError):
         pass
+    # psutil reports the machine's memory; a container's cgroup limit is read by hand.
     try:
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         if limit != "max":

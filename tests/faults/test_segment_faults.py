@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from infra.failures import FailureClass
 from infra.launcher import LaunchError
-from infra.processes import PROC
 from tasks.plan import plan_run_fn
 from tasks.run_state import publish_plan
 from tasks.segment import train_segment_fn
@@ -31,16 +31,10 @@ STALL_TIMEOUT_S = 12
 def launch_processes(run_dir: Path) -> list[int]:
     """Live processes whose command line names this run directory (torchrun and its ranks)."""
     found = []
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if str(run_dir) in cmdline and state not in ("Z", "X"):
-            found.append(int(entry.name))
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline, status = " ".join(process.info["cmdline"] or ()), process.info["status"]
+        if str(run_dir) in cmdline and status not in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            found.append(process.pid)
     return found
 
 

@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from flows.cli import main
@@ -82,16 +83,13 @@ class AttemptSampler:
 
     def _attempt_of(self, pid: int) -> str | None:
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            process = psutil.Process(pid)
+            cmdline = " ".join(process.cmdline())
             if "infra.loopback_torchrun" in cmdline and (found := _ATTEMPT.search(cmdline)):
                 return found[1]
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
+            return process.environ().get("TORCHELASTIC_RUN_ID")
+        except psutil.Error:  # exited while we looked, or not ours to read
             return None
-        for item in environ:
-            if item.startswith(b"TORCHELASTIC_RUN_ID="):
-                return item.split(b"=", 1)[1].decode()
-        return None
 
     def _run(self) -> None:
         while not self._done.wait(0.05):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import os
 import tempfile
 import weakref
 
+import psutil
 import pytest
 import torch
 
@@ -37,8 +37,7 @@ def resident_bytes() -> int:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:
         pass
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return psutil.Process().memory_info().rss
 
 
 def live_tensors() -> int:

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 
 from infra.launcher import LaunchError, launch, launch_or_raise
@@ -77,22 +78,15 @@ def test_lines_of_several_ranks_never_merge(tmp_path):
 
 
 def _listening_sockets(pids) -> list[str]:
-    """Local addresses (hex, as in /proc/net/tcp*) of listening TCP sockets the given processes own."""
-    inodes = set()
+    """Local addresses of listening TCP sockets (IPv4 and IPv6) the given processes own."""
+    found = []
     for pid in pids:
         try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        except OSError:
-            continue
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for row in open(table).read().splitlines()[1:]:
-            fields = row.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                found.append(fields[1].rsplit(":", 1)[0])
+            process = psutil.Process(pid)
+            connections = getattr(process, "net_connections", None) or process.connections  # psutil < 6: connections
+            found.extend(c.laddr.ip for c in connections(kind="tcp") if c.status == psutil.CONN_LISTEN)
+        except psutil.Error:
+            continue  # exited while we looked
     return found
 
 
@@ -114,7 +108,7 @@ def test_a_single_node_launch_listens_on_loopback_only(tmp_path):
     result = launch("listening_rank", [], nproc_per_node=2, timeout_s=120, env=env, on_line=lambda _: None, monitor=look)
     assert result.returncode == 0
     assert seen, "no listening socket seen during the launch"
-    loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+    loopback = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
     assert set(seen) <= loopback, f"a socket listens beyond loopback: {set(seen) - loopback}"
 
 

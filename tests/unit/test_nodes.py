@@ -7,8 +7,8 @@ import pytest
 from infra.failures import Failure, FailureClass
 from infra.launcher import LaunchError, _child_env, torchrun_command
 from infra.rendezvous import STORE_HOST_ENV, NodeRendezvous, rendezvous_id
-from tasks.deployed_nodes import failure_from_message
-from tasks.nodes import NodeFailed, _first_cause, node_failure
+from tasks.nodes.failure import NodeFailed, failure_from_message, node_failure
+from tasks.nodes.local import _first_cause
 from trainer_core.node_topology import check_nodes, split_endpoint
 from trainer_core.process_boot import BOOT_SCRIPT
 

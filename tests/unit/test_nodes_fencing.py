@@ -36,8 +36,8 @@ def test_a_lost_lease_stops_every_local_node_and_nothing_is_reported(tmp_path, m
         raise RuntimeError(f"node {node.node_rank} stopped: {reason}")
 
     reported = []
-    monkeypatch.setattr(nodes, "launch_node", fake_launch_node)
-    monkeypatch.setattr("tasks.failure_report.report_failure", lambda *args, **kwargs: reported.append(args))
+    monkeypatch.setattr(nodes.local, "launch_node", fake_launch_node)
+    monkeypatch.setattr(nodes, "report_failure", lambda *args, **kwargs: reported.append(args))
 
     def tick() -> None:
         if not both_running.is_set():

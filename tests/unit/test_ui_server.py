@@ -7,8 +7,8 @@ import socket
 import sys
 import time
 
-from flows import cli
-from flows.ui import server_env, start_server, stop_server, wait_healthy
+from flows.cli import parser as cli
+from flows.cli.ui import server_env, start_server, stop_server, wait_healthy
 
 # Writes 2 MiB to stdout and stderr before it serves /api/health: behind an
 # unread pipe it would block after 64 KiB and never answer.

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.schedule import check_schedule
+from flows.cli.schedule import check_schedule
 from tests.bad_input.harness import Assets
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import ConfigError, config_from_dict

@@ -54,7 +54,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     validate_inputs(config)  # a deployment whose every run would fail on its input is not registered
     api_url = _require_api_url()
 
-    from .deploy import deploy_training
+    from ..deploy import deploy_training
 
     try:
         deployed = deploy_training(config, pool=args.pool, name=args.name, work_queue=args.work_queue,

@@ -7,43 +7,27 @@ of them; the first that ends other than Completed fails the segment: every
 other run is cancelled (a scheduled one at once; a running one through the
 worker, which kills its process, and torchrun and its ranks die with it) and
 waited for, then `NodeFailed` is raised with the failed node's diagnosis,
-read back from its state message, so the segment's retry policy decides as
-for a local launch.
+read back from its state message (`tasks.nodes.failure`), so the segment's
+retry policy decides as for a local launch.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 
 from infra.failures import Failure, FailureClass
 
-from .nodes import NODE_QUEUE, NodeFailed, node_failure
-from .outcomes import PlannedRun
+from ..outcomes import PlannedRun
+from .failure import NODE_QUEUE, NodeFailed, failure_from_message, node_failure
 
-__all__ = ["failure_from_message", "launch_deployed_nodes"]
+__all__ = ["launch_deployed_nodes"]
 
 POLL_S = 1.0
 START_GRACE_S = 300.0
 """Time for the workers to pick the node runs up and start them, on top of train.segment_timeout_s."""
 CANCEL_WAIT_S = 90.0
 """How long a cancelled node run gets to end (the worker kills its processes) before the segment gives up waiting."""
-
-_HEADLINE = re.compile(r"(\w+) failed on (?:rank (\d+)|no single rank): (\w+) \((.*?)\); ")
-
-
-def failure_from_message(message: str | None, stage: str = "segment") -> Failure | None:
-    """The diagnosis a failed node run's state message carries (`infra.failures.Failure.headline`), if any."""
-    found = _HEADLINE.search(message or "")
-    if found is None:
-        return None
-    try:
-        cause = FailureClass(found[3])
-    except ValueError:
-        return None
-    return Failure(stage=stage, cause=cause, rank=int(found[2]) if found[2] else None, detail=found[4])
-
 
 def _start_node_runs(planned: PlannedRun, segment_index: int, rdzv: str, attempt: str) -> dict:
     from prefect.deployments import run_deployment

@@ -33,24 +33,16 @@ its JSON line (`flows.finish`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
-from trainer_core.config import RunConfig, load_config
 from trainer_core.errors import BadInputError
-from trainer_core.validate import validate_inputs
 
-from .deploy_command import add_deploy_parser
+from .checkpoints import add_checkpoint_commands
+from .deploy import add_deploy_parser
+from .run import EXIT_BAD_INPUT, cmd_run, cmd_serve
 from .server import add_server_parser
-
-from .checkpoints_cli import add_checkpoint_commands
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-EXIT_ALREADY_RUNNING = 75
-"""EX_TEMPFAIL: another run of the run id holds the run lease; nothing was done, try again later."""
 
 
 def _prefect_defaults() -> None:
@@ -65,88 +57,6 @@ def _prefect_defaults() -> None:
     # Server telemetry is on by default and DO_NOT_TRACK does not stop it; offline
     # it fails with a "database is locked" traceback at the first run.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
-
-def _load(args: argparse.Namespace) -> RunConfig:
-    return load_config(args.config, args.set or [])
-
-
-def _summary(result: dict | None, wall_s: float, error: BaseException | None) -> dict:
-    if result is None:
-        return {"run_id": None, "status": "failed", "checkpoint_url": None, "steps": 0, "losses": [],
-                "wall_s": round(wall_s, 3), "error": f"{type(error).__name__}: {error}"}
-    # Launches and training time count this invocation's own segments only (see flows/run_record.py).
-    summary = {**result, "wall_s": round(wall_s, 3)}
-    # Time outside torchrun launches and training: Prefect, planning, commits.
-    summary["orchestration_s"] = round(wall_s - result["launch_wall_s"] - result["export_wall_s"], 3)
-    summary["launch_overhead_s"] = round(result["launch_wall_s"] - result["train_s"], 3)
-    return summary
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
-    config = _load(args)
-    # Every input is read and checked before Prefect (and its temporary server) starts,
-    # and the store is probed before the first byte is written (the stage cache included).
-    checked = validate_inputs(config)
-    unavailable = _storage_preflight(config)
-    if unavailable is not None:
-        print(f"rankflow: run failed: {unavailable}", file=sys.stderr)
-        print(json.dumps({**_summary(None, time.perf_counter() - started, unavailable), "failed_stage": "storage-check",
-                          "failure_cause": "storage_outage", "failed_rank": None}))
-        return EXIT_FAILED
-    checked.store_cache()
-    from infra.run_lease import RunAlreadyActive
-
-    from .finish import drain_prefect
-    from .pipeline import RunFailed, train_flow
-    from .terminal import quiet_tracebacks
-
-    quiet_tracebacks()  # tracebacks go to the run's log files and the Prefect API, not to the terminal
-    result, error, message = None, None, None
-    try:
-        result = train_flow(config)
-    except BadInputError:
-        drain_prefect()
-        raise  # found inside the flow (an input changed since the check, or a storage setting): still exit 2
-    except RunAlreadyActive as busy:  # the flow run ended as Cancelled, having done nothing
-        drain_prefect()
-        print(f"rankflow: {busy}", file=sys.stderr)
-        print(json.dumps({"run_id": busy.run_id, "status": "already_running", "checkpoint_url": None, "steps": 0,
-                          "losses": [], "wall_s": round(time.perf_counter() - started, 3), "error": str(busy)}))
-        return EXIT_ALREADY_RUNNING
-    except RunFailed as failure:  # its message is the failed attempt's headline and where its traceback is
-        error, result, message = failure, failure.summary, f"rankflow: run failed: {failure}"
-    except Exception as failure:  # noqa: BLE001 - reported in the summary line
-        error, message = failure, f"rankflow: run failed: {type(failure).__name__}: {(str(failure).splitlines() or [''])[0]}"
-    drain_prefect()  # the UI gets every log line and event before the result line (see flows/finish.py)
-    if message is not None:
-        print(message, file=sys.stderr)
-    print(json.dumps(_summary(result, time.perf_counter() - started, error)))
-    return EXIT_OK if error is None else EXIT_FAILED
-
-
-def _storage_preflight(config: RunConfig) -> ConnectionError | None:
-    """Probe the store: a refused setting raises (bad input, exit 2); a store that does not answer is returned."""
-    from infra.preflight import StoreUnavailable, check_store_writable
-
-    try:
-        check_store_writable(config.storage.url)
-    except StoreUnavailable as outage:  # an outage, not bad input: exit 1, run the same command again later
-        return outage
-    return None
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from .schedule import check_schedule
-
-    config = _load(args)
-    check_schedule(args.cron, args.interval)
-    validate_inputs(config)  # a deployment whose every run would fail on its input is not served
-    from .deployment import serve_deployment
-
-    serve_deployment(config, name=args.name, cron=args.cron, interval_s=args.interval)
-    return EXIT_OK
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -215,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rankflow: bad input: {_without_credentials(str(error))}", file=sys.stderr)
         code = EXIT_BAD_INPUT
     if argv is None and args.handler is cmd_run and "prefect" in sys.modules:
-        from .finish import exit_now, stop_temporary_server
+        from ..finish import exit_now, stop_temporary_server
 
         stop_temporary_server()
         exit_now(code)
@@ -232,7 +142,3 @@ def _without_credentials(message: str) -> str:
         if len(secret) >= 4:
             message = message.replace(secret, f"<{name}>")
     return message
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """One node's share of a multi-node segment: its torchrun launch, watched and logged like a single-node one.
 
 Both ways of starting the nodes call `launch_node`: the local fallback runs
-one per node in the orchestrator (`tasks.nodes`), the work-pool path runs it
+one per node in the orchestrator (`tasks.nodes.local`), the work-pool path runs it
 in the per-node flow (`flows.node`) on the worker of that node's queue. Each
 node runs `nproc_per_node` ranks of trainer_core.segment_main, joined over
 c10d rendezvous (`infra.rendezvous`); the stall watchdog (`tasks.watchdog`)
@@ -19,8 +19,8 @@ from infra.launcher import LaunchResult, launch_or_raise
 from infra.rendezvous import NodeRendezvous
 from trainer_core.progress import progress_path
 
-from .outcomes import PlannedRun
-from .watchdog import SegmentWatch
+from ..outcomes import PlannedRun
+from ..watchdog import SegmentWatch
 
 __all__ = ["launch_node", "node_run_dir"]
 
