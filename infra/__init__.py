@@ -1,32 +1,70 @@
-"""Infrastructure: object storage, run state in the store, checkpoint publication, torchrun launching, failure diagnosis, local services."""
+"""Infrastructure: object storage, run state in the store, checkpoint publication, torchrun launching, failure diagnosis, local services.
 
-from .checkpoints import (CheckpointReport, LatestResolution, download_checkpoint, latest_checkpoint, list_checkpoints,
-                          pull_checkpoint, resolve_latest, scan_checkpoints, verify_checkpoint)
-from .downloads import StoredObjectCorrupt
-from .failures import Failure, FailureClass, classify_exception, diagnose_launch
-from .finalizer import FinalizerSettings, FinalizerWaitTimeout
-from .journal import Journal, PublicationState, TransitionError
-from .launcher import LaunchError, LaunchResult, launch, launch_or_raise
-from .lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
-from .manifests import ManifestError, checkpoint_name
-from .orphans import GarbageReport, collect_garbage
-from .preflight import StoreUnavailable, check_store_writable
-from .publication import (CleanupOutcome, CommitOutcome, PublishSettings, StagedFileChanged, abort_publication,
-                          cleanup_staging, commit_checkpoint)
-from .run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease, check_run_lease
-from .run_state import (BundleManifest, StateSettings, fetch_bundle, publish_bundle, read_bundle_manifest,
-                        stored_bundle)
-from .storage import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
+The names below are loaded on first use (PEP 562): a process that imports one
+light module (`infra.storage` in a committer or a lease holder) must not pay for
+the launcher's trainer_core, torch and transformers imports (seconds per start).
+"""
 
-__all__ = [
-    "BundleManifest", "CheckpointReport", "CleanupOutcome", "CommitOutcome", "Failure", "FailureClass",
-    "FinalizerSettings", "FinalizerWaitTimeout", "GarbageReport", "Journal", "LatestResolution", "LaunchError",
-    "LaunchResult", "Lease", "LeaseHeldError", "LeaseLostError", "LeaseRecord", "ManifestError", "PublicationState",
-    "PublishSettings", "RunAlreadyActive", "RunLeaseLost", "StagedFileChanged", "StateSettings",
-    "StorageTimeoutError", "StoreLocation", "StoreTimeouts", "StoreUnavailable", "StoredObjectCorrupt",
-    "TransitionError", "abort_publication", "acquire_run_lease", "check_run_lease", "check_store_writable",
-    "checkpoint_name", "classify_exception", "cleanup_staging", "collect_garbage", "commit_checkpoint",
-    "diagnose_launch", "download_checkpoint", "fetch_bundle", "latest_checkpoint", "launch", "launch_or_raise",
-    "list_checkpoints", "open_store", "publish_bundle", "pull_checkpoint", "read_bundle_manifest", "read_lease",
-    "resolve_latest", "scan_checkpoints", "stored_bundle", "verify_checkpoint",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_NAMES_BY_MODULE = {
+    "checkpoints": ("CheckpointReport", "LatestResolution", "download_checkpoint", "latest_checkpoint",
+                    "list_checkpoints", "pull_checkpoint", "resolve_latest", "scan_checkpoints", "verify_checkpoint"),
+    "downloads": ("StoredObjectCorrupt",),
+    "failures": ("Failure", "FailureClass", "classify_exception", "diagnose_launch"),
+    "finalizer": ("FinalizerSettings", "FinalizerWaitTimeout"),
+    "journal": ("Journal", "PublicationState", "TransitionError"),
+    "launcher": ("LaunchError", "LaunchResult", "launch", "launch_or_raise"),
+    "lease": ("Lease", "LeaseHeldError", "LeaseLostError", "LeaseRecord", "read_lease"),
+    "manifests": ("ManifestError", "checkpoint_name"),
+    "orphans": ("GarbageReport", "collect_garbage"),
+    "preflight": ("StoreUnavailable", "check_store_writable"),
+    "publication": ("CleanupOutcome", "CommitOutcome", "PublishSettings", "StagedFileChanged", "abort_publication",
+                    "cleanup_staging", "commit_checkpoint"),
+    "run_lease": ("RunAlreadyActive", "RunLeaseLost", "acquire_run_lease", "check_run_lease"),
+    "run_state": ("BundleManifest", "StateSettings", "fetch_bundle", "publish_bundle", "read_bundle_manifest",
+                  "stored_bundle"),
+    "storage": ("StorageTimeoutError", "StoreLocation", "StoreTimeouts", "open_store"),
+}
+_EXPORTS = {name: module for module, names in _NAMES_BY_MODULE.items() for name in names}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .checkpoints import (CheckpointReport, LatestResolution, download_checkpoint, latest_checkpoint, list_checkpoints,
+                              pull_checkpoint, resolve_latest, scan_checkpoints, verify_checkpoint)
+    from .downloads import StoredObjectCorrupt
+    from .failures import Failure, FailureClass, classify_exception, diagnose_launch
+    from .finalizer import FinalizerSettings, FinalizerWaitTimeout
+    from .journal import Journal, PublicationState, TransitionError
+    from .launcher import LaunchError, LaunchResult, launch, launch_or_raise
+    from .lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
+    from .manifests import ManifestError, checkpoint_name
+    from .orphans import GarbageReport, collect_garbage
+    from .preflight import StoreUnavailable, check_store_writable
+    from .publication import (CleanupOutcome, CommitOutcome, PublishSettings, StagedFileChanged, abort_publication,
+                              cleanup_staging, commit_checkpoint)
+    from .run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease, check_run_lease
+    from .run_state import (BundleManifest, StateSettings, fetch_bundle, publish_bundle, read_bundle_manifest,
+                            stored_bundle)
+    from .storage import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
+
+
+def __getattr__(name: str):
+    """Import the submodule that defines `name` (or the submodule `name` itself) on first access."""
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    try:
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as error:
+        if error.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,8 +1,9 @@
-"""Shared fixtures: a tiny run config on the shipped example, and the Prefect harness."""
+"""Shared fixtures: a tiny run config on the shipped example, and the Prefect harness; the suite's tiers."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,33 @@ from trainer_core.config import RunConfig, config_from_dict
 pytest_plugins = ["tests.s3_fixture", "tests.postgres_fixture"]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+HEAVY_MARKERS = ("flow", "s3", "distributed", "postgres", "ui")
+"""The tiers that start a real server, a Prefect flow, torchrun or a browser; `fast` is every test with none of them."""
+FIXTURE_MARKERS = {"prefect_harness": "flow", "s3_server": "s3", "postgres_cluster": "postgres"}
+"""A test that uses one of these fixtures (directly or through another) starts that server: it gets the marker."""
+
+
+def _derived_markers(item: pytest.Item) -> set[str]:
+    """The heavy markers a test earns by what it uses, whether or not its module says so."""
+    names = {FIXTURE_MARKERS[name] for name in getattr(item, "fixturenames", ()) if name in FIXTURE_MARKERS}
+    callspec = getattr(item, "callspec", None)
+    # A store fixture parametrized over local and s3 asks for the server lazily (request.getfixturevalue):
+    # its "s3" case is known by its parameter id only.
+    if callspec is not None and "s3" in re.split(r"[-\[\]]", callspec.id):
+        names.add("s3")
+    if "e2e" in Path(str(item.fspath)).parts:
+        names.add("e2e")
+    return names
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Apply the tier markers: the derived heavy ones, then `fast` to every test left without one."""
+    for item in items:
+        for name in sorted(_derived_markers(item) - {mark.name for mark in item.iter_markers()}):
+            item.add_marker(name)
+        if not any(item.get_closest_marker(name) for name in (*HEAVY_MARKERS, "e2e")):
+            item.add_marker("fast")
 
 
 def tiny_tree(tmp_path: Path, **sections) -> dict:

@@ -30,6 +30,8 @@ from .test_run_command import _toml
 
 DISK_SIZE = "4m"
 
+pytestmark = [pytest.mark.flow, pytest.mark.distributed]  # `rankflow run`: a Prefect flow over torchrun
+
 
 @pytest.fixture
 def small_disk(tmp_path):

@@ -25,6 +25,8 @@ from trainer_core.faults import FAULT_ENV, FAULT_KIND_ENV
 REPO = Path(__file__).resolve().parents[2]
 EXIT_WITHIN_S = 2.0
 
+pytestmark = [pytest.mark.flow, pytest.mark.distributed]  # `rankflow run`: a Prefect flow over torchrun
+
 
 def _toml(tree: dict) -> str:
     return "\n".join(f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())

@@ -68,8 +68,13 @@ def _files(rng: random.Random, large: bool) -> dict[str, bytes]:
     return {f"model-{i:05d}-of-{len(sizes):05d}.safetensors": os.urandom(size) for i, size in enumerate(sizes)}
 
 
+def _spawn_committer(staged: Path, store_url: str, env: dict[str, str]):
+    """A committer that imports and connects in the background; `wait_ready` it before its go."""
+    return spawn("tests.storage.committer", [str(staged), RUN, store_url, "--wait-go"], env)
+
+
 def _committer(staged: Path, store_url: str, env: dict[str, str]):
-    process = spawn("tests.storage.committer", [str(staged), RUN, store_url, "--wait-go"], env)
+    process = _spawn_committer(staged, store_url, env)
     wait_ready(process)
     return process
 
@@ -101,10 +106,11 @@ def run_trials(store_url: str, work: Path, num_trials: int, seed: int, env: dict
     window_s = 1.2 * (time.monotonic() - started)
     latest_step = 1
     staged = stage(work / "t0", 10, _files(rng, large), run_id=RUN)
-    child = _committer(staged, store_url, env)
+    child = _spawn_committer(staged, store_url, env)
     for trial in range(num_trials):
         step = 10 * (trial + 1)
         delay_s = rng.uniform(0, window_s)
+        wait_ready(child)  # imported and connected: the kill window starts at the go, as for the probe
         child.stdin.write("go\n"), child.stdin.flush()
         time.sleep(delay_s)
         finished_first = child.poll() is not None
@@ -114,9 +120,9 @@ def run_trials(store_url: str, work: Path, num_trials: int, seed: int, env: dict
             pass  # it had finished and exited already
         child.wait()
         child.stdout.close(), child.stdin.close(), child.stderr.close()
-        # Stage and start the next trial's committer while this one is checked (it takes a second to start).
+        # Stage and start the next trial's committer; it imports and connects while this trial is checked.
         next_staged = stage(work / f"t{trial + 1}", step + 10, _files(rng, large), run_id=RUN)
-        next_child = _committer(next_staged, store_url, env) if trial + 1 < num_trials else None
+        next_child = _spawn_committer(next_staged, store_url, env) if trial + 1 < num_trials else None
         summary.trials += 1
         summary.killed_mid_commit += not finished_first
         label = f"trial {trial} (step {step}, kill after {delay_s:.3f} s of {window_s:.3f})"
