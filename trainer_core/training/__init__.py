@@ -19,7 +19,8 @@ from .versions import Version
 from .vocab import pad_vocabulary
 
 __all__ = [
-    "BACKWARD_STATES", "PLANNER", "BackwardMode", "BackwardReport", "Checkpoint", "GradientTransactionError", "GraphConsumedError", "ManagedOutputs",
+    "BACKWARD_STATES", "PLANNER", "BackwardMode", "BackwardReport", "Checkpoint", "GradientTransactionError",
+    "GraphConsumedError", "ManagedOutputs",
     "MemoryPlanner", "MissReports", "NoGradientPathError", "NonFinitePolicy", "OptimizerConfig", "ReplayMismatchError",
     "StaleGraphError", "StalenessPolicy", "StepReport",
     "Trainer", "Version", "export_checkpoint_module", "hf_state_dict", "importance_weights", "pad_vocabulary",

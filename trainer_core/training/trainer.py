@@ -38,16 +38,11 @@ from .memory.estimates import GraphShape
 from .memory.offload import OffloadTarget
 from .memory.retained import saved_tensor_bytes
 from .memory.timing import Stopwatch
-from .outputs import HEAD_PREFIX, ForwardCall, compute_outputs
+from .outputs import FIELD_OF, IMPORTANCE_WEIGHTED, ForwardCall, compute_outputs, is_leaf_field
 from .registry import CheckpointRegistry
 from .staleness import StaleGraphError, StalenessPolicy, importance_weights
 from .stepping import step_checkpoints
 from .transaction import NonFinitePolicy, StagedGradients
-
-# Internal output name → ManagedOutputs field.
-_OUTPUT_FIELDS = {"logprobs": "logprobs", "topk": "topk_logprobs", "logits": "logits", "hidden": "hidden_states"}
-# Outputs whose cotangents a stale replay at current weights scales by the importance weight.
-_IMPORTANCE_WEIGHTED = ("logprobs", "topk")
 
 
 @dataclass(frozen=True)
@@ -184,15 +179,13 @@ class Trainer(CheckpointRegistry):
         managed = ManagedOutputs(graph_id=None if graph is None else graph.graph_id, versions=versions)
         leaves = []
         for name, value in values.items():
-            if name == "topk_ids":
-                managed.topk_ids = value
+            field = FIELD_OF.get(name, name)  # a head's output is `head:NAME` under both names
+            if not is_leaf_field(field):  # the top-k ids: indices, not a leaf
+                managed.set_field(field, value)
                 continue
             leaf = value.detach() if graph is None else make_leaf(value, self.graphs.token, graph.graph_id, name)
             leaves.append(leaf)
-            if name.startswith(HEAD_PREFIX):
-                managed.heads[name.removeprefix(HEAD_PREFIX)] = leaf
-            else:
-                setattr(managed, _OUTPUT_FIELDS[name], leaf)
+            managed.set_field(field, leaf)
         if graph is not None:
             self.graphs.add(graph, leaves)
         return managed
@@ -335,7 +328,7 @@ class Trainer(CheckpointRegistry):
             low, high = self.staleness.importance_low, self.staleness.importance_high
             recorded = graph.state.recorded_outputs
             return {name: cotangent * importance_weights(outputs[name], recorded[name], low, high)
-                    if name in _IMPORTANCE_WEIGHTED else cotangent for name, cotangent in cotangents.items()}
+                    if name in IMPORTANCE_WEIGHTED else cotangent for name, cotangent in cotangents.items()}
 
         try:
             grads = graph.state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)

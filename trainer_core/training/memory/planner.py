@@ -29,6 +29,11 @@ what moving them costs — and to replay it otherwise (the replay's forward in
 backward measures the bytes). Until a pack or a restore has been timed, its
 cost is the documented default `DEFAULT_OFFLOAD_BYTES_PER_S` for the target.
 
+The rule itself names no mode: it walks `BACKWARD_STATES` and asks each
+class (`costs.PlanInputs` in, bytes, seconds and reason strings out), so the
+modes above are what the three registered classes answer, and a new mode is
+considered without an edit here.
+
 After the forward the trainer reports the observed peak; a prediction off by
 more than `miss_threshold` (relative) is a *miss*: counted, and written as a
 JSON report when the planner has a `MissReports` sink.
@@ -134,9 +139,9 @@ class MemoryPlanner:
         if self.budget_bytes is None:
             return self._decide(default, default.no_budget_reason, shape, resident_bytes, None, None)
         per_byte, measured = self.offload_s_per_byte(offload_target if offload_frees else "disk")
-        inputs = PlanInputs(shape, resident_bytes, self.budget_bytes, self.saved.estimate(shape), self.estimate_headroom,
-                            input_bytes, stale_input_bytes, offload_target, offload_frees, per_byte, measured,
-                            self.forward_s_per_token)
+        inputs = PlanInputs(shape, resident_bytes, self.budget_bytes, self.saved.estimate(shape),
+                            self.estimate_headroom, input_bytes, stale_input_bytes, offload_target, offload_frees,
+                            per_byte, measured, self.forward_s_per_token)
         others = [cls for cls in states if not cls.is_default]
         available = [cls for cls in others if cls.available(inputs)]
         if inputs.exploring:

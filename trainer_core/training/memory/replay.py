@@ -36,7 +36,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..outputs import ForwardCall
+from ..outputs import RECORDED, ForwardCall
 from .base import (
     BackwardStateError, CotangentsFor, ForwardRecording, Gradients, Rerun, differentiable_outputs, gradients,
     inplace_error,
@@ -232,7 +232,7 @@ class ReplayedGraph:
         copies off the device (an offloaded graph's, so that they too keep nothing resident)."""
         # What the forward produced, for the importance weight of a stale replay and
         # the top-k ids a replay gathers at (these alias the managed outputs: no copy).
-        recorded = {name: values[name].detach() for name in ("logprobs", "topk", "topk_ids") if name in values}
+        recorded = {name: values[name].detach() for name in RECORDED if name in values}
         return cls(_KeptInputs(call, stash), start, recorded)
 
     @property
