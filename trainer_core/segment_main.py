@@ -192,7 +192,7 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
     progress.write("ready", segment=segment_index, start_step=segment.start_step, end_step=segment.end_step,
                    total_steps=plan.segments[-1].end_step, setup_s=setup_s)
 
-    mode = None if config.train.backward_mode == "auto" else config.train.backward_mode
+    mode = config.train.forward_mode
     losses, grad_norms, skipped = [], [], []
     num_input_tokens = num_stale = 0
     train_started = time.perf_counter()

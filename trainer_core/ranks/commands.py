@@ -39,8 +39,6 @@ from .topology import Topology, step_seed
 
 ROW_INPUTS = ("input_ids", "attention_mask", "targets", "position_ids")
 """Forward arguments with the batch in dimension 0: split over logical ranks."""
-_OUTPUT_FIELDS = ("logprobs", "topk_logprobs", "topk_ids", "logits", "hidden_states")
-HEAD_FIELD = "head:"
 _COLLECTIVE_RUNS = frozenset({"step"})
 """Commands whose work after the exchange holds collectives (the step's reduction): see `coordination.reportable`."""
 
@@ -63,13 +61,7 @@ class RankContext:
 
 def output_fields(out: ManagedOutputs) -> dict[str, torch.Tensor]:
     """A forward's outputs by field name (`head:NAME` for heads), detached."""
-    fields = {name: getattr(out, name).detach() for name in _OUTPUT_FIELDS if getattr(out, name) is not None}
-    fields.update({HEAD_FIELD + name: tensor.detach() for name, tensor in out.heads.items()})
-    return fields
-
-
-def _output(out: ManagedOutputs, name: str) -> torch.Tensor:
-    return out.heads[name.removeprefix(HEAD_FIELD)] if name.startswith(HEAD_FIELD) else getattr(out, name)
+    return {name: tensor.detach() for name, tensor in out.fields().items()}
 
 
 class CommandExecutor:
@@ -147,7 +139,7 @@ class CommandExecutor:
                 outputs[forward_id] = held
             with self.gradients.scope(logical_rank):
                 # d/d(output) of Σ(output · cotangent) is the cotangent itself, bit for bit.
-                surrogate = sum((_output(outputs[forward_id], name) * cotangent).sum()
+                surrogate = sum((outputs[forward_id].get_field(name) * cotangent).sum()
                                 for (forward_id, name), cotangent in items)
                 report = self.trainer.backward(surrogate, retain_graph=options["retain_graph"])
             ages = {forward_id: report.ages.get(out.graph_id, {}) for forward_id, out in outputs.items()}

@@ -39,9 +39,10 @@ from typing import Any, TypeVar
 import torch
 
 from ..training.graphs import GraphConsumedError, ManagedOutputs, leaf_tag, loss_leaves, make_leaf
+from ..training.outputs import is_leaf_field
 from ..training.trainer import BackwardReport
 from .channel import ABORT, CLOSE, gather_outcomes, receive_command, send_command
-from .commands import HEAD_FIELD, ROW_INPUTS, Command, CommandExecutor
+from .commands import ROW_INPUTS, Command, CommandExecutor
 from .coordination import RankFailure, coordinated_error, describe, primary_failures
 from .logical_gradients import LogicalGradients, ReductionMode
 from .topology import Topology
@@ -135,13 +136,10 @@ class RankZeroTrainer:
         leaves = []
         for name in per_logical[0]:
             value = torch.cat([fields[name] for fields in per_logical])  # logical order
-            if name != "topk_ids" and grad:
+            if grad and is_leaf_field(name):
                 value = make_leaf(value, self._token, forward_id, name)
                 leaves.append(value)
-            if name.startswith(HEAD_FIELD):
-                managed.heads[name.removeprefix(HEAD_FIELD)] = value
-            else:
-                setattr(managed, name, value)
+            managed.set_field(name, value)
         if grad:
             record = _Forward(ranges, live_outputs=len(leaves))
             self._session.forwards[forward_id] = record

@@ -2,9 +2,9 @@
 
 A forward returns its outputs as leaf tensors the trainer owns (the caller's
 loss graph ends at them) and keeps a `Graph`: the versions it ran at, the
-weights it holds for its backward, and its backward state — one of
-`RetainedGraph`, `OffloadedGraph`, `ReplayedGraph`. Under the importance
-policy a retained or offloaded graph also holds a `ReplayedGraph` for later
+weights it holds for its backward, and its backward state — an instance of
+one of `memory.BACKWARD_STATES`. Under the importance policy a graph that
+does not replay also holds a `ReplayedGraph` for later
 (`stale_replay`): once stale, it becomes that. When every managed output of a
 forward has been dropped, the graph is released; a graph that was backwarded
 (without retain_graph, or by a backward that failed after autograd freed part
@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 
 from .memory.base import BackwardMode, BackwardState
+from .outputs import FIELDS, HEAD_PREFIX
 from .versions import Version
 
 GRAPH_ATTRIBUTE = "_rankflow_output"
@@ -91,6 +92,27 @@ class ManagedOutputs:
     logits: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
     heads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, torch.Tensor]:
+        """The outputs present, by field name (`head:NAME` for heads), in `outputs.FIELDS` order."""
+        present = {name: getattr(self, name) for name in FIELDS if getattr(self, name) is not None}
+        present.update({HEAD_PREFIX + name: tensor for name, tensor in self.heads.items()})
+        return present
+
+    def get_field(self, name: str) -> torch.Tensor | None:
+        """The output of field `name` (`head:NAME` for a head)."""
+        if name.startswith(HEAD_PREFIX):
+            return self.heads[name.removeprefix(HEAD_PREFIX)]
+        return getattr(self, name)
+
+    def set_field(self, name: str, value: torch.Tensor) -> None:
+        """Set the output of field `name` (`head:NAME` for a head)."""
+        if name.startswith(HEAD_PREFIX):
+            self.heads[name.removeprefix(HEAD_PREFIX)] = value
+        elif name in FIELDS:
+            setattr(self, name, value)
+        else:
+            raise KeyError(f"unknown output field {name!r}; fields are {FIELDS} and {HEAD_PREFIX}NAME")
 
 
 def make_leaf(tensor: torch.Tensor, token: str, graph_id: int, name: str) -> torch.Tensor:

@@ -20,8 +20,45 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-OUTPUT_KINDS = ("logprobs", "topk", "logits", "hidden", "heads")
+@dataclass(frozen=True)
+class OutputSpec:
+    """One output a forward can give, under both of its names."""
+
+    kind: str
+    """Its name in `compute_outputs` and on the wire between ranks' graphs (`ForwardCall.outputs`, graph leaves)."""
+    field: str
+    """Its `ManagedOutputs` field, and its name in the logical ranks' commands."""
+    differentiable: bool = True
+    """A managed output the loss can depend on (the top-k ids are indices: not a leaf)."""
+    importance_weighted: bool = False
+    """A stale replay at the current weights scales its cotangent by the importance weight."""
+    recorded: bool = False
+    """A replay keeps the forward's value (for the importance weight, and the top-k ids it gathers at)."""
+
+
+OUTPUTS = (
+    OutputSpec("logprobs", "logprobs", importance_weighted=True, recorded=True),
+    OutputSpec("topk", "topk_logprobs", importance_weighted=True, recorded=True),
+    OutputSpec("topk_ids", "topk_ids", differentiable=False, recorded=True),
+    OutputSpec("logits", "logits"),
+    OutputSpec("hidden", "hidden_states"),
+)
+"""Every output but the heads, in the order fields are listed and sent."""
 HEAD_PREFIX = "head:"
+"""A head's output is `head:NAME`, under both names."""
+OUTPUT_KINDS = (*(spec.kind for spec in OUTPUTS if spec.differentiable), "heads")
+"""What a forward can be asked for (`outputs=`)."""
+SPECS = {spec.kind: spec for spec in OUTPUTS}
+FIELDS = tuple(spec.field for spec in OUTPUTS)
+FIELD_OF = {spec.kind: spec.field for spec in OUTPUTS}
+IMPORTANCE_WEIGHTED = frozenset(spec.kind for spec in OUTPUTS if spec.importance_weighted)
+RECORDED = tuple(spec.kind for spec in OUTPUTS if spec.recorded)
+_NOT_LEAVES = frozenset(spec.field for spec in OUTPUTS if not spec.differentiable)
+
+
+def is_leaf_field(field: str) -> bool:
+    """Whether the output under this field (or `head:NAME`) is a managed leaf the loss can depend on."""
+    return field not in _NOT_LEAVES
 
 
 @dataclass(frozen=True)

@@ -32,23 +32,17 @@ from .graphs import (
     Graph, GraphConsumedError, GraphTable, LossLeaves, ManagedOutputs, leaf_tag, loss_leaves, make_leaf,
 )
 from .memory import (
-    BACKWARD_MODES, BackwardMode, BackwardStateError, ForwardStart, MemoryPlanner, OffloadedGraph, OffloadHooks,
-    ReplayedGraph, RetainedGraph, Rerun,
+    BACKWARD_STATES, BackwardMode, BackwardStateError, Evidence, ForwardRecording, ForwardStart, MemoryPlanner, Rerun,
 )
 from .memory.estimates import GraphShape
 from .memory.offload import OffloadTarget
 from .memory.retained import saved_tensor_bytes
 from .memory.timing import Stopwatch
-from .outputs import HEAD_PREFIX, ForwardCall, compute_outputs
+from .outputs import FIELD_OF, IMPORTANCE_WEIGHTED, ForwardCall, compute_outputs, is_leaf_field
 from .registry import CheckpointRegistry
 from .staleness import StaleGraphError, StalenessPolicy, importance_weights
 from .stepping import step_checkpoints
 from .transaction import NonFinitePolicy, StagedGradients
-
-# Internal output name → ManagedOutputs field.
-_OUTPUT_FIELDS = {"logprobs": "logprobs", "topk": "topk_logprobs", "logits": "logits", "hidden": "hidden_states"}
-# Outputs whose cotangents a stale replay at current weights scales by the importance weight.
-_IMPORTANCE_WEIGHTED = ("logprobs", "topk")
 
 
 @dataclass(frozen=True)
@@ -122,8 +116,8 @@ class Trainer(CheckpointRegistry):
         """
         call = ForwardCall(input_ids, attention_mask, position_ids, targets, tuple(outputs), top_k,
                            self.selected_adapter(checkpoint))
-        if mode is not None and mode not in BACKWARD_MODES:
-            raise ValueError(f"mode={mode!r}; choose one of {BACKWARD_MODES} or None for the planner")
+        if mode is not None and mode not in BACKWARD_STATES:
+            raise ValueError(f"mode={mode!r}; choose one of {tuple(BACKWARD_STATES)} or None for the planner")
         versions = self._versions_for(call.adapter)
         if not torch.is_grad_enabled():
             return self._managed(self._run(call), None, versions)
@@ -133,11 +127,11 @@ class Trainer(CheckpointRegistry):
         offload_target = self.offload_target
         if mode is None:
             decision = self.planner.choose(
-                shape, self.resident_bytes(), replay_bytes=call.nbytes, offload_target=self.offload_target,
+                shape, self.resident_bytes(), input_bytes=call.nbytes, offload_target=self.offload_target,
                 offload_frees=self.offload_target == "disk" or call.input_ids.is_cuda,
-                retained_inputs_bytes=call.nbytes if self.staleness.records_stale_replays else 0)
+                stale_input_bytes=call.nbytes if self.staleness.records_stale_replays else 0)
             mode, offload_target = decision.mode, decision.offload_target or offload_target
-        state, values, stale_replay = self._record(mode, call, shape, offload_target)
+        state, values, stale_replay = self._record(BACKWARD_STATES[mode], call, shape, offload_target)
         weights = {name: self.checkpoints[name].parameters() for name in versions} if self.staleness.keeps_weights() else {}
         graph = Graph(self.graphs.new_id(), versions, weights, state, stale_replay)
         try:
@@ -155,45 +149,25 @@ class Trainer(CheckpointRegistry):
         self.activate_adapter(call.adapter)
         return compute_outputs(self.model, self.heads, call, topk_ids, vocab_size=self.vocab_size)
 
-    def _record(self, mode: BackwardMode, call: ForwardCall, shape: GraphShape, offload_target: OffloadTarget):
-        """Run the forward in `mode`: its backward state, its outputs, and (importance policy) what a replay of it
-        needs once it is stale. While the planner measures, time the forward alone and count what it saved."""
+    def _record(self, cls, call: ForwardCall, shape: GraphShape, offload_target: OffloadTarget):
+        """Run the forward as backward state `cls`: the state, its outputs, and (importance policy) what a replay
+        of it needs once it is stale. While the planner measures, the state reports what the forward cost."""
         measuring = self.planner.measuring
-        watch = Stopwatch(call.input_ids.device, enabled=measuring)
         # A replay starts from the module state the forward ran with: the adapter already active.
         self.activate_adapter(call.adapter)
-        if mode == "replay":
-            state, values = ReplayedGraph.record(self._run, call, modules=self._modules(),
-                                                 parameters=self._all_parameters())
-            return state, values, None
         start = None
-        if self.staleness.records_stale_replays:
+        if self.staleness.records_stale_replays and not cls.replays:
             start = ForwardStart.capture(call.input_ids.device, self._modules(), self._all_parameters())
-
-        def run():
-            with watch:
-                return self._run(call)
-
-        if mode == "offload":
-            state, values = OffloadedGraph.record(run, offload_target, self._parameter_storages(),
-                                                  call.input_ids.is_cuda, timed=measuring)
-            if measuring:
-                hooks = state.offload_hooks
-                pack_s = hooks.pack_timer.take()
-                self.planner.observe_pack(hooks.offloaded_bytes, pack_s)
-                self.planner.observe_forward(shape, watch.seconds - pack_s)
-                self.planner.observe_saved(shape, hooks.retained_equivalent_bytes)
-        else:
-            state, values = RetainedGraph.record(run, self._parameter_storages())
-            if measuring:
-                self.planner.observe_forward(shape, watch.seconds)
-                self.planner.observe_saved(shape, state.saved_bytes)
+        recording = ForwardRecording(call, self._run, Stopwatch(call.input_ids.device, enabled=measuring),
+                                     self._modules, self._all_parameters, self._parameter_storages, offload_target,
+                                     measuring)
+        state, values = cls.record(recording)
+        if measuring:
+            self.planner.observe(shape, state.forward_evidence(recording.watch.seconds))
         if start is None:
             return state, values, None
         try:
-            # An offloaded graph's input copies go where its saved tensors went: it keeps nothing resident either.
-            stash = OffloadHooks(offload_target, set()) if mode == "offload" else None
-            return state, values, ReplayedGraph.of(call, start, values, stash)
+            return state, values, start.replay(call, values, state.stale_replay_stash())
         except BaseException:
             state.release()
             raise
@@ -205,15 +179,13 @@ class Trainer(CheckpointRegistry):
         managed = ManagedOutputs(graph_id=None if graph is None else graph.graph_id, versions=versions)
         leaves = []
         for name, value in values.items():
-            if name == "topk_ids":
-                managed.topk_ids = value
+            field = FIELD_OF.get(name, name)  # a head's output is `head:NAME` under both names
+            if not is_leaf_field(field):  # the top-k ids: indices, not a leaf
+                managed.set_field(field, value)
                 continue
             leaf = value.detach() if graph is None else make_leaf(value, self.graphs.token, graph.graph_id, name)
             leaves.append(leaf)
-            if name.startswith(HEAD_PREFIX):
-                managed.heads[name.removeprefix(HEAD_PREFIX)] = leaf
-            else:
-                setattr(managed, _OUTPUT_FIELDS[name], leaf)
+            managed.set_field(field, leaf)
         if graph is not None:
             self.graphs.add(graph, leaves)
         return managed
@@ -336,7 +308,7 @@ class Trainer(CheckpointRegistry):
         them again bit for bit."""
         at_current = {name for name, age in ages.items() if self.staleness.replays_at_current_weights(age)}
         # A retained or offloaded graph becomes its replay at the step that makes it stale (`_expire_graphs`).
-        assert not at_current or isinstance(graph.state, ReplayedGraph), f"graph {graph.graph_id} is stale, not replayed"
+        assert not at_current or graph.state.replays, f"graph {graph.graph_id} is stale, not replayed"
         weights: dict[str, Mapping[str, torch.Tensor]] = {
             name: (graph.weights[name] if name in graph.weights and name not in at_current else c.parameters())
             for name, c in self.checkpoints.items() if name in graph.versions
@@ -356,14 +328,14 @@ class Trainer(CheckpointRegistry):
             low, high = self.staleness.importance_low, self.staleness.importance_high
             recorded = graph.state.recorded_outputs
             return {name: cotangent * importance_weights(outputs[name], recorded[name], low, high)
-                    if name in _IMPORTANCE_WEIGHTED else cotangent for name, cotangent in cotangents.items()}
+                    if name in IMPORTANCE_WEIGHTED else cotangent for name, cotangent in cotangents.items()}
 
         try:
             grads = graph.state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)
         except BackwardStateError as error:
             raise type(error)(f"graph {graph.graph_id}: {error}") from None
-        if self.planner.measuring and isinstance(graph.state, OffloadedGraph):
-            self.planner.observe_restore(*graph.state.offload_hooks.take_restore_measurement())
+        if self.planner.measuring:
+            self.planner.observe(None, graph.state.backward_evidence())
         return {key: g for key, g in zip(keys, grads) if g is not None}
 
     def _rerun(self, call: ForwardCall, topk_ids: torch.Tensor | None,
@@ -384,10 +356,10 @@ class Trainer(CheckpointRegistry):
                     outputs = self._run(call, topk_ids)
         finally:
             self._active_adapter = active
-        shape = _graph_shape(call)
-        self.planner.observe_forward(shape, watch.seconds)
         weight_storages = {t.untyped_storage().data_ptr() for tensors in weights.values() for t in tensors.values()}
-        self.planner.observe_saved(shape, saved_tensor_bytes(outputs, self._parameter_storages() | weight_storages))
+        self.planner.observe(_graph_shape(call), Evidence(
+            forward_s=watch.seconds,
+            saved_bytes=saved_tensor_bytes(outputs, self._parameter_storages() | weight_storages)))
         return outputs
 
     # -- optimizer step ----------------------------------------------------------

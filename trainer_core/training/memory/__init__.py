@@ -1,15 +1,32 @@
-"""Backward state, one object per mode — retained, offloaded or replayed — and the planner that picks."""
+"""Backward state, one object per mode — retained, offloaded or replayed — and the planner that picks.
 
-from .base import BACKWARD_MODES, BackwardMode, BackwardState, BackwardStateError, NoGradientPathError, Rerun
+`BACKWARD_STATES` is the one list of modes: the trainer looks a mode up in it,
+the config's `train.backward_mode` choices are its keys plus `PLANNER`, and the
+planner's candidates are its values. Adding a mode is one file (a class with
+the attributes of `base.BackwardState`) and one entry here.
+"""
+
+from .base import BackwardMode, BackwardState, BackwardStateError, ForwardRecording, NoGradientPathError, Rerun
+from .costs import Evidence, PlanInputs
 from .estimates import GraphShape, SavedBytesModel
 from .miss_reports import MissReports
-from .offload import OffloadedGraph, OffloadHooks, OffloadTarget
-from .planner import DEFAULT_OFFLOAD_BYTES_PER_S, MemoryPlanner, PlannerDecision
 from .module_state import ModuleState
+from .offload import OffloadedGraph, OffloadHooks, OffloadTarget
 from .replay import ForwardStart, ReplayedGraph, ReplayMismatchError
 from .retained import RetainedGraph
 
-__all__ = ["BACKWARD_MODES", "DEFAULT_OFFLOAD_BYTES_PER_S", "BackwardMode", "BackwardState", "BackwardStateError",
-           "ForwardStart", "GraphShape", "MemoryPlanner", "MissReports", "ModuleState", "NoGradientPathError",
-           "OffloadHooks", "OffloadTarget", "OffloadedGraph", "PlannerDecision", "ReplayMismatchError", "ReplayedGraph",
-           "RetainedGraph", "Rerun", "SavedBytesModel"]
+BACKWARD_STATES: dict[str, type[BackwardState]] = {
+    cls.mode: cls for cls in (RetainedGraph, OffloadedGraph, ReplayedGraph)  # type: ignore[misc]
+}
+"""Every backward mode by name, in the order the planner considers them."""
+PLANNER = "auto"
+"""The config's name for "let the planner choose the mode of each forward"."""
+
+# The planner iterates the registry: it is imported once the registry exists.
+from .planner import DEFAULT_OFFLOAD_BYTES_PER_S, MemoryPlanner, PlannerDecision  # noqa: E402
+
+__all__ = ["BACKWARD_STATES", "DEFAULT_OFFLOAD_BYTES_PER_S", "PLANNER", "BackwardMode", "BackwardState",
+           "BackwardStateError", "Evidence", "ForwardRecording", "ForwardStart", "GraphShape", "MemoryPlanner",
+           "MissReports", "ModuleState", "NoGradientPathError", "OffloadHooks", "OffloadTarget", "OffloadedGraph",
+           "PlanInputs", "PlannerDecision", "ReplayMismatchError", "ReplayedGraph", "RetainedGraph", "Rerun",
+           "SavedBytesModel"]

@@ -1,8 +1,12 @@
 """What every backward state is: record a forward, say its resident bytes, differentiate, release.
 
-A backward state is one object per forward, of one of three types —
-`RetainedGraph`, `OffloadedGraph`, `ReplayedGraph` — so a graph is never half
-one mode and half another. The trainer gives `differentiate`:
+A backward state is one object per forward, of one of the classes registered
+in `BACKWARD_STATES` (`memory/__init__.py`), so a graph is never half one mode
+and half another. What differs between modes is said by the class: its name
+(`mode`), whether it runs the forward again in backward (`replays`), how it
+records a forward (`record`, given a `ForwardRecording`), the evidence it
+reports to the planner, and its answers to the planner's cost model (see
+`costs.py` and `planner.py`). The trainer gives `differentiate`:
 
 - `inputs`: the tensors to differentiate with respect to (the weights the
   gradient is taken at);
@@ -25,14 +29,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol
+from typing import ClassVar, Protocol
 
 import torch
+from torch import nn
 
 from ..outputs import ForwardCall
+from .costs import Evidence, PlanInputs
+from .timing import Stopwatch
 
-BackwardMode = Literal["retain", "offload", "replay"]
-BACKWARD_MODES: tuple[str, ...] = ("retain", "offload", "replay")
+BackwardMode = str
+"""A key of `BACKWARD_STATES`."""
 
 Outputs = Mapping[str, torch.Tensor]
 CotangentsFor = Callable[[Outputs], Mapping[str, torch.Tensor]]
@@ -52,6 +59,30 @@ class Rerun:
     """The forward's outputs the replay must reproduce bit for bit (None: it runs at other weights on purpose)."""
 
 
+@dataclass(frozen=True)
+class ForwardRecording:
+    """What a state's `record` is given: the forward to run and what it runs over. Built once per forward by the
+    trainer; the lists are functions so that a mode that does not need them does not pay for them."""
+
+    call: ForwardCall
+    run: Callable[[ForwardCall], dict[str, torch.Tensor]]
+    """Run the model on a call (untimed)."""
+    watch: Stopwatch
+    """Times `timed()` (enabled while the planner measures)."""
+    modules: Callable[[], list[nn.Module]]
+    parameters: Callable[[], list[torch.Tensor]]
+    parameter_storages: Callable[[], set[int]]
+    offload_target: str
+    """Where an offloading state moves its saved tensors."""
+    measuring: bool
+    """Whether the planner measures: time copies and count bytes."""
+
+    def timed(self) -> dict[str, torch.Tensor]:
+        """The forward, timed by `watch`."""
+        with self.watch:
+            return self.run(self.call)
+
+
 class BackwardStateError(RuntimeError):
     """A graph's backward state cannot give its gradient; the message says why (the trainer adds which graph)."""
 
@@ -61,7 +92,54 @@ class NoGradientPathError(BackwardStateError):
 
 
 class BackwardState(Protocol):
-    mode: ClassVar[BackwardMode]
+    mode: ClassVar[str]
+    """The name the config, `Trainer.forward(mode=...)` and the planner's records use."""
+    replays: ClassVar[bool]
+    """Runs the forward again in backward: it may run at the current weights (a stale graph under the importance
+    policy), has `recorded_outputs`, and a failed backward leaves it as it was."""
+    is_default: ClassVar[bool]
+    """The planner's choice with no budget, or when its graph fits the budget (exactly one class)."""
+    planned: ClassVar[bool]
+    """Whether the planner considers it (False: a mode only chosen by name)."""
+    exploration_rank: ClassVar[int | None]
+    """With no evidence yet, the available class of lowest rank is chosen (None: never to explore)."""
+
+    @classmethod
+    def record(cls, forward: ForwardRecording) -> tuple["BackwardState", dict[str, torch.Tensor]]:
+        """Run the forward in this mode: the state and the forward's outputs."""
+
+    def forward_evidence(self, forward_s: float) -> Evidence:
+        """What the forward just recorded measured (`forward_s`: the watch's seconds); called while measuring."""
+
+    def backward_evidence(self) -> Evidence:
+        """What the backward just run measured; called while measuring."""
+
+    def stale_replay_stash(self):
+        """Where a replay kept for this graph (importance policy) puts its input copies (None: on the device)."""
+
+    # -- the planner's cost model (classmethods of PlanInputs) --
+
+    @classmethod
+    def available(cls, inputs: PlanInputs) -> bool:
+        """Whether this mode can keep within the budget here."""
+
+    @classmethod
+    def planned_bytes(cls, inputs: PlanInputs) -> float:
+        """Resident bytes the graph adds, as the planner predicts them."""
+
+    @classmethod
+    def extra_seconds(cls, inputs: PlanInputs) -> float:
+        """What this mode costs over retaining, in seconds (with evidence)."""
+
+    @classmethod
+    def placement(cls, inputs: PlanInputs) -> str | None:
+        """Where its tensors go (an offload target; None: they stay)."""
+
+    # Besides, as `planner.choose` reads them: the default has `budgeted_bytes(inputs)` (with the estimate's
+    # headroom), `no_budget_reason` and `fits_reason`; every other planned mode has `exploration_reason`,
+    # `unavailable_reason(inputs)`, `cheaper_reason`, `cost_key` (its cost's name in the planner's records),
+    # `tie_rank` (of equal costs, the lower wins) and `last_resort` (exactly one: chosen, with
+    # `last_resort_reason(inputs)`, when no other is available).
 
     @property
     def saved_bytes(self) -> int:

@@ -24,12 +24,12 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable
 from typing import ClassVar, Literal
 
 import torch
 
-from .base import BackwardMode, inplace_error
+from .base import ForwardRecording, inplace_error
+from .costs import Evidence, PlanInputs
 from .retained import RetainedGraph
 from .timing import CopyTimer
 
@@ -149,25 +149,78 @@ class OffloadHooks:
 class OffloadedGraph(RetainedGraph):
     """Autograd's graph, its saved tensors moved out by `OffloadHooks` and read back in backward."""
 
-    mode: ClassVar[BackwardMode] = "offload"
+    mode: ClassVar[str] = "offload"
+    replays: ClassVar[bool] = False
+    is_default: ClassVar[bool] = False
+    planned: ClassVar[bool] = True
+    exploration_rank: ClassVar[int | None] = 0
+    exploration_reason: ClassVar[str] = "offload keeps nothing and measures the bytes"
+    cheaper_reason: ClassVar[str] = "offload is cheaper"
+    cost_key: ClassVar[str] = "offload_s"
+    """The planner's records name this mode's cost so."""
+    tie_rank: ClassVar[int] = 1
+    """Of two modes that cost the same, the one of lower rank is chosen."""
+    last_resort: ClassVar[bool] = True
+    """Chosen when no other mode keeps within the budget: to disk, it keeps nothing on the device."""
 
     def __init__(self, outputs: dict[str, torch.Tensor], hooks: OffloadHooks, resident_bytes: int):
         super().__init__(outputs, resident_bytes)
         self._hooks = hooks
 
     @classmethod
-    def record(cls, run: Callable[[], dict[str, torch.Tensor]], target: OffloadTarget, parameter_storages: set[int],
-               on_cuda: bool, *, timed: bool = False) -> tuple["OffloadedGraph", dict]:
-        hooks = OffloadHooks(target, parameter_storages, timed=timed)
+    def record(cls, forward: ForwardRecording) -> tuple["OffloadedGraph", dict]:
+        target = forward.offload_target
+        hooks = OffloadHooks(target, forward.parameter_storages(), timed=forward.measuring)
         try:
             with hooks.hooks():
-                values = run()
+                values = forward.timed()
         except BaseException:  # what was packed before the failure goes now: no graph will ever own it
             hooks.release()
             raise
         # Host offload on a CPU device moves nothing out of device memory.
-        resident = hooks.offloaded_bytes if target == "host" and not on_cuda else 0
+        resident = hooks.offloaded_bytes if target == "host" and not forward.call.input_ids.is_cuda else 0
         return cls(values, hooks, resident), values
+
+    def forward_evidence(self, forward_s: float) -> Evidence:
+        # The watch timed the packs too: what a forward costs is the rest.
+        pack_s = self._hooks.pack_timer.take()
+        return Evidence(forward_s=forward_s - pack_s, saved_bytes=self._hooks.retained_equivalent_bytes,
+                        pack=(self._hooks.offloaded_bytes, pack_s))
+
+    def backward_evidence(self) -> Evidence:
+        return Evidence(restore=self._hooks.take_restore_measurement())
+
+    def stale_replay_stash(self) -> OffloadHooks:
+        # Its replay's input copies go where its saved tensors went: it keeps nothing resident either.
+        return OffloadHooks(self._hooks.target, set())
+
+    # -- the planner's cost model --
+
+    @classmethod
+    def available(cls, inputs: PlanInputs) -> bool:
+        return inputs.offload_frees
+
+    @classmethod
+    def unavailable_reason(cls, inputs: PlanInputs) -> str:
+        return f"{inputs.offload_target} offload frees no device memory here"
+
+    @classmethod
+    def last_resort_reason(cls, inputs: PlanInputs) -> str:
+        return cls.unavailable_reason(inputs) + ": offload to disk"
+
+    @classmethod
+    def placement(cls, inputs: PlanInputs) -> str:
+        """Where its tensors go: the trainer's target, or disk where that frees nothing."""
+        return inputs.offload_target if inputs.offload_frees else "disk"
+
+    @classmethod
+    def planned_bytes(cls, inputs: PlanInputs) -> float:
+        return 0.0
+
+    @classmethod
+    def extra_seconds(cls, inputs: PlanInputs) -> float:
+        assert inputs.estimate is not None
+        return inputs.estimate * inputs.copy_s_per_byte
 
     @property
     def offloaded_bytes(self) -> int:

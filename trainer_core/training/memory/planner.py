@@ -29,6 +29,11 @@ what moving them costs — and to replay it otherwise (the replay's forward in
 backward measures the bytes). Until a pack or a restore has been timed, its
 cost is the documented default `DEFAULT_OFFLOAD_BYTES_PER_S` for the target.
 
+The rule itself names no mode: it walks `BACKWARD_STATES` and asks each
+class (`costs.PlanInputs` in, bytes, seconds and reason strings out), so the
+modes above are what the three registered classes answer, and a new mode is
+considered without an edit here.
+
 After the forward the trainer reports the observed peak; a prediction off by
 more than `miss_threshold` (relative) is a *miss*: counted, and written as a
 JSON report when the planner has a `MissReports` sink.
@@ -36,11 +41,11 @@ JSON report when the planner has a `MissReports` sink.
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 
-from .base import BackwardMode
+from . import BACKWARD_STATES
+from .costs import Evidence, PlanInputs
 from .estimates import GraphShape, SavedBytesModel
 from .miss_reports import MissReports
 
@@ -57,7 +62,7 @@ def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
 class PlannerDecision:
     """What the planner chose for one forward, and everything it chose from."""
 
-    mode: BackwardMode
+    mode: str
     reason: str
     shape: GraphShape
     resident_bytes: int
@@ -65,8 +70,8 @@ class PlannerDecision:
     budget_bytes: int | None
     estimate_bytes: float | None
     """Bytes a retained graph of this shape is expected to keep."""
-    offload_s: float | None
-    replay_s: float | None
+    costs: dict
+    """Each non-default mode's extra seconds under its `cost_key` (`offload_s`, `replay_s`; None: not compared)."""
     offload_cost_measured: bool
     predicted_peak_bytes: float | None
     """Resident bytes expected right after this forward (None without a budget)."""
@@ -117,52 +122,68 @@ class MemoryPlanner:
         restore = self.restore_s_per_byte if self.restore_s_per_byte is not None else default
         return pack + restore, self.pack_s_per_byte is not None and self.restore_s_per_byte is not None
 
-    def choose(self, shape: GraphShape, resident_bytes: int, *, replay_bytes: int, offload_target: str,
-               offload_frees: bool, retained_inputs_bytes: int = 0) -> PlannerDecision:
-        """Pick the backward state of a forward of `shape`.
+    def choose(self, shape: GraphShape, resident_bytes: int, *, input_bytes: int, offload_target: str,
+               offload_frees: bool, stale_input_bytes: int = 0) -> PlannerDecision:
+        """Pick the backward state of a forward of `shape`, among `BACKWARD_STATES`.
 
-        `replay_bytes`: what a replay keeps (input copies); `retained_inputs_bytes`: what a retained graph keeps
-        besides its saved tensors (input copies for a replay once stale, under the importance policy);
-        `offload_frees`: whether offloading to `offload_target` frees device memory.
+        `input_bytes`: what a copy of the forward's inputs keeps; `stale_input_bytes`: what a graph that is not a
+        replay keeps besides its saved tensors (input copies for its replay once stale, under the importance
+        policy); `offload_frees`: whether offloading to `offload_target` frees device memory.
+
+        The rule names no mode: with no budget, the default; with no evidence yet, the available mode of lowest
+        `exploration_rank`; when the default fits the budget, the default; otherwise the cheapest available mode
+        (`extra_seconds`; ties to the lower `tie_rank`). Where no mode is available, the `last_resort`.
         """
-        def decide(mode: BackwardMode, reason: str, graph_bytes: float | None, estimate=None, offload_s=None,
-                   replay_s=None, measured=False) -> PlannerDecision:
-            predicted = None if graph_bytes is None else resident_bytes + graph_bytes
-            self.choices[mode] += 1
-            seen = tuple(asdict(o) for o in self.saved.observations(shape)) if self.budget_bytes is not None else ()
-            target = (offload_target if offload_frees else "disk") if mode == "offload" else None
-            return PlannerDecision(mode, reason, shape, resident_bytes, self.budget_bytes, estimate, offload_s,
-                                   replay_s, measured, predicted, seen, target)
-
+        states = [cls for cls in BACKWARD_STATES.values() if cls.planned]
+        default = next(cls for cls in states if cls.is_default)
         if self.budget_bytes is None:
-            return decide("retain", "no budget", None)
-        replay_fits = resident_bytes + replay_bytes <= self.budget_bytes
-        # Disk is where an offload goes when the target frees nothing; it keeps nothing on the device.
-        to_disk = "" if offload_frees else f"; {offload_target} offload frees no device memory here: offload to disk"
-        estimate = self.saved.estimate(shape)
-        if estimate is None:
-            if offload_frees:
-                return decide("offload", "no evidence yet: offload keeps nothing and measures the bytes", 0.0)
-            if replay_fits:
-                return decide("replay", "no evidence yet: replay keeps only the inputs and measures the bytes",
-                              replay_bytes)
-            return decide("offload", "no evidence yet: replay's input copies do not fit the budget" + to_disk, 0.0)
-        retained_bytes = estimate * (1 + self.estimate_headroom) + retained_inputs_bytes
-        if resident_bytes + retained_bytes <= self.budget_bytes:
-            return decide("retain", "fits the budget", estimate + retained_inputs_bytes, estimate)
+            return self._decide(default, default.no_budget_reason, shape, resident_bytes, None, None)
         per_byte, measured = self.offload_s_per_byte(offload_target if offload_frees else "disk")
-        offload_s = estimate * per_byte
-        replay_s = self.forward_s_per_token * shape.padded_tokens if self.forward_s_per_token else math.inf
-        costs = dict(estimate=estimate, offload_s=offload_s, replay_s=replay_s, measured=measured)
-        if not offload_frees and replay_fits:
-            return decide("replay", f"over the budget; {offload_target} offload frees no device memory here",
-                          replay_bytes, **costs)
-        if not replay_fits:
-            return decide("offload", "over the budget; replay's input copies do not fit it either" + to_disk, 0.0,
-                          **costs)
-        if offload_s < replay_s:
-            return decide("offload", "over the budget; offload is cheaper", 0.0, **costs)
-        return decide("replay", "over the budget; replay is cheaper", replay_bytes, **costs)
+        inputs = PlanInputs(shape, resident_bytes, self.budget_bytes, self.saved.estimate(shape),
+                            self.estimate_headroom, input_bytes, stale_input_bytes, offload_target, offload_frees,
+                            per_byte, measured, self.forward_s_per_token)
+        others = [cls for cls in states if not cls.is_default]
+        available = [cls for cls in others if cls.available(inputs)]
+        if inputs.exploring:
+            if available:
+                chosen = min(available, key=lambda cls: cls.exploration_rank)
+                return self._decide(chosen, "no evidence yet: " + chosen.exploration_reason, shape, resident_bytes,
+                                    inputs, None)
+            return self._last_resort(others, "no evidence yet: ", inputs, None)
+        if inputs.fits(default.budgeted_bytes(inputs)):
+            return self._decide(default, default.fits_reason, shape, resident_bytes, inputs, None)
+        costs = {cls: cls.extra_seconds(inputs) for cls in others}
+        if not available:
+            return self._last_resort(others, "over the budget; ", inputs, costs)
+        if len(available) == 1:
+            excluded = [cls.unavailable_reason(inputs) for cls in others if cls not in available]
+            return self._decide(available[0], "over the budget; " + "; ".join(excluded), shape, resident_bytes,
+                                inputs, costs)
+        chosen = None
+        for cls in sorted(available, key=lambda cls: cls.tie_rank):
+            if chosen is None or costs[cls] < costs[chosen]:  # strictly cheaper, else the lower tie rank keeps it
+                chosen = cls
+        return self._decide(chosen, "over the budget; " + chosen.cheaper_reason, shape, resident_bytes, inputs, costs)
+
+    def _last_resort(self, others: list, prefix: str, inputs: PlanInputs, costs: dict | None) -> PlannerDecision:
+        """No mode keeps within the budget: the last resort, and why every other one did not."""
+        chosen = next(cls for cls in others if cls.last_resort)
+        why = [cls.unavailable_reason(inputs) for cls in others if cls is not chosen]
+        return self._decide(chosen, prefix + "; ".join([*why, chosen.last_resort_reason(inputs)]), inputs.shape,
+                            inputs.resident_bytes, inputs, costs)
+
+    def _decide(self, cls, reason: str, shape: GraphShape, resident_bytes: int, inputs: PlanInputs | None,
+                costs: dict | None) -> PlannerDecision:
+        graph_bytes = None if inputs is None else cls.planned_bytes(inputs)
+        predicted = None if graph_bytes is None else resident_bytes + graph_bytes
+        self.choices[cls.mode] += 1
+        seen = tuple(asdict(o) for o in self.saved.observations(shape)) if self.budget_bytes is not None else ()
+        recorded = {other.cost_key: None if costs is None else costs[other]
+                    for other in BACKWARD_STATES.values() if other.planned and not other.is_default}
+        return PlannerDecision(cls.mode, reason, shape, resident_bytes, self.budget_bytes,
+                               None if inputs is None else inputs.estimate, recorded,
+                               costs is not None and inputs.copy_cost_measured, predicted, seen,
+                               None if inputs is None else cls.placement(inputs))
 
     def settle(self, decision: PlannerDecision, observed_peak_bytes: int) -> bool:
         """Compare the prediction with the observed peak; a miss is counted and reported. Returns whether it missed."""
@@ -172,8 +193,8 @@ class MemoryPlanner:
         error = abs(observed_peak_bytes - predicted) / max(predicted, 1.0)
         self.history.append({"batch_size": decision.shape.batch_size, "seq_len": decision.shape.seq_len,
                              "choice": decision.mode, "reason": decision.reason, "predicted_peak_bytes": predicted,
-                             "observed_peak_bytes": observed_peak_bytes, "offload_s": decision.offload_s,
-                             "replay_s": decision.replay_s, "offload_target": decision.offload_target,
+                             "observed_peak_bytes": observed_peak_bytes, **decision.costs,
+                             "offload_target": decision.offload_target,
                              "miss": error > self.miss_threshold})
         if error <= self.miss_threshold:
             return False
@@ -187,7 +208,7 @@ class MemoryPlanner:
             "batch_size": decision.shape.batch_size, "seq_len": decision.shape.seq_len,
             "signature": decision.shape.signature, "resident_bytes": decision.resident_bytes,
             "budget_bytes": decision.budget_bytes, "estimate_bytes": decision.estimate_bytes,
-            "offload_s": decision.offload_s, "replay_s": decision.replay_s,
+            **decision.costs,
             "offload_cost_measured": decision.offload_cost_measured,
             "forward_s_per_token": self.forward_s_per_token, "pack_s_per_byte": self.pack_s_per_byte,
             "restore_s_per_byte": self.restore_s_per_byte,
@@ -200,6 +221,19 @@ class MemoryPlanner:
                 "over_budget": budget is not None and observed > budget}
 
     # -- evidence --------------------------------------------------------------------
+
+    def observe(self, shape: GraphShape | None, evidence: Evidence) -> None:
+        """Fold what a forward (of `shape`) or a backward measured into the estimates."""
+        if evidence.pack is not None:
+            self.observe_pack(*evidence.pack)
+        if evidence.forward_s is not None:
+            assert shape is not None
+            self.observe_forward(shape, evidence.forward_s)
+        if evidence.saved_bytes is not None:
+            assert shape is not None
+            self.observe_saved(shape, evidence.saved_bytes)
+        if evidence.restore is not None:
+            self.observe_restore(*evidence.restore)
 
     def observe_saved(self, shape: GraphShape, saved_bytes: int) -> None:
         """Bytes a graph of this shape saved (or would have kept, had it been retained)."""

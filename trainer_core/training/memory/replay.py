@@ -27,18 +27,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from ..outputs import ForwardCall
+from ..outputs import RECORDED, ForwardCall
 from .base import (
-    BackwardMode, BackwardStateError, CotangentsFor, Gradients, Rerun, differentiable_outputs, gradients, inplace_error,
+    BackwardStateError, CotangentsFor, ForwardRecording, Gradients, Rerun, differentiable_outputs, gradients,
+    inplace_error,
 )
+from .costs import Evidence, PlanInputs
 from .module_state import ModuleState
 from .offload import OffloadHooks
 
@@ -88,6 +91,11 @@ class ForwardStart:
     def restored(self):
         with self.rng.restored(), self.modules.restored():
             yield
+
+    def replay(self, call: ForwardCall, values: Mapping[str, torch.Tensor],
+               stash: OffloadHooks | None = None) -> "ReplayedGraph":
+        """The replay of the forward that ran from here and gave `values` (see `ReplayedGraph.of`)."""
+        return ReplayedGraph.of(call, self, values, stash)
 
 
 _TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "targets")
@@ -156,7 +164,18 @@ def _check_reproduced(outputs: Mapping[str, torch.Tensor], expected: Mapping[str
 
 
 class ReplayedGraph:
-    mode: ClassVar[BackwardMode] = "replay"
+    """Keeps the inputs and what the forward started from, and runs the forward again in backward."""
+
+    mode: ClassVar[str] = "replay"
+    replays: ClassVar[bool] = True
+    is_default: ClassVar[bool] = False
+    planned: ClassVar[bool] = True
+    exploration_rank: ClassVar[int | None] = 1
+    exploration_reason: ClassVar[str] = "replay keeps only the inputs and measures the bytes"
+    cheaper_reason: ClassVar[str] = "replay is cheaper"
+    cost_key: ClassVar[str] = "replay_s"
+    tie_rank: ClassVar[int] = 0
+    last_resort: ClassVar[bool] = False
     # Its rerun's graph is private to one backward: a failed backward leaves the record as it was.
     freed_by_backward = False
 
@@ -166,12 +185,45 @@ class ReplayedGraph:
         self._recorded = recorded
 
     @classmethod
-    def record(cls, run: Callable[[ForwardCall], dict[str, torch.Tensor]], call: ForwardCall,
-               modules: Iterable[nn.Module], parameters: Iterable[torch.Tensor]) -> tuple["ReplayedGraph", dict]:
-        start = ForwardStart.capture(call.input_ids.device, modules, parameters)
+    def record(cls, forward: ForwardRecording) -> tuple["ReplayedGraph", dict]:
+        call = forward.call
+        start = ForwardStart.capture(call.input_ids.device, forward.modules(), forward.parameters())
         with torch.no_grad():
-            values = run(call)
+            values = forward.run(call)
         return cls.of(call, start, values), values
+
+    def forward_evidence(self, forward_s: float) -> Evidence:
+        return Evidence()  # a forward without grad saves nothing: its replay in backward is the evidence
+
+    def backward_evidence(self) -> Evidence:
+        return Evidence()
+
+    def stale_replay_stash(self):
+        return None  # it is a replay already
+
+    # -- the planner's cost model --
+
+    @classmethod
+    def available(cls, inputs: PlanInputs) -> bool:
+        return inputs.fits(inputs.input_bytes)
+
+    @classmethod
+    def unavailable_reason(cls, inputs: PlanInputs) -> str:
+        return "replay's input copies do not fit " + ("the budget" if inputs.exploring else "it either")
+
+    @classmethod
+    def placement(cls, inputs: PlanInputs) -> str | None:
+        return None
+
+    @classmethod
+    def planned_bytes(cls, inputs: PlanInputs) -> float:
+        return inputs.input_bytes
+
+    @classmethod
+    def extra_seconds(cls, inputs: PlanInputs) -> float:
+        # One more forward; with no forward timed yet it cannot be priced.
+        per_token = inputs.forward_s_per_token
+        return per_token * inputs.shape.padded_tokens if per_token else math.inf
 
     @classmethod
     def of(cls, call: ForwardCall, start: ForwardStart, values: Mapping[str, torch.Tensor],
@@ -180,7 +232,7 @@ class ReplayedGraph:
         copies off the device (an offloaded graph's, so that they too keep nothing resident)."""
         # What the forward produced, for the importance weight of a stale replay and
         # the top-k ids a replay gathers at (these alias the managed outputs: no copy).
-        recorded = {name: values[name].detach() for name in ("logprobs", "topk", "topk_ids") if name in values}
+        recorded = {name: values[name].detach() for name in RECORDED if name in values}
         return cls(_KeptInputs(call, stash), start, recorded)
 
     @property

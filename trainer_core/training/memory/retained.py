@@ -16,12 +16,13 @@ actually saved, padding included.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
 
-from .base import BackwardMode, CotangentsFor, Gradients, Outputs, Rerun, differentiable_outputs, gradients
+from .base import CotangentsFor, ForwardRecording, Gradients, Outputs, Rerun, differentiable_outputs, gradients
+from .costs import Evidence, PlanInputs
 
 
 @functools.cache
@@ -59,7 +60,15 @@ def saved_tensor_bytes(outputs: Outputs, excluded_storages: set[int]) -> int:
 
 
 class RetainedGraph:
-    mode: ClassVar[BackwardMode] = "retain"
+    """Autograd's own graph, saved tensors left where autograd put them: the default."""
+
+    mode: ClassVar[str] = "retain"
+    replays: ClassVar[bool] = False
+    is_default: ClassVar[bool] = True
+    planned: ClassVar[bool] = True
+    exploration_rank: ClassVar[int | None] = None
+    no_budget_reason: ClassVar[str] = "no budget"
+    fits_reason: ClassVar[str] = "fits the budget"
 
     def __init__(self, outputs: dict[str, torch.Tensor], saved_bytes: int):
         self._outputs: dict[str, torch.Tensor] | None = outputs
@@ -67,9 +76,44 @@ class RetainedGraph:
         self.freed_by_backward = False
 
     @classmethod
-    def record(cls, run: Callable[[], dict[str, torch.Tensor]], parameter_storages: set[int]) -> tuple["RetainedGraph", dict]:
-        values = run()
-        return cls(values, saved_tensor_bytes(values, parameter_storages)), values
+    def record(cls, forward: ForwardRecording) -> tuple["RetainedGraph", dict]:
+        values = forward.timed()
+        return cls(values, saved_tensor_bytes(values, forward.parameter_storages())), values
+
+    def forward_evidence(self, forward_s: float) -> Evidence:
+        return Evidence(forward_s=forward_s, saved_bytes=self.saved_bytes)
+
+    def backward_evidence(self) -> Evidence:
+        return Evidence()
+
+    def stale_replay_stash(self):
+        return None  # a retained graph's replay keeps its input copies on the device, as the graph keeps its tensors
+
+    # -- the planner's cost model --
+
+    @classmethod
+    def available(cls, inputs: PlanInputs) -> bool:
+        return True
+
+    @classmethod
+    def budgeted_bytes(cls, inputs: PlanInputs) -> float:
+        """What the graph is checked against the budget with: the estimate plus its headroom."""
+        assert inputs.estimate is not None
+        return inputs.estimate * (1 + inputs.estimate_headroom) + inputs.stale_input_bytes
+
+    @classmethod
+    def planned_bytes(cls, inputs: PlanInputs) -> float:
+        assert inputs.estimate is not None
+        return inputs.estimate + inputs.stale_input_bytes
+
+    @classmethod
+    def extra_seconds(cls, inputs: PlanInputs) -> float:
+        return 0.0
+
+    @classmethod
+    def placement(cls, inputs: PlanInputs) -> str | None:
+        """Where an offloading mode moves its tensors (None: nowhere)."""
+        return None
 
     @property
     def saved_bytes(self) -> int:
