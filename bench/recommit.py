@@ -21,7 +21,7 @@ import time
 from bench._storage import BUCKET, checkpoint_arguments, median, seaweedfs, stage_checkpoint, staged_bytes
 from infra.journal import journal_path_for
 from infra.publication import commit_checkpoint
-from infra.storage import open_store
+from infra.store.base import open_store
 
 RUN = "bench-run"
 

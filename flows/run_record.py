@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 
 from infra import ledger
-from infra.lease import Lease
+from infra.store.lease import Lease
 from infra.publication import CommitOutcome
 from infra.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease
 from tasks.events import RUN_FAILED, emit_run_event, flow_run_url

@@ -2,21 +2,21 @@
 
 from .checkpoints import (CheckpointReport, LatestResolution, download_checkpoint, latest_checkpoint, list_checkpoints,
                           pull_checkpoint, resolve_latest, scan_checkpoints, verify_checkpoint)
-from .downloads import StoredObjectCorrupt
+from .store.verified import StoredObjectCorrupt
 from .failures import Failure, FailureClass, classify_exception, diagnose_launch
 from .finalizer import FinalizerSettings, FinalizerWaitTimeout
 from .journal import Journal, PublicationState, TransitionError
 from .launcher import LaunchError, LaunchResult, launch, launch_or_raise
-from .lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
+from .store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
 from .manifests import ManifestError, checkpoint_name
 from .orphans import GarbageReport, collect_garbage
-from .preflight import StoreUnavailable, check_store_writable
+from .store.preflight import StoreUnavailable, check_store_writable
 from .publication import (CleanupOutcome, CommitOutcome, PublishSettings, StagedFileChanged, abort_publication,
                           cleanup_staging, commit_checkpoint)
 from .run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease, check_run_lease
 from .run_state import (BundleManifest, StateSettings, fetch_bundle, publish_bundle, read_bundle_manifest,
                         stored_bundle)
-from .storage import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
+from .store.base import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
 
 __all__ = [
     "BundleManifest", "CheckpointReport", "CleanupOutcome", "CommitOutcome", "Failure", "FailureClass",

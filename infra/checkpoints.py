@@ -3,7 +3,7 @@
 A checkpoint is visible only when its MANIFEST.json exists and verifies:
 a known format (every earlier version is accepted), the run and step it is
 stored under, paths that stay inside the checkpoint, and every file present
-with its size and sha256. Three depths (see infra/objects.py for the
+with its size and sha256. Three depths (see infra/store/objects.py for the
 evidence each object carries):
 
 - quick (the default; `rankflow checkpoints list/verify`, LATEST): one HEAD per
@@ -31,13 +31,13 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .conditional import read_versioned
-from .downloads import fetch_verified
-from .durable import temp_name
+from .store.conditional import read_versioned
+from .store.verified import fetch_verified
+from .store.durable import temp_name
 from .latest import latest_path, parse_latest
 from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name, parse_manifest, step_of
-from .objects import confirmed, list_files, object_problem, remote_objects
-from .storage import StoreLocation, storage_errors
+from .store.objects import confirmed, list_files, object_problem, remote_objects
+from .store.base import StoreLocation, storage_errors
 
 _BLOCK_BYTES = 4 * 2**20
 

@@ -1,7 +1,7 @@
 """One finalizer per run, in step order.
 
 A publication commits only while it holds the run's finalizer lease
-(`RUN_ID/leases/finalizer.json`, infra/lease.py): a second committer on the
+(`RUN_ID/leases/finalizer.json`, infra/store/lease.py): a second committer on the
 same run waits, and one on another machine too. Among committers waiting for
 it, the lowest step goes first (FIFO): a committer that has to wait says so
 with a small object `RUN_ID/finalizer-queue/step-N.json` (refreshed every
@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .lease import Lease, LeaseHeldError, LeaseRecord
+from .store.lease import Lease, LeaseHeldError, LeaseRecord
 from .manifests import checkpoint_name, step_of
-from .objects import put_small
+from .store.objects import put_small
 from .run_lease import check_run_lease
-from .storage import StoreLocation, storage_errors
+from .store.base import StoreLocation, storage_errors
 
 FINALIZER_LEASE = "finalizer"
 QUEUE_DIR = "finalizer-queue"

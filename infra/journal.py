@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from .durable import write_durable
+from .store.durable import write_durable
 from .local_records import note_store, records_dir
 from .manifests import PUBLICATIONS_DIR, checkpoint_name
-from .storage import StoreLocation, storage_errors, write_small_atomic
+from .store.base import StoreLocation, storage_errors, write_small_atomic
 
 JOURNAL_FORMAT = "rankflow-journal/1"
 

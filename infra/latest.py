@@ -1,7 +1,7 @@
 """LATEST: the run's pointer to its newest committed checkpoint, moved only forward.
 
 LATEST is read, compared and replaced with compare-and-swap
-(infra/conditional.py), so two committers racing on one run can never move
+(infra/store/conditional.py), so two committers racing on one run can never move
 it back: the one whose write lost re-reads and decides again. A LATEST that
 cannot be trusted — not JSON, a step that is not a number, or a step whose
 checkpoint has no manifest (a hostile far-future step, a deleted checkpoint) —
@@ -14,9 +14,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .conditional import create_if_absent, read_versioned, replace_if_unchanged
+from .store.conditional import create_if_absent, read_versioned, replace_if_unchanged
 from .manifests import CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, checkpoint_name, step_of
-from .storage import StoreLocation, storage_errors
+from .store.base import StoreLocation, storage_errors
 
 _MAX_RACES = 50
 

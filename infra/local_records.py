@@ -27,8 +27,8 @@ import json
 import os
 from pathlib import Path
 
-from .durable import write_durable
-from .storage import StoreLocation
+from .store.durable import write_durable
+from .store.base import StoreLocation
 
 STORE_FILE = "STORE.json"
 

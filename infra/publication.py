@@ -34,13 +34,13 @@ from pathlib import Path
 from .checkpoints import verify_checkpoint
 from .finalizer import FinalizerSettings, finalizer
 from .journal import HAS_OUTCOME, Journal, PublicationState, TransitionError, journal_path_for
-from .lease import LEASES_DIR
+from .store.lease import LEASES_DIR
 from .latest import advance_latest, read_latest
 from .manifests import (CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name,
                         parse_manifest)
-from .objects import (StagedFileChanged, abort_dangling_uploads, list_files, matches, put_small, remote_objects,
+from .store.objects import (StagedFileChanged, abort_dangling_uploads, list_files, matches, put_small, remote_objects,
                       remove_files, remove_left_temporaries, upload_files)
-from .storage import Deadline, StoreLocation, storage_errors
+from .store.base import Deadline, StoreLocation, storage_errors
 
 __all__ = [
     "CheckpointDoesNotVerify", "CommitOutcome", "CleanupOutcome", "EXPORT_AGAIN", "LATEST_FILE", "MANIFEST_FILE",

@@ -32,11 +32,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .downloads import fetch_verified, local_copy_matches, sha256_of_file
+from .store.verified import fetch_verified, local_copy_matches, sha256_of_file
 from .finalizer import FinalizerSettings, finalizer
 from .manifests import FileEntry, ManifestError, parse_file_entries
-from .objects import matches, put_small, remote_objects, upload_files
-from .storage import Deadline, StoreLocation, storage_errors
+from .store.objects import matches, put_small, remote_objects, upload_files
+from .store.base import Deadline, StoreLocation, storage_errors
 
 RUN_STATE_DIR = "run-state"
 STATE_FORMAT = "rankflow-run-state/1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from infra.finalizer import FinalizerSettings
 from infra.publication import PublishSettings
-from infra.storage import StoreLocation, StoreTimeouts, open_store
+from infra.store.base import StoreLocation, StoreTimeouts, open_store
 
 from trainer_core.config import RunConfig
 

@@ -27,7 +27,7 @@ from infra import ledger
 from infra.checkpoints import verify_checkpoint
 from infra.manifests import ManifestError
 from infra.run_state import stored_bundle
-from infra.storage import open_store
+from infra.store.base import open_store
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
 

@@ -14,15 +14,15 @@ import time
 import pytest
 
 from infra.checkpoints import list_checkpoints, verify_checkpoint
-from infra.conditional import (ConditionalWritesUnsupported, check_conditional_writes, create_if_absent, read_versioned,
+from infra.store.conditional import (ConditionalWritesUnsupported, check_conditional_writes, create_if_absent, read_versioned,
                                replace_if_unchanged)
 from infra.finalizer import FINALIZER_LEASE
 from infra.journal import journal_path_for, read_mirrors
 from infra.latest import read_latest
-from infra.lease import Lease
-from infra.objects import SHA256_METADATA_KEY
+from infra.store.lease import Lease
+from infra.store.objects import SHA256_METADATA_KEY
 from infra.publication import PublishSettings, StagedFileChanged, cleanup_staging, commit_checkpoint
-from infra.storage import open_store
+from infra.store.base import open_store
 from tests.publication_helpers import RUN, random_files, same_size_other_bytes, stage
 from tests.storage.processes import result, spawn, wait_ready
 from trainer_core.manifest import write_manifest
@@ -55,7 +55,7 @@ def test_a_store_that_ignores_conditions_is_refused(store, monkeypatch):
         return real(method, **kwargs)
 
     monkeypatch.setattr(store.fs, "call_s3", ignoring_conditions)
-    monkeypatch.setattr("infra.conditional._VERIFIED_STORES", set())  # forget earlier tests' probes
+    monkeypatch.setattr("infra.store.conditional._VERIFIED_STORES", set())  # forget earlier tests' probes
     with pytest.raises(ConditionalWritesUnsupported, match="ignores conditional writes"):
         check_conditional_writes(store, store.path("probe"))
 
@@ -196,7 +196,7 @@ def test_checkpoints_become_visible_in_step_order(store, tmp_path, s3_bucket_url
 @pytest.mark.parametrize("server_verifies", [True, False])
 def test_a_staged_file_spoiled_after_export_is_refused(store, tmp_path, monkeypatch, server_verifies):
     """SeaweedFS checks x-amz-checksum-sha256 itself; a server that does not gets the bytes hashed by the client."""
-    from infra import objects
+    from infra.store import objects
 
     monkeypatch.setattr(objects, "_VERIFYING_ENDPOINTS", {})
     if not server_verifies:

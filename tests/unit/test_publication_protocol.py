@@ -17,12 +17,12 @@ import pytest
 from infra.checkpoints import (download_checkpoint, latest_checkpoint, list_checkpoints, resolve_latest,
                                scan_checkpoints, verify_checkpoint)
 from infra.journal import Journal, PublicationState, TransitionError, journal_path_for
-from infra.lease import Lease, LeaseHeldError
+from infra.store.lease import Lease, LeaseHeldError
 from infra.manifests import ManifestError
 from infra.orphans import collect_garbage
 from infra.publication import (PublishSettings, StagedFileChanged, abort_publication, cleanup_staging,
                                commit_checkpoint, read_latest)
-from infra.storage import open_store
+from infra.store.base import open_store
 from tests.publication_helpers import (RUN, fail_after_uploads, random_files, rewrite_manifest,
                                       same_size_other_bytes, stage)
 from trainer_core.manifest import write_manifest

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 from .durable import temp_name
-from .manifests import FileEntry
-from .storage import StoreLocation
+from ..manifests import FileEntry
+from .base import StoreLocation
 
 BLOCK_BYTES = 4 * 2**20
 """Bytes read (and held) at a time when streaming an object or hashing a file."""

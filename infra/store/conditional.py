@@ -1,6 +1,6 @@
 """Compare-and-swap on one small object: create it if absent, replace it if unchanged.
 
-The lease (infra/lease.py) and LATEST (infra/latest.py) are built on these
+The lease (infra/store/lease.py) and LATEST (infra/latest.py) are built on these
 operations, so that two writers on two machines can never both win.
 
 - S3: a conditional PutObject (`If-None-Match: *` to create, `If-Match: ETAG`
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .durable import create_exclusive, write_durable
-from .storage import StoreLocation, read_body, run_async, storage_errors
+from .base import StoreLocation, read_body, run_async, storage_errors
 
 _PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
 

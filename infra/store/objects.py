@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .durable import TEMP_MARKER, temp_name
-from .manifests import FileEntry
-from .storage import Deadline, StoreLocation, run_async
+from ..manifests import FileEntry
+from .base import Deadline, StoreLocation, run_async
 
 SHA256_METADATA_KEY = "sha256"
 ETAG_METADATA_KEY = "etag"

@@ -1,7 +1,7 @@
 """A lease on a name in the object store: one holder at a time, across processes and machines.
 
 A lease is a small JSON object (owner, token, generation, expiry) written with
-compare-and-swap (infra/conditional.py): `If-None-Match: *` to take a free
+compare-and-swap (infra/store/conditional.py): `If-None-Match: *` to take a free
 lease, `If-Match` to renew, release or take over one whose holder let it
 expire. While held, a heartbeat thread renews it every `heartbeat_s`; a
 holder that stops renewing (killed, paused, cut off) loses it `ttl_s` after
@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
 from .conditional import Versioned, check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
-from .storage import StoreLocation
+from .base import StoreLocation
 
 LEASES_DIR = "leases"
 
