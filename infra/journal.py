@@ -171,9 +171,10 @@ class Journal:
         if self.store is not None:
             try:
                 with storage_errors(self.store, f"read of the journal of {self.name}"):
-                    data = self.store.fs.cat_file(self.mirror_path)
-            except FileNotFoundError:
-                return self
+                    mirror = self.store.get(self.store.key_of(self.mirror_path))
+                if mirror is None:
+                    return self
+                data = mirror.data
             except OSError as error:
                 # Unreachable store: start from nothing, which is safe (the commit
                 # compares digests before it uploads anything).

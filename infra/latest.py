@@ -57,17 +57,16 @@ def read_latest(store: StoreLocation, run_id: str) -> dict | None:
 
 def manifest_exists(store: StoreLocation, run_id: str, step: int) -> bool:
     with storage_errors(store, f"check of checkpoint {checkpoint_name(step)}"):
-        return store.fs.exists(store.path(run_id, CHECKPOINTS_DIR, checkpoint_name(step), MANIFEST_FILE))
+        key = store.key(run_id, CHECKPOINTS_DIR, checkpoint_name(step), MANIFEST_FILE)
+        return key in store.head([key])
 
 
 def newest_committed_step(store: StoreLocation, run_id: str) -> int | None:
     """The highest step whose checkpoint has a manifest (None if none has)."""
-    root = store.path(run_id, CHECKPOINTS_DIR)
     with storage_errors(store, f"listing of the checkpoints of run {run_id}"):
-        try:
-            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in store.fs.ls(root, detail=False)]
-        except FileNotFoundError:
-            return None
+        names = store.children(store.key(run_id, CHECKPOINTS_DIR))
+    if not names:
+        return None
     for step in sorted((s for s in map(step_of, names) if s is not None), reverse=True):
         if manifest_exists(store, run_id, step):
             return step

@@ -52,10 +52,8 @@ def publish_run_files_fn(planned: PlannedRun) -> dict[str, str]:
 
 
 def _stored_bytes(store, path: str) -> bytes:
-    try:
-        return store.fs.cat_file(path)
-    except FileNotFoundError:
-        return b""
+    found = store.get(store.key_of(path))
+    return b"" if found is None else found.data
 
 
 def write_run_loss_curve(planned: PlannedRun, segments: list[SegmentOutcome]) -> Path:

@@ -44,8 +44,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
-from .conditional import Versioned, check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
-from .base import StoreLocation
+from .base import StoreLocation, Versioned
+from .conditional import check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
 
 LEASES_DIR = "leases"
 
@@ -190,7 +190,7 @@ class Lease:
         """Take the lease, waiting up to `wait_s`; raises LeaseHeldError naming the holder."""
         if self.held:
             return self
-        check_conditional_writes(self.store, self.path.rsplit("/", 1)[0])
+        check_conditional_writes(self.store, self.store.key_of(self.path.rsplit("/", 1)[0]))
         started = time.monotonic()
         while True:
             holder = self._try_acquire()

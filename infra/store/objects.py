@@ -261,22 +261,37 @@ def server_verifies_checksums(store: StoreLocation, probe_prefix: str) -> bool:
 def upload_files(store: StoreLocation, staged_dir: Path, base: str, entries: list[FileEntry],
                  deadline: Deadline | None, on_uploaded: Callable[[FileEntry], None], concurrency: int = 8) -> None:
     """Upload `entries` from `staged_dir` to `base`, concurrently; `on_uploaded` runs as each one lands."""
-    if not entries:
+    jobs = [UploadJob(entry, staged_dir / entry.path, f"{base.rstrip('/')}/{entry.path}") for entry in entries]
+    upload_jobs(store, jobs, deadline, on_uploaded, concurrency, probe_prefix=base)
+
+
+@dataclass(frozen=True)
+class UploadJob:
+    """One file to upload: `item` (whose `size` and `sha256` the bytes must have, handed to `on_uploaded`),
+    the staged file, and the full store path it goes to."""
+
+    item: "FileEntry | object"
+    local: Path
+    target: str
+
+
+def upload_jobs(store: StoreLocation, jobs: list[UploadJob], deadline: Deadline | None,
+                on_uploaded: Callable, concurrency: int, probe_prefix: str) -> None:
+    """Upload every job concurrently (a thread pool locally, one asyncio batch on S3), largest first."""
+    if not jobs:
         return
     if store.is_local:
-        _upload_local(staged_dir, base, entries, deadline, on_uploaded, concurrency)
+        _upload_local(jobs, deadline, on_uploaded, concurrency)
     else:
-        hash_locally = not server_verifies_checksums(store, base)
-        run_async(store, deadline, _upload_s3, store, staged_dir, base, entries, on_uploaded, concurrency,
-                  hash_locally)
+        hash_locally = not server_verifies_checksums(store, probe_prefix)
+        run_async(store, deadline, _upload_s3, store, jobs, on_uploaded, concurrency, hash_locally)
 
 
-def _upload_local(staged_dir: Path, base: str, entries: list[FileEntry], deadline: Deadline | None,
-                  on_uploaded: Callable[[FileEntry], None], concurrency: int) -> None:
-    def copy(entry: FileEntry) -> FileEntry:
+def _upload_local(jobs: list[UploadJob], deadline: Deadline | None, on_uploaded: Callable, concurrency: int) -> None:
+    def copy(job: UploadJob):
         if deadline is not None:
             deadline.remaining()
-        local, target = staged_dir / entry.path, Path(base, entry.path)
+        entry, local, target = job.item, job.local, Path(job.target)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_name(target)
         digest, size = hashlib.sha256(), 0
@@ -296,7 +311,7 @@ def _upload_local(staged_dir: Path, base: str, entries: list[FileEntry], deadlin
         return entry
 
     pool = ThreadPoolExecutor(max_workers=concurrency)
-    futures = [pool.submit(copy, entry) for entry in sorted(entries, key=lambda e: -e.size)]
+    futures = [pool.submit(copy, job) for job in sorted(jobs, key=lambda j: -j.item.size)]
     try:
         for future in as_completed(futures):
             on_uploaded(future.result())
@@ -304,15 +319,15 @@ def _upload_local(staged_dir: Path, base: str, entries: list[FileEntry], deadlin
         pool.shutdown(wait=True, cancel_futures=True)  # a failure stops the files not yet started
 
 
-async def _upload_s3(store: StoreLocation, staged_dir: Path, base: str, entries: list[FileEntry],
-                     on_uploaded: Callable[[FileEntry], None], concurrency: int, hash_locally: bool) -> None:
+async def _upload_s3(store: StoreLocation, jobs: list[UploadJob], on_uploaded: Callable, concurrency: int,
+                     hash_locally: bool) -> None:
     fs = store.fs
     limit = asyncio.Semaphore(concurrency)
     record_lock = asyncio.Lock()
 
-    async def upload(entry: FileEntry) -> None:
-        local = staged_dir / entry.path
-        bucket, key = store.bucket_and_key(f"{base}/{entry.path}")
+    async def upload(job: UploadJob) -> None:
+        entry, local = job.item, job.local
+        bucket, key = store.bucket_and_key(job.target)
         async with limit:
             if entry.size < MULTIPART_THRESHOLD_BYTES:
                 data, md5 = await asyncio.to_thread(_read_verified, local, entry, hash_locally)
@@ -331,7 +346,7 @@ async def _upload_s3(store: StoreLocation, staged_dir: Path, base: str, entries:
         async with record_lock:  # the journal is written by one upload at a time
             await asyncio.to_thread(on_uploaded, entry)
 
-    await asyncio.gather(*(upload(entry) for entry in sorted(entries, key=lambda e: -e.size)))
+    await asyncio.gather(*(upload(job) for job in sorted(jobs, key=lambda j: -j.item.size)))
 
 
 async def _multipart(fs, bucket: str, key: str, local: Path, entry: FileEntry) -> None:
@@ -387,17 +402,7 @@ async def _abort(fs, bucket: str, key: str, upload_id: str, pending: list) -> No
 
 def put_small(store: StoreLocation, path: str, data: bytes, deadline: Deadline | None = None) -> None:
     """Write a small object whole (atomically), with its digest recorded like any uploaded file."""
-    digest = hashlib.sha256(data).hexdigest()
-    if store.is_local:
-        from .durable import write_durable
-
-        write_durable(Path(path), data)
-        return
-    bucket, key = store.bucket_and_key(path)
-    checksum = base64.b64encode(bytes.fromhex(digest)).decode()
-    metadata = {SHA256_METADATA_KEY: digest, ETAG_METADATA_KEY: hashlib.md5(data, usedforsecurity=False).hexdigest()}
-    run_async(store, deadline, store.fs._call_s3, "put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata,
-              ChecksumSHA256=checksum)
+    store.put(store.key_of(path), data, deadline=deadline)
 
 
 def list_files(store: StoreLocation, base: str) -> dict[str, int]:

@@ -43,7 +43,7 @@ def test_seaweedfs_honours_conditional_puts(store):
     second = replace_if_unchanged(store, path, b"three", first)
     assert second is not None and replace_if_unchanged(store, path, b"four", first) is None
     assert read_versioned(store, path).data == b"three"
-    check_conditional_writes(store, store.path("conditional"))
+    check_conditional_writes(store, store.key("conditional"))
 
 
 def test_a_store_that_ignores_conditions_is_refused(store, monkeypatch):
@@ -57,7 +57,7 @@ def test_a_store_that_ignores_conditions_is_refused(store, monkeypatch):
     monkeypatch.setattr(store.fs, "call_s3", ignoring_conditions)
     monkeypatch.setattr("infra.store.conditional._VERIFIED_STORES", set())  # forget earlier tests' probes
     with pytest.raises(ConditionalWritesUnsupported, match="ignores conditional writes"):
-        check_conditional_writes(store, store.path("probe"))
+        check_conditional_writes(store, store.key("probe"))
 
 
 def test_uploads_carry_their_sha256_and_a_recommit_only_heads(store, tmp_path, monkeypatch):
