@@ -53,11 +53,10 @@ def _names(store: StoreLocation, path: str) -> dict[str, str]:
 
 
 def _latest(store: StoreLocation, run_id: str) -> tuple[str | None, int | None]:
-    try:
-        data = store.fs.cat_file(latest_path(store, run_id))
-    except FileNotFoundError:
+    found = store.get(store.key_of(latest_path(store, run_id)))
+    if found is None:
         return None, None
-    pointer, _ = parse_latest(data)
+    pointer, _ = parse_latest(found.data)
     return (pointer.checkpoint, pointer.step) if pointer else (None, None)
 
 

@@ -13,7 +13,7 @@ writes anything; durable.py the local crash-safe writes.
 from __future__ import annotations
 
 from .base import (Deadline, ObjectInfo, ObjectStore, PutMode, StorageSettings, StorageTimeoutError, StoreLocation,
-                   StoreTimeouts, Upload, Versioned, bounded_s3_filesystem)
+                   StoreTimeouts, Upload, Versioned)
 from .local import LocalStore
 from .memory import MemoryStore
 from .s3 import S3Store

@@ -1,4 +1,9 @@
-"""Object storage through fsspec: a local directory or S3 (s3fs), with time limits.
+"""The `ObjectStore` protocol (everything rankflow asks of a store) and what every backend shares.
+
+Backends: LocalStore (local.py), S3Store (s3.py, through s3fs), MemoryStore
+(memory.py, for tests); `open_store` (infra/store/__init__.py) picks one by
+the URL's scheme. This module also holds the time limits and the
+translation of client failures into OSErrors.
 
 Credentials and the endpoint come from the standard `AWS_*` variables, read
 when a filesystem is made (never at import), and never logged.
@@ -229,53 +234,6 @@ def s3_options_from_env(timeouts: StoreTimeouts) -> dict:
     if region:
         options["client_kwargs"] = {"region_name": region}
     return options
-
-
-def _bounded_s3_filesystem(timeouts: StoreTimeouts):
-    """s3fs whose every request has a wall-clock limit.
-
-    botocore's read timeout does not cover every wait: a PutObject to a
-    stopped (SIGSTOP) server blocks forever in aiohttp, however small its
-    body. Each request therefore gets at most max_attempts × (connect_s +
-    read_s), after which it fails with a StorageTimeoutError.
-    """
-    import asyncio
-
-    import s3fs  # imported here: local runs need no S3 client
-    from fsspec.asyn import sync_wrapper
-
-    limit_s = timeouts.max_attempts * (timeouts.connect_s + timeouts.read_s)
-
-    class BoundedS3FileSystem(s3fs.S3FileSystem):
-        async def _cat_file(self, path, *args, **kwargs):
-            # A body cut short is no request error botocore could retry (its headers had come).
-            return await read_body(timeouts, lambda: super(BoundedS3FileSystem, self)._cat_file(path, *args, **kwargs))
-
-        async def _call_s3(self, method, *args, **kwargs):
-            try:
-                return await asyncio.wait_for(super()._call_s3(method, *args, **kwargs), limit_s)
-            except asyncio.TimeoutError as error:
-                raise StorageTimeoutError(
-                    f"S3 {method} at {self.endpoint_url} got no answer within {limit_s:g} s (storage.request_timeout_s "
-                    "per attempt); the server is stopped or overloaded — retry when it answers, finished uploads "
-                    "are kept") from error
-
-        # s3fs binds its public call_s3 to the base class's _call_s3: bind it to this one.
-        call_s3 = sync_wrapper(_call_s3)
-
-    return BoundedS3FileSystem
-
-
-def bounded_s3_filesystem(timeouts: StoreTimeouts):
-    """An s3fs client whose requests are bounded by `timeouts`, with s3fs's own retry rounds off."""
-    fs = _bounded_s3_filesystem(timeouts)(**s3_options_from_env(timeouts))
-    # s3fs retries connection errors on its own (5 rounds, a class
-    # attribute) on top of botocore's attempts: one round leaves the
-    # count to StoreTimeouts.max_attempts, so a dead endpoint fails in
-    # about max_attempts × read_s. The one thing only s3fs's rounds
-    # retried, a streamed body cut short, `read_body` retries instead.
-    fs.retries = 1
-    return fs
 
 
 def open_store(storage: "str | StorageSettings", timeouts: StoreTimeouts | None = None) -> "ObjectStore":

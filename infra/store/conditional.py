@@ -56,15 +56,9 @@ def _is_precondition_failure(error: BaseException) -> bool:
     return response.get("Error", {}).get("Code") in _PRECONDITION_CODES or "pre-conditions" in str(error)
 
 
-def _s3_call(store: StoreLocation, operation: str, path: str, **kwargs) -> dict | None:
-    """One S3 call; None when its precondition did not hold."""
-    bucket, key = store.bucket_and_key(path)
-    try:
-        return store.fs.call_s3(operation, Bucket=bucket, Key=key, **kwargs)
-    except OSError as error:
-        if _is_precondition_failure(error):
-            return None
-        raise
+def is_precondition_failure(error: BaseException) -> bool:
+    """Whether an S3 write failed because its If-None-Match or If-Match did not hold."""
+    return _is_precondition_failure(error)
 
 
 def read_versioned(store: StoreLocation, path: str) -> Versioned | None:
@@ -132,10 +126,7 @@ def create_if_absent(store: StoreLocation, path: str, data: bytes) -> str | None
     """Write `data` only if `path` does not exist; the new tag, or None if it existed."""
 
     def create() -> str | None:
-        if store.is_local:
-            return _create_local(Path(path), data)
-        response = _s3_call(store, "put_object", path, Body=data, IfNoneMatch="*")
-        return None if response is None else response["ETag"]
+        return store.conditional_write(store.key_of(path), data, None)
 
     return _confirmed(store, path, data, f"conditional create of {path}", create)
 
@@ -144,10 +135,7 @@ def replace_if_unchanged(store: StoreLocation, path: str, data: bytes, tag: str)
     """Replace the object only if it still carries `tag`; the new tag, or None if it changed."""
 
     def replace() -> str | None:
-        if store.is_local:
-            return _replace_local(Path(path), data, tag)
-        response = _s3_call(store, "put_object", path, Body=data, IfMatch=tag)
-        return None if response is None else response["ETag"]
+        return store.conditional_write(store.key_of(path), data, tag)
 
     return _confirmed(store, path, data, f"conditional replace of {path}", replace)
 

@@ -67,6 +67,13 @@ class LocalStore(StoreLocation):
         write_durable(Path(path), data)
         return hashlib.sha256(data).hexdigest()
 
+    def conditional_write(self, key: str, data: bytes, tag: str | None) -> str | None:
+        """One conditional write, unconfirmed: create when `tag` is None, else replace the tagged bytes."""
+        from .conditional import _create_local, _replace_local
+
+        path = Path(self.path(key))
+        return _create_local(path, data) if tag is None else _replace_local(path, data, tag)
+
     def head(self, keys: Sequence[str], *, deadline: Deadline | None = None) -> dict[str, ObjectInfo]:
         found = {}
         for key in keys:

@@ -86,6 +86,10 @@ class MemoryStore(StoreLocation):
             self.fs.pipe_file(self.path(key), bytes(data))
         return _sha256(data)
 
+    def conditional_write(self, key: str, data: bytes, tag: str | None) -> str | None:
+        """One conditional write (infra/store/conditional.py confirms it): create when `tag` is None, else replace."""
+        return self.put(key, data, mode="create") if tag is None else self.put(key, data, mode="if_match", tag=tag)
+
     def head(self, keys: Sequence[str], *, deadline: Deadline | None = None) -> dict[str, ObjectInfo]:
         found = {}
         for key in keys:

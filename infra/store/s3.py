@@ -18,10 +18,58 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from .base import (Deadline, ObjectInfo, PutMode, StoreLocation, StoreTimeouts, Upload, Versioned, bounded_s3_filesystem,
-                   read_body, run_async, storage_errors)
+from .base import (Deadline, ObjectInfo, PutMode, StorageTimeoutError, StoreLocation, StoreTimeouts, Upload, Versioned,
+                   read_body, run_async, s3_options_from_env, storage_errors)
 
 _BLOCK_BYTES = 4 * 2**20
+
+
+def _bounded_s3_filesystem(timeouts: StoreTimeouts):
+    """s3fs whose every request has a wall-clock limit.
+
+    botocore's read timeout does not cover every wait: a PutObject to a
+    stopped (SIGSTOP) server blocks forever in aiohttp, however small its
+    body. Each request therefore gets at most max_attempts × (connect_s +
+    read_s), after which it fails with a StorageTimeoutError.
+    """
+    import asyncio
+
+    import s3fs  # imported here: local runs need no S3 client
+    from fsspec.asyn import sync_wrapper
+
+    limit_s = timeouts.max_attempts * (timeouts.connect_s + timeouts.read_s)
+
+    class BoundedS3FileSystem(s3fs.S3FileSystem):
+        async def _cat_file(self, path, *args, **kwargs):
+            # A body cut short is no request error botocore could retry (its headers had come).
+            return await read_body(timeouts, lambda: super(BoundedS3FileSystem, self)._cat_file(path, *args, **kwargs))
+
+        async def _call_s3(self, method, *args, **kwargs):
+            try:
+                return await asyncio.wait_for(super()._call_s3(method, *args, **kwargs), limit_s)
+            except asyncio.TimeoutError as error:
+                raise StorageTimeoutError(
+                    f"S3 {method} at {self.endpoint_url} got no answer within {limit_s:g} s (storage.request_timeout_s "
+                    "per attempt); the server is stopped or overloaded — retry when it answers, finished uploads "
+                    "are kept") from error
+
+        # s3fs binds its public call_s3 to the base class's _call_s3: bind it to this one.
+        call_s3 = sync_wrapper(_call_s3)
+
+    return BoundedS3FileSystem
+
+
+def bounded_s3_filesystem(timeouts: StoreTimeouts):
+    """An s3fs client whose requests are bounded by `timeouts`, with s3fs's own retry rounds off."""
+    fs = _bounded_s3_filesystem(timeouts)(**s3_options_from_env(timeouts))
+    # s3fs retries connection errors on its own (5 rounds, a class
+    # attribute) on top of botocore's attempts: one round leaves the
+    # count to StoreTimeouts.max_attempts, so a dead endpoint fails in
+    # about max_attempts × read_s. The one thing only s3fs's rounds
+    # retried, a streamed body cut short, `read_body` retries instead.
+    fs.retries = 1
+    return fs
+
 
 
 class S3Store(StoreLocation):
@@ -48,6 +96,10 @@ class S3Store(StoreLocation):
     async def _request(self, method: str, **kwargs) -> dict:
         """One S3 request (the bounded client's `_call_s3`): the single seam of S3Store's own requests."""
         return await self.fs._call_s3(method, **kwargs)
+
+    def request(self, method: str, **kwargs) -> dict:
+        """`_request`, waited for on the client's event loop (no deadline but the request's own limit)."""
+        return run_async(self, None, self._request, method, **kwargs)
 
     def _location(self, key: str) -> dict:
         bucket, object_key = self.bucket_and_key(self.path(key))
@@ -81,6 +133,20 @@ class S3Store(StoreLocation):
         metadata = {SHA256_METADATA_KEY: digest, ETAG_METADATA_KEY: hashlib.md5(data, usedforsecurity=False).hexdigest()}
         response = run_async(self, deadline, self._request, "put_object", **self._location(key), Body=data,
                              Metadata=metadata, ChecksumSHA256=base64.b64encode(bytes.fromhex(digest)).decode())
+        return response["ETag"]
+
+    def conditional_write(self, key: str, data: bytes, tag: str | None) -> str | None:
+        """One conditional PutObject, unconfirmed: `If-None-Match: *` when `tag` is None, else `If-Match: tag`."""
+        from .conditional import is_precondition_failure
+
+        condition = {"IfNoneMatch": "*"} if tag is None else {"IfMatch": tag}
+        try:
+            response = run_async(self, None, self._request, "put_object", **self._location(key), Body=data,
+                                 **condition)
+        except OSError as error:
+            if is_precondition_failure(error):
+                return None
+            raise
         return response["ETag"]
 
     def head(self, keys: Sequence[str], *, deadline: Deadline | None = None) -> dict[str, ObjectInfo]:

@@ -65,7 +65,7 @@ def fetch_verified(store: StoreLocation, remote_path: str, target: Path, entry: 
                 size += len(block)
                 sink.write(block)
         if (size, digest.hexdigest()) != (entry.size, entry.sha256):
-            where = remote_path if store.is_local else f"s3://{remote_path}"
+            where = store.url_of(store.key_of(remote_path))
             raise StoredObjectCorrupt(
                 f"{where}: {size} bytes with sha256 {digest.hexdigest()} do not match its manifest ({entry.size} "
                 f"bytes, sha256 {entry.sha256}); the stored object is corrupt and was not used")

@@ -22,6 +22,7 @@ from infra.latest import read_latest
 from infra.store.lease import Lease
 from infra.store.objects import SHA256_METADATA_KEY
 from infra.publication import PublishSettings, StagedFileChanged, cleanup_staging, commit_checkpoint
+from infra.store import S3Store
 from infra.store.base import open_store
 from tests.publication_helpers import RUN, random_files, same_size_other_bytes, stage
 from tests.storage.processes import result, spawn, wait_ready
@@ -47,14 +48,14 @@ def test_seaweedfs_honours_conditional_puts(store):
 
 
 def test_a_store_that_ignores_conditions_is_refused(store, monkeypatch):
-    real = store.fs.call_s3
+    real = S3Store._request
 
-    def ignoring_conditions(method, **kwargs):
+    async def ignoring_conditions(self, method, **kwargs):
         kwargs.pop("IfNoneMatch", None)
         kwargs.pop("IfMatch", None)
-        return real(method, **kwargs)
+        return await real(self, method, **kwargs)
 
-    monkeypatch.setattr(store.fs, "call_s3", ignoring_conditions)
+    monkeypatch.setattr(S3Store, "_request", ignoring_conditions)
     monkeypatch.setattr("infra.store.conditional._VERIFIED_STORES", set())  # forget earlier tests' probes
     with pytest.raises(ConditionalWritesUnsupported, match="ignores conditional writes"):
         check_conditional_writes(store, store.key("probe"))
@@ -200,16 +201,14 @@ def test_a_staged_file_spoiled_after_export_is_refused(store, tmp_path, monkeypa
 
     monkeypatch.setattr(objects, "_VERIFYING_ENDPOINTS", {})
     if not server_verifies:
-        real = store.fs._call_s3
+        real = S3Store._request
 
-        async def checksum_ignored(method, *args, **kwargs):
+        async def checksum_ignored(self, method, **kwargs):
             if method == "put_object":
                 kwargs.pop("ChecksumSHA256", None)  # a server that never looks at the checksum
-            return await real(method, *args, **kwargs)
+            return await real(self, method, **kwargs)
 
-        monkeypatch.setattr(store.fs, "_call_s3", checksum_ignored)
-        monkeypatch.setattr(store.fs, "call_s3", lambda method, **kw: objects.run_async(store, None, checksum_ignored,
-                                                                                          method, **kw))
+        monkeypatch.setattr(S3Store, "_request", checksum_ignored)
     staged = stage(tmp_path, 10, random_files(2, 40_000))
     same_size_other_bytes(sorted(staged.glob("*.safetensors"))[1])
     with pytest.raises(StagedFileChanged, match="no longer matches its manifest"):
