@@ -20,7 +20,8 @@ import time
 from bench._storage import BUCKET, checkpoint_arguments, median, seaweedfs, stage_checkpoint, staged_bytes
 from infra.journal import journal_path_for
 from infra.publication import commit_checkpoint
-from infra.storage import open_store
+from infra.store import open_store
+from infra.store.s3 import bounded_s3_filesystem
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
         num_bytes = staged_bytes(staged)
         files = sorted(p for p in staged.rglob("*") if p.is_file())
         store = open_store(f"s3://{BUCKET}/runs")
-        fs = store.fs
+        fs = bounded_s3_filesystem(store.timeouts)  # the baseline: the same bounded s3fs client, used raw
         times: dict[str, list[float]] = {"baseline": [], "candidate": []}
         for repeat in range(args.repeats):
             for side in ("baseline", "candidate") if repeat % 2 == 0 else ("candidate", "baseline"):

@@ -21,7 +21,7 @@ import time
 from bench._storage import BUCKET, checkpoint_arguments, median, seaweedfs, stage_checkpoint, staged_bytes
 from infra.journal import journal_path_for
 from infra.publication import commit_checkpoint
-from infra.storage import open_store
+from infra.store.base import open_store
 
 RUN = "bench-run"
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         megabytes = staged_bytes(staged) / 1e6
         store = open_store(f"s3://{BUCKET}/runs")
         journal = journal_path_for(staged, store)
-        mirror = store.path(RUN, "publications", f"{staged.name}.json")
+        mirror = store.key(RUN, "publications", f"{staged.name}.json")
         times: dict[str, list[float]] = {"baseline": [], "candidate": [], "with_journal": []}
         for _ in range(args.repeats):
             journal.unlink(missing_ok=True)
@@ -46,12 +46,12 @@ def main(argv: list[str] | None = None) -> None:
             times["with_journal"].append(time.perf_counter() - started)
             assert again.already_committed
             journal.unlink()
-            store.fs.rm_file(mirror)
+            store.remove([mirror])
             started = time.perf_counter()
             recommit = commit_checkpoint(staged, store, RUN)
             times["candidate"].append(time.perf_counter() - started)
             assert recommit.num_files_uploaded == 0 and not recommit.already_committed
-            store.fs.rm(store.path(RUN), recursive=True)
+            store.remove([store.key(RUN, path) for path in store.list(RUN)])
     baseline_s, candidate_s = median(times["baseline"]), median(times["candidate"])
     print(f"checkpoint: {megabytes:.0f} MB; medians over {args.repeats} repeats")
     print(f"first commit:                    {baseline_s:.3f} s")

@@ -31,7 +31,7 @@ from prefect.client.schemas.objects import State
 
 from infra import ledger
 from infra.failures import Failure
-from infra.lease import Lease
+from infra.store.lease import Lease
 from infra.publication import CommitOutcome
 from infra.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease
 from tasks.events import RUN_FAILED, emit_run_event, flow_run_url

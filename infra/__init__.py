@@ -1,7 +1,7 @@
 """Infrastructure: object storage, run state in the store, checkpoint publication, torchrun launching, failure diagnosis, local services.
 
 The names below are loaded on first use (PEP 562): a process that imports one
-light module (`infra.storage` in a committer or a lease holder) must not pay for
+light module (`infra.store.base` in a committer or a lease holder) must not pay for
 the launcher's trainer_core, torch and transformers imports (seconds per start).
 """
 
@@ -13,21 +13,21 @@ from typing import TYPE_CHECKING
 _NAMES_BY_MODULE = {
     "checkpoints": ("CheckpointReport", "LatestResolution", "download_checkpoint", "latest_checkpoint",
                     "list_checkpoints", "pull_checkpoint", "resolve_latest", "scan_checkpoints", "verify_checkpoint"),
-    "downloads": ("StoredObjectCorrupt",),
+    "store.verified": ("StoredObjectCorrupt",),
     "failures": ("Failure", "FailureClass", "classify_exception", "diagnose_launch"),
     "finalizer": ("FinalizerSettings", "FinalizerWaitTimeout"),
     "journal": ("Journal", "PublicationState", "TransitionError"),
     "launcher": ("LaunchError", "LaunchResult", "launch", "launch_or_raise"),
-    "lease": ("Lease", "LeaseHeldError", "LeaseLostError", "LeaseRecord", "read_lease"),
+    "store.lease": ("Lease", "LeaseHeldError", "LeaseLostError", "LeaseRecord", "read_lease"),
     "manifests": ("ManifestError", "checkpoint_name"),
     "orphans": ("GarbageReport", "collect_garbage"),
-    "preflight": ("StoreUnavailable", "check_store_writable"),
+    "store.preflight": ("StoreUnavailable", "check_store_writable"),
     "publication": ("CleanupOutcome", "CommitOutcome", "PublishSettings", "StagedFileChanged", "abort_publication",
                     "cleanup_staging", "commit_checkpoint"),
     "run_lease": ("RunAlreadyActive", "RunLeaseLost", "acquire_run_lease", "check_run_lease"),
     "run_state": ("BundleManifest", "StateSettings", "fetch_bundle", "publish_bundle", "read_bundle_manifest",
                   "stored_bundle"),
-    "storage": ("StorageTimeoutError", "StoreLocation", "StoreTimeouts", "open_store"),
+    "store.base": ("StorageTimeoutError", "StoreLocation", "StoreTimeouts", "open_store"),
 }
 _EXPORTS = {name: module for module, names in _NAMES_BY_MODULE.items() for name in names}
 __all__ = sorted(_EXPORTS)
@@ -35,21 +35,21 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from .checkpoints import (CheckpointReport, LatestResolution, download_checkpoint, latest_checkpoint, list_checkpoints,
                               pull_checkpoint, resolve_latest, scan_checkpoints, verify_checkpoint)
-    from .downloads import StoredObjectCorrupt
+    from .store.verified import StoredObjectCorrupt
     from .failures import Failure, FailureClass, classify_exception, diagnose_launch
     from .finalizer import FinalizerSettings, FinalizerWaitTimeout
     from .journal import Journal, PublicationState, TransitionError
     from .launcher import LaunchError, LaunchResult, launch, launch_or_raise
-    from .lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
+    from .store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
     from .manifests import ManifestError, checkpoint_name
     from .orphans import GarbageReport, collect_garbage
-    from .preflight import StoreUnavailable, check_store_writable
+    from .store.preflight import StoreUnavailable, check_store_writable
     from .publication import (CleanupOutcome, CommitOutcome, PublishSettings, StagedFileChanged, abort_publication,
                               cleanup_staging, commit_checkpoint)
     from .run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease, check_run_lease
     from .run_state import (BundleManifest, StateSettings, fetch_bundle, publish_bundle, read_bundle_manifest,
                             stored_bundle)
-    from .storage import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
+    from .store.base import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
 
 
 def __getattr__(name: str):

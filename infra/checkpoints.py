@@ -3,7 +3,7 @@
 A checkpoint is visible only when its MANIFEST.json exists and verifies:
 a known format (every earlier version is accepted), the run and step it is
 stored under, paths that stay inside the checkpoint, and every file present
-with its size and sha256. Three depths (see infra/objects.py for the
+with its size and sha256. Three depths (see infra/store/objects.py for the
 evidence each object carries):
 
 - quick (the default; `rankflow checkpoints list/verify`, LATEST): one HEAD per
@@ -31,13 +31,13 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .conditional import read_versioned
-from .downloads import fetch_verified
-from .durable import temp_name
+from .store.conditional import read_versioned
+from .store.verified import fetch_verified
+from .store.durable import temp_name
 from .latest import latest_path, parse_latest
 from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name, parse_manifest, step_of
-from .objects import confirmed, list_files, object_problem, remote_objects
-from .storage import StoreLocation, storage_errors
+from .store.objects import confirmed, list_files, object_problem, remote_objects
+from .store.base import StoreLocation, storage_errors
 
 _BLOCK_BYTES = 4 * 2**20
 
@@ -97,16 +97,15 @@ def checkpoint_names(store: StoreLocation, run_id: str) -> list[str]:
 def read_manifest(store: StoreLocation, run_id: str, name: str) -> Manifest | None:
     """The checkpoint's manifest if it is there and valid; ManifestError if it is there and not."""
     path = f"{_base(store, run_id, name)}/{MANIFEST_FILE}"
-    try:
-        data = store.fs.cat_file(path)
-    except FileNotFoundError:
+    found = store.get(store.key_of(path))
+    if found is None:
         return None
-    return parse_manifest(data, path, run_id=run_id, step=step_of(name))
+    return parse_manifest(found.data, path, run_id=run_id, step=step_of(name))
 
 
 def _hash_object(store: StoreLocation, path: str) -> tuple[int, str]:
     digest, size = hashlib.sha256(), 0
-    with store.fs.open(path, "rb", block_size=_BLOCK_BYTES) as handle:
+    with store.open_read(store.key_of(path)) as handle:
         while block := handle.read(_BLOCK_BYTES):
             digest.update(block)
             size += len(block)
@@ -217,7 +216,10 @@ def download_checkpoint(store: StoreLocation, run_id: str, name: str, dest: Path
                 if root not in target.resolve().parents:  # parse_manifest refused this already; belt and braces
                     raise ManifestError(f"{base}/{MANIFEST_FILE}: {entry.path} leaves the checkpoint")
                 fetch_verified(store, f"{base}/{entry.path}", target, entry)
-            manifest_bytes = store.fs.cat_file(f"{base}/{MANIFEST_FILE}")
+            stored = store.get(store.key_of(f"{base}/{MANIFEST_FILE}"))
+            if stored is None:
+                raise FileNotFoundError(f"{base}/{MANIFEST_FILE}")
+            manifest_bytes = stored.data
             (staging / MANIFEST_FILE).write_bytes(manifest_bytes)
             if dest.is_dir() and not any(dest.iterdir()):
                 dest.rmdir()

@@ -28,7 +28,7 @@ run belongs to the new holder, which resumes it. A lost finalizer lease alone
 is retried: the run lease (checked inside every finalizer-held write) still
 says no other run of the run id is at work, so the next try takes the
 finalizer again and resumes from what the store holds. A lease write whose
-answer was lost is no loss at all (infra/lease.py settles it by what the store
+answer was lost is no loss at all (infra/store/lease.py settles it by what the store
 holds).
 
 A `Failure` is one failed attempt: where and why, and, once the task that
@@ -87,7 +87,7 @@ _CODE_ERROR_TYPES = {
     "RecursionError", "FileNotFoundError", "IsADirectoryError", "NotADirectoryError",
 }
 _OOM_TYPES = {"MemoryError", "OutOfMemoryError"}
-# infra/lease.py and infra/run_lease.py: RuntimeErrors, but no bug.
+# infra/store/lease.py and infra/run_lease.py: RuntimeErrors, but no bug.
 _LEASE_LOST_TYPES = {"RunLeaseLost"}
 _FINALIZER_LOST_TYPES = {"LeaseLostError"}
 _STORAGE_TYPES = {"ConnectionError", "ConnectionRefusedError", "ConnectionResetError", "TimeoutError",

@@ -1,7 +1,7 @@
 """One finalizer per run, in step order.
 
 A publication commits only while it holds the run's finalizer lease
-(`RUN_ID/leases/finalizer.json`, infra/lease.py): a second committer on the
+(`RUN_ID/leases/finalizer.json`, infra/store/lease.py): a second committer on the
 same run waits, and one on another machine too. Among committers waiting for
 it, the lowest step goes first (FIFO): a committer that has to wait says so
 with a small object `RUN_ID/finalizer-queue/step-N.json` (refreshed every
@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .lease import Lease, LeaseHeldError, LeaseRecord
+from .store.lease import Lease, LeaseHeldError, LeaseRecord
 from .manifests import checkpoint_name, step_of
-from .objects import put_small
+from .store.objects import put_small
 from .run_lease import check_run_lease
-from .storage import StoreLocation, storage_errors
+from .store.base import StoreLocation, storage_errors
 
 FINALIZER_LEASE = "finalizer"
 QUEUE_DIR = "finalizer-queue"
@@ -94,16 +94,15 @@ def _queue_path(store: StoreLocation, run_id: str, step: int) -> str:
 def earlier_waiters(store: StoreLocation, run_id: str, step: int, fresh_s: float) -> list[int]:
     """Steps before `step` whose committer is waiting for the finalizer, and alive (one listing, usually empty)."""
     with storage_errors(store, f"finalizer queue of run {run_id}"):
-        try:
-            names = [path.rsplit("/", 1)[-1].removesuffix(".json")
-                     for path in store.fs.ls(store.path(run_id, QUEUE_DIR), detail=False)]
-        except FileNotFoundError:
-            return []
+        names = [name.removesuffix(".json") for name in store.children(store.key(run_id, QUEUE_DIR))]
         earlier = sorted(s for s in map(step_of, names) if s is not None and s < step)
         alive = []
         for other in earlier:
             try:
-                waiting_at = float(json.loads(store.fs.cat_file(_queue_path(store, run_id, other)))["waiting_at"])
+                entry = store.get(store.key_of(_queue_path(store, run_id, other)))
+                if entry is None:
+                    raise FileNotFoundError
+                waiting_at = float(json.loads(entry.data)["waiting_at"])
             except (FileNotFoundError, ValueError, KeyError, TypeError):
                 continue  # gone meanwhile, or unreadable: not a live waiter
             if time.time() - waiting_at < fresh_s:
@@ -156,7 +155,7 @@ def finalizer(store: StoreLocation, run_id: str, settings: FinalizerSettings, *,
     try:
         if last_touch is not None:  # this committer queued: leave the queue
             with storage_errors(store, f"finalizer queue of run {run_id}"):
-                store.fs.rm_file(_queue_path(store, run_id, step))
+                store.remove([store.key_of(_queue_path(store, run_id, step))])
         lease.start_heartbeat()
         fence_run()  # the run lease may have been lost while this writer waited for the finalizer
         yield HeldFinalizer(lease, fence_run)

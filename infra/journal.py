@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from .durable import write_durable
+from .store.durable import write_durable
 from .local_records import note_store, records_dir
 from .manifests import PUBLICATIONS_DIR, checkpoint_name
-from .storage import StoreLocation, storage_errors, write_small_atomic
+from .store.base import StoreLocation, storage_errors, write_small_atomic
 
 JOURNAL_FORMAT = "rankflow-journal/1"
 
@@ -171,9 +171,10 @@ class Journal:
         if self.store is not None:
             try:
                 with storage_errors(self.store, f"read of the journal of {self.name}"):
-                    data = self.store.fs.cat_file(self.mirror_path)
-            except FileNotFoundError:
-                return self
+                    mirror = self.store.get(self.store.key_of(self.mirror_path))
+                if mirror is None:
+                    return self
+                data = mirror.data
             except OSError as error:
                 # Unreachable store: start from nothing, which is safe (the commit
                 # compares digests before it uploads anything).

@@ -1,7 +1,7 @@
 """LATEST: the run's pointer to its newest committed checkpoint, moved only forward.
 
 LATEST is read, compared and replaced with compare-and-swap
-(infra/conditional.py), so two committers racing on one run can never move
+(infra/store/conditional.py), so two committers racing on one run can never move
 it back: the one whose write lost re-reads and decides again. A LATEST that
 cannot be trusted — not JSON, a step that is not a number, or a step whose
 checkpoint has no manifest (a hostile far-future step, a deleted checkpoint) —
@@ -14,9 +14,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .conditional import create_if_absent, read_versioned, replace_if_unchanged
+from .store.conditional import create_if_absent, read_versioned, replace_if_unchanged
 from .manifests import CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, checkpoint_name, step_of
-from .storage import StoreLocation, storage_errors
+from .store.base import StoreLocation, storage_errors
 
 _MAX_RACES = 50
 
@@ -57,17 +57,16 @@ def read_latest(store: StoreLocation, run_id: str) -> dict | None:
 
 def manifest_exists(store: StoreLocation, run_id: str, step: int) -> bool:
     with storage_errors(store, f"check of checkpoint {checkpoint_name(step)}"):
-        return store.fs.exists(store.path(run_id, CHECKPOINTS_DIR, checkpoint_name(step), MANIFEST_FILE))
+        key = store.key(run_id, CHECKPOINTS_DIR, checkpoint_name(step), MANIFEST_FILE)
+        return key in store.head([key])
 
 
 def newest_committed_step(store: StoreLocation, run_id: str) -> int | None:
     """The highest step whose checkpoint has a manifest (None if none has)."""
-    root = store.path(run_id, CHECKPOINTS_DIR)
     with storage_errors(store, f"listing of the checkpoints of run {run_id}"):
-        try:
-            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in store.fs.ls(root, detail=False)]
-        except FileNotFoundError:
-            return None
+        names = store.children(store.key(run_id, CHECKPOINTS_DIR))
+    if not names:
+        return None
     for step in sorted((s for s in map(step_of, names) if s is not None), reverse=True):
         if manifest_exists(store, run_id, step):
             return step

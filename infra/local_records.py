@@ -24,20 +24,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
-from .durable import write_durable
-from .storage import StoreLocation
+from .store.durable import write_durable
+from .store.base import StoreLocation
 
 STORE_FILE = "STORE.json"
 
 
 def store_identity(store: StoreLocation) -> dict:
     """What tells this store from any other (no credentials)."""
-    if store.is_local:
-        return {"url": store.url, "path": os.path.realpath(store.root)}
-    return {"url": store.url, "endpoint": getattr(store.fs, "endpoint_url", None) or "aws", "root": store.root}
+    return store.describe()
 
 
 def store_key(store: StoreLocation) -> str:

@@ -26,12 +26,12 @@ from dataclasses import asdict, dataclass, field
 from trainer_core.errors import BadInputError
 
 from .checkpoints import checkpoint_names, read_manifest
-from .durable import TEMP_MARKER
+from .store.durable import TEMP_MARKER
 from .finalizer import FinalizerSettings, finalizer
 from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, ManifestError
-from .objects import (abort_dangling_uploads, list_files, list_links, outside_store, remove_empty_directories,
+from .store.objects import (abort_dangling_uploads, list_files, list_links, outside_store, remove_empty_directories,
                       remove_files)
-from .storage import StoreLocation, storage_errors
+from .store.base import StoreLocation, storage_errors
 
 
 @dataclass

@@ -34,13 +34,13 @@ from pathlib import Path
 from .checkpoints import verify_checkpoint
 from .finalizer import FinalizerSettings, finalizer
 from .journal import HAS_OUTCOME, Journal, PublicationState, TransitionError, journal_path_for
-from .lease import LEASES_DIR
+from .store.lease import LEASES_DIR
 from .latest import advance_latest, read_latest
 from .manifests import (CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name,
                         parse_manifest)
-from .objects import (StagedFileChanged, abort_dangling_uploads, list_files, matches, put_small, remote_objects,
+from .store.objects import (StagedFileChanged, abort_dangling_uploads, list_files, matches, put_small, remote_objects,
                       remove_files, remove_left_temporaries, upload_files)
-from .storage import Deadline, StoreLocation, storage_errors
+from .store.base import Deadline, StoreLocation, storage_errors
 
 __all__ = [
     "CheckpointDoesNotVerify", "CommitOutcome", "CleanupOutcome", "EXPORT_AGAIN", "LATEST_FILE", "MANIFEST_FILE",
@@ -236,7 +236,7 @@ def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publi
         if published is not None and published != manifest_bytes:
             # A different commit of this step is visible: hide it before its files change under readers.
             lease.check()
-            store.fs.rm_file(f"{base}/{MANIFEST_FILE}")
+            store.remove([store.key_of(f"{base}/{MANIFEST_FILE}")])
             notes.append(f"replaced an earlier commit of {name} with another manifest")
         candidates = [entry for entry in manifest.files if listing.get(entry.path) == entry.size]
         present = remote_objects(store, base, candidates, deadline)
@@ -280,10 +280,8 @@ def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publi
 
 
 def _read_bytes(store: StoreLocation, path: str) -> bytes | None:
-    try:
-        return store.fs.cat_file(path)
-    except FileNotFoundError:
-        return None
+    found = store.get(store.key_of(path))
+    return None if found is None else found.data
 
 
 # -- cleanup ------------------------------------------------------------------
@@ -295,10 +293,8 @@ def _local_leftovers(staged_dir: Path) -> list[Path]:
 
 def _check_not_overlapping(staged_dir: Path, store: StoreLocation) -> None:
     """Refuse to delete a staging that contains the store, or lies inside it (defence in depth)."""
-    if not store.is_local:
-        return
-    staging, root = staged_dir.resolve(), Path(store.root).resolve()
-    if staging == root or root.is_relative_to(staging) or staging.is_relative_to(root):
+    if store.overlaps(staged_dir):  # only a local store can: its root is then a directory
+        staging, root = staged_dir.resolve(), Path(store.root).resolve()
         raise ValueError(f"the staging {staging} and the local store {root} overlap; refusing to delete it — "
                          "point storage.url and run.work_dir at separate directories")
 

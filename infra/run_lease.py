@@ -2,7 +2,7 @@
 
 The run id is the plan's digest, so two runs of one config (two scheduled
 ticks, a manual run beside a scheduled one) share a run directory and a store
-prefix. The first to take the lease `RUN_ID/leases/run.json` (infra/lease.py:
+prefix. The first to take the lease `RUN_ID/leases/run.json` (infra/store/lease.py:
 owner, heartbeat, generation) runs; a second one waits up to
 `run.lease_wait_s` and then stops with `RunAlreadyActive`, whose one-line
 message names the run id, the holder (owner, host, pid), its last heartbeat and
@@ -29,8 +29,8 @@ import socket
 import time
 from collections.abc import Callable
 
-from .lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
-from .storage import StoreLocation, storage_errors
+from .store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
+from .store.base import StoreLocation, storage_errors
 
 RUN_LEASE = "run"
 """The lease's name: `RUN_ID/leases/run.json` in the store."""

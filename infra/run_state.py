@@ -32,11 +32,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .downloads import fetch_verified, local_copy_matches, sha256_of_file
+from .store.verified import fetch_verified, local_copy_matches, sha256_of_file
 from .finalizer import FinalizerSettings, finalizer
 from .manifests import FileEntry, ManifestError, parse_file_entries
-from .objects import matches, put_small, remote_objects, upload_files
-from .storage import Deadline, StoreLocation, storage_errors
+from .store.objects import matches, put_small, remote_objects, upload_files
+from .store.base import Deadline, StoreLocation, storage_errors
 
 RUN_STATE_DIR = "run-state"
 STATE_FORMAT = "rankflow-run-state/1"
@@ -100,10 +100,10 @@ def read_bundle_manifest(store: StoreLocation, run_id: str, bundle: str) -> Bund
     """The bundle's manifest if it is in the store; ManifestError if it is there and not valid."""
     path = manifest_path(store, run_id, bundle)
     with storage_errors(store, f"reading {_where(store, run_id, bundle)}"):
-        try:
-            data = store.fs.cat_file(path)
-        except FileNotFoundError:
-            return None
+        found = store.get(store.key_of(path))
+    if found is None:
+        return None
+    data = found.data
     return parse_bundle_manifest(data, _where(store, run_id, bundle), run_id, bundle)
 
 
@@ -144,14 +144,12 @@ def publish_bundle(store: StoreLocation, run_id: str, run_dir: Path, bundle: str
     deadline = Deadline(settings.timeout_s, what, store)
     base = store.path(run_id)
     with storage_errors(store, what), finalizer(store, run_id, settings.finalizer, purpose=what) as lease:
-        try:
-            published = store.fs.cat_file(manifest_path(store, run_id, bundle))
-        except FileNotFoundError:
-            published = None
+        found = store.get(store.key_of(manifest_path(store, run_id, bundle)))
+        published = None if found is None else found.data
         if published is not None and published != manifest_bytes:
             # Another version of this bundle is visible: hide it before the objects it lists change.
             lease.check()
-            store.fs.rm_file(manifest_path(store, run_id, bundle))
+            store.remove([store.key_of(manifest_path(store, run_id, bundle))])
         present = remote_objects(store, base, entries, deadline)
         todo = [entry for entry in entries if not matches(present.get(entry.path), entry)]
 

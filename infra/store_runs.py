@@ -16,10 +16,10 @@ from dataclasses import asdict, dataclass
 
 from .latest import latest_path, parse_latest
 from .ledger import LEDGER_FILE
-from .lease import LEASES_DIR
+from .store.lease import LEASES_DIR
 from .manifests import CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, PUBLICATIONS_DIR, step_of
 from .run_state import RUN_STATE_DIR
-from .storage import StoreLocation, storage_errors
+from .store.base import StoreLocation, storage_errors
 
 _RUN_ENTRIES = frozenset({LATEST_FILE, LEDGER_FILE, CHECKPOINTS_DIR, RUN_STATE_DIR, PUBLICATIONS_DIR, LEASES_DIR})
 _LEDGER_TAIL_BYTES = 64 * 1024
@@ -53,11 +53,10 @@ def _names(store: StoreLocation, path: str) -> dict[str, str]:
 
 
 def _latest(store: StoreLocation, run_id: str) -> tuple[str | None, int | None]:
-    try:
-        data = store.fs.cat_file(latest_path(store, run_id))
-    except FileNotFoundError:
+    found = store.get(store.key_of(latest_path(store, run_id)))
+    if found is None:
         return None, None
-    pointer, _ = parse_latest(data)
+    pointer, _ = parse_latest(found.data)
     return (pointer.checkpoint, pointer.step) if pointer else (None, None)
 
 

@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from infra.finalizer import FinalizerSettings
 from infra.publication import PublishSettings
-from infra.storage import StoreLocation, StoreTimeouts, open_store
+from infra.store import ObjectStore, open_store
 
 from trainer_core.config import RunConfig
 
 from .outcomes import PlannedRun
 
 
-def store_for(planned: PlannedRun) -> StoreLocation:
-    request_s = planned.storage_request_timeout_s
-    return open_store(planned.storage_url, StoreTimeouts(connect_s=min(10.0, request_s), read_s=request_s))
+@dataclass(frozen=True)
+class _PlannedStorage:
+    """A planned run's storage facts as the `StorageSettings` open_store takes (its request limits included)."""
+
+    url: str
+    timeout_s: float
+    request_timeout_s: float
 
 
-def open_store_for_config(config: RunConfig) -> StoreLocation:
+def store_for(planned: PlannedRun) -> ObjectStore:
+    return open_store(_PlannedStorage(planned.storage_url, planned.storage_timeout_s,
+                                      planned.storage_request_timeout_s))
+
+
+def open_store_for_config(config: RunConfig) -> ObjectStore:
     """The store of a run before it is planned (for its run lease), with the same request limits."""
-    request_s = config.storage.request_timeout_s
-    return open_store(config.storage.url, StoreTimeouts(connect_s=min(10.0, request_s), read_s=request_s))
+    return open_store(config.storage)
 
 
 def publish_settings(planned: PlannedRun) -> PublishSettings:

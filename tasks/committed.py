@@ -22,7 +22,7 @@ from infra import ledger
 from infra.checkpoints import verify_checkpoint
 from infra.journal import Journal, PublicationState, journal_path_for
 from infra.publication import CommitOutcome, checkpoint_name
-from infra.storage import StoreLocation
+from infra.store.base import StoreLocation
 
 from ._store import store_for
 from .outcomes import PlannedRun

@@ -18,9 +18,9 @@ from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
 from infra.loss_curve import LOSS_CURVE_FILE, write_loss_curve
-from infra.objects import put_small
+from infra.store.objects import put_small
 from infra.publication import CommitOutcome
-from infra.storage import Deadline, storage_errors
+from infra.store.base import Deadline, storage_errors
 
 from ._store import store_for
 from .failure_report import reports_failures
@@ -52,10 +52,8 @@ def publish_run_files_fn(planned: PlannedRun) -> dict[str, str]:
 
 
 def _stored_bytes(store, path: str) -> bytes:
-    try:
-        return store.fs.cat_file(path)
-    except FileNotFoundError:
-        return b""
+    found = store.get(store.key_of(path))
+    return b"" if found is None else found.data
 
 
 def write_run_loss_curve(planned: PlannedRun, segments: list[SegmentOutcome]) -> Path:

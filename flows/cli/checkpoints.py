@@ -23,7 +23,7 @@ EXIT_OK, EXIT_FAILED = 0, 1
 
 
 def _store(args: argparse.Namespace):
-    from infra.storage import open_store
+    from infra.store.base import open_store
 
     if (args.store is None) == (args.config is None):
         raise ConfigError(f"checkpoints {args.checkpoints_command}: give exactly one of --store URL "

@@ -19,7 +19,7 @@ the config, tokenizer, model and data, so a bad input costs seconds and prints
 one message (`rankflow: bad input: …`, naming the file and line or the key and
 the fix) and no traceback. Any `BadInputError` — raised here, in the flow, or
 by a storage pre-flight that finds a configuration error — exits 2. The
-storage pre-flight (`infra.preflight`) also runs here, before the stage cache
+storage pre-flight (`infra.store.preflight`) also runs here, before the stage cache
 or anything else is written: a store that does not answer is one line and
 exit 1, before Prefect starts.
 

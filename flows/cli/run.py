@@ -85,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _storage_preflight(config: RunConfig) -> ConnectionError | None:
     """Probe the store: a refused setting raises (bad input, exit 2); a store that does not answer is returned."""
-    from infra.preflight import StoreUnavailable, check_store_writable
+    from infra.store.preflight import StoreUnavailable, check_store_writable
 
     try:
         check_store_writable(config.storage.url)

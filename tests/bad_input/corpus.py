@@ -217,7 +217,7 @@ CASES: list[Case] = [
          config={"storage": {"url": "s3://my bucket/runs"}}),
     Case("s3_empty_segment", "storage", r"storage\.url='s3://rankflow//runs' has an empty", r"plain names joined by single '/'",
          config={"storage": {"url": "s3://rankflow//runs"}}),
-    # The storage pre-flight (infra/preflight.py) runs before anything is written: a setting no retry can fix is bad input.
+    # The storage pre-flight (infra/store/preflight.py) runs before anything is written: a setting no retry can fix is bad input.
     Case("s3_no_credentials", "storage", r"storage\.url='s3://rankflow/runs' at http://127\.0\.0\.1:9: no AWS credentials",
          r"set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", config={"storage": {"url": "s3://rankflow/runs"}},
          env={**_NO_CREDENTIALS, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}),

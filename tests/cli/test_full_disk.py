@@ -23,7 +23,7 @@ import flows.pipeline  # noqa: F401 - Prefect sets up its console logging at thi
 # that later tests' log lines do not go to this test's closed capture (a RecursionError in Prefect's handler)
 from flows.cli import main
 from infra.checkpoints import latest_checkpoint
-from infra.storage import open_store
+from infra.store.base import open_store
 from tests.conftest import tiny_tree
 
 from .test_run_command import _toml

@@ -28,7 +28,7 @@ import pytest
 from infra.checkpoints import download_checkpoint, latest_checkpoint
 from infra.local_process import pick_free_port, stop_process_group
 from infra.s3_server import CONFLICTING_AWS_ENV_VARS
-from infra.storage import open_store
+from infra.store.base import open_store
 from tests.conftest import tiny_tree
 from tests.processes import descendants, group_members, pid_alive
 

@@ -16,7 +16,7 @@ from flows.pipeline import RunFailed, train_flow
 from infra import ledger
 from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.journal import journal_path_for
-from infra.storage import open_store
+from infra.store.base import open_store
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
 from tests.flows.prefect_queries import artifacts_of, flow_runs_named, run_events, table_rows, task_runs_of

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from infra import ledger
 from infra.checkpoints import latest_checkpoint
-from infra.lease import LeaseRecord, read_lease
+from infra.store.lease import LeaseRecord, read_lease
 from infra.run_lease import run_lease_path
-from infra.storage import open_store
+from infra.store.base import open_store
 from tasks.plan import compute_plan_fn
 from tests.bad_input.harness import to_toml
 from tests.conftest import tiny_tree

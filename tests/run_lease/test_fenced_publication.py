@@ -2,7 +2,7 @@
 
 The victim holds its run lease and is inside the finalizer-held section when
 another holder takes the run lease over (a real takeover through
-infra/lease.py: the thief's clock is an hour ahead, so the victim's lease looks
+infra/store/lease.py: the thief's clock is an hour ahead, so the victim's lease looks
 long expired, as it does to a run on another machine once the victim was paused
 past its ttl). Reference: the bytes in the store and the run's ledger at the
 moment of the theft. After it the victim may finish the data file in flight,
@@ -22,11 +22,11 @@ import pytest
 import tasks.publish as publish_module
 from infra import ledger
 from infra.latest import latest_path
-from infra.lease import Lease, LeaseRecord
+from infra.store.lease import Lease, LeaseRecord
 from infra.publication import commit_checkpoint, remote_dir
 from infra.run_lease import RunLeaseLost, acquire_run_lease, run_lease_path
 from infra.run_state import manifest_path
-from infra.storage import open_store
+from infra.store.base import open_store
 from tasks.outcomes import ExportOutcome, PlannedRun
 from tasks.publish import cleanup_fn, commit_fn
 from tasks.run_state import publish_segment_state

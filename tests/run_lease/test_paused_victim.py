@@ -4,7 +4,7 @@ Real processes: the victim (tests/run_lease/paused_victim.py) holds its run
 lease, enters the commit (or the state upload) and stops itself with SIGSTOP
 at its first uploaded file, heartbeats included. The thief, a second holder
 in this process, waits out the victim's real ttl and takes the lease over
-through infra/lease.py, then the victim gets SIGCONT. Reference: the bytes in
+through infra/store/lease.py, then the victim gets SIGCONT. Reference: the bytes in
 the store and the ledger at the moment of the theft. Before the fix, the
 victim wrote the rest of the data, the manifest, LATEST, the journal mirror
 and a ledger line after the theft.
@@ -22,11 +22,11 @@ import pytest
 
 from infra import ledger
 from infra.latest import latest_path
-from infra.lease import Lease, read_lease
+from infra.store.lease import Lease, read_lease
 from infra.publication import remote_dir
 from infra.run_lease import run_lease_path
 from infra.run_state import manifest_path
-from infra.storage import open_store
+from infra.store.base import open_store
 from tests.publication_helpers import random_files, stage
 from tests.storage.processes import spawn, wait_ready
 from trainer_core.segment_main import segment_result_path

@@ -15,9 +15,9 @@ from dataclasses import replace
 
 import pytest
 
-from infra.lease import read_lease
+from infra.store.lease import read_lease
 from infra.run_lease import (RunAlreadyActive, RunLeaseLost, acquire_run_lease, check_run_lease, run_lease_path)
-from infra.storage import open_store
+from infra.store.base import open_store
 from tasks.fencing import fence, fenced_monitor
 from tasks.outcomes import PlannedRun
 from tasks.plan import compute_plan_fn

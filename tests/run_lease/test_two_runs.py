@@ -20,7 +20,7 @@ import pytest
 
 from infra import ledger
 from infra.checkpoints import latest_checkpoint
-from infra.storage import open_store
+from infra.store.base import open_store
 from trainer_core.state import has_state, state_dir_for
 
 from .runs import (client_env, committed_weights, finish, hanging_at, lease_of, raw_lease, run_id_of, start,

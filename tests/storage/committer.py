@@ -17,7 +17,7 @@ from pathlib import Path
 
 from infra.latest import advance_latest
 from infra.publication import commit_checkpoint
-from infra.storage import open_store
+from infra.store.base import open_store
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,9 +32,9 @@ from pathlib import Path
 from infra.checkpoints import verify_checkpoint
 from infra.latest import read_latest
 from infra.manifests import checkpoint_name
-from infra.objects import matches, remote_objects
+from infra.store.objects import matches, remote_objects
 from infra.publication import commit_checkpoint, read_staged_manifest, remote_dir
-from infra.storage import StoreLocation, open_store
+from infra.store.base import StoreLocation, open_store
 from tests.publication_helpers import stage
 from tests.storage.processes import result, spawn, wait_ready
 

@@ -10,7 +10,7 @@ import pytest
 from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.publication import PublishSettings, commit_checkpoint
 from infra.s3_server import start_s3_server
-from infra.storage import open_store
+from infra.store.base import open_store
 from trainer_core.manifest import write_manifest
 
 pytestmark = pytest.mark.s3

@@ -1,4 +1,4 @@
-"""The lease (infra/lease.py) with real processes, on a local store and on SeaweedFS.
+"""The lease (infra/store/lease.py) with real processes, on a local store and on SeaweedFS.
 
 One holder at a time across processes; a holder killed with SIGKILL is taken
 over at once on its machine; another machine's holder only once its lease
@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from infra.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
-from infra.storage import open_store
+from infra.store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
+from infra.store.base import open_store
 from tests.storage.processes import result, spawn, wait_ready
 
 

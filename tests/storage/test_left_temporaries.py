@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from infra.checkpoints import verify_checkpoint
-from infra.durable import TEMP_MARKER
+from infra.store.durable import TEMP_MARKER
 from infra.publication import cleanup_staging, commit_checkpoint
 from infra.run_state import publish_bundle, stored_bundle
-from infra.storage import open_store
+from infra.store.base import open_store
 from tests.publication_helpers import RUN, random_files, stage
 from tests.storage.processes import REPO_ROOT
 
@@ -27,7 +27,7 @@ UPLOAD = """
 import sys
 from pathlib import Path
 from infra.run_state import publish_bundle
-from infra.storage import open_store
+from infra.store.base import open_store
 run_dir, store_url, *paths = sys.argv[1:]
 print("ready", flush=True)
 publish_bundle(open_store(store_url), "{run}", Path(run_dir), "segment-0000", paths)

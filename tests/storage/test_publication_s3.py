@@ -14,15 +14,16 @@ import time
 import pytest
 
 from infra.checkpoints import list_checkpoints, verify_checkpoint
-from infra.conditional import (ConditionalWritesUnsupported, check_conditional_writes, create_if_absent, read_versioned,
+from infra.store.conditional import (ConditionalWritesUnsupported, check_conditional_writes, create_if_absent, read_versioned,
                                replace_if_unchanged)
 from infra.finalizer import FINALIZER_LEASE
 from infra.journal import journal_path_for, read_mirrors
 from infra.latest import read_latest
-from infra.lease import Lease
-from infra.objects import SHA256_METADATA_KEY
+from infra.store.lease import Lease
+from infra.store.objects import SHA256_METADATA_KEY
 from infra.publication import PublishSettings, StagedFileChanged, cleanup_staging, commit_checkpoint
-from infra.storage import open_store
+from infra.store import S3Store
+from infra.store.base import open_store
 from tests.publication_helpers import RUN, random_files, same_size_other_bytes, stage
 from tests.storage.processes import result, spawn, wait_ready
 from trainer_core.manifest import write_manifest
@@ -43,21 +44,21 @@ def test_seaweedfs_honours_conditional_puts(store):
     second = replace_if_unchanged(store, path, b"three", first)
     assert second is not None and replace_if_unchanged(store, path, b"four", first) is None
     assert read_versioned(store, path).data == b"three"
-    check_conditional_writes(store, store.path("conditional"))
+    check_conditional_writes(store, store.key("conditional"))
 
 
 def test_a_store_that_ignores_conditions_is_refused(store, monkeypatch):
-    real = store.fs.call_s3
+    real = S3Store._request
 
-    def ignoring_conditions(method, **kwargs):
+    async def ignoring_conditions(self, method, **kwargs):
         kwargs.pop("IfNoneMatch", None)
         kwargs.pop("IfMatch", None)
-        return real(method, **kwargs)
+        return await real(self, method, **kwargs)
 
-    monkeypatch.setattr(store.fs, "call_s3", ignoring_conditions)
-    monkeypatch.setattr("infra.conditional._VERIFIED_STORES", set())  # forget earlier tests' probes
+    monkeypatch.setattr(S3Store, "_request", ignoring_conditions)
+    monkeypatch.setattr("infra.store.conditional._VERIFIED_STORES", set())  # forget earlier tests' probes
     with pytest.raises(ConditionalWritesUnsupported, match="ignores conditional writes"):
-        check_conditional_writes(store, store.path("probe"))
+        check_conditional_writes(store, store.key("probe"))
 
 
 def test_uploads_carry_their_sha256_and_a_recommit_only_heads(store, tmp_path, monkeypatch):
@@ -196,20 +197,18 @@ def test_checkpoints_become_visible_in_step_order(store, tmp_path, s3_bucket_url
 @pytest.mark.parametrize("server_verifies", [True, False])
 def test_a_staged_file_spoiled_after_export_is_refused(store, tmp_path, monkeypatch, server_verifies):
     """SeaweedFS checks x-amz-checksum-sha256 itself; a server that does not gets the bytes hashed by the client."""
-    from infra import objects
+    from infra.store import objects
 
     monkeypatch.setattr(objects, "_VERIFYING_ENDPOINTS", {})
     if not server_verifies:
-        real = store.fs._call_s3
+        real = S3Store._request
 
-        async def checksum_ignored(method, *args, **kwargs):
+        async def checksum_ignored(self, method, **kwargs):
             if method == "put_object":
                 kwargs.pop("ChecksumSHA256", None)  # a server that never looks at the checksum
-            return await real(method, *args, **kwargs)
+            return await real(self, method, **kwargs)
 
-        monkeypatch.setattr(store.fs, "_call_s3", checksum_ignored)
-        monkeypatch.setattr(store.fs, "call_s3", lambda method, **kw: objects.run_async(store, None, checksum_ignored,
-                                                                                          method, **kw))
+        monkeypatch.setattr(S3Store, "_request", checksum_ignored)
     staged = stage(tmp_path, 10, random_files(2, 40_000))
     same_size_other_bytes(sorted(staged.glob("*.safetensors"))[1])
     with pytest.raises(StagedFileChanged, match="no longer matches its manifest"):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.downloads import StoredObjectCorrupt
+from infra.store.verified import StoredObjectCorrupt
 from infra.run_state import read_bundle_manifest
-from infra.storage import open_store
+from infra.store.base import open_store
 from tasks import run_state
 from tasks.plan import plan_run_fn
 from tasks.segment import train_segment_fn

@@ -17,7 +17,7 @@ from infra import ledger
 from infra.checkpoints import verify_checkpoint
 from infra.publication import PublishSettings, cleanup_staging, commit_checkpoint
 from infra.s3_server import start_s3_server
-from infra.storage import StoreTimeouts, open_store
+from infra.store.base import StoreTimeouts, open_store
 from tasks.outcomes import PlannedRun
 from tasks.report import publish_run_files_fn
 from tests.publication_helpers import RUN, random_files, stage

@@ -9,7 +9,7 @@ import pytest
 
 from flows.cli import main
 from infra.publication import commit_checkpoint
-from infra.storage import open_store
+from infra.store.base import open_store
 from tests.conftest import EXAMPLES
 from tests.publication_helpers import RUN, random_files, same_size_other_bytes, stage
 

@@ -12,7 +12,7 @@ import pytest
 from botocore.exceptions import NoCredentialsError
 
 from infra.failures import FailureClass, classify_exception
-from infra.preflight import is_credentials_error
+from infra.store.preflight import is_credentials_error
 from tasks.retry_policy import retry_if_retriable
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from infra.durable import TEMP_MARKER
-from infra.objects import remove_files
+from infra.store.durable import TEMP_MARKER
+from infra.store.objects import remove_files
 from infra.publication import commit_checkpoint
-from infra.storage import open_store
+from infra.store.base import open_store
 from tests.publication_helpers import RUN, random_files, stage
 
 

@@ -1,4 +1,4 @@
-"""A lease write whose answer was lost is not a takeover (infra/conditional.py, infra/lease.py).
+"""A lease write whose answer was lost is not a takeover (infra/store/conditional.py, infra/store/lease.py).
 
 The store applied the write; only its answer never came back. Two ways that
 reaches the caller, both injected here on a local store by wrapping the write
@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-import infra.conditional as conditional
-import infra.lease as lease_module
+import infra.store.conditional as conditional
+import infra.store.lease as lease_module
 from infra.finalizer import FinalizerSettings, finalizer
-from infra.lease import Lease, LeaseLostError, LeaseRecord
+from infra.store.lease import Lease, LeaseLostError, LeaseRecord
 from infra.run_lease import acquire_run_lease, run_lease_path
-from infra.storage import open_store
+from infra.store.base import open_store
 
 RUN = "lost-answer-run"
 

@@ -13,7 +13,7 @@ import pytest
 
 from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.publication import PublishSettings, cleanup_staging, commit_checkpoint, read_latest
-from infra.storage import open_store
+from infra.store.base import open_store
 from tests.publication_helpers import fail_after_uploads
 from trainer_core.manifest import write_manifest
 

@@ -1,4 +1,4 @@
-"""The publication protocol on a local store: journal transitions, verified retries, hostile
+"""The publication protocol on a local store and a MemoryStore: journal transitions, verified retries, hostile
 manifests and LATEST, stale shards, cleanup failures, garbage collection.
 
 Tests marked "defect:" reproduce a failure of the protocol before the journal
@@ -17,12 +17,12 @@ import pytest
 from infra.checkpoints import (download_checkpoint, latest_checkpoint, list_checkpoints, resolve_latest,
                                scan_checkpoints, verify_checkpoint)
 from infra.journal import Journal, PublicationState, TransitionError, journal_path_for
-from infra.lease import Lease, LeaseHeldError
+from infra.store.lease import Lease, LeaseHeldError
 from infra.manifests import ManifestError
 from infra.orphans import collect_garbage
 from infra.publication import (PublishSettings, StagedFileChanged, abort_publication, cleanup_staging,
                                commit_checkpoint, read_latest)
-from infra.storage import open_store
+from infra.store import MemoryStore, open_store
 from tests.publication_helpers import (RUN, fail_after_uploads, random_files, rewrite_manifest,
                                       same_size_other_bytes, stage)
 from trainer_core.manifest import write_manifest
@@ -41,9 +41,17 @@ def state_of(staged: Path, store) -> str:
     return json.loads(journal_path_for(staged, store).read_text())["state"]
 
 
-@pytest.fixture
-def store(tmp_path):
-    return open_store(str(tmp_path / "store"))
+@pytest.fixture(params=["local", "memory"])
+def store(request, tmp_path):
+    """The protocol needs nothing but the ObjectStore methods, so it runs on both (tests that touch files: local)."""
+    if request.param == "local":
+        yield open_store(str(tmp_path / "store"))
+        return
+    with MemoryStore() as memory:
+        yield memory
+
+
+LOCAL_ONLY = pytest.mark.parametrize("store", ["local"], indirect=True)
 
 
 # -- the state machine ------------------------------------------------------------
@@ -54,7 +62,7 @@ def test_journal_records_every_transition_durably_and_mirrors_it(tmp_path, store
     cleanup_staging(staged, store, RUN)
     local = json.loads(journal_path_for(staged, store).read_text())
     assert [h["state"] for h in local["history"]] == ["PREPARED", "COMMITTING", "COMMITTED", "CLEANED"]
-    mirror = json.loads(Path(store.path(RUN, "publications", "step-00000010.json")).read_text())
+    mirror = json.loads(store.get(store.key(RUN, "publications", "step-00000010.json")).data)
     assert mirror["state"] == "CLEANED" and mirror["publication_id"] == local["publication_id"]
     assert set(local["uploaded"]) == set(FILES)
 
@@ -136,14 +144,14 @@ def test_a_staged_file_corrupted_after_export_is_not_uploaded(tmp_path, store):
         commit_checkpoint(staged, store, RUN)
     assert state_of(staged, store) == "PREPARING"  # back to the export, which must serialize it again
     assert list_checkpoints(store, RUN) == [] and read_latest(store, RUN) is None
-    assert not Path(store.path(RUN, "checkpoints", "step-00000010", victim.name)).exists()
+    assert store.head([store.key(RUN, "checkpoints", "step-00000010", victim.name)]) == {}
 
 
 def test_a_corruption_of_an_uploaded_file_does_not_reach_the_store(tmp_path, store):
     staged = stage(tmp_path, 10, random_files(2, 3000))
     with pytest.raises(KeyboardInterrupt):
         commit_checkpoint(staged, store, RUN, settings=FAST, observer=crash_after_uploads(1))
-    uploaded = [p.name for p in Path(store.path(RUN, "checkpoints", "step-00000010")).iterdir()]
+    uploaded = store.children(store.key(RUN, "checkpoints", "step-00000010"))
     same_size_other_bytes(staged / uploaded[0])  # the staging spoils after its upload
     retried = commit_checkpoint(staged, store, RUN)
     assert retried.uploaded == tuple(sorted({p.name for p in staged.glob("*.safetensors")} - set(uploaded)))
@@ -152,6 +160,7 @@ def test_a_corruption_of_an_uploaded_file_does_not_reach_the_store(tmp_path, sto
 
 # -- hostile manifests --------------------------------------------------------------
 
+@LOCAL_ONLY
 @pytest.mark.parametrize("path", ["../../escaped.bin", "/etc/hostname", "a/../../b", "./x", "a//b"])
 def test_defect_a_staged_manifest_cannot_upload_or_write_outside(tmp_path, store, path):
     staged = stage(tmp_path, 10, FILES)
@@ -176,10 +185,10 @@ def test_a_staged_symlink_to_a_host_file_is_refused(tmp_path, store):
 def test_defect_a_stored_manifest_with_escaping_paths_is_refused_by_readers(tmp_path, store):
     commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
     commit_checkpoint(stage(tmp_path, 20, FILES), store, RUN)
-    manifest_path = Path(store.path(RUN, "checkpoints", "step-00000020", "MANIFEST.json"))
-    manifest = json.loads(manifest_path.read_text())
+    manifest_key = store.key(RUN, "checkpoints", "step-00000020", "MANIFEST.json")
+    manifest = json.loads(store.get(manifest_key).data)
     manifest["files"][0]["path"] = "../../../../outside.txt"
-    manifest_path.write_text(json.dumps(manifest))
+    store.put(manifest_key, json.dumps(manifest).encode())
     with pytest.raises(ManifestError, match="leaves its checkpoint"):
         download_checkpoint(store, RUN, "step-00000020", tmp_path / "dl" / "inner")
     assert not (tmp_path / "outside.txt").exists() and not (tmp_path / "dl" / "inner").exists()
@@ -191,11 +200,11 @@ def test_defect_a_stored_manifest_with_escaping_paths_is_refused_by_readers(tmp_
 
 def test_a_manifest_of_another_run_or_step_is_refused(tmp_path, store):
     commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
-    path = Path(store.path(RUN, "checkpoints", "step-00000010", "MANIFEST.json"))
-    manifest = json.loads(path.read_text())
-    path.write_text(json.dumps({**manifest, "run_id": "someone-else"}))
+    key = store.key(RUN, "checkpoints", "step-00000010", "MANIFEST.json")
+    manifest = json.loads(store.get(key).data)
+    store.put(key, json.dumps({**manifest, "run_id": "someone-else"}).encode())
     assert "run 'someone-else'" in verify_checkpoint(store, RUN, "step-00000010").problems[0]
-    path.write_text(json.dumps({**manifest, "step": 11}))
+    store.put(key, json.dumps({**manifest, "step": 11}).encode())
     assert "stored as step 10" in verify_checkpoint(store, RUN, "step-00000010").problems[0]
 
 
@@ -205,7 +214,7 @@ def test_a_manifest_of_another_run_or_step_is_refused(tmp_path, store):
                                     b'{"checkpoint": "step-999999999999", "step": 999999999999}', b"{}"])
 def test_defect_a_corrupt_or_far_future_latest_never_blocks_commits(tmp_path, store, latest):
     commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
-    Path(store.path(RUN, "LATEST")).write_bytes(latest)
+    store.put(store.key(RUN, "LATEST"), latest)
     outcome = commit_checkpoint(stage(tmp_path, 20, FILES), store, RUN)
     assert outcome.latest_moved and read_latest(store, RUN) == {"checkpoint": "step-00000020", "step": 20}
     assert any("LATEST was not trustworthy" in note for note in outcome.notes)
@@ -215,7 +224,7 @@ def test_defect_a_corrupt_or_far_future_latest_never_blocks_commits(tmp_path, st
 
 def test_repairing_latest_never_moves_it_behind_the_newest_checkpoint(tmp_path, store):
     commit_checkpoint(stage(tmp_path, 30, FILES), store, RUN)
-    Path(store.path(RUN, "LATEST")).write_bytes(b"garbage")
+    store.put(store.key(RUN, "LATEST"), b"garbage")
     outcome = commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
     assert read_latest(store, RUN)["step"] == 30 and outcome.latest_step == 30
 
@@ -223,7 +232,7 @@ def test_repairing_latest_never_moves_it_behind_the_newest_checkpoint(tmp_path, 
 def test_defect_one_corrupt_manifest_does_not_break_listing(tmp_path, store):
     for step in (10, 20, 30):
         commit_checkpoint(stage(tmp_path, step, FILES), store, RUN)
-    Path(store.path(RUN, "checkpoints", "step-00000030", "MANIFEST.json")).write_bytes(b"{ truncated")
+    store.put(store.key(RUN, "checkpoints", "step-00000030", "MANIFEST.json"), b"{ truncated")
     assert list_checkpoints(store, RUN) == ["step-00000010", "step-00000020"]
     reports = {r.name: r for r in scan_checkpoints(store, RUN)}
     assert not reports["step-00000030"].verified and "not valid JSON" in reports["step-00000030"].problems[0]
@@ -236,12 +245,13 @@ def test_defect_one_corrupt_manifest_does_not_break_listing(tmp_path, store):
 
 def test_latest_pointing_at_a_missing_checkpoint_falls_back_and_says_so(tmp_path, store):
     commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
-    Path(store.path(RUN, "LATEST")).write_text(json.dumps({"checkpoint": "step-00000050", "step": 50}))
+    store.put(store.key(RUN, "LATEST"), json.dumps({"checkpoint": "step-00000050", "step": 50}).encode())
     resolution = resolve_latest(store, RUN)
     assert resolution.checkpoint == "step-00000010" and resolution.pointer == "step-00000050"
     assert "step-00000050, which does not verify" in resolution.message
 
 
+@LOCAL_ONLY
 def test_format_1_manifests_stay_readable(tmp_path, store):
     staged = stage(tmp_path, 10, FILES)
     rewrite_manifest(staged, lambda m: (m.update(format="rankflow-checkpoint/1"),
@@ -268,7 +278,7 @@ def test_defect_recommitting_a_step_with_another_layout_removes_the_old_shards(t
     commit_checkpoint(stage(tmp_path, 10, random_files(4, 2000)), store, RUN)
     relayout = stage(tmp_path / "again", 10, random_files(2, 4000))
     outcome = commit_checkpoint(relayout, store, RUN)
-    remote = {p.name for p in Path(store.path(RUN, "checkpoints", "step-00000010")).iterdir()}
+    remote = set(store.children(store.key(RUN, "checkpoints", "step-00000010")))
     assert remote == {p.name for p in relayout.iterdir()} and outcome.stale_objects_removed == 4
     assert any("replaced an earlier commit" in note for note in outcome.notes)
     assert verify_checkpoint(store, RUN, "step-00000010", full=True).verified
@@ -291,6 +301,7 @@ def test_a_failed_cleanup_leaves_the_commit_and_its_retry_finishes(tmp_path, sto
     assert retried.state == "CLEANED" and state_of(staged, store) == "CLEANED" and not staged.exists()
 
 
+@LOCAL_ONLY
 def test_gc_removes_orphans_and_never_a_committed_checkpoint_or_another_run(tmp_path, store):
     committed = stage(tmp_path, 10, FILES)
     commit_checkpoint(committed, store, RUN)
@@ -316,12 +327,13 @@ def test_gc_removes_orphans_and_never_a_committed_checkpoint_or_another_run(tmp_
 
 def test_gc_keeps_a_checkpoint_whose_manifest_does_not_parse(tmp_path, store):
     commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
-    Path(store.path(RUN, "checkpoints", "step-00000010", "MANIFEST.json")).write_bytes(b"[")
+    store.put(store.key(RUN, "checkpoints", "step-00000010", "MANIFEST.json"), b"[")
     report = collect_garbage(store, RUN)
     assert report.removed == [] and "step-00000010" in report.kept[0]
-    assert len(list(Path(store.path(RUN, "checkpoints", "step-00000010")).iterdir())) == 4
+    assert len(store.children(store.key(RUN, "checkpoints", "step-00000010"))) == 4
 
 
+@LOCAL_ONLY
 def test_local_writes_leave_no_temporary_files(tmp_path, store):
     staged = stage(tmp_path, 10, FILES)
     commit_checkpoint(staged, store, RUN)

@@ -29,7 +29,7 @@ from infra.journal import ALLOWED, Journal, PublicationState, TransitionError, j
 from infra.manifests import checkpoint_name
 from infra.publication import PublishSettings, StagedFileChanged, abort_publication, cleanup_staging, commit_checkpoint
 from infra.latest import read_latest
-from infra.storage import open_store
+from infra.store.base import open_store
 from trainer_core.manifest import write_manifest
 
 RUN = "run-sm"

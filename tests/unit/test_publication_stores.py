@@ -18,12 +18,12 @@ from prefect.states import Failed
 
 from infra.checkpoints import verify_checkpoint
 from infra.journal import Journal, PublicationState, journal_path_for
-from infra.lease import LeaseLostError
+from infra.store.lease import LeaseLostError
 from infra.local_records import store_key
 from infra.manifests import ManifestError
 from infra.publication import EXPORT_AGAIN, CheckpointDoesNotVerify, cleanup_staging, commit_checkpoint
 from infra.run_lease import RunLeaseLost
-from infra.storage import StorageTimeoutError, open_store
+from infra.store.base import StorageTimeoutError, open_store
 from tasks.retry_policy import retry_unless_final
 from tests.publication_helpers import RUN, random_files, stage
 

@@ -1,4 +1,4 @@
-"""Client-level S3 failures become the OSError a retry policy understands (infra/storage.py `storage_errors`).
+"""Client-level S3 failures become the OSError a retry policy understands (infra/store/base.py `storage_errors`).
 
 Before: a body cut short (aiohttp `ClientPayloadError`, `http.client.IncompleteRead`)
 passed through as itself, no OSError: a heartbeat that retries OSErrors died
@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from infra.failures import FailureClass, classify_exception
-from infra.storage import StoreLocation, StorageTimeoutError, storage_errors
+from infra.store.base import StoreLocation, StorageTimeoutError, storage_errors
 
 
 @pytest.fixture

@@ -38,7 +38,6 @@ import hashlib
 import os
 import posixpath
 import secrets
-import shutil
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -46,8 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .durable import TEMP_MARKER, temp_name
-from .manifests import FileEntry
-from .storage import Deadline, StoreLocation, run_async
+from ..manifests import FileEntry
+from .base import Deadline, StoreLocation, run_async
 
 SHA256_METADATA_KEY = "sha256"
 ETAG_METADATA_KEY = "etag"
@@ -93,15 +92,15 @@ def _changed(local: Path, entry: FileEntry, digest: str, size: int) -> StagedFil
 def remote_objects(store: StoreLocation, base: str, entries: list[FileEntry], deadline: Deadline | None,
                    concurrency: int = 16) -> dict[str, RemoteObject]:
     """The entries present under `base`, with their size and recorded digest."""
-    if store.is_local:
+    if not _is_s3(store):
+        # A store that hashes the bytes where they lie (a local disk, memory): its digest is the bytes' own.
+        by_key = {store.key_of(f"{base}/{entry.path}"): entry for entry in entries}
         found = {}
-        for entry in entries:
-            path = Path(base, entry.path)
-            if path.is_file():
-                size = path.stat().st_size
-                # Only hash what could match; a wrong size is a mismatch already.
-                found[entry.path] = RemoteObject(size, _sha256_file(path) if size == entry.size else None,
-                                                 hashed=size == entry.size)
+        for key, info in store.head(list(by_key), deadline=deadline).items():
+            entry = by_key[key]
+            # Only hash what could match (the digest is computed when first read); a wrong size is a mismatch already.
+            same_size = info.size == entry.size
+            found[entry.path] = RemoteObject(info.size, info.sha256 if same_size else None, hashed=same_size)
         return found
 
     async def head_all() -> dict[str, RemoteObject]:
@@ -112,7 +111,7 @@ def remote_objects(store: StoreLocation, base: str, entries: list[FileEntry], de
             async with limit:
                 try:
                     # Checksum mode: S3 returns the checksum it stored for the object's bytes.
-                    response = await store.fs._call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+                    response = await store._request("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
                 except FileNotFoundError:
                     return entry.path, None
             return entry.path, _remote_object(response)
@@ -121,6 +120,12 @@ def remote_objects(store: StoreLocation, base: str, entries: list[FileEntry], de
         return {path: found for path, found in pairs if found is not None}
 
     return run_async(store, deadline, head_all)
+
+
+def _is_s3(store: StoreLocation) -> bool:
+    from .s3 import S3Store
+
+    return isinstance(store, S3Store)
 
 
 def _remote_object(response: dict) -> RemoteObject:
@@ -178,14 +183,6 @@ def matches(found: RemoteObject | None, entry: FileEntry) -> bool:
 
 
 # -- uploads -----------------------------------------------------------------
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(_BLOCK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def _read_verified(local: Path, entry: FileEntry, hash_locally: bool) -> tuple[bytes, str | None]:
     """The file's bytes, and, when the server does not verify (and keep) their sha256, their checked MD5.
@@ -245,13 +242,13 @@ def server_verifies_checksums(store: StoreLocation, probe_prefix: str) -> bool:
     bucket, key = store.bucket_and_key(f"{probe_prefix.rstrip('/')}/.checksum-probe-{secrets.token_hex(8)}")
     wrong = base64.b64encode(hashlib.sha256(b"expected").digest()).decode()
     try:
-        store.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"received", ChecksumSHA256=wrong)
+        store.request("put_object", Bucket=bucket, Key=key, Body=b"received", ChecksumSHA256=wrong)
     except OSError as error:
         if not _checksum_mismatch(error):
             raise
         verifies = True
     else:
-        store.fs.call_s3("delete_object", Bucket=bucket, Key=key)
+        store.request("delete_object", Bucket=bucket, Key=key)
         verifies = False
     with _PROBE_LOCK:
         _VERIFYING_ENDPOINTS[endpoint] = verifies
@@ -261,22 +258,43 @@ def server_verifies_checksums(store: StoreLocation, probe_prefix: str) -> bool:
 def upload_files(store: StoreLocation, staged_dir: Path, base: str, entries: list[FileEntry],
                  deadline: Deadline | None, on_uploaded: Callable[[FileEntry], None], concurrency: int = 8) -> None:
     """Upload `entries` from `staged_dir` to `base`, concurrently; `on_uploaded` runs as each one lands."""
-    if not entries:
+    jobs = [UploadJob(entry, staged_dir / entry.path, f"{base.rstrip('/')}/{entry.path}") for entry in entries]
+    upload_jobs(store, jobs, deadline, on_uploaded, concurrency, probe_prefix=base)
+
+
+@dataclass(frozen=True)
+class UploadJob:
+    """One file to upload: `item` (whose `size` and `sha256` the bytes must have, handed to `on_uploaded`),
+    the staged file, and the full store path it goes to."""
+
+    item: "FileEntry | object"
+    local: Path
+    target: str
+
+
+def upload_jobs(store: StoreLocation, jobs: list[UploadJob], deadline: Deadline | None,
+                on_uploaded: Callable, concurrency: int, probe_prefix: str) -> None:
+    """Upload every job concurrently (a thread pool locally, one asyncio batch on S3), largest first."""
+    if not jobs:
         return
     if store.is_local:
-        _upload_local(staged_dir, base, entries, deadline, on_uploaded, concurrency)
-    else:
-        hash_locally = not server_verifies_checksums(store, base)
-        run_async(store, deadline, _upload_s3, store, staged_dir, base, entries, on_uploaded, concurrency,
-                  hash_locally)
+        _upload_local(jobs, deadline, on_uploaded, concurrency)
+    elif _is_s3(store):
+        hash_locally = not server_verifies_checksums(store, probe_prefix)
+        run_async(store, deadline, _upload_s3, store, jobs, on_uploaded, concurrency, hash_locally)
+    else:  # any other backend uploads through its own protocol method
+        from .base import Upload
+
+        items = {Upload(job.local, store.key_of(job.target), job.item.size, job.item.sha256): job.item for job in jobs}
+        store.upload(list(items), on_uploaded=lambda upload: on_uploaded(items[upload]), concurrency=concurrency,
+                     deadline=deadline)
 
 
-def _upload_local(staged_dir: Path, base: str, entries: list[FileEntry], deadline: Deadline | None,
-                  on_uploaded: Callable[[FileEntry], None], concurrency: int) -> None:
-    def copy(entry: FileEntry) -> FileEntry:
+def _upload_local(jobs: list[UploadJob], deadline: Deadline | None, on_uploaded: Callable, concurrency: int) -> None:
+    def copy(job: UploadJob):
         if deadline is not None:
             deadline.remaining()
-        local, target = staged_dir / entry.path, Path(base, entry.path)
+        entry, local, target = job.item, job.local, Path(job.target)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_name(target)
         digest, size = hashlib.sha256(), 0
@@ -296,7 +314,7 @@ def _upload_local(staged_dir: Path, base: str, entries: list[FileEntry], deadlin
         return entry
 
     pool = ThreadPoolExecutor(max_workers=concurrency)
-    futures = [pool.submit(copy, entry) for entry in sorted(entries, key=lambda e: -e.size)]
+    futures = [pool.submit(copy, job) for job in sorted(jobs, key=lambda j: -j.item.size)]
     try:
         for future in as_completed(futures):
             on_uploaded(future.result())
@@ -304,15 +322,14 @@ def _upload_local(staged_dir: Path, base: str, entries: list[FileEntry], deadlin
         pool.shutdown(wait=True, cancel_futures=True)  # a failure stops the files not yet started
 
 
-async def _upload_s3(store: StoreLocation, staged_dir: Path, base: str, entries: list[FileEntry],
-                     on_uploaded: Callable[[FileEntry], None], concurrency: int, hash_locally: bool) -> None:
-    fs = store.fs
+async def _upload_s3(store: StoreLocation, jobs: list[UploadJob], on_uploaded: Callable, concurrency: int,
+                     hash_locally: bool) -> None:
     limit = asyncio.Semaphore(concurrency)
     record_lock = asyncio.Lock()
 
-    async def upload(entry: FileEntry) -> None:
-        local = staged_dir / entry.path
-        bucket, key = store.bucket_and_key(f"{base}/{entry.path}")
+    async def upload(job: UploadJob) -> None:
+        entry, local = job.item, job.local
+        bucket, key = store.bucket_and_key(job.target)
         async with limit:
             if entry.size < MULTIPART_THRESHOLD_BYTES:
                 data, md5 = await asyncio.to_thread(_read_verified, local, entry, hash_locally)
@@ -320,21 +337,21 @@ async def _upload_s3(store: StoreLocation, staged_dir: Path, base: str, entries:
                 metadata = {SHA256_METADATA_KEY: entry.sha256} | (
                     {ETAG_METADATA_KEY: md5} if md5 else {CHECKSUM_METADATA_KEY: "sha256"})
                 try:
-                    await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata,
+                    await store._request("put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata,
                                       ChecksumSHA256=checksum)
                 except OSError as error:
                     if _checksum_mismatch(error):  # the server hashed the bytes: not the manifest's
                         raise _changed(local, entry, "(refused by the server's sha256 check)", len(data)) from error
                     raise
             else:
-                await _multipart(fs, bucket, key, local, entry)
+                await _multipart(store, bucket, key, local, entry)
         async with record_lock:  # the journal is written by one upload at a time
             await asyncio.to_thread(on_uploaded, entry)
 
-    await asyncio.gather(*(upload(entry) for entry in sorted(entries, key=lambda e: -e.size)))
+    await asyncio.gather(*(upload(job) for job in sorted(jobs, key=lambda j: -j.item.size)))
 
 
-async def _multipart(fs, bucket: str, key: str, local: Path, entry: FileEntry) -> None:
+async def _multipart(store, bucket: str, key: str, local: Path, entry: FileEntry) -> None:
     """Upload a large file in parts: hashed first, each part sent with its Content-MD5; aborted on any failure.
 
     Hashing before the upload lets the object carry the ETag its verified
@@ -344,14 +361,14 @@ async def _multipart(fs, bucket: str, key: str, local: Path, entry: FileEntry) -
     """
     part_md5s = await asyncio.to_thread(_part_digests, local, entry)
     metadata = {SHA256_METADATA_KEY: entry.sha256, ETAG_METADATA_KEY: multipart_etag(part_md5s)}
-    started = await fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key, Metadata=metadata)
+    started = await store._request("create_multipart_upload", Bucket=bucket, Key=key, Metadata=metadata)
     upload_id = started["UploadId"]
     parts, pending = [], []
     try:
         with local.open("rb") as handle:
             for part_number, part_md5 in enumerate(part_md5s, 1):
                 chunk = await asyncio.to_thread(handle.read, PART_SIZE_BYTES)
-                pending.append(asyncio.ensure_future(fs._call_s3(
+                pending.append(asyncio.ensure_future(store._request(
                     "upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=part_number, Body=chunk,
                     ContentMD5=base64.b64encode(part_md5).decode())))
                 if len(pending) >= 4:  # at most four parts of one file in flight
@@ -362,23 +379,23 @@ async def _multipart(fs, bucket: str, key: str, local: Path, entry: FileEntry) -
             parts.extend(pending)
             if handle.read(1):
                 raise _changed(local, entry, "(grew while it was uploaded)", entry.size + 1)
-        await fs._call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={
+        await store._request("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={
             "Parts": [{"PartNumber": i, "ETag": part.result()["ETag"]} for i, part in enumerate(parts, 1)]})
     except OSError as error:
-        await _abort(fs, bucket, key, upload_id, pending)
+        await _abort(store, bucket, key, upload_id, pending)
         if _checksum_mismatch(error):  # a part's bytes are not the ones hashed: the file changed meanwhile
             raise _changed(local, entry, "(a part refused by the server's MD5 check)", entry.size) from error
         raise
     except BaseException:
-        await _abort(fs, bucket, key, upload_id, pending)
+        await _abort(store, bucket, key, upload_id, pending)
         raise
 
 
-async def _abort(fs, bucket: str, key: str, upload_id: str, pending: list) -> None:
+async def _abort(store, bucket: str, key: str, upload_id: str, pending: list) -> None:
     for part in pending:
         part.cancel()
     try:
-        await fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+        await store._request("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
     except Exception:  # noqa: BLE001 - the store may be gone; cleanup aborts it later
         pass
 
@@ -387,17 +404,7 @@ async def _abort(fs, bucket: str, key: str, upload_id: str, pending: list) -> No
 
 def put_small(store: StoreLocation, path: str, data: bytes, deadline: Deadline | None = None) -> None:
     """Write a small object whole (atomically), with its digest recorded like any uploaded file."""
-    digest = hashlib.sha256(data).hexdigest()
-    if store.is_local:
-        from .durable import write_durable
-
-        write_durable(Path(path), data)
-        return
-    bucket, key = store.bucket_and_key(path)
-    checksum = base64.b64encode(bytes.fromhex(digest)).decode()
-    metadata = {SHA256_METADATA_KEY: digest, ETAG_METADATA_KEY: hashlib.md5(data, usedforsecurity=False).hexdigest()}
-    run_async(store, deadline, store.fs._call_s3, "put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata,
-              ChecksumSHA256=checksum)
+    store.put(store.key_of(path), data, deadline=deadline)
 
 
 def list_files(store: StoreLocation, base: str) -> dict[str, int]:
@@ -454,6 +461,9 @@ def remove_files(store: StoreLocation, base: str, relative_paths: list[str]) -> 
         for path in paths:
             Path(path).unlink(missing_ok=True)
         return
+    if not _is_s3(store):
+        store.remove([store.key_of(path) for path in paths])
+        return
     store.fs.rm(paths)
 
 
@@ -509,26 +519,19 @@ def remove_empty_directories(store: StoreLocation, base: str, relative_paths: li
             except OSError:
                 continue
         return
+    if not _is_s3(store):
+        return  # no other backend keeps an empty folder
     if list_files(store, base):
         return  # something landed there since: a directory with objects is never removed
     for directory in deepest_first:
         bucket, key = store.bucket_and_key(directory + "/")
-        store.fs.call_s3("delete_object", Bucket=bucket, Key=key)
+        store.request("delete_object", Bucket=bucket, Key=key)
     store.fs.invalidate_cache(base)
-
-
-def remove_tree(store: StoreLocation, base: str) -> None:
-    if store.is_local:
-        _refuse_outside(store, base, base)
-        shutil.rmtree(base, ignore_errors=True)  # rmtree unlinks the links it meets, never follows them
-        return
-    files = list_files(store, base)
-    remove_files(store, base, sorted(files))
 
 
 def abort_dangling_uploads(store: StoreLocation, prefix: str) -> int:
     """Abort unfinished multipart uploads whose key lies under `prefix/` (S3 only); how many."""
-    if store.is_local:
+    if not _is_s3(store):
         return 0
     bucket, key_prefix = store.bucket_and_key(prefix.rstrip("/") + "/")
     aborted = 0
@@ -536,10 +539,10 @@ def abort_dangling_uploads(store: StoreLocation, prefix: str) -> int:
     # other checkpoints of this run, are never even looked at.
     token: dict = {}
     while True:
-        page = store.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key_prefix, **token)
+        page = store.request("list_multipart_uploads", Bucket=bucket, Prefix=key_prefix, **token)
         for upload in page.get("Uploads", []):
             if upload["Key"].startswith(key_prefix):
-                store.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                store.request("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
                 aborted += 1
         if not page.get("IsTruncated"):
             return aborted

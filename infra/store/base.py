@@ -1,4 +1,9 @@
-"""Object storage through fsspec: a local directory or S3 (s3fs), with time limits.
+"""The `ObjectStore` protocol (everything rankflow asks of a store) and what every backend shares.
+
+Backends: LocalStore (local.py), S3Store (s3.py, through s3fs), MemoryStore
+(memory.py, for tests); `open_store` (infra/store/__init__.py) picks one by
+the URL's scheme. This module also holds the time limits and the
+translation of client failures into OSErrors.
 
 Credentials and the endpoint come from the standard `AWS_*` variables, read
 when a filesystem is made (never at import), and never logged.
@@ -21,12 +26,15 @@ outage (`storage_errors`), never an unclassified client error.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import posixpath
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TypeVar
+from pathlib import Path
+from typing import BinaryIO, Literal, Protocol, TypeVar, runtime_checkable
 
 import fsspec
 
@@ -44,6 +52,127 @@ class StoreTimeouts:
     max_attempts: int = 3
     """Attempts per request (botocore's standard retry mode) before it fails."""
 
+    @classmethod
+    def from_settings(cls, storage: "StorageSettings") -> "StoreTimeouts":
+        """A run's request limits: `storage.request_timeout_s` to read, at most 10 s of it to connect."""
+        request_s = storage.request_timeout_s
+        return cls(connect_s=min(10.0, request_s), read_s=request_s)
+
+
+class StorageSettings(Protocol):
+    """What opening a run's store needs from its configuration (`trainer_core.config.StorageSection` is one)."""
+
+    url: str
+    timeout_s: float
+    request_timeout_s: float
+
+
+PutMode = Literal["overwrite", "create", "if_match"]
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """An object's bytes and the tag a conditional write must name to replace them."""
+
+    data: bytes
+    tag: str
+
+
+class ObjectInfo:
+    """What `head` says of one object: its size and the sha256 recorded with it (None: none recorded).
+
+    A backend that hashes the bytes where they lie (a local disk) computes the
+    digest only when it is first read, so a caller that compares sizes first
+    hashes nothing of an object whose size is already wrong.
+    """
+
+    def __init__(self, size: int, sha256: str | None = None, *, digest: Callable[[], str] | None = None):
+        self.size = size
+        self._sha256, self._digest = sha256, digest
+
+    @functools.cached_property
+    def sha256(self) -> str | None:
+        return self._digest() if self._digest is not None else self._sha256
+
+    def __repr__(self) -> str:
+        return f"ObjectInfo(size={self.size})"
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One local file to upload to `key`, with the size and sha256 its bytes must have."""
+
+    local: Path
+    key: str
+    size: int
+    sha256: str
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """Everything rankflow asks of an object store. Keys are POSIX paths relative to the store's root."""
+
+    url: str
+    """The `storage.url` the store was opened from (for messages)."""
+
+    @property
+    def identity(self) -> str:
+        """What one-time probes are cached under: the same server and bucket (or root) give the same identity."""
+
+    def describe(self) -> dict:
+        """What tells this store from any other, for local records kept per store (no credentials)."""
+
+    def key(self, *parts: str) -> str:
+        """The key of the object at `parts` under the store's root."""
+
+    def url_of(self, key: str) -> str:
+        """The URL (or absolute path) a person can use to find the object at `key`."""
+
+    def errors(self, what: str) -> AbstractContextManager[None]:
+        """Translate client failures during `what` into OSErrors naming the store (ConnectionError, timeouts).
+
+        The other methods leave client failures as they are (callers wrap a whole step in `errors`, so its
+        message names the step), except the conditional writes, which confirm a lost answer themselves."""
+
+    def get(self, key: str) -> Versioned | None:
+        """The object's bytes and tag, or None when it does not exist."""
+
+    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite", tag: str | None = None,
+            deadline: "Deadline | None" = None) -> str | None:
+        """Write a small object whole and atomically, with its sha256 recorded; the new tag.
+
+        `create` writes only when nothing is at `key`, `if_match` only when the
+        object still carries `tag`; either returns None when its condition did not hold.
+        """
+
+    def head(self, keys: Sequence[str], *, deadline: "Deadline | None" = None) -> dict[str, ObjectInfo]:
+        """Size and recorded sha256 of each key present (absent keys are left out)."""
+
+    def list(self, prefix: str) -> dict[str, int]:
+        """Every object under `prefix/` (path relative to it → size), recursively; empty when there is none."""
+
+    def children(self, prefix: str) -> list[str]:
+        """The names immediately under `prefix/`: objects and folders alike."""
+
+    def remove(self, keys: Sequence[str]) -> None:
+        """Remove the objects at `keys`; a missing one is fine."""
+
+    def open_read(self, key: str) -> AbstractContextManager[BinaryIO]:
+        """The object's bytes as a stream read in blocks (no cache)."""
+
+    def upload(self, uploads: Sequence[Upload], *, on_uploaded: Callable[[Upload], None], concurrency: int = 8,
+               deadline: "Deadline | None" = None) -> None:
+        """Upload files concurrently, verified: bytes not matching their Upload raise StagedFileChanged."""
+
+    def abort_uploads(self, prefix: str) -> int:
+        """Abort unfinished multipart uploads under `prefix/`; how many."""
+
+    def check_writable(self) -> None:
+        """Write, read back and remove a probe object; raise StoreSettingError or StoreUnavailable."""
+
+    def overlaps(self, path: Path) -> bool:
+        """Whether the local directory `path` lies inside the store, or the store inside it."""
+
 
 @dataclass(frozen=True)
 class StoreLocation:
@@ -60,6 +189,14 @@ class StoreLocation:
 
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
+
+    def key(self, *parts: str) -> str:
+        """The key (relative to the store's root) of the object at `parts`."""
+        return posixpath.join(*parts) if parts else ""
+
+    def key_of(self, path: str) -> str:
+        """The key of a full store path (`path(...)`): the same object, relative to the root."""
+        return posixpath.relpath(path, self.root) if path != self.root else ""
 
     def url_of(self, *parts: str) -> str:
         if self.is_local:
@@ -99,56 +236,14 @@ def s3_options_from_env(timeouts: StoreTimeouts) -> dict:
     return options
 
 
-def _bounded_s3_filesystem(timeouts: StoreTimeouts):
-    """s3fs whose every request has a wall-clock limit.
+def open_store(storage: "str | StorageSettings", timeouts: StoreTimeouts | None = None) -> "ObjectStore":
+    """The store for a `storage.url` (or a storage section): `s3://bucket/prefix`, `file://path` or a path.
 
-    botocore's read timeout does not cover every wait: a PutObject to a
-    stopped (SIGSTOP) server blocks forever in aiohttp, however small its
-    body. Each request therefore gets at most max_attempts × (connect_s +
-    read_s), after which it fails with a StorageTimeoutError.
+    Defined in infra/store/__init__.py (the registry of backends); importable from here too.
     """
-    import asyncio
+    from . import open_store as registered
 
-    import s3fs  # imported here: local runs need no S3 client
-    from fsspec.asyn import sync_wrapper
-
-    limit_s = timeouts.max_attempts * (timeouts.connect_s + timeouts.read_s)
-
-    class BoundedS3FileSystem(s3fs.S3FileSystem):
-        async def _cat_file(self, path, *args, **kwargs):
-            # A body cut short is no request error botocore could retry (its headers had come).
-            return await read_body(timeouts, lambda: super(BoundedS3FileSystem, self)._cat_file(path, *args, **kwargs))
-
-        async def _call_s3(self, method, *args, **kwargs):
-            try:
-                return await asyncio.wait_for(super()._call_s3(method, *args, **kwargs), limit_s)
-            except asyncio.TimeoutError as error:
-                raise StorageTimeoutError(
-                    f"S3 {method} at {self.endpoint_url} got no answer within {limit_s:g} s (storage.request_timeout_s "
-                    "per attempt); the server is stopped or overloaded — retry when it answers, finished uploads "
-                    "are kept") from error
-
-        # s3fs binds its public call_s3 to the base class's _call_s3: bind it to this one.
-        call_s3 = sync_wrapper(_call_s3)
-
-    return BoundedS3FileSystem
-
-
-def open_store(url: str, timeouts: StoreTimeouts | None = None) -> StoreLocation:
-    """The filesystem for a `storage.url`: `s3://bucket/prefix`, `file://path` or a path."""
-    timeouts = timeouts or StoreTimeouts()
-    if url.startswith("s3://"):
-        fs = _bounded_s3_filesystem(timeouts)(**s3_options_from_env(timeouts))
-        # s3fs retries connection errors on its own (5 rounds, a class
-        # attribute) on top of botocore's attempts: one round leaves the
-        # count to StoreTimeouts.max_attempts, so a dead endpoint fails in
-        # about max_attempts × read_s. The one thing only s3fs's rounds
-        # retried, a streamed body cut short, `read_body` retries instead.
-        fs.retries = 1
-        return StoreLocation(fs=fs, root=url.removeprefix("s3://").rstrip("/"), url=url, timeouts=timeouts)
-    path = url.removeprefix("file://")
-    fs = fsspec.filesystem("file", auto_mkdir=True)
-    return StoreLocation(fs=fs, root=os.path.abspath(path), url=url, timeouts=timeouts)
+    return registered(storage, timeouts)
 
 
 def write_small_atomic(store: StoreLocation, path: str, data: bytes) -> None:

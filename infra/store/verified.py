@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 from .durable import temp_name
-from .manifests import FileEntry
-from .storage import StoreLocation
+from ..manifests import FileEntry
+from .base import StoreLocation
 
 BLOCK_BYTES = 4 * 2**20
 """Bytes read (and held) at a time when streaming an object or hashing a file."""
@@ -65,7 +65,7 @@ def fetch_verified(store: StoreLocation, remote_path: str, target: Path, entry: 
                 size += len(block)
                 sink.write(block)
         if (size, digest.hexdigest()) != (entry.size, entry.sha256):
-            where = remote_path if store.is_local else f"s3://{remote_path}"
+            where = store.url_of(store.key_of(remote_path))
             raise StoredObjectCorrupt(
                 f"{where}: {size} bytes with sha256 {digest.hexdigest()} do not match its manifest ({entry.size} "
                 f"bytes, sha256 {entry.sha256}); the stored object is corrupt and was not used")

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from trainer_core.errors import BadInputError
 
-from .storage import StoreLocation, StoreTimeouts, open_store
+from .base import StoreLocation, StoreTimeouts, open_store
 
 PROBE_PREFIX = ".rankflow-probe-"
 

@@ -1,6 +1,6 @@
 """Compare-and-swap on one small object: create it if absent, replace it if unchanged.
 
-The lease (infra/lease.py) and LATEST (infra/latest.py) are built on these
+The lease (infra/store/lease.py) and LATEST (infra/latest.py) are built on these
 operations, so that two writers on two machines can never both win.
 
 - S3: a conditional PutObject (`If-None-Match: *` to create, `If-Match: ETAG`
@@ -29,29 +29,21 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import posixpath
 import secrets
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from .durable import create_exclusive, write_durable
-from .storage import StoreLocation, read_body, run_async, storage_errors
+from .base import ObjectStore, StoreLocation, Versioned, storage_errors
 
 _PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
 
-# (endpoint, bucket) pairs whose conditional writes were probed in this process:
-# a store does not stop honouring them, and the probe costs three requests.
-_VERIFIED_STORES: set[tuple[str | None, str]] = set()
+# Store identities (server and bucket, or root) whose conditional writes were probed in this
+# process: a store does not stop honouring them, and the probe costs three requests.
+_VERIFIED_STORES: set[str] = set()
 _VERIFIED_LOCK = threading.Lock()
-
-
-@dataclass(frozen=True)
-class Versioned:
-    """An object's bytes and the tag a conditional write must name to replace them."""
-
-    data: bytes
-    tag: str
 
 
 class ConditionalWritesUnsupported(OSError):
@@ -64,37 +56,15 @@ def _is_precondition_failure(error: BaseException) -> bool:
     return response.get("Error", {}).get("Code") in _PRECONDITION_CODES or "pre-conditions" in str(error)
 
 
-def _s3_call(store: StoreLocation, operation: str, path: str, **kwargs) -> dict | None:
-    """One S3 call; None when its precondition did not hold."""
-    bucket, key = store.bucket_and_key(path)
-    try:
-        return store.fs.call_s3(operation, Bucket=bucket, Key=key, **kwargs)
-    except OSError as error:
-        if _is_precondition_failure(error):
-            return None
-        raise
+def is_precondition_failure(error: BaseException) -> bool:
+    """Whether an S3 write failed because its If-None-Match or If-Match did not hold."""
+    return _is_precondition_failure(error)
 
 
 def read_versioned(store: StoreLocation, path: str) -> Versioned | None:
     """The object's bytes and tag, or None if it does not exist."""
     with storage_errors(store, f"read of {path}"):
-        if store.is_local:
-            try:
-                data = Path(path).read_bytes()
-            except FileNotFoundError:
-                return None
-            return Versioned(data, hashlib.sha256(data).hexdigest())
-        bucket, key = store.bucket_and_key(path)
-
-        async def get() -> Versioned:
-            response = await store.fs._call_s3("get_object", Bucket=bucket, Key=key)
-            async with response["Body"] as stream:
-                return Versioned(await stream.read(), response["ETag"])
-
-        try:
-            return run_async(store, None, read_body, store.timeouts, get)
-        except FileNotFoundError:
-            return None
+        return store.get(store.key_of(path))
 
 
 @contextlib.contextmanager
@@ -156,10 +126,7 @@ def create_if_absent(store: StoreLocation, path: str, data: bytes) -> str | None
     """Write `data` only if `path` does not exist; the new tag, or None if it existed."""
 
     def create() -> str | None:
-        if store.is_local:
-            return _create_local(Path(path), data)
-        response = _s3_call(store, "put_object", path, Body=data, IfNoneMatch="*")
-        return None if response is None else response["ETag"]
+        return store.conditional_write(store.key_of(path), data, None)
 
     return _confirmed(store, path, data, f"conditional create of {path}", create)
 
@@ -168,36 +135,42 @@ def replace_if_unchanged(store: StoreLocation, path: str, data: bytes, tag: str)
     """Replace the object only if it still carries `tag`; the new tag, or None if it changed."""
 
     def replace() -> str | None:
-        if store.is_local:
-            return _replace_local(Path(path), data, tag)
-        response = _s3_call(store, "put_object", path, Body=data, IfMatch=tag)
-        return None if response is None else response["ETag"]
+        return store.conditional_write(store.key_of(path), data, tag)
 
     return _confirmed(store, path, data, f"conditional replace of {path}", replace)
 
 
-def check_conditional_writes(store: StoreLocation, probe_prefix: str) -> None:
+def check_conditional_writes(store: ObjectStore, probe_prefix: str) -> None:
     """Refuse a store whose conditional writes do not hold (they guard leases and LATEST).
 
-    Creates a probe object with `If-None-Match: *` and tries again: the second
-    must fail. The probe's name is unique, so concurrent checks do not meet.
-    A local store needs no probe.
+    Creates a probe object with `put(mode="create")` and tries again: the
+    second must be refused. The probe's name is unique, so concurrent checks
+    do not meet. Every backend is probed (once per store identity and
+    process): a backend that ignores the mode would silently lose mutual
+    exclusion. `probe_prefix` is a key under the store's root.
     """
-    if store.is_local:
-        return
-    endpoint = (getattr(store.fs, "endpoint_url", None), store.bucket_and_key(store.root)[0])
+    identity = store.identity
     with _VERIFIED_LOCK:
-        if endpoint in _VERIFIED_STORES:
+        if identity in _VERIFIED_STORES:
             return
-    probe_path = f"{probe_prefix.rstrip('/')}/.conditional-probe-{secrets.token_hex(8)}"
-    first = create_if_absent(store, probe_path, b"first")
-    second = create_if_absent(store, probe_path, b"second")
-    with storage_errors(store, f"removal of {probe_path}"):
-        store.fs.rm_file(probe_path)
+    probe = posixpath.join(probe_prefix.rstrip("/"), f".conditional-probe-{secrets.token_hex(8)}")
+    first = store.put(probe, b"first", mode="create")
+    second = store.put(probe, b"second", mode="create")
+    with store.errors(f"removal of {store.url_of(probe)}"):
+        store.remove([probe])
+        _forget_probe_lock(store, probe)
     if first is None or second is not None:
         raise ConditionalWritesUnsupported(
             f"object storage at {store.url} ignores conditional writes (If-None-Match); rankflow needs them "
             "for its leases and LATEST — use an S3 service that supports them (AWS S3, SeaweedFS >= 4, MinIO)"
         )
     with _VERIFIED_LOCK:
-        _VERIFIED_STORES.add(endpoint)
+        _VERIFIED_STORES.add(identity)
+
+
+def _forget_probe_lock(store: ObjectStore, probe: str) -> None:
+    """A local create leaves its sidecar lock file; the probe's (a unique name nobody else locks) goes too."""
+    from .local import LocalStore
+
+    if isinstance(store, LocalStore):
+        Path(store.path(probe)).with_name(f".{posixpath.basename(probe)}.lock").unlink(missing_ok=True)

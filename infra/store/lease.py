@@ -1,7 +1,7 @@
 """A lease on a name in the object store: one holder at a time, across processes and machines.
 
 A lease is a small JSON object (owner, token, generation, expiry) written with
-compare-and-swap (infra/conditional.py): `If-None-Match: *` to take a free
+compare-and-swap (infra/store/conditional.py): `If-None-Match: *` to take a free
 lease, `If-Match` to renew, release or take over one whose holder let it
 expire. While held, a heartbeat thread renews it every `heartbeat_s`; a
 holder that stops renewing (killed, paused, cut off) loses it `ttl_s` after
@@ -44,8 +44,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
-from .conditional import Versioned, check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
-from .storage import StoreLocation
+from .base import StoreLocation, Versioned
+from .conditional import check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
 
 LEASES_DIR = "leases"
 
@@ -190,7 +190,7 @@ class Lease:
         """Take the lease, waiting up to `wait_s`; raises LeaseHeldError naming the holder."""
         if self.held:
             return self
-        check_conditional_writes(self.store, self.path.rsplit("/", 1)[0])
+        check_conditional_writes(self.store, self.store.key_of(self.path.rsplit("/", 1)[0]))
         started = time.monotonic()
         while True:
             holder = self._try_acquire()

@@ -1,0 +1,43 @@
+"""Object storage: the `ObjectStore` protocol, its backends, and the operations built on them.
+
+`open_store` is the one constructor: it picks the backend for a
+`storage.url` scheme from `BACKENDS` (adding a backend is one file and one
+line there). base.py holds the protocol, the limits (`StoreTimeouts`,
+`Deadline`) and error translation; local.py, s3.py and memory.py the
+backends; objects.py the verified uploads and digests; conditional.py the
+compare-and-swap probe the leases (lease.py) and LATEST rely on; verified.py
+the checked downloads; preflight.py the writability probe run before a run
+writes anything; durable.py the local crash-safe writes.
+"""
+
+from __future__ import annotations
+
+from .base import (Deadline, ObjectInfo, ObjectStore, PutMode, StorageSettings, StorageTimeoutError, StoreLocation,
+                   StoreTimeouts, Upload, Versioned)
+from .local import LocalStore
+from .memory import MemoryStore
+from .s3 import S3Store
+
+BACKENDS: dict[str, type[StoreLocation]] = {"file": LocalStore, "s3": S3Store}
+"""storage.url scheme → backend (a URL with no scheme is a local path). MemoryStore is built directly by tests."""
+
+
+def open_store(storage: str | StorageSettings, timeouts: StoreTimeouts | None = None) -> ObjectStore:
+    """The store for a `storage.url` or a storage section (`StorageSettings`): `s3://bucket/prefix`,
+    `file://path` or a path. A section brings its request limits (`StoreTimeouts.from_settings`)."""
+    if isinstance(storage, str):
+        url = storage
+    else:
+        url = storage.url
+        timeouts = timeouts or StoreTimeouts.from_settings(storage)
+    timeouts = timeouts or StoreTimeouts()
+    scheme, separator, _ = url.partition("://")
+    # Anything else is a local path, as it always was (the config accepts file and s3 URLs only).
+    backend = BACKENDS.get(scheme, LocalStore) if separator else LocalStore
+    return backend.open(url, timeouts)
+
+
+__all__ = [
+    "BACKENDS", "Deadline", "LocalStore", "MemoryStore", "ObjectInfo", "ObjectStore", "PutMode", "S3Store",
+    "StorageSettings", "StorageTimeoutError", "StoreLocation", "StoreTimeouts", "Upload", "Versioned", "open_store",
+]
