@@ -28,9 +28,10 @@ from .training.gradient_reduction import all_reduce_sum_
 from .faults import maybe_inject_fault, nonfinite_loss_factor
 from .files import write_text_atomic
 from .model import build_trainer
-from .objectives import clipped_policy_gradient_sum, sft_loss_sum, stale_trajectory_mask
+from .objectives import Objective, objective_for
 from .plan import load_segment_shard, read_plan
 from .progress import ProgressWriter, progress_path
+from .run.figures import FigureLayout
 from .ranks import LogicalDataParallel, pin_threads, step_seed, threads_for
 from .schedule import learning_rate_at
 from .state import load_training_state, save_training_state, state_dir_for
@@ -49,56 +50,14 @@ def planner_reports_dir(run_dir: Path) -> Path:
     return run_dir / "planner"
 
 
-def _count_documents(selected: torch.Tensor, rows: dict[str, torch.Tensor]) -> int:
-    """Documents with any selected target token (a packed row holds several)."""
-    if "document_ids" not in rows:
-        return int(selected.any(dim=1).sum())
-    documents = rows["document_ids"][:, 1:].long()
-    row_index = torch.arange(documents.shape[0])[:, None].expand_as(documents)
-    keys = (row_index * (int(documents.max()) + 1) + documents)[selected]
-    return int(keys.unique().numel())
-
-
-def _micro_batch_loss_sum(config: RunConfig, logprobs: torch.Tensor, rows: dict[str, torch.Tensor], version: int,
-                          rl_sums: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The loss sum of one logical rank's rows, and how many trajectories were dropped as stale.
-
-    For RL, adds to `rl_sums` the clipped-token count, the importance-ratio sum and the token count.
-
-    Shard tensors are aligned per target token t; `logprobs[:, t-1]` is the
-    logprob of target t, hence the `[:, 1:]` slices.
-    """
-    loss_mask = rows["loss_mask"][:, 1:]
-    if config.data.kind == "sft":
-        return sft_loss_sum(logprobs, loss_mask), 0
-    num_stale = 0
-    mask = loss_mask
-    if config.rl.max_data_staleness is not None:
-        keep, num_stale_tokens = stale_trajectory_mask(
-            rows["policy_version"][:, 1:], version, config.rl.max_data_staleness, config.rl.stale_trajectories, valid=loss_mask)
-        if num_stale_tokens:
-            num_stale = _count_documents(loss_mask & ~keep, rows)
-            mask = loss_mask & keep
-    loss, stats = clipped_policy_gradient_sum(
-        logprobs, rows["behaviour_logprobs"][:, 1:], rows["advantages"][:, 1:], mask,
-        clip_low=config.rl.clip_low, clip_high=config.rl.clip_high,
-    )
-    num_tokens = float(mask.sum())
-    rl_sums += torch.tensor([stats.clipped_fraction * num_tokens, stats.mean_ratio * num_tokens, num_tokens])
-    if config.rl.sft_coef:
-        loss = loss + config.rl.sft_coef * sft_loss_sum(logprobs, mask)
-    return loss, num_stale
-
-
-def _step_figures(step: int, loss: float, report, learning_rate: float, sums: torch.Tensor, step_s: float, rl: bool) -> dict:
-    """One step's live figures (global: `sums` is already reduced over ranks)."""
-    tokens, stale, clipped, ratio_sum, rl_tokens = (float(x) for x in sums)
+def _step_figures(step: int, loss: float, report, learning_rate: float, sums: dict[str, float], step_s: float,
+                  objective: Objective) -> dict:
+    """One step's live figures (global: `sums` is already reduced over ranks), the objective's last."""
+    tokens = sums["input_tokens"]
     figures = {"step": step, "loss": loss, "grad_norm": float(report.grad_norm), "learning_rate": learning_rate,
                "stepped": bool(report.stepped), "tokens": int(tokens), "step_s": step_s,
                "tokens_per_s": tokens / step_s if step_s > 0 else 0.0}
-    if rl:  # fractions over the loss tokens kept; None when the step kept none (all stale)
-        figures.update(stale_trajectories_dropped=int(stale), clip_fraction=clipped / rl_tokens if rl_tokens else None,
-                       mean_importance_ratio=ratio_sum / rl_tokens if rl_tokens else None)
+    figures.update(objective.step_figures(sums))
     return figures
 
 
@@ -111,26 +70,21 @@ def _forward(trainer: Trainer, rows: dict[str, torch.Tensor], mode):
     return trainer.forward(packed["input_ids"], packed.get("attention_mask"), position_ids=packed["position_ids"], mode=mode)
 
 
-_FIGURES = ("loss sum", "input tokens", "stale trajectories", "clipped tokens", "ratio sum", "RL tokens")
-"""What each logical rank contributes to a step's figures, reduced over logical ranks in order."""
-
-
-def _logical_rank_work(config: RunConfig, trainer: Trainer, rows: dict[str, torch.Tensor], *, step: int, rank: int,
-                       version: int, num_loss_tokens: int, mode) -> torch.Tensor:
-    """Forward and backward of one logical rank's rows; returns its `_FIGURES` (float64)."""
-    rl_sums = torch.zeros(3)
+def _logical_rank_work(objective: Objective, layout: FigureLayout, trainer: Trainer, rows: dict[str, torch.Tensor],
+                       *, step: int, rank: int, revision: int, num_loss_tokens: int, mode) -> torch.Tensor:
+    """Forward and backward of one logical rank's rows; returns its figures, packed by `layout`."""
     out = _forward(trainer, rows, mode)
-    micro_loss, micro_stale = _micro_batch_loss_sum(config, out.logprobs, rows, version, rl_sums)
-    micro_loss = micro_loss * nonfinite_loss_factor(step, rank)
+    part = objective.loss_sum(out.logprobs, rows, revision=revision)
+    micro_loss = part.loss * nonfinite_loss_factor(step, rank)
     # Normalised by the loss tokens of the whole global batch: the same loss at any split.
     trainer.backward(micro_loss / num_loss_tokens)
-    counts = torch.tensor([float(rows["attention_mask"].sum()), float(micro_stale)], dtype=torch.float64)
-    return torch.cat([micro_loss.detach().double().reshape(1), counts, rl_sums.double()])
+    return layout.pack({"loss_sum": micro_loss.detach().double(), "input_tokens": float(rows["attention_mask"].sum()),
+                        "stale_trajectories": float(part.num_dropped), **part.figures})
 
 
-def _train_step(ldp: LogicalDataParallel, config: RunConfig, batch: dict[str, torch.Tensor], step: int, version: int,
-                mode) -> torch.Tensor:
-    """One optimizer step's forwards and backwards over this rank's logical ranks; returns the global `_FIGURES`."""
+def _train_step(ldp: LogicalDataParallel, objective: Objective, layout: FigureLayout, batch: dict[str, torch.Tensor],
+                step: int, revision: int, mode) -> dict[str, float]:
+    """One optimizer step's forwards and backwards over this rank's logical ranks; returns the global figures."""
     num_loss_tokens = int(batch["loss_mask"][:, 1:].sum())
     rank = ldp.topology.rank
     figures: dict[int, torch.Tensor] = {}
@@ -140,9 +94,9 @@ def _train_step(ldp: LogicalDataParallel, config: RunConfig, batch: dict[str, to
                 maybe_inject_fault(step, rank)
             if not shard.empty:
                 figures[shard.logical_rank] = _logical_rank_work(
-                    config, ldp.trainer, shard.rows, step=step, rank=rank, version=version,
+                    objective, layout, ldp.trainer, shard.rows, step=step, rank=rank, revision=revision,
                     num_loss_tokens=num_loss_tokens, mode=mode)
-    return ldp.reduce(figures, "sum")
+    return layout.unpack(ldp.reduce(figures, "sum"))
 
 
 def _note_skipped(config: RunConfig, step: int, report, skipped: list[int]) -> None:
@@ -184,13 +138,16 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
     trainer.model.train()
     ldp = LogicalDataParallel(trainer, topology, reduction=config.train.reduction, seed=config.run.seed)
     shard = load_segment_shard(run_dir, segment)
+    objective = objective_for(config)
+    layout = FigureLayout.for_objective(objective.figures)
     setup_s = time.perf_counter() - started
     log(f"segment {segment_index}: steps {segment.start_step}..{segment.end_step - 1}, "
         f"{topology.world_size} rank(s) x {topology.logical_per_rank} logical, {config.train.reduction} reduction, "
         f"{num_threads} thread(s) per rank, setup {setup_s:.2f}s")
     progress = ProgressWriter(progress_path(run_dir, segment_index), rank=topology.rank)
     progress.write("ready", segment=segment_index, start_step=segment.start_step, end_step=segment.end_step,
-                   total_steps=plan.segments[-1].end_step, setup_s=setup_s)
+                   total_steps=plan.segments[-1].end_step, setup_s=setup_s,
+                   objective=objective.name)
 
     mode = None if config.train.backward_mode == "auto" else config.train.backward_mode
     losses, grad_norms, skipped = [], [], []
@@ -199,21 +156,20 @@ def train_segment(run_dir: Path, segment_index: int) -> None:
     for local_step in range(segment.num_steps):
         step = segment.start_step + local_step
         batch = {name: tensor[local_step] for name, tensor in shard.items()}
-        version = config.rl.initial_policy_version + base.revision
         step_started = time.perf_counter()
-        sums = _train_step(ldp, config, batch, step, version, mode)
+        sums = _train_step(ldp, objective, layout, batch, step, base.revision, mode)
         learning_rate = learning_rate_at(step, config.train)
         report = ldp.step(learning_rate=learning_rate)[base.name]
-        loss = float(sums[0]) / int(batch["loss_mask"][:, 1:].sum())
+        loss = sums["loss_sum"] / int(batch["loss_mask"][:, 1:].sum())
         losses.append(loss)
         grad_norms.append(report.grad_norm)
-        num_input_tokens += int(sums[1])
-        num_stale += int(sums[2])
+        num_input_tokens += int(sums["input_tokens"])
+        num_stale += int(sums["stale_trajectories"])
         _note_skipped(config, step, report, skipped)
         if topology.rank == 0:
             log(f"step {step} loss {loss:.4f} grad_norm {report.grad_norm:.3f}")
-        progress.write("step", **_step_figures(step, loss, report, learning_rate, sums[1:], time.perf_counter() - step_started,
-                                               rl=config.data.kind == "rl"))
+        progress.write("step", **_step_figures(step, loss, report, learning_rate, sums, time.perf_counter() - step_started,
+                                               objective))
     train_s = time.perf_counter() - train_started
     planner_misses = torch.tensor([float(trainer.planner.num_misses)])
     all_reduce_sum_([planner_misses])  # every rank's planner decides for its own graphs
