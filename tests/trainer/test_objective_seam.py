@@ -37,6 +37,17 @@ def test_train_objective_follows_data_kind_unless_set(tmp_path):
     assert isinstance(objective_for(sft_on_trajectories), SFT)  # trajectories carry a loss mask too
 
 
+def test_a_config_without_a_train_section_gets_its_own_objective():
+    """The default [train] is filled per config: an RL config first must not leave its objective to the next."""
+    from trainer_core.config import RunConfig
+
+    base = {"model": {"config": "model.json"}, "tokenizer": {"path": "tokenizer.json"}}
+    rl = RunConfig.model_validate({**base, "data": {"path": "rl.jsonl", "kind": "rl"}})
+    sft = RunConfig.model_validate({**base, "data": {"path": "sft.jsonl"}})
+    assert (rl.train.objective, sft.train.objective) == ("clipped_policy_gradient", "sft")
+    assert RunConfig.model_validate(rl.model_dump(mode="json")).train.objective == "clipped_policy_gradient"
+
+
 def test_an_unknown_objective_and_one_the_data_cannot_feed_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.objective: must be one of 'sft' or 'clipped_policy_gradient' "
                                           r"\(got 'dpo'\); choose one of them"):
