@@ -110,7 +110,8 @@ class ClippedPolicyGradient:
                  max_data_staleness: int | None, stale_trajectories: Literal["drop", "error"]) -> None:
         self.clip_low, self.clip_high, self.sft_coef = clip_low, clip_high, sft_coef
         self.initial_policy_version = initial_policy_version
-        self.max_data_staleness, self.stale_trajectories = max_data_staleness, stale_trajectories
+        self.max_data_staleness = max_data_staleness
+        self.stale_trajectories: Literal["drop", "error"] = stale_trajectories
 
     @classmethod
     def from_config(cls, config) -> "ClippedPolicyGradient":

@@ -60,10 +60,10 @@ def train_step(ldp: LogicalDataParallel, objective: Objective, layout: FigureLay
 
 
 def step_figures(step: int, loss: float, report, learning_rate: float, sums: dict[str, float], step_s: float,
-                 objective: Objective) -> dict:
+                 objective: Objective) -> dict[str, float | int | bool | None]:
     """One step's live figures (global: `sums` is already reduced over ranks), the objective's last."""
     tokens = sums["input_tokens"]
-    figures = {"step": step, "loss": loss, "grad_norm": float(report.grad_norm), "learning_rate": learning_rate,
+    figures: dict[str, float | int | bool | None] = {"step": step, "loss": loss, "grad_norm": float(report.grad_norm), "learning_rate": learning_rate,
                "stepped": bool(report.stepped), "tokens": int(tokens), "step_s": step_s,
                "tokens_per_s": tokens / step_s if step_s > 0 else 0.0}
     figures.update(objective.step_figures(sums))
