@@ -20,6 +20,7 @@ from infra.launcher import launch
 from trainer_core.config import config_from_dict
 from trainer_core.plan import build_plan, run_dir_for, write_plan
 from trainer_core.progress import progress_path
+from trainer_core.run.records import SegmentResult
 from trainer_core.segment_main import segment_result_path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -73,10 +74,10 @@ def run_segment(run_dir: Path, world_size: int, env: dict[str, str] | None = Non
     records = [json.loads(line) for line in progress_path(run_dir, 0).read_text().splitlines()]
     steps = [r for r in records if r["event"] == "step"]
     timed = steps[1:] or steps
-    segment = json.loads(segment_result_path(run_dir, 0).read_text())
+    segment = SegmentResult.read(segment_result_path(run_dir, 0))
     return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
-            "step_s": [round(r["step_s"], 4) for r in timed], "losses": segment["losses"],
-            "threads_per_process": segment["threads_per_process"], "world_size": world_size}
+            "step_s": [round(r["step_s"], 4) for r in timed], "losses": segment.losses,
+            "threads_per_process": segment.threads_per_process, "world_size": world_size}
 
 
 def machine() -> dict:

@@ -27,6 +27,7 @@ from infra.launcher import launch
 from tasks.nodes import launch_nodes
 from tasks.outcomes import PlannedRun
 from trainer_core.progress import progress_path
+from trainer_core.run.records import SegmentResult
 from trainer_core.segment_main import segment_result_path
 from trainer_core.state import state_dir_for
 
@@ -64,9 +65,9 @@ def _run(run_dir: Path, side: str) -> dict:
     wall_s = time.perf_counter() - started
     records = [json.loads(line) for line in progress_path(run_dir, 0).read_text().splitlines()]
     steps = [r for r in records if r["event"] == "step"]
-    segment = json.loads(segment_result_path(run_dir, 0).read_text())
+    segment = SegmentResult.read(segment_result_path(run_dir, 0))
     return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in (steps[1:] or steps)), "launch_wall_s": wall_s,
-            "losses": segment["losses"], "state_sha256": _state_sha256(run_dir)}
+            "losses": segment.losses, "state_sha256": _state_sha256(run_dir)}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -30,6 +30,7 @@ from infra.publication import abort_publication, checkpoint_name
 from infra.run_lease import RunLeaseLost
 from trainer_core.plan import read_plan
 from trainer_core.progress import export_progress_path
+from trainer_core.run.records import ExportResult, export_result_path
 
 from ._launch import launch_stage
 from ._logging import rank_line_logger
@@ -92,18 +93,18 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
         abort_publication(out_dir, store, planned.run_id, step, reason=str(error).splitlines()[0])
         raise
     fence(planned, f"export of segment {segment_index}")
-    result = json.loads((out_dir.parent / f"{out_dir.name}.result.json").read_text())
+    result = ExportResult.read(export_result_path(out_dir))
     manifest_bytes = (out_dir / "MANIFEST.json").read_bytes()
     manifest = json.loads(manifest_bytes)
     outcome = ExportOutcome(
-        segment=segment_index, step=result["step"], staged_dir=str(out_dir), reused=result["reused"],
+        segment=segment_index, step=result.step, staged_dir=str(out_dir), reused=result.reused,
         num_files=len(manifest["files"]) + 1, num_bytes=sum(f["size"] for f in manifest["files"]),
         launch_wall_s=launched.wall_s,
     )
     journal.transition(PublicationState.PREPARED, note="export staged", mirror_required=False,
                        manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
                        num_files=len(manifest["files"]), num_bytes=outcome.num_bytes)
-    ledger.record(run_dir, "export", "completed", weights_sha256=result["weights_sha256"], **outcome.model_dump())
+    ledger.record(run_dir, "export", "completed", weights_sha256=result.weights_sha256, **outcome.model_dump())
     return outcome
 
 

@@ -4,8 +4,9 @@ The flow creates both artifacts once (so they belong to the flow run); each
 segment task updates them in place from the progress records its watchdog
 reads (`tasks.watchdog`), at most once a second: progress is the steps done of
 the run's total, the table shows the newest steps with loss, gradient norm,
-learning rate and tokens/s, and for RL the stale trajectories dropped, the
-clipped fraction and the mean importance ratio.
+learning rate and tokens/s, then the objective's own figures (its
+`live_columns`: for the clipped policy gradient the stale trajectories
+dropped, the clipped fraction and the mean importance ratio).
 
 Every artifact of a run is kept by key, one per flow run (`upsert_*`): an
 artifact the flow run already has under that key is updated in place, so a
@@ -30,6 +31,8 @@ from prefect.client.schemas.sorting import ArtifactSort
 from prefect.context import TaskRunContext, get_run_context
 from prefect.exceptions import MissingContextError
 from pydantic import BaseModel
+
+from trainer_core.objectives import OBJECTIVES, LiveColumn
 
 METRIC_ROWS = 20
 """Newest steps shown in the metrics table."""
@@ -118,14 +121,19 @@ def _figure(value, digits: int):
     return value
 
 
-def metrics_row(record: dict) -> dict:
+def metrics_row(record: dict, columns: tuple[LiveColumn, ...] = ()) -> dict:
+    """One table row: the loop's figures, then the objective's `columns`."""
     row = {"step": record["step"], "loss": _figure(record["loss"], 4), "grad_norm": _figure(record["grad_norm"], 4),
            "learning_rate": f"{record['learning_rate']:.3g}", "tokens_per_s": _figure(record["tokens_per_s"], 0),
            "step_s": _figure(record["step_s"], 3), "updated": record["stepped"]}
-    if "clip_fraction" in record:
-        row.update(stale_dropped=record["stale_trajectories_dropped"], clip_fraction=_figure(record["clip_fraction"], 4),
-                   importance_ratio=_figure(record["mean_importance_ratio"], 4))
+    row.update({column.column: _figure(record[column.figure], column.digits) for column in columns})
     return row
+
+
+def live_columns(ready: dict) -> tuple[LiveColumn, ...]:
+    """The objective's columns, named by the segment's `ready` record (none from a launch that names none)."""
+    objective = OBJECTIVES.get(ready.get("objective", ""))
+    return objective.live_columns if objective is not None else ()
 
 
 class LivePublisher:
@@ -139,14 +147,17 @@ class LivePublisher:
         self._last_update = -math.inf
         self._steps_done: int | None = None
         self._pending = False
+        self._columns: tuple[LiveColumn, ...] = ()
 
     def __call__(self, records: list[dict]) -> None:
         for record in records:
             if record["event"] == "step":
-                self._rows.append(metrics_row(record))
+                self._rows.append(metrics_row(record, self._columns))
                 self._steps_done = record["step"] + 1
-            elif record["event"] == "ready" and self._steps_done is None:
-                self._steps_done = record["start_step"]
+            elif record["event"] == "ready":
+                self._columns = live_columns(record)
+                if self._steps_done is None:
+                    self._steps_done = record["start_step"]
             self._pending = True
         if self._pending and time.monotonic() - self._last_update >= self._min_interval_s:
             self.flush()

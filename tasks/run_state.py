@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from infra import ledger
@@ -20,6 +19,7 @@ from infra.finalizer import FinalizerSettings
 from infra.run_state import (PLAN_BUNDLE, Observer, StateSettings, fetch_bundle, publish_bundle, segment_bundle,
                              stored_bundle)
 from trainer_core.plan import PLAN_FILE, read_plan
+from trainer_core.run.records import SegmentResult
 from trainer_core.segment_main import segment_result_path
 from trainer_core.state import state_dir_for
 
@@ -62,7 +62,7 @@ def publish_segment_state(planned: PlannedRun, segment_index: int, observer: Obs
     return figures
 
 
-def stored_segment_result(planned: PlannedRun, segment_index: int) -> dict | None:
+def stored_segment_result(planned: PlannedRun, segment_index: int) -> SegmentResult | None:
     """The segment's result when its whole state is in the store and verifies; None otherwise.
 
     Only the small result file is fetched; the state itself is fetched by the
@@ -75,7 +75,7 @@ def stored_segment_result(planned: PlannedRun, segment_index: int) -> dict | Non
     result_path = segment_result_path(run_dir, segment_index)
     wanted = _relative(run_dir, result_path)
     fetch_bundle(store, planned.run_id, run_dir, bundle, only=lambda path: path == wanted)
-    return json.loads(result_path.read_text())
+    return SegmentResult.read(result_path)
 
 
 def _fetch(planned: PlannedRun, bundle: str, only=None) -> dict:

@@ -14,7 +14,6 @@ failed together by `tasks.nodes`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from prefect import task
@@ -24,6 +23,7 @@ from prefect.states import Completed
 
 from infra import ledger
 from trainer_core.progress import progress_path
+from trainer_core.run.records import SegmentResult
 from trainer_core.segment_main import segment_result_path
 from trainer_core.state import has_state, state_dir_for
 
@@ -43,12 +43,11 @@ REUSED = "Reused"
 """State name of a segment task run whose state was already saved (nothing trained)."""
 
 
-def _outcome(result: dict, launch_wall_s: float, reused: bool) -> SegmentOutcome:
+def _outcome(result: SegmentResult, launch_wall_s: float, reused: bool) -> SegmentOutcome:
     return SegmentOutcome(
-        segment=result["segment"], start_step=result["start_step"], end_step=result["end_step"],
-        losses=result["losses"], num_tokens=result["num_tokens"], tokens_per_s=result["tokens_per_s"],
-        train_s=result["train_s"], launch_wall_s=launch_wall_s, reused=reused,
-        planner_misses=result.get("planner_misses", 0),
+        segment=result.segment, start_step=result.start_step, end_step=result.end_step,
+        losses=result.losses, num_tokens=result.num_tokens, tokens_per_s=result.tokens_per_s,
+        train_s=result.train_s, launch_wall_s=launch_wall_s, reused=reused, planner_misses=result.planner_misses,
     )
 
 
@@ -59,7 +58,7 @@ def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, liv
     stored = stored_segment_result(planned, segment_index)
     if stored is None and has_state(state_dir_for(run_dir, segment_index)) and result_path.is_file():
         publish_segment_state(planned, segment_index)  # trained here; its upload had not finished
-        stored = json.loads(result_path.read_text())
+        stored = SegmentResult.read(result_path)
     if stored is not None:
         outcome = _outcome(stored, 0.0, reused=True)
         ledger.record(run_dir, "segment", "reused", segment=segment_index)
@@ -79,11 +78,11 @@ def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, liv
     if publisher is not None:
         publisher.flush()
     publish_segment_state(planned, segment_index)  # before success: a retry elsewhere resumes from the store
-    result = json.loads(result_path.read_text())
+    result = SegmentResult.read(result_path)
     outcome = _outcome(result, launch_wall_s, reused=False)
     fence(planned, f"segment {segment_index}")
     ledger.record(run_dir, "segment", "completed", launch_wall_s=launch_wall_s,
-                  **{k: v for k, v in result.items() if k not in ("grad_norms",)})
+                  **result.model_dump(exclude={"grad_norms"}))
     if in_prefect_run():
         emit_run_event(SEGMENT_COMPLETED, planned.run_id, loss=outcome.losses[-1], segment=segment_index,
                        step=outcome.end_step, tokens_per_s=outcome.tokens_per_s, url=flow_run_url())

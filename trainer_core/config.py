@@ -182,6 +182,19 @@ class TrainSection(_Section):
     collective_timeout_s: float = Field(600, gt=0)
     """Timeout of every collective (init_process_group), set explicitly; a peer silent this long fails the rank.
     Keep it above stall_timeout_s, so that the watchdog, with its better diagnosis, fires first."""
+    objective: str | None = None
+    """The training objective, one of `trainer_core.objectives.OBJECTIVES`: `sft` or `clipped_policy_gradient`.
+    Unset: the one data.kind trains (`sft` for sft data, `clipped_policy_gradient` for rl data)."""
+
+    @field_validator("objective")
+    @classmethod
+    def _known_objective(cls, value: str | None) -> str | None:
+        from .objectives import OBJECTIVES  # the registry, not a copy of its names
+
+        if value is not None and value not in OBJECTIVES:
+            raise ValueError(f"must be one of {' or '.join(map(repr, OBJECTIVES))} (got {value!r}); choose one of them, "
+                             "or leave it unset to train the objective of data.kind")
+        return value
 
     @model_validator(mode="after")
     def _divisibility(self) -> "TrainSection":
@@ -292,6 +305,21 @@ class RunConfig(_Section):
         if self.export.merge_lora and self.model.lora is None:
             raise ValueError("export.merge_lora = true but there is no [model.lora] adapter to merge; add a [model.lora] "
                              "section, or set export.merge_lora = false")
+        return self
+
+    @model_validator(mode="after")
+    def _objective_fits_the_data(self) -> "RunConfig":
+        from .data.shards import PACKED_NAMES, RL_NAMES, UNPACKED_NAMES
+        from .objectives import DEFAULT_FOR_DATA, OBJECTIVES
+
+        if self.train.objective is None:
+            self.train.objective = DEFAULT_FOR_DATA[self.data.kind]
+        carried = UNPACKED_NAMES + (PACKED_NAMES if self.data.pack else ()) + (RL_NAMES if self.data.kind == "rl" else ())
+        missing = [name for name in OBJECTIVES[self.train.objective].needs if name not in carried]
+        if missing:
+            raise ValueError(f"train.objective={self.train.objective!r} needs {', '.join(missing)}, which "
+                             f"data.kind={self.data.kind!r} data do not carry; choose an objective for that data "
+                             f"(e.g. train.objective={DEFAULT_FOR_DATA[self.data.kind]!r}), or give it data that do")
         return self
 
     def export_after_segment(self, segment_index: int) -> bool:

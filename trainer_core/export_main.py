@@ -16,7 +16,6 @@ exported), so the stall watchdog ends an export whose rank hangs.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -25,11 +24,11 @@ import torch.distributed as dist
 from .distributed import init_distributed, log, run_rank_main
 from .export_prepare import prepare_export
 from .faults import maybe_inject_export_fault
-from .files import write_text_atomic
 from .model import build_trainer
 from .plan import Plan, read_plan
 from .progress import ProgressWriter, export_progress_path
 from .ranks import exchange
+from .run.records import ExportResult, StateMeta, export_result_path
 from .state import load_training_state, state_dir_for
 
 
@@ -64,7 +63,7 @@ def _export(run_dir: Path, segment_index: int, out_dir: Path, plan: Plan, topolo
         error = failure
     exchange("export", error)
     progress.write("ready")
-    step = meta["next_step"]
+    step = StateMeta.model_validate(meta).next_step
     provenance = {
         "run_id": plan.run_id, "step": step, "plan_digest": plan.digest,
         "parent_checkpoint": parent_checkpoint(plan, segment_index),
@@ -79,9 +78,9 @@ def _export(run_dir: Path, segment_index: int, out_dir: Path, plan: Plan, topolo
 
     prepared = prepare_export(topology, config, trainer, out_dir, provenance, at_phase)
     if topology.rank == 0:
-        result = {"segment": segment_index, "step": step, "out_dir": str(out_dir), "reused": prepared["reused"],
-                  "weights_sha256": prepared["weights_sha256"], "export_s": time.perf_counter() - started}
-        write_text_atomic(out_dir.parent / f"{out_dir.name}.result.json", json.dumps(result, indent=2))
+        ExportResult(segment=segment_index, step=step, out_dir=str(out_dir), reused=prepared["reused"],
+                     weights_sha256=prepared["weights_sha256"],
+                     export_s=time.perf_counter() - started).write(export_result_path(out_dir))
         log(f"export of step {step} {'reused (manifest verifies)' if prepared['reused'] else 'written'} at {out_dir}")
     progress.write("exported")
     if dist.is_initialized():

@@ -121,28 +121,20 @@ def _segment_shards(prepared: Prepared, config: RunConfig, options: DataOptions,
     }
 
 
-def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
-    """Validate, tokenize and lay out the run in memory.
+def _objective_of_the_data(config: RunConfig) -> str:
+    from .objectives import DEFAULT_FOR_DATA
 
-    Everything comes from the config (the data stages from `config.data`), so
-    the digest really names the plan. The inputs are checked first
-    (`validate_inputs`, unless the caller passes what it already checked); the
-    only thing written is the stage cache under `run.work_dir/cache`, and only
-    for inputs that passed every check.
-    """
-    if checked is None:
-        checked = validate_inputs(config)
-    checked.store_cache()
-    tokenizer, prepared, options, fingerprint = checked.tokenizer, checked.prepared, checked.options, checked.fingerprint
-    pad_id = tokenizer.token_to_id("<|endoftext|>")
-    pad_id = 0 if pad_id is None else pad_id
-    per_segment = _segment_shards(prepared, config, options, pad_id)
-    segment_specs = []
-    span = config.train.steps_per_segment
-    for index, tensors in per_segment.items():
-        start, end = index * span, min((index + 1) * span, config.train.steps)
-        segment_specs.append((index, start, end, int(tensors["loss_mask"].sum())))
+    return DEFAULT_FOR_DATA[config.data.kind]
 
+
+ADDED_LATER = {("train", "objective"): _objective_of_the_data}
+"""Keys added after run ids were first given out, each with its default for a config: at that default a key leaves the
+digest, so every run planned before the key existed keeps its run id (tests/unit/test_run_ids.py pins them). A new key
+that decides the result joins this table; one that does not is popped below with the other operational keys."""
+
+
+def digest_view(config: RunConfig) -> dict:
+    """The part of the config that decides the training result: what the digest (and so the run id) covers."""
     training_config = config.model_dump(mode="json")
     # Where things are stored and how long a launch may take do not change the result.
     for volatile in ("storage", "export"):
@@ -165,6 +157,35 @@ def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple
     for section in ("model", "tokenizer", "data"):
         training_config[section].pop("path", None)
         training_config[section].pop("config", None)
+    for (section, key), default_for in ADDED_LATER.items():
+        if training_config[section].get(key) == default_for(config):
+            training_config[section].pop(key)
+    return training_config
+
+
+def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
+    """Validate, tokenize and lay out the run in memory.
+
+    Everything comes from the config (the data stages from `config.data`), so
+    the digest really names the plan. The inputs are checked first
+    (`validate_inputs`, unless the caller passes what it already checked); the
+    only thing written is the stage cache under `run.work_dir/cache`, and only
+    for inputs that passed every check.
+    """
+    if checked is None:
+        checked = validate_inputs(config)
+    checked.store_cache()
+    tokenizer, prepared, options, fingerprint = checked.tokenizer, checked.prepared, checked.options, checked.fingerprint
+    pad_id = tokenizer.token_to_id("<|endoftext|>")
+    pad_id = 0 if pad_id is None else pad_id
+    per_segment = _segment_shards(prepared, config, options, pad_id)
+    segment_specs = []
+    span = config.train.steps_per_segment
+    for index, tensors in per_segment.items():
+        start, end = index * span, min((index + 1) * span, config.train.steps)
+        segment_specs.append((index, start, end, int(tensors["loss_mask"].sum())))
+
+    training_config = digest_view(config)
     digest = hashlib.sha256(
         json.dumps(
             {"config": training_config, "inputs": fingerprint,

@@ -21,14 +21,16 @@ import os
 import time
 from pathlib import Path
 
+from .run.layout import RunDir
+
 
 def progress_path(run_dir: Path, segment_index: int) -> Path:
-    return run_dir / "progress" / f"segment-{segment_index:04d}.jsonl"
+    return RunDir(run_dir).progress_file(segment_index)
 
 
 def export_progress_path(run_dir: Path, segment_index: int) -> Path:
     """The progress of the export of segment `segment_index`'s state."""
-    return run_dir / "progress" / f"export-{segment_index:04d}.jsonl"
+    return RunDir(run_dir).export_progress_file(segment_index)
 
 
 class ProgressWriter:

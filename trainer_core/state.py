@@ -19,13 +19,14 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from .run.layout import RunDir
 from .training import Checkpoint, restore_checkpoint, save_checkpoint
 
 META_FILE = "meta.json"
 
 
 def state_dir_for(run_dir: Path, segment_index: int) -> Path:
-    return run_dir / "state" / f"segment-{segment_index:04d}"
+    return RunDir(run_dir).state_dir(segment_index)
 
 
 def has_state(state_dir: Path) -> bool:

@@ -153,6 +153,13 @@ CASES: list[Case] = [
          r"e\.g\. global_batch_size=4", config={"train": {"global_batch_size": 5}}),
     Case("data_kind_unknown", "config-value", r"  data\.kind: must be one of 'sft' or 'rl' \(got 'dpo'\)", r"choose one of them",
          config={"data": {"kind": "dpo"}}),
+    Case("objective_unknown", "config-value",
+         r"  train\.objective: must be one of 'sft' or 'clipped_policy_gradient' \(got 'dpo'\)", r"choose one of them",
+         config={"train": {"objective": "dpo"}}),
+    Case("objective_needs_what_the_data_lack", "config-value",
+         r"train\.objective='clipped_policy_gradient' needs behaviour_logprobs, advantages, policy_version, which "
+         r"data\.kind='sft' data do not carry", r"choose an objective for that data \(e\.g\. train\.objective='sft'\)",
+         config={"train": {"objective": "clipped_policy_gradient"}}),
     Case("overflow_unknown", "config-value", r"  data\.overflow: must be one of", r"choose one of them",
          config={"data": {"overflow": "wrap"}}),
     Case("max_seq_len_tiny", "config-value", r"  data\.max_seq_len: must be >= 8 \(got 2\)", r"set a value >= 8",

@@ -9,7 +9,6 @@ and the AdamW state must be bitwise equal to the W = 1 run.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from infra.launcher import launch
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import config_from_dict
 from trainer_core.plan import build_plan, run_dir_for, write_plan
+from trainer_core.run.records import SegmentResult
 from trainer_core.segment_main import segment_result_path, train_segment
 from trainer_core.state import state_dir_for
 
@@ -57,12 +57,12 @@ def launch_segment(run_dir: Path, segment: int, world_size: int) -> None:
 def outcome(run_dir: Path) -> dict:
     """Losses of both segments, the final weights' bytes and the AdamW state."""
     final = state_dir_for(run_dir, 1) / "base"
-    results = [json.loads(segment_result_path(run_dir, s).read_text()) for s in (0, 1)]
-    return {"losses": [r["losses"] for r in results], "num_tokens": [r["num_tokens"] for r in results],
-            "stale": [r["num_stale_trajectories"] for r in results],
+    results = [SegmentResult.read(segment_result_path(run_dir, s)) for s in (0, 1)]
+    return {"losses": [r.losses for r in results], "num_tokens": [r.num_tokens for r in results],
+            "stale": [r.num_stale_trajectories for r in results],
             "weights": (final / "params.safetensors").read_bytes(),
             "optimizer": torch.load(final / "optimizer.pt", weights_only=True)["state"],
-            "world_sizes": [r["world_size"] for r in results], "threads": {r["threads_per_process"] for r in results}}
+            "world_sizes": [r.world_size for r in results], "threads": {r.threads_per_process for r in results}}
 
 
 def assert_same_run(actual: dict, expected: dict) -> None:

@@ -24,6 +24,7 @@ from trainer_core.config import config_from_dict, load_config
 from trainer_core.export_main import export_segment
 from trainer_core.model import build_model, build_trainer
 from trainer_core.plan import build_plan, load_segment_shard, read_plan, run_dir_for, write_plan
+from trainer_core.run.records import SegmentResult
 from trainer_core.segment_main import planner_reports_dir, segment_result_path, train_segment
 from trainer_core.state import load_training_state, state_dir_for
 from trainer_core.training.memory import SavedBytesModel
@@ -43,7 +44,7 @@ def run_and_export(tmp_path: Path, steps: int = 4, **sections) -> tuple:
     results = []
     for segment in plan.segments:
         train_segment(run_dir, segment.index)
-        results.append(json.loads(segment_result_path(run_dir, segment.index).read_text()))
+        results.append(SegmentResult.read(segment_result_path(run_dir, segment.index)))
     export_dir = tmp_path / "export"
     export_segment(run_dir, len(plan.segments) - 1, export_dir)
     return config, run_dir, results, export_dir
@@ -64,8 +65,8 @@ def trainer_logits(trainer, input_ids, attention_mask) -> torch.Tensor:
         return trainer.forward(input_ids, attention_mask, outputs=("logits",)).logits.float()
 
 
-def losses(results: list[dict]) -> list[float]:
-    return [loss for result in results for loss in result["losses"]]
+def losses(results: list[SegmentResult]) -> list[float]:
+    return [loss for result in results for loss in result.losses]
 
 
 def test_lora_trains_the_adapter_alone_and_exports_peft_and_merged_weights(tmp_path):
@@ -135,13 +136,13 @@ def test_planner_misses_are_reported_under_the_run_dir_and_counted_in_the_outcom
     config, run_dir, results, _ = run_and_export(tmp_path, steps=2, train=train)
     (result,) = results
     reports = sorted(planner_reports_dir(run_dir).iterdir())
-    assert result["planner_misses"] > 0 and result["planner"]["choices"]["offload"] >= 1
-    assert len(reports) == min(result["planner_misses"], 16)
+    assert result.planner_misses > 0 and result.planner.choices["offload"] >= 1
+    assert len(reports) == min(result.planner_misses, 16)
     assert [p.name for p in reports][0] == "segment-0000-rank-0-miss-001.json"
     report = json.loads(reports[0].read_text())
     assert {"choice", "inputs", "predicted_peak_bytes", "observed_peak_bytes", "relative_error"} <= set(report)
     assert report["inputs"]["budget_bytes"] == 10**10
-    assert _outcome(result, 1.0, reused=False).planner_misses == result["planner_misses"]
+    assert _outcome(result, 1.0, reused=False).planner_misses == result.planner_misses
 
 
 def test_the_keys_that_change_the_result_change_the_digest(tmp_path):

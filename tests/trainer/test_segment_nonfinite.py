@@ -6,6 +6,7 @@ A NaN is injected into one rank's loss at one step (`RANKFLOW_NONFINITE_LOSS=STE
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tests.trainer.ranks import launch_two_ranks
 from trainer_core.config import ConfigError, config_from_dict
 from trainer_core.faults import NONFINITE_LOSS_ENV
 from trainer_core.plan import build_plan, run_dir_for, write_plan
+from trainer_core.run.records import SegmentResult
 from trainer_core.segment_main import segment_result_path, train_segment
 from trainer_core.state import state_dir_for
 
@@ -36,8 +38,9 @@ def test_the_default_skips_a_non_finite_step_and_counts_it(tmp_path, monkeypatch
     run_dir = planned_run(tmp_path)
     monkeypatch.setenv(NONFINITE_LOSS_ENV, "1:0")
     train_segment(run_dir, 0)
-    result = json.loads(segment_result_path(run_dir, 0).read_text())
-    assert result["skipped_steps"] == [1] and result["num_skipped_steps"] == 1
+    result = SegmentResult.read(segment_result_path(run_dir, 0))
+    assert result.skipped_steps == [1] and result.num_skipped_steps == 1
+    assert math.isnan(result.losses[1])  # a NaN loss is a legal figure: written as NaN, read back as one
     assert saved_revision(run_dir) == 2  # three steps, one skipped
 
 
@@ -59,7 +62,7 @@ def test_a_nan_on_one_rank_skips_the_update_on_every_rank(tmp_path):
     run_dir = planned_run(tmp_path, nproc_per_node=2)
     lines = launch_two_ranks("trainer_core.segment_main", ["--run-dir", str(run_dir), "--segment", "0"],
                              env={NONFINITE_LOSS_ENV: "2:1"})
-    outcome = json.loads(segment_result_path(run_dir, 0).read_text())
-    assert outcome["skipped_steps"] == [2] and outcome["num_skipped_steps"] == 1
+    outcome = SegmentResult.read(segment_result_path(run_dir, 0))
+    assert outcome.skipped_steps == [2] and outcome.num_skipped_steps == 1
     assert sum("step 2: non-finite gradient norm" in line and "skipped on every rank" in line for line in lines) == 2
     assert saved_revision(run_dir) == 2

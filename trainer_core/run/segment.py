@@ -1,0 +1,191 @@
+"""One segment launch on one rank, in named steps: set up, train the steps, save the state, write the result.
+
+    run = SegmentRun.set_up(run_dir, segment_index)  # plan, threads, process group, trainer + resume, shard, objective
+    steps = run.train_steps()                        # every optimizer step; progress records as it goes
+    saved = run.save_state()                         # rank 0 writes, every rank waits and hears if it failed
+    run.write_result(steps, saved)                   # rank 0: the SegmentResult the task reads
+
+The entry point (`trainer_core.segment_main`) runs these in order on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import RunConfig
+from ..distributed import Topology, init_distributed, log
+from ..model import build_trainer
+from ..objectives import Objective, objective_for
+from ..plan import Plan, SegmentPlan, load_segment_shard, read_plan
+from ..progress import ProgressWriter, progress_path
+from ..ranks import LogicalDataParallel, pin_threads, threads_for
+from ..schedule import learning_rate_at
+from ..state import load_training_state, save_training_state, state_dir_for
+from ..training import Checkpoint, MissReports, Trainer
+from ..training.gradient_reduction import all_reduce_sum_
+from .figures import FigureLayout
+from .layout import RunDir
+from .records import PlannerSummary, SegmentResult, StateMeta
+from .steps import note_skipped, step_figures, train_step
+
+
+def segment_result_path(run_dir: Path, segment_index: int) -> Path:
+    return RunDir(run_dir).result_file(segment_index)
+
+
+def planner_reports_dir(run_dir: Path) -> Path:
+    """Where the memory planner's miss reports go (`segment-NNNN-rank-R-miss-NNN.json`, bounded per rank)."""
+    return RunDir(run_dir).planner_dir
+
+
+@dataclass(frozen=True)
+class StepsDone:
+    """What the segment's optimizer steps left (every figure global: reduced over ranks)."""
+
+    losses: list[float]
+    grad_norms: list[float]
+    skipped: list[int]
+    num_input_tokens: int
+    num_stale: int
+    train_s: float
+    planner_misses: int
+
+
+@dataclass(frozen=True)
+class SavedState:
+    state_dir: Path
+    state_bytes: int
+    """The state's size on disk (0 on every rank but rank 0, which writes it)."""
+    save_s: float
+
+
+@dataclass
+class SegmentRun:
+    run_dir: Path
+    segment_index: int
+    plan: Plan
+    config: RunConfig
+    segment: SegmentPlan
+    topology: Topology
+    num_threads: int
+    trainer: Trainer
+    base: Checkpoint
+    """The trained checkpoint: the full model, or the LoRA adapter."""
+    ldp: LogicalDataParallel
+    shard: dict[str, torch.Tensor]
+    objective: Objective
+    layout: FigureLayout
+    progress: ProgressWriter
+    setup_s: float
+
+    @classmethod
+    def set_up(cls, run_dir: Path, segment_index: int) -> "SegmentRun":
+        """The plan, pinned threads, the process group, the trainer resumed from the previous segment, the shard."""
+        started = time.perf_counter()
+        plan = read_plan(run_dir)
+        config = plan.run_config()
+        segment = plan.segments[segment_index]
+        # Before any compute: the thread count decides the last bits of every kernel's reductions.
+        num_threads = pin_threads(threads_for(config.train.reduction, config.train.threads_per_process))
+        topology: Topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s,
+                                              config.train.global_batch_size)
+
+        trainer = build_trainer(config, miss_reports=MissReports(
+            planner_reports_dir(run_dir), prefix=f"segment-{segment_index:04d}-rank-{topology.rank}-"))
+        (base,) = trainer.checkpoints.values()  # the full model, or the LoRA adapter
+        if segment_index > 0:
+            _resume(trainer, state_dir_for(run_dir, segment_index - 1), segment)
+        trainer.model.train()
+        ldp = LogicalDataParallel(trainer, topology, reduction=config.train.reduction, seed=config.run.seed)
+        shard = load_segment_shard(run_dir, segment)
+        objective = objective_for(config)
+        layout = FigureLayout.for_objective(objective.figures)
+        setup_s = time.perf_counter() - started
+        log(f"segment {segment_index}: steps {segment.start_step}..{segment.end_step - 1}, "
+            f"{topology.world_size} rank(s) x {topology.logical_per_rank} logical, {config.train.reduction} reduction, "
+            f"{num_threads} thread(s) per rank, setup {setup_s:.2f}s")
+        progress = ProgressWriter(progress_path(run_dir, segment_index), rank=topology.rank)
+        progress.write("ready", segment=segment_index, start_step=segment.start_step, end_step=segment.end_step,
+                       total_steps=plan.segments[-1].end_step, setup_s=setup_s, objective=objective.name)
+        return cls(run_dir=run_dir, segment_index=segment_index, plan=plan, config=config, segment=segment,
+                   topology=topology, num_threads=num_threads, trainer=trainer, base=base, ldp=ldp, shard=shard,
+                   objective=objective, layout=layout, progress=progress, setup_s=setup_s)
+
+    def train_steps(self) -> StepsDone:
+        """Every optimizer step of the segment, one progress record each."""
+        config, segment, base = self.config, self.segment, self.base
+        mode = config.train.forward_mode
+        losses, grad_norms, skipped = [], [], []
+        num_input_tokens = num_stale = 0
+        train_started = time.perf_counter()
+        for local_step in range(segment.num_steps):
+            step = segment.start_step + local_step
+            batch = {name: tensor[local_step] for name, tensor in self.shard.items()}
+            step_started = time.perf_counter()
+            sums = train_step(self.ldp, self.objective, self.layout, batch, step, base.revision, mode)
+            learning_rate = learning_rate_at(step, config.train)
+            report = self.ldp.step(learning_rate=learning_rate)[base.name]
+            loss = sums["loss_sum"] / int(batch["loss_mask"][:, 1:].sum())
+            losses.append(loss)
+            grad_norms.append(report.grad_norm)
+            num_input_tokens += int(sums["input_tokens"])
+            num_stale += int(sums["stale_trajectories"])
+            note_skipped(config, step, report, skipped)
+            if self.topology.rank == 0:
+                log(f"step {step} loss {loss:.4f} grad_norm {report.grad_norm:.3f}")
+            self.progress.write("step", **step_figures(step, loss, report, learning_rate, sums,
+                                                       time.perf_counter() - step_started, self.objective))
+        train_s = time.perf_counter() - train_started
+        planner_misses = torch.tensor([float(self.trainer.planner.num_misses)])
+        all_reduce_sum_([planner_misses])  # every rank's planner decides for its own graphs
+        return StepsDone(losses=losses, grad_norms=grad_norms, skipped=skipped, num_input_tokens=num_input_tokens,
+                         num_stale=num_stale, train_s=train_s, planner_misses=int(planner_misses.item()))
+
+    def save_state(self) -> SavedState:
+        """Rank 0 writes the state; every rank waits for the write, and hears if it failed."""
+        state_dir = state_dir_for(self.run_dir, self.segment_index)
+        save_started = time.perf_counter()
+        self.progress.write("saving", segment=self.segment_index)
+        state_bytes = 0
+        with self.ldp.command("save"):
+            if self.topology.rank == 0:
+                meta = StateMeta(next_step=self.segment.end_step, segment=self.segment_index, plan_digest=self.plan.digest)
+                state_bytes = save_training_state(state_dir, self.trainer.checkpoints, meta.model_dump())
+        save_s = time.perf_counter() - save_started
+        self.progress.write("saved", segment=self.segment_index, save_s=save_s)
+        self.progress.close()
+        return SavedState(state_dir=state_dir, state_bytes=state_bytes, save_s=save_s)
+
+    def write_result(self, steps: StepsDone, saved: SavedState) -> None:
+        """Rank 0 writes the segment's `SegmentResult`; the other ranks write nothing."""
+        if self.topology.rank != 0:
+            return
+        train_s = steps.train_s
+        result = SegmentResult(
+            segment=self.segment_index, start_step=self.segment.start_step, end_step=self.segment.end_step,
+            losses=steps.losses, grad_norms=steps.grad_norms, skipped_steps=steps.skipped,
+            num_skipped_steps=len(steps.skipped), num_stale_trajectories=steps.num_stale,
+            num_tokens=steps.num_input_tokens, tokens_per_s=steps.num_input_tokens / train_s if train_s > 0 else 0.0,
+            setup_s=self.setup_s, train_s=train_s, save_s=saved.save_s,
+            peak_saved_bytes=self.trainer.peak_saved_bytes,
+            planner_misses=steps.planner_misses, planner=PlannerSummary(**self.trainer.planner.summary()),
+            world_size=self.topology.world_size, logical_dp=self.topology.logical_dp,
+            reduction=self.config.train.reduction, threads_per_process=self.num_threads,
+            state_dir=str(saved.state_dir), state_bytes=saved.state_bytes,
+        )
+        result.write(segment_result_path(self.run_dir, self.segment_index))
+        log(f"segment {self.segment_index} done: loss {steps.losses[0]:.4f} -> {steps.losses[-1]:.4f}, "
+            f"{result.tokens_per_s:.0f} tokens/s, state {saved.state_bytes} bytes")
+
+
+def _resume(trainer: Trainer, state_dir: Path, segment: SegmentPlan) -> None:
+    meta = StateMeta.model_validate(load_training_state(state_dir, trainer.checkpoints))
+    if meta.next_step != segment.start_step:
+        raise RuntimeError(
+            f"state of segment {segment.index - 1} ends at step {meta.next_step}, but segment "
+            f"{segment.index} starts at {segment.start_step}; the run directory mixes plans — start a new run"
+        )
