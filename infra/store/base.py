@@ -38,6 +38,8 @@ from typing import BinaryIO, Literal, Protocol, TypeVar, runtime_checkable
 
 import fsspec
 
+from .durable import write_durable
+
 T = TypeVar("T")
 
 
@@ -207,10 +209,30 @@ class StoreLocation:
         bucket, _, key = path.partition("/")
         return bucket, key
 
+    def forget_lock(self, key: str) -> None:
+        """Drop what a conditional write of `key` left beside it (a local sidecar lock file); nothing elsewhere.
+
+        Only for keys nobody else will ever lock (the conditional-write probe's unique name)."""
+
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     protocol = fs.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def find_files(fs: fsspec.AbstractFileSystem, base: str) -> dict[str, int]:
+    """Every object under the full path `base/` of `fs` (relative path → size); empty if there is none.
+
+    In a local store a symbolic link is not an object: it is neither listed
+    nor descended into, so nothing reached through one is ever removed.
+    """
+    prefix = base.rstrip("/") + "/"
+    try:
+        found = fs.find(prefix, detail=True)
+    except FileNotFoundError:
+        return {}
+    return {path.removeprefix(prefix): int(info.get("size") or 0) for path, info in found.items()
+            if path.startswith(prefix) and info.get("type", "file") != "directory" and not info.get("islink")}
 
 
 def s3_options_from_env(timeouts: StoreTimeouts) -> dict:
@@ -252,10 +274,6 @@ def write_small_atomic(store: StoreLocation, path: str, data: bytes) -> None:
     One S3 PUT is atomic; on a local filesystem, write aside, fsync and rename.
     """
     if store.is_local:
-        from pathlib import Path
-
-        from .durable import write_durable
-
         write_durable(Path(path), data)
     else:
         store.fs.pipe_file(path, data)

@@ -21,6 +21,7 @@ from typing import BinaryIO
 import fsspec
 
 from .base import Deadline, ObjectInfo, PutMode, StoreLocation, Upload, Versioned
+from .uploads import changed
 
 _BLOCK_BYTES = 4 * 2**20
 
@@ -130,15 +131,13 @@ class MemoryStore(StoreLocation):
 
     def upload(self, uploads: Sequence[Upload], *, on_uploaded: Callable[[Upload], None], concurrency: int = 8,
                deadline: Deadline | None = None) -> None:
-        from .objects import _changed
-
         for upload in sorted(uploads, key=lambda u: -u.size):
             if deadline is not None:
                 deadline.remaining()
             data = upload.local.read_bytes()
             digest = _sha256(data)
             if len(data) != upload.size or digest != upload.sha256:
-                raise _changed(upload.local, upload, digest, len(data))
+                raise changed(upload.local, upload, digest, len(data))
             self.fs.pipe_file(self.path(upload.key), data)
             on_uploaded(upload)
 
