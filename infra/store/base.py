@@ -38,8 +38,6 @@ from typing import BinaryIO, Literal, Protocol, TypeVar, runtime_checkable
 
 import fsspec
 
-from .durable import write_durable
-
 T = TypeVar("T")
 
 
@@ -153,8 +151,11 @@ class ObjectStore(Protocol):
     def list(self, prefix: str) -> dict[str, int]:
         """Every object under `prefix/` (path relative to it → size), recursively; empty when there is none."""
 
-    def children(self, prefix: str) -> list[str]:
-        """The names immediately under `prefix/`: objects and folders alike."""
+    def children(self, prefix: str, *, dirs_only: bool = False) -> list[str]:
+        """The names immediately under `prefix/`: objects and folders alike, or only folders (`dirs_only`)."""
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes `start` to `end` (exclusive) of the object at `key`; FileNotFoundError when it is absent."""
 
     def remove(self, keys: Sequence[str]) -> None:
         """Remove the objects at `keys`; a missing one is fine."""
@@ -266,17 +267,6 @@ def open_store(storage: "str | StorageSettings", timeouts: StoreTimeouts | None 
     from . import open_store as registered
 
     return registered(storage, timeouts)
-
-
-def write_small_atomic(store: StoreLocation, path: str, data: bytes) -> None:
-    """Write a small object so that readers see the old or the new bytes, never a part.
-
-    One S3 PUT is atomic; on a local filesystem, write aside, fsync and rename.
-    """
-    if store.is_local:
-        write_durable(Path(path), data)
-    else:
-        store.fs.pipe_file(path, data)
 
 
 class StorageTimeoutError(TimeoutError):

@@ -26,7 +26,7 @@ from .base import Deadline, ObjectInfo, PutMode, StoreLocation, StoreTimeouts, U
 from .conditional import create_if_absent, replace_if_unchanged
 from .durable import create_exclusive, temp_name, write_durable
 from .local_tree import remove_paths
-from .preflight import check_store_writable
+from .preflight import probe_round_trip
 from .uploads import UploadJob, changed
 from .verified import BLOCK_BYTES, sha256_of_file
 
@@ -42,6 +42,10 @@ def _local_lock(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(descriptor)  # closing releases the lock
+
+
+def _real_directory(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
 
 
 def _lock_path(path: Path) -> Path:
@@ -161,11 +165,19 @@ class LocalStore(StoreLocation):
     def list(self, prefix: str) -> dict[str, int]:
         return find_files(self.fs, self.path(prefix))
 
-    def children(self, prefix: str) -> list[str]:
+    def children(self, prefix: str, *, dirs_only: bool = False) -> list[str]:
+        directory = self.path(prefix)
         try:
-            return sorted(os.listdir(self.path(prefix)))
+            names = os.listdir(directory)
         except (FileNotFoundError, NotADirectoryError):
             return []
+        # A link to a folder is no folder of the store: it could lead anywhere (gc never follows one).
+        return sorted(name for name in names if not dirs_only or _real_directory(os.path.join(directory, name)))
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        with open(self.path(key), "rb") as handle:
+            handle.seek(start)
+            return handle.read(max(0, end - start))
 
     def remove(self, keys: Sequence[str]) -> None:
         remove_paths(self.root, [self.path(key) for key in keys])
@@ -190,7 +202,7 @@ class LocalStore(StoreLocation):
         return 0  # a local copy is renamed into place whole: nothing is ever left half-uploaded
 
     def check_writable(self) -> None:
-        check_store_writable(self.url)
+        probe_round_trip(self)
 
     def overlaps(self, path: Path) -> bool:
         staging, root = Path(path).resolve(), Path(self.root).resolve()

@@ -21,7 +21,7 @@ from typing import BinaryIO
 from ..manifests import FileEntry
 from .base import (Deadline, ObjectInfo, PutMode, StorageTimeoutError, StoreLocation, StoreTimeouts, Upload, Versioned,
                    find_files, read_body, run_async, s3_options_from_env, storage_errors)
-from .preflight import check_store_writable
+from .preflight import probe_round_trip
 from .conditional import create_if_absent, is_precondition_failure, replace_if_unchanged
 from .s3_uploads import server_verifies_checksums, upload_s3
 from .uploads import CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_KEY, RemoteObject, UploadJob
@@ -209,13 +209,17 @@ class S3Store(StoreLocation):
     def list(self, prefix: str) -> dict[str, int]:
         return find_files(self.fs, self.path(prefix))
 
-    def children(self, prefix: str) -> list[str]:
+    def children(self, prefix: str, *, dirs_only: bool = False) -> list[str]:
         base = self.path(prefix).rstrip("/")
         try:
-            found = self.fs.ls(base, detail=False)
+            found = self.fs.ls(base, detail=True)
         except FileNotFoundError:
             return []
-        return sorted({path.rstrip("/").rsplit("/", 1)[-1] for path in found if path.rstrip("/") != base})
+        return sorted({entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in found
+                       if entry["name"].rstrip("/") != base and (not dirs_only or entry.get("type") == "directory")})
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self.path(key), start=start, end=end)
 
     def remove(self, keys: Sequence[str]) -> None:
         if keys:
@@ -271,7 +275,7 @@ class S3Store(StoreLocation):
             token = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
 
     def check_writable(self) -> None:
-        check_store_writable(self.url)
+        probe_round_trip(self)
 
     def overlaps(self, path: Path) -> bool:
         return False  # a bucket is never a local directory
