@@ -85,12 +85,7 @@ def _base(store: StoreLocation, run_id: str, name: str) -> str:
 
 def checkpoint_names(store: StoreLocation, run_id: str) -> list[str]:
     """Names of the checkpoint directories of a run (with or without a manifest), oldest first."""
-    root = store.path(run_id, CHECKPOINTS_DIR)
-    try:
-        entries = store.fs.ls(root, detail=True)
-    except FileNotFoundError:
-        return []
-    names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory"]
+    names = store.children(store.key(run_id, CHECKPOINTS_DIR), dirs_only=True)
     return sorted((n for n in names if step_of(n) is not None), key=step_of)
 
 

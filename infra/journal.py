@@ -36,7 +36,7 @@ from pathlib import Path
 from .store.durable import write_durable
 from .local_records import note_store, records_dir
 from .manifests import PUBLICATIONS_DIR, checkpoint_name
-from .store.base import StoreLocation, storage_errors, write_small_atomic
+from .store.base import StoreLocation, storage_errors
 
 JOURNAL_FORMAT = "rankflow-journal/1"
 
@@ -258,7 +258,7 @@ class Journal:
             return
         try:
             with storage_errors(self.store, f"mirror of the journal of {self.name}"):
-                write_small_atomic(self.store, self.mirror_path, data)
+                self.store.put(self.store.key_of(self.mirror_path), data)  # overwrite: atomic on every backend
             self.mirror_error = None
         except OSError as error:
             # Preparing and aborting are local acts: an unreachable store must
@@ -270,18 +270,15 @@ class Journal:
 
 def read_mirrors(store: StoreLocation, run_id: str) -> tuple[list[JournalRecord], list[str]]:
     """Every publication journal mirrored under the run, and the ones that could not be read."""
-    root = store.path(run_id, PUBLICATIONS_DIR)
+    prefix = store.key(run_id, PUBLICATIONS_DIR)
     with storage_errors(store, f"listing of the publications of run {run_id}"):
-        try:
-            paths = [p for p in store.fs.ls(root, detail=False) if p.endswith(".json")]
-        except FileNotFoundError:
-            return [], []
-        contents = store.fs.cat(paths) if paths else {}
+        keys = [store.key(prefix, name) for name in store.children(prefix) if name.endswith(".json")]
+        contents = {key: store.get(key) for key in keys}
     records, problems = [], []
-    for path in sorted(paths):
-        data = contents.get(path) if isinstance(contents, dict) else None
+    for key in sorted(keys):
+        found = contents[key]
         try:
-            records.append(JournalRecord.from_bytes(data))
+            records.append(JournalRecord.from_bytes(found.data if found is not None else None))
         except (ValueError, KeyError, TypeError) as error:
-            problems.append(f"{path}: unreadable journal ({error})")
+            problems.append(f"{store.path(key)}: unreadable journal ({error})")
     return records, problems

@@ -43,15 +43,6 @@ class RunSummary:
         return asdict(self)
 
 
-def _names(store: StoreLocation, path: str) -> dict[str, str]:
-    """{name: type} of the entries directly under `path` (empty when there is none)."""
-    try:
-        entries = store.fs.ls(path, detail=True)
-    except FileNotFoundError:
-        return {}
-    return {e["name"].rstrip("/").rsplit("/", 1)[-1]: e.get("type", "file") for e in entries}
-
-
 def _latest(store: StoreLocation, run_id: str) -> tuple[str | None, int | None]:
     found = store.get(store.key_of(latest_path(store, run_id)))
     if found is None:
@@ -61,14 +52,9 @@ def _latest(store: StoreLocation, run_id: str) -> tuple[str | None, int | None]:
 
 
 def _num_checkpoints(store: StoreLocation, run_id: str) -> int:
-    prefix = store.path(run_id, CHECKPOINTS_DIR) + "/"
-    try:
-        found = store.fs.find(prefix)
-    except FileNotFoundError:
-        return 0
     names = set()
-    for path in found:
-        parts = path.removeprefix(prefix).split("/")
+    for path in store.list(store.key(run_id, CHECKPOINTS_DIR)):
+        parts = path.split("/")
         if len(parts) == 2 and parts[1] == MANIFEST_FILE and step_of(parts[0]) is not None:
             names.add(parts[0])
     return len(names)
@@ -76,15 +62,15 @@ def _num_checkpoints(store: StoreLocation, run_id: str) -> int:
 
 def _last_ledger_line(store: StoreLocation, run_id: str) -> dict | None:
     """The ledger's last whole line that parses, read from its end (a longer window only for a very long line)."""
-    path = store.path(run_id, LEDGER_FILE)
-    try:
-        size = store.fs.size(path)
-    except FileNotFoundError:
+    key = store.key(run_id, LEDGER_FILE)
+    found = store.head([key]).get(key)
+    if found is None:
         return None
+    size = found.size
     window = _LEDGER_TAIL_BYTES
     while True:
         start = max(0, size - window)
-        lines = store.fs.cat_file(path, start=start, end=size).decode(errors="replace").splitlines()
+        lines = store.read_range(key, start, size).decode(errors="replace").splitlines()
         if start > 0:
             lines = lines[1:]  # cut by the window's start
         for line in reversed(lines):
@@ -103,8 +89,8 @@ def list_runs(store: StoreLocation) -> list[RunSummary]:
     """Every run in the store, by run id."""
     with storage_errors(store, f"listing of the runs at {store.url}"):
         summaries = []
-        for run_id, kind in sorted(_names(store, store.root).items()):
-            if kind != "directory" or run_id.startswith(".") or not set(_names(store, store.path(run_id))) & _RUN_ENTRIES:
+        for run_id in store.children("", dirs_only=True):
+            if run_id.startswith(".") or not set(store.children(run_id)) & _RUN_ENTRIES:
                 continue
             latest, latest_step = _latest(store, run_id)
             last = _last_ledger_line(store, run_id) or {}

@@ -2,12 +2,19 @@
 
 `open_store` is the one constructor: it picks the backend for a
 `storage.url` scheme from `BACKENDS` (adding a backend is one file and one
-line there). base.py holds the protocol, the limits (`StoreTimeouts`,
-`Deadline`) and error translation; local.py, s3.py and memory.py the
-backends; objects.py the verified uploads and digests; conditional.py the
-compare-and-swap probe the leases (lease.py) and LATEST rely on; verified.py
-the checked downloads; preflight.py the writability probe run before a run
-writes anything; durable.py the local crash-safe writes.
+line there). Layers, each importing only those above it (no cycle):
+
+- durable.py (crash-safe local writes), uploads.py (the metadata an uploaded
+  object carries and what that evidence proves), base.py (the protocol, the
+  limits `StoreTimeouts` and `Deadline`, error translation);
+- conditional.py (a conditional write whose answer was lost is confirmed; the
+  probe that refuses a store ignoring conditions), preflight.py (the
+  writability probe and its error classes), local_tree.py (links and
+  leftovers of a local store), s3_uploads.py (S3's verified uploads),
+  verified.py (checked downloads);
+- the backends: local.py, s3.py, memory.py;
+- objects.py (remote digests, uploads, listing and removal over full store
+  paths, on any backend) and lease.py (the leases LATEST and the run rely on).
 """
 
 from __future__ import annotations

@@ -151,8 +151,11 @@ class ObjectStore(Protocol):
     def list(self, prefix: str) -> dict[str, int]:
         """Every object under `prefix/` (path relative to it → size), recursively; empty when there is none."""
 
-    def children(self, prefix: str) -> list[str]:
-        """The names immediately under `prefix/`: objects and folders alike."""
+    def children(self, prefix: str, *, dirs_only: bool = False) -> list[str]:
+        """The names immediately under `prefix/`: objects and folders alike, or only folders (`dirs_only`)."""
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes `start` to `end` (exclusive) of the object at `key`; FileNotFoundError when it is absent."""
 
     def remove(self, keys: Sequence[str]) -> None:
         """Remove the objects at `keys`; a missing one is fine."""
@@ -207,10 +210,30 @@ class StoreLocation:
         bucket, _, key = path.partition("/")
         return bucket, key
 
+    def forget_lock(self, key: str) -> None:
+        """Drop what a conditional write of `key` left beside it (a local sidecar lock file); nothing elsewhere.
+
+        Only for keys nobody else will ever lock (the conditional-write probe's unique name)."""
+
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     protocol = fs.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def find_files(fs: fsspec.AbstractFileSystem, base: str) -> dict[str, int]:
+    """Every object under the full path `base/` of `fs` (relative path → size); empty if there is none.
+
+    In a local store a symbolic link is not an object: it is neither listed
+    nor descended into, so nothing reached through one is ever removed.
+    """
+    prefix = base.rstrip("/") + "/"
+    try:
+        found = fs.find(prefix, detail=True)
+    except FileNotFoundError:
+        return {}
+    return {path.removeprefix(prefix): int(info.get("size") or 0) for path, info in found.items()
+            if path.startswith(prefix) and info.get("type", "file") != "directory" and not info.get("islink")}
 
 
 def s3_options_from_env(timeouts: StoreTimeouts) -> dict:
@@ -244,21 +267,6 @@ def open_store(storage: "str | StorageSettings", timeouts: StoreTimeouts | None 
     from . import open_store as registered
 
     return registered(storage, timeouts)
-
-
-def write_small_atomic(store: StoreLocation, path: str, data: bytes) -> None:
-    """Write a small object so that readers see the old or the new bytes, never a part.
-
-    One S3 PUT is atomic; on a local filesystem, write aside, fsync and rename.
-    """
-    if store.is_local:
-        from pathlib import Path
-
-        from .durable import write_durable
-
-        write_durable(Path(path), data)
-    else:
-        store.fs.pipe_file(path, data)
 
 
 class StorageTimeoutError(TimeoutError):

@@ -8,10 +8,13 @@ operations, so that two writers on two machines can never both win.
   atomically under contention (tests/storage/test_conditional.py races 16
   writers); `check_conditional_writes` refuses a store that ignores them rather
   than silently losing mutual exclusion.
-- Local filesystem: create publishes a fully written file with os.link (which
-  fails when the name exists); replace holds an exclusive flock on a sidecar
-  lock file while it compares and renames. The tag is the sha256 of
-  the bytes.
+- Local filesystem (infra/store/local.py): create publishes a fully written
+  file with os.link (which fails when the name exists); replace holds an
+  exclusive flock on a sidecar lock file while it compares and renames. The
+  tag is the sha256 of the bytes.
+
+Each backend's `conditional_write` makes one unconfirmed attempt; this module
+wraps it (and imports no backend).
 
 A write whose answer was lost is confirmed from the store. When the server
 applied a conditional PUT but its answer never arrived, the client's retry of
@@ -25,17 +28,11 @@ pointer, which leaves LATEST where this write wanted it.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
-import os
 import posixpath
 import secrets
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
-from .durable import create_exclusive, write_durable
 from .base import ObjectStore, StoreLocation, Versioned, storage_errors
 
 _PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
@@ -67,19 +64,6 @@ def read_versioned(store: StoreLocation, path: str) -> Versioned | None:
         return store.get(store.key_of(path))
 
 
-@contextlib.contextmanager
-def _local_lock(path: Path) -> Iterator[None]:
-    """An exclusive flock on PATH's sidecar lock file, across processes of this machine."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = path.with_name(f".{path.name}.lock")
-    descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(descriptor)  # closing releases the lock
-
-
 def _holding(store: StoreLocation, path: str, data: bytes) -> str | None:
     """The object's tag if it holds exactly `data`, else None (an unreadable store raises)."""
     current = read_versioned(store, path)
@@ -102,24 +86,6 @@ def _confirmed(store: StoreLocation, path: str, data: bytes, what: str, write: C
     # Refused: by another writer, or by a first try of this very request that landed unanswered.
     # If the object cannot be read now, that is an outage, never a refusal.
     return tag if tag is not None else _holding(store, path, data)
-
-
-def _create_local(path: Path, data: bytes) -> str | None:
-    with _local_lock(path):
-        created = create_exclusive(path, data)
-    return hashlib.sha256(data).hexdigest() if created else None
-
-
-def _replace_local(path: Path, data: bytes, tag: str) -> str | None:
-    with _local_lock(path):
-        try:
-            current = hashlib.sha256(path.read_bytes()).hexdigest()
-        except FileNotFoundError:
-            return None
-        if current != tag:
-            return None
-        write_durable(path, data)
-    return hashlib.sha256(data).hexdigest()
 
 
 def create_if_absent(store: StoreLocation, path: str, data: bytes) -> str | None:
@@ -158,7 +124,8 @@ def check_conditional_writes(store: ObjectStore, probe_prefix: str) -> None:
     second = store.put(probe, b"second", mode="create")
     with store.errors(f"removal of {store.url_of(probe)}"):
         store.remove([probe])
-        _forget_probe_lock(store, probe)
+        if isinstance(store, StoreLocation):
+            store.forget_lock(probe)  # a local create's sidecar lock file (the probe's name is unique)
     if first is None or second is not None:
         raise ConditionalWritesUnsupported(
             f"object storage at {store.url} ignores conditional writes (If-None-Match); rankflow needs them "
@@ -167,10 +134,3 @@ def check_conditional_writes(store: ObjectStore, probe_prefix: str) -> None:
     with _VERIFIED_LOCK:
         _VERIFIED_STORES.add(identity)
 
-
-def _forget_probe_lock(store: ObjectStore, probe: str) -> None:
-    """A local create leaves its sidecar lock file; the probe's (a unique name nobody else locks) goes too."""
-    from .local import LocalStore
-
-    if isinstance(store, LocalStore):
-        Path(store.path(probe)).with_name(f".{posixpath.basename(probe)}.lock").unlink(missing_ok=True)

@@ -1,23 +1,107 @@
 """LocalStore: a directory on this machine's filesystem as an object store.
 
 Small objects are written aside, fsynced and renamed (infra/store/durable.py);
-`create` publishes with os.link and `if_match` compares the sha256 under a
-sidecar flock (infra/store/conditional.py), so two processes of this machine
-never both win. Uploads copy, hash and fsync in a thread pool. A digest is the
-sha256 of the bytes where they lie, computed only when it is first asked for.
+`create` publishes with os.link and `if_match` compares the sha256, each under
+an exclusive flock on a sidecar lock file, so two processes of this machine
+never both win (infra/store/conditional.py confirms a write whose answer was
+lost). Uploads copy, hash and fsync in a thread pool. A digest is the sha256
+of the bytes where they lie, computed only when it is first asked for.
+Symbolic links are never followed out of the root (infra/store/local_tree.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import BinaryIO
 
-from .base import Deadline, ObjectInfo, PutMode, StoreLocation, StoreTimeouts, Upload, Versioned
-from .verified import sha256_of_file
+import fsspec
+
+from .base import Deadline, ObjectInfo, PutMode, StoreLocation, StoreTimeouts, Upload, Versioned, find_files
+from .conditional import create_if_absent, replace_if_unchanged
+from .durable import create_exclusive, temp_name, write_durable
+from .local_tree import remove_paths
+from .preflight import probe_round_trip
+from .uploads import UploadJob, changed
+from .verified import BLOCK_BYTES, sha256_of_file
+
+
+@contextlib.contextmanager
+def _local_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on PATH's sidecar lock file, across processes of this machine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = _lock_path(path)
+    descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock
+
+
+def _real_directory(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def _lock_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.lock")
+
+
+def _create_local(path: Path, data: bytes) -> str | None:
+    with _local_lock(path):
+        created = create_exclusive(path, data)
+    return hashlib.sha256(data).hexdigest() if created else None
+
+
+def _replace_local(path: Path, data: bytes, tag: str) -> str | None:
+    with _local_lock(path):
+        try:
+            current = hashlib.sha256(path.read_bytes()).hexdigest()
+        except FileNotFoundError:
+            return None
+        if current != tag:
+            return None
+        write_durable(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _upload_local(jobs: list[UploadJob], deadline: Deadline | None, on_uploaded: Callable, concurrency: int) -> None:
+    """Copy, hash and fsync each job in a thread pool, largest first; a copy whose bytes changed is not placed."""
+
+    def copy(job: UploadJob):
+        if deadline is not None:
+            deadline.remaining()
+        entry, local, target = job.item, job.local, Path(job.target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(target)
+        digest, size = hashlib.sha256(), 0
+        try:
+            with local.open("rb") as source, tmp.open("wb") as sink:
+                while block := source.read(BLOCK_BYTES):
+                    digest.update(block)
+                    size += len(block)
+                    sink.write(block)
+                sink.flush()
+                os.fsync(sink.fileno())
+            if size != entry.size or digest.hexdigest() != entry.sha256:
+                raise changed(local, entry, digest.hexdigest(), size)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return entry
+
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    futures = [pool.submit(copy, job) for job in sorted(jobs, key=lambda j: -j.item.size)]
+    try:
+        for future in as_completed(futures):
+            on_uploaded(future.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # a failure stops the files not yet started
 
 
 class LocalStore(StoreLocation):
@@ -25,8 +109,6 @@ class LocalStore(StoreLocation):
 
     @classmethod
     def open(cls, url: str, timeouts: StoreTimeouts) -> "LocalStore":
-        import fsspec
-
         return cls(fs=fsspec.filesystem("file", auto_mkdir=True), root=os.path.abspath(url.removeprefix("file://")),
                    url=url, timeouts=timeouts)
 
@@ -52,9 +134,6 @@ class LocalStore(StoreLocation):
 
     def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite", tag: str | None = None,
             deadline: Deadline | None = None) -> str | None:
-        from .conditional import create_if_absent, replace_if_unchanged
-        from .durable import write_durable
-
         path = self.path(key)
         if mode == "create":
             return create_if_absent(self, path, data)
@@ -69,8 +148,6 @@ class LocalStore(StoreLocation):
 
     def conditional_write(self, key: str, data: bytes, tag: str | None) -> str | None:
         """One conditional write, unconfirmed: create when `tag` is None, else replace the tagged bytes."""
-        from .conditional import _create_local, _replace_local
-
         path = Path(self.path(key))
         return _create_local(path, data) if tag is None else _replace_local(path, data, tag)
 
@@ -82,21 +159,28 @@ class LocalStore(StoreLocation):
                 found[key] = ObjectInfo(path.stat().st_size, digest=lambda path=path: sha256_of_file(path)[1])
         return found
 
+    def forget_lock(self, key: str) -> None:
+        _lock_path(Path(self.path(key))).unlink(missing_ok=True)
+
     def list(self, prefix: str) -> dict[str, int]:
-        from .objects import list_files
+        return find_files(self.fs, self.path(prefix))
 
-        return list_files(self, self.path(prefix))
-
-    def children(self, prefix: str) -> list[str]:
+    def children(self, prefix: str, *, dirs_only: bool = False) -> list[str]:
+        directory = self.path(prefix)
         try:
-            return sorted(os.listdir(self.path(prefix)))
+            names = os.listdir(directory)
         except (FileNotFoundError, NotADirectoryError):
             return []
+        # A link to a folder is no folder of the store: it could lead anywhere (gc never follows one).
+        return sorted(name for name in names if not dirs_only or _real_directory(os.path.join(directory, name)))
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        with open(self.path(key), "rb") as handle:
+            handle.seek(start)
+            return handle.read(max(0, end - start))
 
     def remove(self, keys: Sequence[str]) -> None:
-        from .objects import remove_files
-
-        remove_files(self, self.root, list(keys))
+        remove_paths(self.root, [self.path(key) for key in keys])
 
     @contextlib.contextmanager
     def open_read(self, key: str) -> Iterator[BinaryIO]:
@@ -105,18 +189,20 @@ class LocalStore(StoreLocation):
 
     def upload(self, uploads: Sequence[Upload], *, on_uploaded: Callable[[Upload], None], concurrency: int = 8,
                deadline: Deadline | None = None) -> None:
-        from .objects import UploadJob, upload_jobs
-
         jobs = [UploadJob(upload, upload.local, self.path(upload.key)) for upload in uploads]
-        upload_jobs(self, jobs, deadline, on_uploaded, concurrency, probe_prefix=self.root)
+        self.upload_jobs(jobs, deadline, on_uploaded, concurrency)
+
+    def upload_jobs(self, jobs: list[UploadJob], deadline: Deadline | None, on_uploaded: Callable, concurrency: int,
+                    probe_prefix: str | None = None) -> None:
+        """Copy every job into place (a thread pool, largest first); `probe_prefix` is S3's, unused here."""
+        if jobs:
+            _upload_local(jobs, deadline, on_uploaded, concurrency)
 
     def abort_uploads(self, prefix: str) -> int:
         return 0  # a local copy is renamed into place whole: nothing is ever left half-uploaded
 
     def check_writable(self) -> None:
-        from .preflight import check_store_writable
-
-        check_store_writable(self.url)
+        probe_round_trip(self)
 
     def overlaps(self, path: Path) -> bool:
         staging, root = Path(path).resolve(), Path(self.root).resolve()

@@ -21,6 +21,7 @@ from typing import BinaryIO
 import fsspec
 
 from .base import Deadline, ObjectInfo, PutMode, StoreLocation, Upload, Versioned
+from .uploads import changed
 
 _BLOCK_BYTES = 4 * 2**20
 
@@ -109,13 +110,17 @@ class MemoryStore(StoreLocation):
         return {path.removeprefix(base): int(info.get("size") or 0) for path, info in found.items()
                 if path.startswith(base) and info.get("type") == "file"}
 
-    def children(self, prefix: str) -> list[str]:
+    def children(self, prefix: str, *, dirs_only: bool = False) -> list[str]:
         base = self.path(prefix).rstrip("/")
         try:
-            found = self.fs.ls(base, detail=False)
+            found = self.fs.ls(base, detail=True)
         except FileNotFoundError:
             return []
-        return sorted({path.rstrip("/").rsplit("/", 1)[-1] for path in found if path.rstrip("/") != base})
+        return sorted({entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in found
+                       if entry["name"].rstrip("/") != base and (not dirs_only or entry.get("type") == "directory")})
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self.path(key), start=start, end=end)
 
     def remove(self, keys: Sequence[str]) -> None:
         with self._lock:
@@ -130,15 +135,13 @@ class MemoryStore(StoreLocation):
 
     def upload(self, uploads: Sequence[Upload], *, on_uploaded: Callable[[Upload], None], concurrency: int = 8,
                deadline: Deadline | None = None) -> None:
-        from .objects import _changed
-
         for upload in sorted(uploads, key=lambda u: -u.size):
             if deadline is not None:
                 deadline.remaining()
             data = upload.local.read_bytes()
             digest = _sha256(data)
             if len(data) != upload.size or digest != upload.sha256:
-                raise _changed(upload.local, upload, digest, len(data))
+                raise changed(upload.local, upload, digest, len(data))
             self.fs.pipe_file(self.path(upload.key), data)
             on_uploaded(upload)
 

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from trainer_core.errors import BadInputError
 
-from .base import StoreLocation, StoreTimeouts, open_store
+from .base import ObjectStore, StoreTimeouts, open_store
 
 PROBE_PREFIX = ".rankflow-probe-"
 
@@ -100,7 +100,7 @@ def _scrub(text: str) -> str:
     return text
 
 
-def _probe_store(url: str, connect_timeout_s: float) -> StoreLocation:
+def _probe_store(url: str, connect_timeout_s: float) -> ObjectStore:
     # Short limits and two attempts: a wrong endpoint must fail in seconds.
     return open_store(url, StoreTimeouts(connect_s=connect_timeout_s, read_s=connect_timeout_s, max_attempts=2))
 
@@ -112,7 +112,7 @@ def endpoint_of(url: str) -> str:
 
 
 def check_store_writable(url: str, connect_timeout_s: float = 5.0) -> dict:
-    """Write, read back and remove a probe object at the store's root; returns the probe's timing.
+    """Probe the store at `url` with short limits (`store.check_writable()`); returns the probe's timing.
 
     Raises StoreSettingError or StoreUnavailable naming the store, its endpoint and what to check.
     """
@@ -120,24 +120,41 @@ def check_store_writable(url: str, connect_timeout_s: float = 5.0) -> dict:
     check_endpoint_setting(url)
     try:
         store = _probe_store(url, connect_timeout_s)
-        probe = store.path(f"{PROBE_PREFIX}{uuid.uuid4().hex}")
-        payload = b"rankflow storage probe\n"
-        store.fs.pipe_file(probe, payload)
-        if store.fs.cat_file(probe) != payload:
-            raise OSError(f"the probe object {probe} read back different bytes")
-        store.fs.rm_file(probe)
-    except Exception as error:  # noqa: BLE001 - every client failure becomes one clear message
-        what = f"storage.url={url!r} at {endpoint_of(url)}"
-        cause = f"{type(error).__name__}: {_scrub(str(error))[:300]}"
-        if is_credentials_error(error):
-            raise StoreSettingError(f"{what}: no AWS credentials were found ({cause}); {CREDENTIALS_FIX}") from None
-        if isinstance(error, _SETTING_ERRORS) or (not url.startswith("s3://") and isinstance(error, OSError)):
-            raise StoreSettingError(
-                f"{what} refuses the probe write ({cause}); check the bucket and the credentials "
-                "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), or the directory's permissions, or fix storage.url"
-            ) from None
-        raise StoreUnavailable(
-            f"{what} is not reachable ({cause}); check the endpoint (AWS_ENDPOINT_URL) and that the server is up, "
-            "then run the same command again"
-        ) from None
+    except Exception as error:  # noqa: BLE001 - a client that cannot even be made is classified like a failed probe
+        raise classified(url, error) from None
+    store.check_writable()
     return {"store": url, "probe_s": time.perf_counter() - started}
+
+
+def probe_round_trip(store: ObjectStore) -> None:
+    """Write, read back and remove a probe object at the store's root (a backend's `check_writable`).
+
+    Raises StoreSettingError or StoreUnavailable naming the store, its endpoint and what to check.
+    """
+    try:
+        key = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+        payload = b"rankflow storage probe\n"
+        store.put(key, payload)
+        found = store.get(key)
+        if found is None or found.data != payload:
+            raise OSError(f"the probe object {store.url_of(key)} read back different bytes")
+        store.remove([key])
+    except Exception as error:  # noqa: BLE001 - every client failure becomes one clear message
+        raise classified(store.url, error) from None
+
+
+def classified(url: str, error: Exception) -> StoreSettingError | StoreUnavailable:
+    """The preflight's error for a failed probe of `url`: a setting to fix, or a store that does not answer."""
+    what = f"storage.url={url!r} at {endpoint_of(url)}"
+    cause = f"{type(error).__name__}: {_scrub(str(error))[:300]}"
+    if is_credentials_error(error):
+        return StoreSettingError(f"{what}: no AWS credentials were found ({cause}); {CREDENTIALS_FIX}")
+    if isinstance(error, _SETTING_ERRORS) or (not url.startswith("s3://") and isinstance(error, OSError)):
+        return StoreSettingError(
+            f"{what} refuses the probe write ({cause}); check the bucket and the credentials "
+            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), or the directory's permissions, or fix storage.url"
+        )
+    return StoreUnavailable(
+        f"{what} is not reachable ({cause}); check the endpoint (AWS_ENDPOINT_URL) and that the server is up, "
+        "then run the same command again"
+    )

@@ -18,8 +18,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from ..manifests import FileEntry
 from .base import (Deadline, ObjectInfo, PutMode, StorageTimeoutError, StoreLocation, StoreTimeouts, Upload, Versioned,
-                   read_body, run_async, s3_options_from_env, storage_errors)
+                   find_files, read_body, run_async, s3_options_from_env, storage_errors)
+from .preflight import probe_round_trip
+from .conditional import create_if_absent, is_precondition_failure, replace_if_unchanged
+from .s3_uploads import server_verifies_checksums, upload_s3
+from .uploads import CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_KEY, RemoteObject, UploadJob
 
 _BLOCK_BYTES = 4 * 2**20
 
@@ -72,6 +77,23 @@ def bounded_s3_filesystem(timeouts: StoreTimeouts):
 
 
 
+def _remote_object(response: dict) -> RemoteObject:
+    """What a HEAD in checksum mode says of an object: recorded metadata and the store's own digests."""
+    metadata = {k.lower(): v for k, v in (response.get("Metadata") or {}).items()}
+    checksum = response.get("ChecksumSHA256")
+    server_sha256 = None
+    # A multipart object's checksum is of its parts' checksums ("…-N", type COMPOSITE): not the file's sha256.
+    if checksum and "-" not in checksum and response.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT":
+        try:
+            server_sha256 = base64.b64decode(checksum, validate=True).hex()
+        except ValueError:
+            server_sha256 = None
+    etag = (response.get("ETag") or "").strip('"') or None
+    return RemoteObject(int(response["ContentLength"]), metadata.get(SHA256_METADATA_KEY), server_sha256=server_sha256,
+                        etag=etag, recorded_etag=metadata.get(ETAG_METADATA_KEY),
+                        checksum_kept=metadata.get(CHECKSUM_METADATA_KEY) == "sha256")
+
+
 class S3Store(StoreLocation):
     """The store at `s3://BUCKET/PREFIX`; credentials and the endpoint come from the AWS_* variables."""
 
@@ -119,9 +141,6 @@ class S3Store(StoreLocation):
 
     def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite", tag: str | None = None,
             deadline: Deadline | None = None) -> str | None:
-        from .conditional import create_if_absent, replace_if_unchanged
-        from .objects import ETAG_METADATA_KEY, SHA256_METADATA_KEY
-
         path = self.path(key)
         if mode == "create":
             return create_if_absent(self, path, data)
@@ -137,8 +156,6 @@ class S3Store(StoreLocation):
 
     def conditional_write(self, key: str, data: bytes, tag: str | None) -> str | None:
         """One conditional PutObject, unconfirmed: `If-None-Match: *` when `tag` is None, else `If-Match: tag`."""
-        from .conditional import is_precondition_failure
-
         condition = {"IfNoneMatch": "*"} if tag is None else {"IfMatch": tag}
         try:
             response = run_async(self, None, self._request, "put_object", **self._location(key), Body=data,
@@ -167,23 +184,60 @@ class S3Store(StoreLocation):
 
         return run_async(self, deadline, head_all)
 
+    def remote_objects(self, base: str, entries: list[FileEntry], deadline: Deadline | None,
+                       concurrency: int = 16) -> dict[str, RemoteObject]:
+        """What the store says of each entry present under the full path `base`: one HEAD each, in checksum mode."""
+
+        async def head_all() -> dict[str, RemoteObject]:
+            limit = asyncio.Semaphore(concurrency)
+
+            async def head(entry: FileEntry) -> tuple[str, RemoteObject | None]:
+                bucket, key = self.bucket_and_key(f"{base}/{entry.path}")
+                async with limit:
+                    try:
+                        # Checksum mode: S3 returns the checksum it stored for the object's bytes.
+                        response = await self._request("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+                    except FileNotFoundError:
+                        return entry.path, None
+                return entry.path, _remote_object(response)
+
+            pairs = await asyncio.gather(*(head(entry) for entry in entries))
+            return {path: found for path, found in pairs if found is not None}
+
+        return run_async(self, deadline, head_all)
+
     def list(self, prefix: str) -> dict[str, int]:
-        from .objects import list_files
+        return find_files(self.fs, self.path(prefix))
 
-        return list_files(self, self.path(prefix))
-
-    def children(self, prefix: str) -> list[str]:
+    def children(self, prefix: str, *, dirs_only: bool = False) -> list[str]:
         base = self.path(prefix).rstrip("/")
         try:
-            found = self.fs.ls(base, detail=False)
+            found = self.fs.ls(base, detail=True)
         except FileNotFoundError:
             return []
-        return sorted({path.rstrip("/").rsplit("/", 1)[-1] for path in found if path.rstrip("/") != base})
+        return sorted({entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in found
+                       if entry["name"].rstrip("/") != base and (not dirs_only or entry.get("type") == "directory")})
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self.path(key), start=start, end=end)
 
     def remove(self, keys: Sequence[str]) -> None:
-        from .objects import remove_files
+        if keys:
+            self.fs.rm([self.path(key) for key in keys])
 
-        remove_files(self, self.root, list(keys))
+    def remove_empty_directories(self, base: str, deepest_first: list[str]) -> None:
+        """Delete the directory entries (keys ending in '/') of `deepest_first`, once nothing is left under `base/`.
+
+        SeaweedFS keeps a directory after its last object is removed, and a
+        reader would list it as a checkpoint; deleting one is a no-op where
+        the store has no such entry (as on AWS).
+        """
+        if find_files(self.fs, base):
+            return  # something landed there since: a directory with objects is never removed
+        for directory in deepest_first:
+            bucket, key = self.bucket_and_key(directory + "/")
+            self.request("delete_object", Bucket=bucket, Key=key)
+        self.fs.invalidate_cache(base)
 
     @contextlib.contextmanager
     def open_read(self, key: str) -> Iterator[BinaryIO]:
@@ -192,21 +246,36 @@ class S3Store(StoreLocation):
 
     def upload(self, uploads: Sequence[Upload], *, on_uploaded: Callable[[Upload], None], concurrency: int = 8,
                deadline: Deadline | None = None) -> None:
-        from .objects import UploadJob, upload_jobs
-
         jobs = [UploadJob(upload, upload.local, self.path(upload.key)) for upload in uploads]
         probe_prefix = self.path(uploads[0].key).rsplit("/", 1)[0] if uploads else self.root
-        upload_jobs(self, jobs, deadline, on_uploaded, concurrency, probe_prefix=probe_prefix)
+        self.upload_jobs(jobs, deadline, on_uploaded, concurrency, probe_prefix=probe_prefix)
+
+    def upload_jobs(self, jobs: list[UploadJob], deadline: Deadline | None, on_uploaded: Callable, concurrency: int,
+                    probe_prefix: str) -> None:
+        """Upload every job in one asyncio batch on the client's loop, largest first (infra/store/s3_uploads.py)."""
+        if not jobs:
+            return
+        hash_locally = not server_verifies_checksums(self, probe_prefix)
+        run_async(self, deadline, upload_s3, self, jobs, on_uploaded, concurrency, hash_locally)
 
     def abort_uploads(self, prefix: str) -> int:
-        from .objects import abort_dangling_uploads
-
-        return abort_dangling_uploads(self, self.path(prefix))
+        bucket, key_prefix = self.bucket_and_key(self.path(prefix).rstrip("/") + "/")
+        aborted = 0
+        # A paginated listing narrowed to the prefix: uploads of other runs, or of
+        # other checkpoints of this run, are never even looked at.
+        token: dict = {}
+        while True:
+            page = self.request("list_multipart_uploads", Bucket=bucket, Prefix=key_prefix, **token)
+            for upload in page.get("Uploads", []):
+                if upload["Key"].startswith(key_prefix):
+                    self.request("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                    aborted += 1
+            if not page.get("IsTruncated"):
+                return aborted
+            token = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
 
     def check_writable(self) -> None:
-        from .preflight import check_store_writable
-
-        check_store_writable(self.url)
+        probe_round_trip(self)
 
     def overlaps(self, path: Path) -> bool:
         return False  # a bucket is never a local directory

@@ -89,6 +89,22 @@ def test_list_is_recursive_and_children_are_immediate(store):
     assert store.children("run/nothing") == []
 
 
+def test_children_can_name_only_folders(store):
+    for key in ("run/c/step-1/a", "run/c/step-2/a", "run/c/LATEST"):
+        store.put(key, b"x")
+    assert store.children("run/c") == ["LATEST", "step-1", "step-2"]
+    assert store.children("run/c", dirs_only=True) == ["step-1", "step-2"]
+    assert store.children("", dirs_only=True) == ["run"]  # the store's root itself
+
+
+def test_read_range_reads_only_the_bytes_asked_for(store):
+    store.put("run/ledger.jsonl", b"0123456789")
+    assert store.read_range("run/ledger.jsonl", 6, 10) == b"6789"
+    assert store.read_range("run/ledger.jsonl", 0, 3) == b"012"
+    with pytest.raises(FileNotFoundError):
+        store.read_range("run/never-there", 0, 3)
+
+
 def test_remove_takes_what_is_named_and_a_missing_key_is_fine(store):
     store.put("run/x/a", b"a")
     store.put("run/x/b", b"b")
@@ -139,6 +155,15 @@ def test_abort_uploads_finds_nothing_dangling_after_whole_writes(store):
 
 def test_check_writable_passes_on_a_writable_store(store):
     store.check_writable()
+    assert store.list("") == {}  # the probe left nothing behind (each test has a store of its own)
+
+
+def test_check_writable_of_an_unwritable_local_store_is_a_setting_error(tmp_path):
+    from infra.store.preflight import StoreSettingError
+
+    (tmp_path / "file").write_bytes(b"not a folder")
+    with pytest.raises(StoreSettingError, match="refuses the probe write"):
+        open_store(str(tmp_path / "file" / "store")).check_writable()
 
 
 def test_errors_let_an_oserror_through(store):

@@ -197,9 +197,9 @@ def test_checkpoints_become_visible_in_step_order(store, tmp_path, s3_bucket_url
 @pytest.mark.parametrize("server_verifies", [True, False])
 def test_a_staged_file_spoiled_after_export_is_refused(store, tmp_path, monkeypatch, server_verifies):
     """SeaweedFS checks x-amz-checksum-sha256 itself; a server that does not gets the bytes hashed by the client."""
-    from infra.store import objects
+    from infra.store import s3_uploads
 
-    monkeypatch.setattr(objects, "_VERIFYING_ENDPOINTS", {})
+    monkeypatch.setattr(s3_uploads, "_VERIFYING_ENDPOINTS", {})
     if not server_verifies:
         real = S3Store._request
 
@@ -213,6 +213,6 @@ def test_a_staged_file_spoiled_after_export_is_refused(store, tmp_path, monkeypa
     same_size_other_bytes(sorted(staged.glob("*.safetensors"))[1])
     with pytest.raises(StagedFileChanged, match="no longer matches its manifest"):
         commit_checkpoint(staged, store, RUN)
-    assert objects._VERIFYING_ENDPOINTS[store.fs.endpoint_url] is server_verifies
+    assert s3_uploads._VERIFYING_ENDPOINTS[store.fs.endpoint_url] is server_verifies
     assert list_checkpoints(store, RUN) == [] and read_latest(store, RUN) is None
     assert not store.fs.exists(store.path(RUN, "checkpoints", "step-00000010", "MANIFEST.json"))

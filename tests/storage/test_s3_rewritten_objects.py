@@ -15,10 +15,11 @@ import hashlib
 
 import pytest
 
-import infra.store.objects
+import infra.store.s3_uploads
 from infra.checkpoints import verify_checkpoint
 from infra.journal import journal_path_for
-from infra.store.objects import ETAG_METADATA_KEY, multipart_etag
+from infra.store.s3_uploads import multipart_etag
+from infra.store.uploads import ETAG_METADATA_KEY
 from infra.publication import StagedFileChanged, commit_checkpoint
 from infra.store.base import open_store
 from tests.publication_helpers import RUN, random_files, stage
@@ -36,8 +37,8 @@ def store(s3_env, s3_bucket_url):
 @pytest.fixture
 def small_parts(monkeypatch):
     """Multipart uploads for files over 6 MiB, in 5 MiB parts (S3's smallest), so a test file has three parts."""
-    monkeypatch.setattr(infra.store.objects, "MULTIPART_THRESHOLD_BYTES", 6 * 2**20)
-    monkeypatch.setattr(infra.store.objects, "PART_SIZE_BYTES", 5 * 2**20)
+    monkeypatch.setattr(infra.store.s3_uploads, "MULTIPART_THRESHOLD_BYTES", 6 * 2**20)
+    monkeypatch.setattr(infra.store.s3_uploads, "PART_SIZE_BYTES", 5 * 2**20)
 
 
 def object_key(store, path: str) -> tuple[str, str]:
@@ -99,7 +100,7 @@ def test_a_part_whose_bytes_change_after_hashing_is_refused_by_the_server(store,
     files = random_files(1, 11 * 2**20)
     staged = stage(tmp_path, 10, files)
     (name, _), = files.items()
-    real = infra.store.objects._part_digests
+    real = infra.store.s3_uploads._part_digests
 
     def hash_then_spoil(local, entry):
         digests = real(local, entry)
@@ -108,7 +109,7 @@ def test_a_part_whose_bytes_change_after_hashing_is_refused_by_the_server(store,
         local.write_bytes(bytes(data))
         return digests
 
-    monkeypatch.setattr(infra.store.objects, "_part_digests", hash_then_spoil)
+    monkeypatch.setattr(infra.store.s3_uploads, "_part_digests", hash_then_spoil)
     with pytest.raises(StagedFileChanged, match="no longer matches its manifest") as raised:
         commit_checkpoint(staged, store, RUN)
     assert "Content-Md5" in str(raised.value.__cause__)  # the server refused the part: it hashed the bytes it got

@@ -16,6 +16,7 @@ import time
 import pytest
 
 import infra.store.conditional as conditional
+import infra.store.local as local_store
 import infra.store.lease as lease_module
 from infra.finalizer import FinalizerSettings, finalizer
 from infra.store.lease import Lease, LeaseLostError, LeaseRecord
@@ -88,13 +89,13 @@ def cut_off_after_write(monkeypatch, name: str) -> None:
 
 def test_a_create_retried_after_its_answer_was_lost_returns_the_tag_of_its_bytes(store, monkeypatch):
     path = store.path(RUN, "object.json")
-    real = conditional.create_exclusive
+    real = local_store.create_exclusive
 
     def retried(target, data):
         real(target, data)           # applied; the answer lost
         return real(target, data)    # the retry finds the object there: refused
 
-    monkeypatch.setattr(conditional, "create_exclusive", retried)
+    monkeypatch.setattr(local_store, "create_exclusive", retried)
     tag = conditional.create_if_absent(store, path, b'{"nonce": "mine"}')
     assert tag is not None and tag == conditional.read_versioned(store, path).tag
     assert conditional.create_if_absent(store, path, b'{"nonce": "someone else"}') is None  # a real conflict
@@ -103,16 +104,16 @@ def test_a_create_retried_after_its_answer_was_lost_returns_the_tag_of_its_bytes
 def test_a_replace_whose_answer_was_lost_returns_the_tag_of_its_bytes(store, monkeypatch):
     path = store.path(RUN, "object.json")
     first = conditional.create_if_absent(store, path, b'{"nonce": 1}')
-    real = conditional.write_durable
+    real = local_store.write_durable
 
     def applied_then_raised(target, data):
         real(target, data)
         raise ConnectionResetError("connection reset by peer")
 
-    monkeypatch.setattr(conditional, "write_durable", applied_then_raised)
+    monkeypatch.setattr(local_store, "write_durable", applied_then_raised)
     tag = conditional.replace_if_unchanged(store, path, b'{"nonce": 2}', first)
     assert tag == conditional.read_versioned(store, path).tag and store.fs.cat_file(path) == b'{"nonce": 2}'
-    monkeypatch.setattr(conditional, "write_durable", real)
+    monkeypatch.setattr(local_store, "write_durable", real)
     assert conditional.replace_if_unchanged(store, path, b'{"nonce": 3}', first) is None  # a stale tag still loses
 
 

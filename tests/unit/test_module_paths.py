@@ -136,8 +136,6 @@ def test_the_cycle_finder_sees_a_function_local_cycle():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.xfail(strict=True, reason="infra/store: LocalStore and S3Store still delegate to objects.py and conditional.py, "
-                   "which import the backends back; the store seam's last sub-step moves the bodies into the backends")
 def test_the_import_graph_has_no_cycle():
     graph = _graph()
     # The two former cycles, now layered: the dispatch imports both paths, which import only what they share.

@@ -1,4 +1,4 @@
-"""Commit protocol on a local store: manifest last, LATEST forward-only, retries skip uploads.
+"""Commit protocol on any store (MemoryStore and LocalStore): manifest last, LATEST forward-only, retries skip uploads.
 
 (The storage outage is injected through the commit's observer hook, at the
 moment a file has landed, since uploads no longer go through fs.put_file.)
@@ -13,7 +13,7 @@ import pytest
 
 from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.publication import PublishSettings, cleanup_staging, commit_checkpoint, read_latest
-from infra.store.base import open_store
+from infra.store import MemoryStore, open_store
 from tests.publication_helpers import fail_after_uploads
 from trainer_core.manifest import write_manifest
 
@@ -37,11 +37,20 @@ def outage_after(num_uploads: int):
 ONE_AT_A_TIME = PublishSettings(concurrency=1)
 
 
+@pytest.fixture(params=["memory", "local"])
+def store(request, tmp_path):
+    """The same assertions on each backend: these tests use the store through its protocol only."""
+    if request.param == "memory":
+        with MemoryStore() as memory:
+            yield memory
+    else:
+        yield open_store(str(tmp_path / "store"))
+
+
 FILES = {"config.json": b"{}", "model-00001-of-00002.safetensors": b"a" * 1000, "model-00002-of-00002.safetensors": b"b" * 500}
 
 
-def test_commit_then_read_back(tmp_path):
-    store = open_store(str(tmp_path / "store"))
+def test_commit_then_read_back(store, tmp_path):
     outcome = commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
     assert outcome.num_files_uploaded == 3 and outcome.latest_moved
     assert list_checkpoints(store, RUN) == ["step-00000010"] == [latest_checkpoint(store, RUN)]
@@ -49,14 +58,12 @@ def test_commit_then_read_back(tmp_path):
     assert {p.name: p.read_bytes() for p in copy.iterdir() if p.name != "MANIFEST.json"} == FILES
 
 
-def test_reader_never_sees_a_checkpoint_without_its_manifest(tmp_path):
-    store = open_store(str(tmp_path / "store"))
+def test_reader_never_sees_a_checkpoint_without_its_manifest(store, tmp_path):
     staged = stage(tmp_path, 10, FILES)
     with pytest.raises(ConnectionError):
         commit_checkpoint(staged, store, RUN, settings=ONE_AT_A_TIME, observer=outage_after(2))
     # Data files reached the store (at least the two before the outage), but no manifest: nothing is visible.
-    remote = Path(store.path(RUN, "checkpoints", "step-00000010"))
-    landed = {p.name for p in remote.iterdir()}
+    landed = set(store.children(store.key(RUN, "checkpoints", "step-00000010")))
     assert len(landed) >= 2 and "MANIFEST.json" not in landed
     assert list_checkpoints(store, RUN) == [] and latest_checkpoint(store, RUN) is None and read_latest(store, RUN) is None
     retried = commit_checkpoint(staged, store, RUN)
@@ -65,24 +72,21 @@ def test_reader_never_sees_a_checkpoint_without_its_manifest(tmp_path):
     assert list_checkpoints(store, RUN) == ["step-00000010"]
 
 
-def test_a_checkpoint_missing_a_file_is_not_listed(tmp_path):
-    store = open_store(str(tmp_path / "store"))
+def test_a_checkpoint_missing_a_file_is_not_listed(store, tmp_path):
     commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
-    Path(store.path(RUN, "checkpoints", "step-00000010", "config.json")).unlink()
+    store.remove([store.key(RUN, "checkpoints", "step-00000010", "config.json")])
     assert list_checkpoints(store, RUN) == [] and latest_checkpoint(store, RUN) is None
 
 
-def test_latest_only_moves_forward(tmp_path):
-    store = open_store(str(tmp_path / "store"))
+def test_latest_only_moves_forward(store, tmp_path):
     commit_checkpoint(stage(tmp_path, 20, FILES), store, RUN)
     older = commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
     assert not older.latest_moved
-    assert json.loads(Path(store.path(RUN, "LATEST")).read_text())["step"] == 20
+    assert json.loads(store.get(store.key(RUN, "LATEST")).data)["step"] == 20
     assert list_checkpoints(store, RUN) == ["step-00000010", "step-00000020"]
 
 
-def test_cleanup_removes_staging_and_keeps_the_commit(tmp_path):
-    store = open_store(str(tmp_path / "store"))
+def test_cleanup_removes_staging_and_keeps_the_commit(store, tmp_path):
     staged = stage(tmp_path, 10, FILES)
     commit_checkpoint(staged, store, RUN)
     result = cleanup_staging(staged, store, RUN)
@@ -91,8 +95,7 @@ def test_cleanup_removes_staging_and_keeps_the_commit(tmp_path):
     assert list_checkpoints(store, RUN) == ["step-00000010"]
 
 
-def test_commit_refuses_a_staging_that_no_longer_matches(tmp_path):
-    store = open_store(str(tmp_path / "store"))
+def test_commit_refuses_a_staging_that_no_longer_matches(store, tmp_path):
     staged = stage(tmp_path, 10, FILES)
     (staged / "config.json").write_bytes(b"{ changed }")
     with pytest.raises(ValueError, match="does not match its manifest"):

@@ -1,4 +1,4 @@
-"""A Hypothesis stateful test of the publication protocol on a local store.
+"""A Hypothesis stateful test of the publication protocol, on a LocalStore and on a MemoryStore.
 
 Random sequences of prepare (export), commit, abort, cleanup, a crash at any
 point inside a commit or a cleanup, a staged file spoiled after its export,
@@ -29,6 +29,7 @@ from infra.journal import ALLOWED, Journal, PublicationState, TransitionError, j
 from infra.manifests import checkpoint_name
 from infra.publication import PublishSettings, StagedFileChanged, abort_publication, cleanup_staging, commit_checkpoint
 from infra.latest import read_latest
+from infra.store import MemoryStore
 from infra.store.base import open_store
 from trainer_core.manifest import write_manifest
 
@@ -60,11 +61,14 @@ class PublicationMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="rankflow-sm-"))
-        self.store = open_store(str(self.root / "store"))
+        self.store = self.open_store()
         self.settings = PublishSettings(concurrency=1)
         self.contents: dict[int, dict[str, bytes]] = {}  # the bytes of each step's current staging
         self.published: dict[int, list[dict[str, bytes]]] = {}  # contents whose manifest reached the store
         self.latest_seen = -1
+
+    def open_store(self):
+        return open_store(str(self.root / "store"))
 
     def teardown(self):
         shutil.rmtree(self.root, ignore_errors=True)
@@ -143,9 +147,9 @@ class PublicationMachine(RuleBasedStateMachine):
         assert self.journal(step).state is S.ABORTED
 
     def visible_manifest_is_staged(self, step: int) -> bool:
-        remote = Path(self.store.path(RUN, "checkpoints", checkpoint_name(step), "MANIFEST.json"))
+        remote = self.store.get(self.store.key(RUN, "checkpoints", checkpoint_name(step), "MANIFEST.json"))
         local = self.staged(step) / "MANIFEST.json"
-        return remote.is_file() and local.is_file() and remote.read_bytes() == local.read_bytes()
+        return remote is not None and local.is_file() and remote.data == local.read_bytes()
 
     @rule(step=st.sampled_from(STEPS), crash=st.one_of(st.none(), st.integers(1, CLEANUP_EVENTS)))
     def cleanup(self, step, crash):
@@ -195,8 +199,9 @@ class PublicationMachine(RuleBasedStateMachine):
                 # A publication that says it is committed is always visible.
                 assert self.journal(step).state not in (S.COMMITTED, S.CLEANED), (step, self.journal(step).state)
                 continue
-            base = Path(self.store.path(RUN, "checkpoints", name))
-            found = {p.name: p.read_bytes() for p in base.iterdir() if p.name != "MANIFEST.json"}
+            base = self.store.key(RUN, "checkpoints", name)
+            found = {child: self.store.get(self.store.key(base, child)).data for child in self.store.children(base)
+                     if child != "MANIFEST.json"}
             # Only bytes whose commit passed the manifest are ever visible ...
             assert found in self.published.get(step, []), step
             # ... and a committed publication shows its own bytes.
@@ -216,3 +221,18 @@ class PublicationMachine(RuleBasedStateMachine):
 TestPublicationMachine = PublicationMachine.TestCase
 TestPublicationMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None,
                                            suppress_health_check=[HealthCheck.too_slow])
+
+
+class MemoryPublicationMachine(PublicationMachine):
+    """The same rules and invariants on a MemoryStore: the protocol holds on any backend, not only on a disk."""
+
+    def open_store(self):
+        return MemoryStore()
+
+    def teardown(self):
+        self.store.close()
+        super().teardown()
+
+
+TestMemoryPublicationMachine = MemoryPublicationMachine.TestCase
+TestMemoryPublicationMachine.settings = TestPublicationMachine.settings

@@ -1,4 +1,4 @@
-"""Local publication records are per store, and a recorded outcome is checked against the store (local stores).
+"""Local publication records are per store, and a recorded outcome is checked against the store (MemoryStore, LocalStore).
 
 - a work dir's journal of a step committed to store A says nothing about store
   B: committing the same staging to B uploads everything to B;
@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import contextlib
 
 import pytest
 from prefect.states import Failed
@@ -23,6 +23,7 @@ from infra.local_records import store_key
 from infra.manifests import ManifestError
 from infra.publication import EXPORT_AGAIN, CheckpointDoesNotVerify, cleanup_staging, commit_checkpoint
 from infra.run_lease import RunLeaseLost
+from infra.store import MemoryStore
 from infra.store.base import StorageTimeoutError, open_store
 from tasks.retry_policy import retry_unless_final
 from tests.publication_helpers import RUN, random_files, stage
@@ -30,13 +31,26 @@ from tests.publication_helpers import RUN, random_files, stage
 NAME = "step-00000010"
 
 
-def stored(store, path: str) -> bytes:
-    return Path(store.path(RUN, "checkpoints", NAME, path)).read_bytes()
+def stored(store, path: str) -> bytes | None:
+    found = store.get(store.key(RUN, "checkpoints", NAME, path))
+    return None if found is None else found.data
 
 
-def test_a_journal_of_one_store_is_not_another_stores(tmp_path):
+@pytest.fixture(params=["memory", "local"])
+def new_store(request, tmp_path):
+    """Makes fresh stores of one backend (these tests use a store through its protocol only)."""
+    with contextlib.ExitStack() as stack:
+        def make(name: str):
+            if request.param == "memory":
+                return stack.enter_context(MemoryStore())
+            return open_store(str(tmp_path / name))
+
+        yield make
+
+
+def test_a_journal_of_one_store_is_not_another_stores(new_store, tmp_path):
     files = random_files(2, 5000)
-    first, second = open_store(str(tmp_path / "a")), open_store(str(tmp_path / "b"))
+    first, second = new_store("a"), new_store("b")
     assert store_key(first) != store_key(second)
     staged = stage(tmp_path, 10, files)
     commit_checkpoint(staged, first, RUN)
@@ -52,20 +66,21 @@ def test_a_journal_of_one_store_is_not_another_stores(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["flip", "delete"])
-def test_a_recorded_outcome_whose_checkpoint_does_not_verify_is_not_reported_committed(tmp_path, damage):
-    store = open_store(str(tmp_path / "store"))
+def test_a_recorded_outcome_whose_checkpoint_does_not_verify_is_not_reported_committed(new_store, tmp_path, damage):
+    store = new_store("store")
     files = random_files(2, 5000)
     staged = stage(tmp_path, 10, files)
     commit_checkpoint(staged, store, RUN)
-    victim = Path(store.path(RUN, "checkpoints", NAME, sorted(files)[0]))
+    victim = sorted(files)[0]
+    victim_key = store.key(RUN, "checkpoints", NAME, victim)
     if damage == "flip":
-        data = bytearray(victim.read_bytes())
+        data = bytearray(stored(store, victim))
         data[7] ^= 0x01
-        victim.write_bytes(bytes(data))
+        store.put(victim_key, bytes(data))
     else:
-        victim.unlink()
+        store.remove([victim_key])
     assert Journal.for_staging(staged, store, RUN, 10).has_outcome
-    with pytest.raises(CheckpointDoesNotVerify, match=f"{victim.name}.*exported again") as raised:
+    with pytest.raises(CheckpointDoesNotVerify, match=f"{victim}.*exported again") as raised:
         commit_checkpoint(staged, store, RUN)
     assert isinstance(raised.value, EXPORT_AGAIN)
     # The publication that replaces it (what the export stage starts) commits the right bytes again.
@@ -73,8 +88,8 @@ def test_a_recorded_outcome_whose_checkpoint_does_not_verify_is_not_reported_com
     journal.begin(None, outcome_lost="does not verify")
     journal.transition(PublicationState.PREPARED, mirror_required=False)
     again = commit_checkpoint(staged, store, RUN)
-    assert again.uploaded == (victim.name,)
-    assert verify_checkpoint(store, RUN, NAME, full=True).verified and victim.read_bytes() == files[victim.name]
+    assert again.uploaded == (victim,)
+    assert verify_checkpoint(store, RUN, NAME, full=True).verified and stored(store, victim) == files[victim]
     history = [h["state"] for h in Journal.for_staging(staged, store, RUN, 10).record.history]
     assert history == ["PREPARING", "PREPARED", "COMMITTING", "COMMITTED"]  # a new publication, not a revived one
 
