@@ -73,10 +73,17 @@ def test_every_module_imports():
 
 
 def _imported_by(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules `name` imports anywhere in its body (function-local imports included)."""
+    """The project modules `name` imports anywhere in its body (function-local imports included).
+
+    Imports under `if TYPE_CHECKING:` are left out: they never run, so they order no import at run time
+    (an annotation naming a module that imports this one is not a cycle)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     edges = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            node.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             edges.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -87,6 +94,11 @@ def _imported_by(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             # `from pkg import sub` imports the submodule when there is one, else a name of pkg.
             edges.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names)
     return {edge for edge in edges if edge in modules and edge != name}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -134,6 +146,13 @@ def _graph() -> dict[str, set[str]]:
 def test_the_cycle_finder_sees_a_function_local_cycle():
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_an_import_only_for_annotations_is_not_an_edge_but_a_function_local_one_is(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a.b\n"
+                      "def f():\n    import a.c\n")
+    assert _imported_by("a.m", module, {"a.b": module, "a.c": module}) == {"a.c"}
 
 
 def test_the_import_graph_has_no_cycle():
