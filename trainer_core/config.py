@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .config_messages import describe_validation_error
 from .errors import ConfigError
-from .storage_url import check_storage_url
+from .storage_url import check_storage_url, local_path, overlap
 from .training.memory import BACKWARD_STATES, PLANNER
 
 __all__ = ["ConfigError", "RunConfig", "config_from_dict", "load_config"]
@@ -401,16 +401,17 @@ def check_locations_disjoint(work_dir: str, storage_url: str) -> None:
     overwritten. A store in its own subdirectory of the work directory (the
     default `.rankflow/store`) is fine.
     """
-    if "://" in storage_url and not storage_url.startswith("file://"):
+    store = local_path(storage_url)
+    if store is None:
         return  # an object store cannot overlap a local directory
-    store = Path(storage_url.removeprefix("file://")).expanduser().resolve()
     work = Path(work_dir).expanduser().resolve()
-    if store == work:
+    how = overlap(store, work)
+    if how == "same":
         problem = "are the same directory"
-    elif work.is_relative_to(store):
+    elif how == "second_inside":
         problem = "overlap: the work directory lies inside the store"
-    elif store.is_relative_to(work) and (_RUN_DIR_NAME.match(first := store.relative_to(work).parts[0])
-                                          or first == "cache"):
+    elif how == "first_inside" and (_RUN_DIR_NAME.match(first := store.relative_to(work).parts[0])
+                                    or first == "cache"):
         problem = (f"overlap: the store lies inside {work / first}, which rankflow rewrites and deletes "
                    "(a run directory with its staged exports, or the data cache)")
     else:

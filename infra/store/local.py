@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from trainer_core.storage_url import overlap
+
 from .base import Deadline, ObjectInfo, PutMode, StoreLocation, StoreTimeouts, Upload, Versioned
 from .verified import sha256_of_file
 
@@ -119,5 +121,4 @@ class LocalStore(StoreLocation):
         check_store_writable(self.url)
 
     def overlaps(self, path: Path) -> bool:
-        staging, root = Path(path).resolve(), Path(self.root).resolve()
-        return staging == root or root.is_relative_to(staging) or staging.is_relative_to(root)
+        return overlap(path, self.root) is not None  # the one overlap rule (trainer_core/storage_url.py)
