@@ -1,0 +1,49 @@
+"""PlannedRun carries the config's own sections: the limits a task reads are the config's, not copied defaults."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from infra.publication import PublishSettings
+from infra.run_state import StateSettings
+from tasks.fencing import fenced_settings
+from tasks.outcomes import PlannedRun
+from tasks.plan import _planned
+from tests.conftest import tiny_tree
+from trainer_core.config import config_from_dict
+
+
+def _plan_like(steps: list[tuple[int, int]]) -> SimpleNamespace:
+    segments = [SimpleNamespace(start_step=start, end_step=end) for start, end in steps]
+    return SimpleNamespace(run_id="tiny-0123456789ab", digest="d" * 64, segments=segments)
+
+
+def _config(tmp_path, **sections):
+    return config_from_dict(tiny_tree(tmp_path, **sections), config_dir=tmp_path)
+
+
+def test_every_limit_a_task_reads_is_the_configs(tmp_path):
+    config = _config(tmp_path, storage={"timeout_s": 7, "request_timeout_s": 3},
+                     train={"stall_timeout_s": 11, "segment_timeout_s": 13, "nproc_per_node": 1},
+                     export={"timeout_s": 17})
+    planned = _planned(_plan_like([(0, 2), (2, 4), (4, 5)]), tmp_path / "run", config, "token-1")
+    assert (planned.storage.timeout_s, planned.storage.request_timeout_s) == (7, 3)
+    assert (planned.train.stall_timeout_s, planned.train.segment_timeout_s, planned.export.timeout_s) == (11, 13, 17)
+    assert planned.storage.url == config.storage.url
+    assert (planned.num_segments, planned.total_steps) == (3, 5)
+    for kind in (PublishSettings, StateSettings):
+        settings = fenced_settings(planned, kind)
+        assert isinstance(settings, kind) and settings.timeout_s == 7
+        assert settings.finalizer.run_lease_token == "token-1"
+
+
+def test_a_planned_run_survives_the_json_a_deployed_node_run_gets(tmp_path):
+    # tasks/nodes/work_pool.py sends model_dump(mode="json"); flows/node.py validates it back.
+    config = _config(tmp_path, train={"nnodes": 2, "nproc_per_node": 1, "logical_dp": 2,
+                                      "rdzv_endpoint": "127.0.0.1:29400", "node_deployment": "rankflow-node/tiny",
+                                      "stall_timeout_s": 42})
+    planned = _planned(_plan_like([(0, 3)]), tmp_path / "run", config, None)
+    back = PlannedRun.model_validate(planned.model_dump(mode="json"))
+    assert back == planned
+    assert back.train.rdzv_endpoint == "127.0.0.1:29400" and back.train.stall_timeout_s == 42
+    assert back.train.objective == config.train.objective  # defaulted from data.kind, kept across the boundary
