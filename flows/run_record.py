@@ -31,10 +31,10 @@ from prefect.client.schemas.objects import State
 
 from infra import ledger
 from infra.failures import Failure
-from infra.store.lease import Lease
 from infra.publication import CommitOutcome
 from infra.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease
 from infra.store import open_store
+from infra.store.lease import Lease
 from tasks.events import RUN_FAILED, emit_run_event, flow_run_url
 from tasks.failure_report import report_failure, reported
 from tasks.live import in_prefect_run

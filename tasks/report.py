@@ -18,10 +18,10 @@ from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
 from infra.loss_curve import LOSS_CURVE_FILE, write_loss_curve
-from infra.store.objects import put_small
 from infra.publication import CommitOutcome
-from infra.store.base import Deadline, storage_errors
 from infra.store import open_store
+from infra.store.base import Deadline, storage_errors
+from infra.store.objects import put_small
 
 from .failure_report import reports_failures
 from .fencing import fence
