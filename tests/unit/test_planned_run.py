@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from infra.publication import PublishSettings
 from infra.run_state import StateSettings
 from tasks.fencing import fenced_settings
@@ -11,11 +9,14 @@ from tasks.outcomes import PlannedRun
 from tasks.plan import _planned
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
+from trainer_core.plan import Plan, SegmentPlan
 
 
-def _plan_like(steps: list[tuple[int, int]]) -> SimpleNamespace:
-    segments = [SimpleNamespace(start_step=start, end_step=end) for start, end in steps]
-    return SimpleNamespace(run_id="tiny-0123456789ab", digest="d" * 64, segments=segments)
+def _plan_like(steps: list[tuple[int, int]]) -> Plan:
+    segments = [SegmentPlan(index=i, start_step=start, end_step=end, shard_file=f"plan/segment-{i:04d}.safetensors",
+                            num_loss_tokens=1) for i, (start, end) in enumerate(steps)]
+    return Plan(run_id="tiny-0123456789ab", digest="d" * 64, config={}, num_conversations=1, num_truncated=0,
+                num_dropped=0, num_tokens=1, segments=segments)
 
 
 def _config(tmp_path, **sections):
@@ -31,10 +32,10 @@ def test_every_limit_a_task_reads_is_the_configs(tmp_path):
     assert (planned.train.stall_timeout_s, planned.train.segment_timeout_s, planned.export.timeout_s) == (11, 13, 17)
     assert planned.storage.url == config.storage.url
     assert (planned.num_segments, planned.total_steps) == (3, 5)
-    for kind in (PublishSettings, StateSettings):
-        settings = fenced_settings(planned, kind)
-        assert isinstance(settings, kind) and settings.timeout_s == 7
-        assert settings.finalizer.run_lease_token == "token-1"
+    published, stated = fenced_settings(planned, PublishSettings), fenced_settings(planned, StateSettings)
+    assert isinstance(published, PublishSettings) and isinstance(stated, StateSettings)
+    for settings in (published, stated):
+        assert settings.timeout_s == 7 and settings.finalizer.run_lease_token == "token-1"
 
 
 def test_a_planned_run_survives_the_json_a_deployed_node_run_gets(tmp_path):
