@@ -48,3 +48,20 @@ def test_a_planned_run_survives_the_json_a_deployed_node_run_gets(tmp_path):
     assert back == planned
     assert back.train.rdzv_endpoint == "127.0.0.1:29400" and back.train.stall_timeout_s == 42
     assert back.train.objective == config.train.objective  # defaulted from data.kind, kept across the boundary
+
+
+def test_the_node_flows_parameter_schema_accepts_a_planned_runs_json(tmp_path):
+    # What a deployment with an enforced parameter schema checks before a worker starts the node run.
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import validate
+
+    from flows.node import node_flow
+
+    config = _config(tmp_path, train={"nnodes": 2, "nproc_per_node": 1, "logical_dp": 2,
+                                      "rdzv_endpoint": "127.0.0.1:29400", "node_deployment": "rankflow-node/tiny"})
+    planned = _planned(_plan_like([(0, 3)]), tmp_path / "run", config, "token-1")
+    schema = parameter_schema(node_flow.fn).model_dump_for_openapi()
+    parameters = {"planned": planned.model_dump(mode="json"), "segment_index": 0, "node_rank": 1, "rdzv_id": "r",
+                  "attempt": "a"}
+    validate(parameters, schema, raise_on_error=True, ignore_required=False)
+    assert {"TrainSection", "StorageSection", "ExportSection"} <= set(schema["definitions"])
