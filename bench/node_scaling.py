@@ -26,6 +26,7 @@ from bench._segments import machine, parse_segment_args, plan_run
 from infra.launcher import launch
 from tasks.nodes import launch_nodes
 from tasks.outcomes import PlannedRun
+from trainer_core.config import StorageSection, TrainSection
 from trainer_core.progress import progress_path
 from trainer_core.run.records import SegmentResult
 from trainer_core.segment_main import segment_result_path
@@ -58,9 +59,11 @@ def _run(run_dir: Path, side: str) -> dict:
             raise RuntimeError("segment launch failed:\n" + "\n".join(lines[-30:]))
     else:
         plan = json.loads((run_dir / "plan.json").read_text())
-        planned = PlannedRun(run_id=plan["run_id"], digest=plan["digest"], run_dir=str(run_dir), num_segments=1,
-                             segment_steps=[(0, plan["config"]["train"]["steps"])], nproc_per_node=1,
-                             segment_timeout_s=1200, storage_url=str(run_dir / "store"), nnodes=2)
+        train = TrainSection(nnodes=2, nproc_per_node=1, logical_dp=plan["config"]["train"]["logical_dp"],
+                             segment_timeout_s=1200)
+        planned = PlannedRun(run_id=plan["run_id"], digest=plan["digest"], run_dir=str(run_dir),
+                             segment_steps=[(0, plan["config"]["train"]["steps"])], train=train,
+                             storage=StorageSection(url=str(run_dir / "store")))
         launch_nodes(planned, 0, lines.append)
     wall_s = time.perf_counter() - started
     records = [json.loads(line) for line in progress_path(run_dir, 0).read_text().splitlines()]

@@ -31,9 +31,9 @@ def _node_run_name() -> str:
 
 @flow(name="rankflow-node", flow_run_name=_node_run_name, log_prints=True)
 def node_flow(planned: PlannedRun, segment_index: int, node_rank: int, rdzv_id: str, attempt: str) -> dict:
-    """Run node `node_rank`'s ranks of segment `segment_index` (rendezvous `rdzv_id` at planned.rdzv_endpoint)."""
-    if planned.rdzv_endpoint is None:
+    """Run node `node_rank`'s ranks of segment `segment_index` (rendezvous `rdzv_id` at planned.train.rdzv_endpoint)."""
+    if planned.train.rdzv_endpoint is None:
         raise ValueError("a deployed node needs train.rdzv_endpoint (node 0's HOST:PORT); set it in the run's config")
-    node = NodeRendezvous(planned.nnodes, node_rank, planned.rdzv_endpoint, rdzv_id)
+    node = NodeRendezvous(planned.train.nnodes, node_rank, planned.train.rdzv_endpoint, rdzv_id)
     result = launch_node(planned, segment_index, node, rank_line_logger(), attempt_dir=attempt)
     return {"node_rank": node_rank, "segment": segment_index, "launch_wall_s": result.wall_s}

@@ -31,12 +31,12 @@ from prefect.client.schemas.objects import State
 
 from infra import ledger
 from infra.failures import Failure
-from infra.store.lease import Lease
 from infra.publication import CommitOutcome
 from infra.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease
+from infra.store import open_store
+from infra.store.lease import Lease
 from tasks.events import RUN_FAILED, emit_run_event, flow_run_url
 from tasks.failure_report import report_failure, reported
-from tasks._store import open_store_for_config
 from tasks.live import in_prefect_run
 from tasks.outcomes import ExportOutcome, PlannedRun, SegmentOutcome
 from tasks.plan import ComputedPlan
@@ -75,7 +75,7 @@ class RunRecord:
         run = self.config.run
         self.run_id = computed.run_id
         self._name_flow_run(computed.run_id)
-        self.lease = acquire_run_lease(open_store_for_config(self.config), computed.run_id,
+        self.lease = acquire_run_lease(open_store(self.config.storage), computed.run_id,
                                        ttl_s=run.lease_ttl_s, wait_s=run.lease_wait_s, on_wait=print)
         return self.lease.record.token
 

@@ -25,7 +25,7 @@ def launch_stage(planned: PlannedRun, stage: str, module: str, segment_index: in
     try:
         return launch_or_raise(
             module, ["--run-dir", str(run_dir), "--segment", str(segment_index), *extra_args], stage=stage,
-            nproc_per_node=planned.nproc_per_node, timeout_s=timeout_s, on_line=on_line, monitor=monitor,
+            nproc_per_node=planned.train.nproc_per_node, timeout_s=timeout_s, on_line=on_line, monitor=monitor,
             log_dir=stage_log_dir(run_dir, stage, segment_index),
         )
     except RunLeaseLost:

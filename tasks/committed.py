@@ -23,8 +23,8 @@ from infra.checkpoints import verify_checkpoint
 from infra.journal import Journal, PublicationState, journal_path_for
 from infra.publication import CommitOutcome, checkpoint_name
 from infra.store.base import StoreLocation
+from infra.store import open_store
 
-from ._store import store_for
 from .outcomes import PlannedRun
 
 
@@ -53,7 +53,7 @@ def already_committed_fn(planned: PlannedRun, segment_index: int) -> CommitOutco
     nothing uploaded) and the cleanup finishes.
     """
     step = planned.segment_steps[segment_index][1]
-    store = store_for(planned)
+    store = open_store(planned.storage)
     url = committed_checkpoint_url(store, planned.run_id, step)
     if url is None or _cleanup_pending(planned, store, segment_index):
         return None

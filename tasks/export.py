@@ -28,13 +28,13 @@ from infra.checkpoints import verify_checkpoint
 from infra.journal import Journal, PublicationState
 from infra.publication import abort_publication, checkpoint_name
 from infra.run_lease import RunLeaseLost
+from infra.store import open_store
 from trainer_core.plan import read_plan
 from trainer_core.progress import export_progress_path
 from trainer_core.run.records import ExportResult, export_result_path
 
 from ._launch import launch_stage
 from ._logging import rank_line_logger
-from ._store import store_for
 from .failure_report import reports_failures
 from .fencing import fence, fenced_monitor
 from .outcomes import ExportOutcome, PlannedRun
@@ -62,7 +62,7 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     out_dir = staged_dir_for(planned, segment_index)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     step = planned.segment_steps[segment_index][1]
-    store = store_for(planned)
+    store = open_store(planned.storage)
     journal = Journal.for_staging(out_dir, store, planned.run_id, step)
     fingerprint = export_fingerprint(planned, step)
     lost = None
@@ -81,10 +81,10 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     journal.begin(fingerprint, outcome_lost=lost)
     progress_file = export_progress_path(run_dir, segment_index)
     progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
-    watch = ProgressWatch(progress_file, planned.stall_timeout_s)  # a hung rank: ended at stall_timeout_s, not the collective's
+    watch = ProgressWatch(progress_file, planned.train.stall_timeout_s)  # a hung rank: ended at stall_timeout_s, not the collective's
     try:
         launched = launch_stage(planned, "export", "trainer_core.export_main", segment_index,
-                                ["--out", str(out_dir)], on_line, timeout_s=planned.export_timeout_s,
+                                ["--out", str(out_dir)], on_line, timeout_s=planned.export.timeout_s,
                                 monitor=fenced_monitor(planned, f"export of segment {segment_index}", watch))
     except RunLeaseLost:
         raise  # the staging belongs to the run that holds the lease now

@@ -2,37 +2,36 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from trainer_core.config import ExportSection, StorageSection, TrainSection
 
 
 class PlannedRun(BaseModel):
-    """What the plan stage decided: where the run lives and how it is cut."""
+    """What the plan stage decided (where the run lives and how it is cut), and the config sections its tasks read.
+
+    The sections are the run config's own (`RunConfig.train`, `.export`,
+    `.storage`), so a limit has its default in one place (trainer_core/config.py);
+    a deployed node run gets this as a flow parameter and validates it back.
+    """
 
     run_id: str
     digest: str
     run_dir: str
-    num_segments: int
     segment_steps: list[tuple[int, int]]
     """(start, end) optimizer steps of each segment, end exclusive."""
-    nproc_per_node: int
-    segment_timeout_s: float
-    storage_url: str
-    storage_timeout_s: float = 1800.0
-    """Overall limit of one commit, cleanup or ledger upload (`storage.timeout_s`)."""
-    storage_request_timeout_s: float = 60.0
-    """Connect/read limit of one S3 request (`storage.request_timeout_s`)."""
-    stall_timeout_s: float = 300.0
-    """The segment watchdog's limit (train.stall_timeout_s)."""
-    export_timeout_s: float = 1800.0
-    """Wall-clock limit of an export launch (export.timeout_s)."""
     lease_token: str | None = None
     """The run lease this run holds (infra/run_lease.py); writing stages check it first. None: no lease taken."""
-    nnodes: int = 1
-    """Nodes each segment runs on (train.nnodes; `tasks.nodes`)."""
-    rdzv_endpoint: str | None = None
-    """Node 0's rendezvous HOST:PORT (train.rdzv_endpoint); None: a free loopback port for local node launches."""
-    node_deployment: str | None = None
-    """The per-node deployment the nodes run as (train.node_deployment); None: local node processes."""
+    train: TrainSection = Field(default_factory=TrainSection)
+    """Launch limits and topology: nproc_per_node, nnodes, rdzv_endpoint, node_deployment, segment/stall timeouts."""
+    export: ExportSection = Field(default_factory=ExportSection)
+    """export.timeout_s limits an export launch."""
+    storage: StorageSection
+    """The store (`open_store(planned.storage)`) and the limit of one commit, cleanup or upload."""
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.segment_steps)
 
     @property
     def total_steps(self) -> int:

@@ -41,16 +41,9 @@ class ComputedPlan:
 
 
 def _planned(plan: Plan, run_dir: Path, config: RunConfig, lease_token: str | None) -> PlannedRun:
-    return PlannedRun(
-        run_id=plan.run_id, digest=plan.digest, run_dir=str(run_dir), num_segments=len(plan.segments),
-        segment_steps=[(s.start_step, s.end_step) for s in plan.segments],
-        nproc_per_node=config.train.nproc_per_node, segment_timeout_s=config.train.segment_timeout_s,
-        storage_url=config.storage.url, stall_timeout_s=config.train.stall_timeout_s,
-        export_timeout_s=config.export.timeout_s, storage_timeout_s=config.storage.timeout_s,
-        storage_request_timeout_s=config.storage.request_timeout_s, lease_token=lease_token,
-        nnodes=config.train.nnodes, rdzv_endpoint=config.train.rdzv_endpoint,
-        node_deployment=config.train.node_deployment,
-    )
+    return PlannedRun(run_id=plan.run_id, digest=plan.digest, run_dir=str(run_dir),
+                      segment_steps=[(s.start_step, s.end_step) for s in plan.segments], lease_token=lease_token,
+                      train=config.train, export=config.export, storage=config.storage)
 
 
 def compute_plan_fn(config: RunConfig) -> ComputedPlan:

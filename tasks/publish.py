@@ -20,14 +20,15 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
-from infra.publication import EXPORT_AGAIN, CleanupOutcome, CommitOutcome, cleanup_staging, commit_checkpoint
+from infra.publication import (EXPORT_AGAIN, CleanupOutcome, CommitOutcome, PublishSettings, cleanup_staging,
+                               commit_checkpoint)
 from infra.run_lease import RunLeaseLost
+from infra.store import open_store
 
 from ._logging import rank_line_logger
-from ._store import publish_settings, store_for
 from .export import export_segment_fn
 from .failure_report import reports_failures
-from .fencing import fence
+from .fencing import fence, fenced_settings
 from .outcomes import ExportOutcome, PlannedRun
 from .retry_policy import retry_unless_final
 
@@ -48,8 +49,8 @@ def _recorded(planned: PlannedRun, exported: ExportOutcome, stage: str, action: 
     run_dir = Path(planned.run_dir)
     fence(planned, f"{stage} of step {exported.step}")
     try:
-        outcome = action(Path(exported.staged_dir), store_for(planned), planned.run_id,
-                         settings=publish_settings(planned))
+        outcome = action(Path(exported.staged_dir), open_store(planned.storage), planned.run_id,
+                         settings=fenced_settings(planned, PublishSettings))
     except RunLeaseLost:
         raise  # the run directory and its ledger belong to the run that holds the lease now
     except handled as error:

@@ -18,11 +18,11 @@ from prefect.cache_policies import NO_CACHE
 
 from infra import ledger
 from infra.loss_curve import LOSS_CURVE_FILE, write_loss_curve
-from infra.store.objects import put_small
 from infra.publication import CommitOutcome
+from infra.store import open_store
 from infra.store.base import Deadline, storage_errors
+from infra.store.objects import put_small
 
-from ._store import store_for
 from .failure_report import reports_failures
 from .fencing import fence
 from .live import artifact_key, flow_run_artifact, upsert_markdown_artifact, upsert_table_artifact
@@ -35,10 +35,10 @@ def publish_run_files_fn(planned: PlannedRun) -> dict[str, str]:
 
     Returns their locations.
     """
-    store = store_for(planned)
+    store = open_store(planned.storage)
     run_dir = Path(planned.run_dir)
     what = f"upload of the ledger and loss curve of run {planned.run_id}"
-    deadline = Deadline(planned.storage_timeout_s, what, store)
+    deadline = Deadline(planned.storage.timeout_s, what, store)
     locations = {}
     with storage_errors(store, what):
         for name in (ledger.LEDGER_FILE, LOSS_CURVE_FILE):

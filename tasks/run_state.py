@@ -15,22 +15,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra import ledger
-from infra.finalizer import FinalizerSettings
 from infra.run_state import (PLAN_BUNDLE, Observer, StateSettings, fetch_bundle, publish_bundle, segment_bundle,
                              stored_bundle)
+from infra.store import open_store
 from trainer_core.plan import PLAN_FILE, read_plan
 from trainer_core.run.records import SegmentResult
 from trainer_core.segment_main import segment_result_path
 from trainer_core.state import state_dir_for
 
-from ._store import store_for
+from .fencing import fenced_settings
 from .outcomes import PlannedRun
 
 
 def _settings(planned: PlannedRun) -> StateSettings:
     # Fenced by the run lease inside the upload too: a run whose lease was taken over stores no bundle.
-    return StateSettings(timeout_s=planned.storage_timeout_s,
-                         finalizer=FinalizerSettings(run_lease_token=planned.lease_token))
+    return fenced_settings(planned, StateSettings)
 
 
 def _relative(run_dir: Path, path: Path) -> str:
@@ -42,7 +41,7 @@ def publish_plan(planned: PlannedRun) -> dict:
     run_dir = Path(planned.run_dir)
     plan = read_plan(run_dir)
     paths = [PLAN_FILE, *(segment.shard_file for segment in plan.segments)]
-    figures = publish_bundle(store_for(planned), planned.run_id, run_dir, PLAN_BUNDLE, paths, settings=_settings(planned))
+    figures = publish_bundle(open_store(planned.storage), planned.run_id, run_dir, PLAN_BUNDLE, paths, settings=_settings(planned))
     ledger.record(run_dir, "run-state", "stored", **figures)
     return figures
 
@@ -56,7 +55,7 @@ def segment_state_files(run_dir: Path, segment_index: int) -> list[str]:
 
 def publish_segment_state(planned: PlannedRun, segment_index: int, observer: Observer | None = None) -> dict:
     run_dir = Path(planned.run_dir)
-    figures = publish_bundle(store_for(planned), planned.run_id, run_dir, segment_bundle(segment_index),
+    figures = publish_bundle(open_store(planned.storage), planned.run_id, run_dir, segment_bundle(segment_index),
                              segment_state_files(run_dir, segment_index), settings=_settings(planned), observer=observer)
     ledger.record(run_dir, "run-state", "stored", segment=segment_index, **figures)
     return figures
@@ -69,7 +68,7 @@ def stored_segment_result(planned: PlannedRun, segment_index: int) -> SegmentRes
     stage that needs it.
     """
     run_dir = Path(planned.run_dir)
-    store, bundle = store_for(planned), segment_bundle(segment_index)
+    store, bundle = open_store(planned.storage), segment_bundle(segment_index)
     if stored_bundle(store, planned.run_id, bundle) is None:
         return None
     result_path = segment_result_path(run_dir, segment_index)
@@ -80,7 +79,7 @@ def stored_segment_result(planned: PlannedRun, segment_index: int) -> SegmentRes
 
 def _fetch(planned: PlannedRun, bundle: str, only=None) -> dict:
     run_dir = Path(planned.run_dir)
-    figures = fetch_bundle(store_for(planned), planned.run_id, run_dir, bundle, only=only)
+    figures = fetch_bundle(open_store(planned.storage), planned.run_id, run_dir, bundle, only=only)
     if figures["num_files_fetched"]:
         ledger.record(run_dir, "run-state", "fetched", **figures)
     return figures

@@ -67,13 +67,13 @@ def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, liv
     progress_file = progress_path(run_dir, segment_index)
     progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
     publisher = publisher_for(live, segment_index)
-    watch = SegmentWatch(progress_file, planned.stall_timeout_s, on_records=publisher)
+    watch = SegmentWatch(progress_file, planned.train.stall_timeout_s, on_records=publisher)
     monitor = fenced_monitor(planned, f"segment {segment_index}", watch)
-    if planned.nnodes > 1:
+    if planned.train.nnodes > 1:
         launch_wall_s = launch_segment_nodes(planned, segment_index, on_line, monitor)
     else:
         launch_wall_s = launch_stage(planned, "segment", "trainer_core.segment_main", segment_index, [], on_line,
-                                     timeout_s=planned.segment_timeout_s, monitor=monitor).wall_s
+                                     timeout_s=planned.train.segment_timeout_s, monitor=monitor).wall_s
     watch()  # the records written after the last poll
     if publisher is not None:
         publisher.flush()

@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .config_messages import describe_validation_error
 from .errors import ConfigError
-from .storage_url import check_storage_url
+from .ranks.topology import topology_problem
+from .storage_url import check_storage_url, local_path, overlap
 from .training.memory import BACKWARD_STATES, PLANNER
 
 __all__ = ["ConfigError", "RunConfig", "config_from_dict", "load_config"]
@@ -202,18 +203,19 @@ class TrainSection(_Section):
             from .node_topology import check_nodes
 
             check_nodes(self.nnodes, self.nproc_per_node, self.logical_dp, self.node_deployment, self.rdzv_endpoint)
-        if self.logical_dp % self.nproc_per_node:
+        # One node's processes: with several nodes check_nodes has already held their world to the rule.
+        problem = topology_problem(self.nproc_per_node, self.logical_dp, self.global_batch_size)
+        if problem is not None and problem.what == "logical_dp":
             raise ValueError(
                 f"train.logical_dp={self.logical_dp} is not a multiple of "
                 f"train.nproc_per_node={self.nproc_per_node}; choose a logical_dp "
-                f"that the world size divides (e.g. {self.nproc_per_node * max(1, self.logical_dp // self.nproc_per_node)})"
+                f"that the world size divides (e.g. {problem.suggestion})"
             )
-        if self.global_batch_size % self.logical_dp:
+        if problem is not None:
             raise ValueError(
                 f"train.global_batch_size={self.global_batch_size} is not a multiple of "
                 f"train.logical_dp={self.logical_dp}; every logical rank needs the same "
-                f"number of sequences (e.g. global_batch_size="
-                f"{self.logical_dp * max(1, self.global_batch_size // self.logical_dp)})"
+                f"number of sequences (e.g. global_batch_size={problem.suggestion})"
             )
         return self
 
@@ -401,16 +403,17 @@ def check_locations_disjoint(work_dir: str, storage_url: str) -> None:
     overwritten. A store in its own subdirectory of the work directory (the
     default `.rankflow/store`) is fine.
     """
-    if "://" in storage_url and not storage_url.startswith("file://"):
+    store = local_path(storage_url)
+    if store is None:
         return  # an object store cannot overlap a local directory
-    store = Path(storage_url.removeprefix("file://")).expanduser().resolve()
     work = Path(work_dir).expanduser().resolve()
-    if store == work:
+    how = overlap(store, work)
+    if how == "same":
         problem = "are the same directory"
-    elif work.is_relative_to(store):
+    elif how == "second_inside":
         problem = "overlap: the work directory lies inside the store"
-    elif store.is_relative_to(work) and (_RUN_DIR_NAME.match(first := store.relative_to(work).parts[0])
-                                          or first == "cache"):
+    elif how == "first_inside" and (_RUN_DIR_NAME.match(first := store.relative_to(work).parts[0])
+                                    or first == "cache"):
         problem = (f"overlap: the store lies inside {work / first}, which rankflow rewrites and deletes "
                    "(a run directory with its staged exports, or the data cache)")
     else:

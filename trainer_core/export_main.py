@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from .config import RunConfig
 from .distributed import init_distributed, log, run_rank_main
 from .export_prepare import prepare_export
 from .faults import maybe_inject_export_fault
@@ -32,9 +33,8 @@ from .run.records import ExportResult, StateMeta, export_result_path
 from .state import load_training_state, state_dir_for
 
 
-def parent_checkpoint(plan: Plan, segment_index: int) -> str | None:
+def parent_checkpoint(plan: Plan, config: RunConfig, segment_index: int) -> str | None:
     """The checkpoint exported before this one in the run (its weights' ancestor), if any."""
-    config = plan.run_config()
     earlier = [i for i in range(segment_index) if config.export_after_segment(i)]
     return f"step-{plan.segments[earlier[-1]].end_step:08d}" if earlier else None
 
@@ -42,19 +42,18 @@ def parent_checkpoint(plan: Plan, segment_index: int) -> str | None:
 def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
     started = time.perf_counter()
     plan = read_plan(run_dir)
-    config = plan.run_config()
+    config = plan.run_config()  # validated once per launch: the rest of the export is handed this one
     topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s,
                                 config.train.global_batch_size)
     progress = ProgressWriter(export_progress_path(run_dir, segment_index), rank=topology.rank)
     try:
-        _export(run_dir, segment_index, out_dir, plan, topology, progress, started)
+        _export(run_dir, segment_index, out_dir, plan, config, topology, progress, started)
     finally:
         progress.close()
 
 
-def _export(run_dir: Path, segment_index: int, out_dir: Path, plan: Plan, topology, progress: ProgressWriter,
-            started: float) -> None:
-    config = plan.run_config()
+def _export(run_dir: Path, segment_index: int, out_dir: Path, plan: Plan, config: RunConfig, topology,
+            progress: ProgressWriter, started: float) -> None:
     error = trainer = meta = None
     try:
         trainer = build_trainer(config)
@@ -66,7 +65,7 @@ def _export(run_dir: Path, segment_index: int, out_dir: Path, plan: Plan, topolo
     step = StateMeta.model_validate(meta).next_step
     provenance = {
         "run_id": plan.run_id, "step": step, "plan_digest": plan.digest,
-        "parent_checkpoint": parent_checkpoint(plan, segment_index),
+        "parent_checkpoint": parent_checkpoint(plan, config, segment_index),
         "base_model": config.model.path or config.model.config,
         "world_size": topology.world_size, "logical_dp": config.train.logical_dp,
     }

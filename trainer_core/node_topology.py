@@ -27,12 +27,16 @@ def world_size(nnodes: int, nproc_per_node: int) -> int:
 def check_nodes(nnodes: int, nproc_per_node: int, logical_dp: int, node_deployment: str | None,
                 rdzv_endpoint: str | None) -> None:
     """Raise ValueError naming the fix unless the nodes' world size divides logical_dp and a deployed run has an endpoint."""
+    # Imported here: trainer_core.ranks loads torch, and this module is imported by light processes
+    # (the loopback torchrun agent, `rankflow deploy`) that only need split_endpoint / check_nodes_deployable.
+    from .ranks.topology import topology_problem
+
     world = world_size(nnodes, nproc_per_node)
-    if logical_dp % world:
+    if problem := topology_problem(world, logical_dp):  # the world rule only: the batch is checked by the config
         raise ValueError(
             f"train.logical_dp={logical_dp} is not a multiple of the world size train.nnodes × train.nproc_per_node = "
             f"{nnodes} × {nproc_per_node} = {world}; choose a logical_dp that {world} divides "
-            f"(e.g. {world * max(1, logical_dp // world)}), or fewer nodes or processes")
+            f"(e.g. {problem.suggestion}), or fewer nodes or processes")
     if node_deployment is not None and rdzv_endpoint is None:
         raise ValueError(
             f"train.node_deployment={node_deployment!r} runs the nodes on workers, which need to find each other: "

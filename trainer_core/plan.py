@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
 
 from .config import RunConfig
 from .data import DataOptions, Prepared
@@ -103,9 +104,19 @@ def _document_stream(num_documents: int, seed: int) -> Iterator[int]:
         yield from (int(i) for i in rng.permutation(num_documents))
 
 
-def _segment_shards(prepared: Prepared, config: RunConfig, options: DataOptions, pad_id: int) -> dict[int, dict[str, torch.Tensor]]:
+def segment_bounds(config: RunConfig) -> list[tuple[int, int]]:
+    """(start, end) optimizer steps of each segment, end exclusive: `train.steps` cut every `steps_per_segment`."""
     span = config.train.steps_per_segment
-    bounds = [(i * span, min((i + 1) * span, config.train.steps)) for i in range(config.train.num_segments)]
+    return [(i * span, min((i + 1) * span, config.train.steps)) for i in range(config.train.num_segments)]
+
+
+def _pad_id(tokenizer: Tokenizer) -> int:
+    pad_id = tokenizer.token_to_id("<|endoftext|>")
+    return 0 if pad_id is None else pad_id
+
+
+def _segment_shards(prepared: Prepared, config: RunConfig, options: DataOptions, pad_id: int,
+                    bounds: list[tuple[int, int]]) -> dict[int, dict[str, torch.Tensor]]:
     documents = prepared.documents
     if options.pack:
         stream = _document_stream(len(documents), config.run.seed)
@@ -175,27 +186,28 @@ def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple
     if checked is None:
         checked = validate_inputs(config)
     checked.store_cache()
-    tokenizer, prepared, options, fingerprint = checked.tokenizer, checked.prepared, checked.options, checked.fingerprint
-    pad_id = tokenizer.token_to_id("<|endoftext|>")
-    pad_id = 0 if pad_id is None else pad_id
-    per_segment = _segment_shards(prepared, config, options, pad_id)
-    segment_specs = []
-    span = config.train.steps_per_segment
-    for index, tensors in per_segment.items():
-        start, end = index * span, min((index + 1) * span, config.train.steps)
-        segment_specs.append((index, start, end, int(tensors["loss_mask"].sum())))
+    bounds = segment_bounds(config)
+    shards = _segment_shards(checked.prepared, config, checked.options, _pad_id(checked.tokenizer), bounds)
+    digest = plan_digest(config, checked.fingerprint, shards)
+    return _plan(config, checked, digest, bounds, shards), shards
 
-    training_config = digest_view(config)
-    digest = hashlib.sha256(
+
+def plan_digest(config: RunConfig, fingerprint: dict, shards: dict[int, dict[str, torch.Tensor]]) -> str:
+    """What names the plan: the config as the digest sees it (`digest_view`), the inputs and every shard's bytes."""
+    return hashlib.sha256(
         json.dumps(
-            {"config": training_config, "inputs": fingerprint,
-             "shards": [tensors_sha256(per_segment[i]) for i in sorted(per_segment)]},
+            {"config": digest_view(config), "inputs": fingerprint,
+             "shards": [tensors_sha256(shards[i]) for i in sorted(shards)]},
             sort_keys=True,
         ).encode()
     ).hexdigest()
-    run_id = f"{config.run.name}-{digest[:12]}"
-    plan = Plan(
-        run_id=run_id,
+
+
+def _plan(config: RunConfig, checked: CheckedInputs, digest: str, bounds: list[tuple[int, int]],
+          shards: dict[int, dict[str, torch.Tensor]]) -> Plan:
+    prepared, options = checked.prepared, checked.options
+    return Plan(
+        run_id=f"{config.run.name}-{digest[:12]}",
         digest=digest,
         config=config.model_dump(mode="json"),
         num_conversations=prepared.num_records,
@@ -203,15 +215,15 @@ def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple
         num_dropped=prepared.num_dropped,
         num_tokens=int(sum(d.num_tokens for d in prepared.documents)),
         segments=[
-            SegmentPlan(index=i, start_step=s, end_step=e, shard_file=f"plan/segment-{i:04d}.safetensors", num_loss_tokens=n)
-            for i, s, e, n in segment_specs
+            SegmentPlan(index=i, start_step=start, end_step=end, shard_file=f"plan/segment-{i:04d}.safetensors",
+                        num_loss_tokens=int(shards[i]["loss_mask"].sum()))
+            for i, (start, end) in enumerate(bounds)
         ],
         data_kind="rl" if prepared.is_rl else "sft",
         packed=options.pack,
         num_flat_groups=prepared.advantage_stats.num_flat_groups if prepared.advantage_stats else 0,
         stage_digests=prepared.stage_digests,
     )
-    return plan, per_segment
 
 
 def write_plan(plan: Plan, shards: dict[int, dict[str, torch.Tensor]], run_dir: Path) -> Path:

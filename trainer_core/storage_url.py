@@ -4,11 +4,17 @@ A local path, `file://PATH` or `s3://BUCKET/PREFIX`. Only the URL is checked
 here (no network): a missing bucket, a bucket name no S3 server accepts, an
 empty or `..` path segment, or an unknown scheme. Whether the store is
 reachable and writable is checked by the storage pre-flight before training.
+
+The overlap rule of a local store and a local directory (`local_path`,
+`overlap`) is here too, the one copy the config's location check and
+`LocalStore.overlaps` share.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Literal
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # S3's rules (3-63 characters of lowercase letters, digits, '.' and '-', starting and
@@ -43,3 +49,25 @@ def check_storage_url(url: str) -> str:
         raise ValueError(f"storage.url={url!r} has an empty, '.' or '..' path segment; write the prefix as "
                          "plain names joined by single '/', e.g. s3://rankflow/runs/team-a")
     return url
+
+
+Overlap = Literal["same", "first_inside", "second_inside"]
+
+
+def local_path(url: str) -> Path | None:
+    """The resolved directory of a local store (`file://PATH` or a plain path); None for an object store."""
+    if "://" in url and not url.startswith("file://"):
+        return None  # an object store cannot overlap a local directory
+    return Path(url.removeprefix("file://")).expanduser().resolve()
+
+
+def overlap(first: str | Path, second: str | Path) -> Overlap | None:
+    """How two local directories overlap, once both are resolved: the same, one inside the other, or None."""
+    first, second = Path(first).resolve(), Path(second).resolve()
+    if first == second:
+        return "same"
+    if first.is_relative_to(second):
+        return "first_inside"
+    if second.is_relative_to(first):
+        return "second_inside"
+    return None

@@ -22,6 +22,8 @@ from typing import BinaryIO
 
 import fsspec
 
+from trainer_core.storage_url import overlap
+
 from .base import Deadline, ObjectInfo, PutMode, StoreLocation, StoreTimeouts, Upload, Versioned, find_files
 from .conditional import create_if_absent, replace_if_unchanged
 from .durable import create_exclusive, temp_name, write_durable
@@ -205,5 +207,4 @@ class LocalStore(StoreLocation):
         probe_round_trip(self)
 
     def overlaps(self, path: Path) -> bool:
-        staging, root = Path(path).resolve(), Path(self.root).resolve()
-        return staging == root or root.is_relative_to(staging) or staging.is_relative_to(root)
+        return overlap(path, self.root) is not None  # the one overlap rule (trainer_core/storage_url.py)

@@ -43,14 +43,14 @@ __all__ = ["NodeFailed", "launch_nodes", "launch_segment_nodes", "new_attempt"]
 
 def launch_nodes(planned: PlannedRun, segment_index: int, on_line: Callable[[str], None],
                  tick: Callable[[], object] = lambda: None) -> float:
-    """Run segment `segment_index` on `planned.nnodes` nodes; returns the wall time; raises NodeFailed.
+    """Run segment `segment_index` on `planned.train.nnodes` nodes; returns the wall time; raises NodeFailed.
 
     `tick` is called about every half second in the calling thread while the nodes run (the live view).
     """
     attempt = new_attempt()
     rdzv = rendezvous_id(planned.run_id, segment_index, attempt)
     started = time.perf_counter()
-    if planned.node_deployment is None:
+    if planned.train.node_deployment is None:
         launch_local_nodes(planned, segment_index, endpoint_for(planned), rdzv, attempt, on_line, tick)
     else:
         launch_deployed_nodes(planned, segment_index, rdzv, attempt, tick)

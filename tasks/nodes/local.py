@@ -24,7 +24,7 @@ __all__ = ["endpoint_for", "launch_local_nodes"]
 
 
 def endpoint_for(planned: PlannedRun) -> str:
-    return planned.rdzv_endpoint or f"127.0.0.1:{pick_free_port()}"
+    return planned.train.rdzv_endpoint or f"127.0.0.1:{pick_free_port()}"
 
 
 def _first_cause(errors: dict[int, BaseException], aborted: set[int]) -> tuple[int, BaseException]:
@@ -42,7 +42,7 @@ def launch_local_nodes(planned: PlannedRun, segment_index: int, endpoint: str, r
     lock = threading.Lock()
 
     def run(node_rank: int) -> None:
-        node = NodeRendezvous(planned.nnodes, node_rank, endpoint, rdzv)
+        node = NodeRendezvous(planned.train.nnodes, node_rank, endpoint, rdzv)
 
         def stop() -> str | None:
             if not failed.is_set():
@@ -59,7 +59,7 @@ def launch_local_nodes(planned: PlannedRun, segment_index: int, endpoint: str, r
             failed.set()
 
     threads = [threading.Thread(target=run, args=(k,), name=f"node-{k}-segment-{segment_index}")
-               for k in range(planned.nnodes)]
+               for k in range(planned.train.nnodes)]
     for thread in threads:
         thread.start()
     try:
@@ -76,5 +76,5 @@ def launch_local_nodes(planned: PlannedRun, segment_index: int, endpoint: str, r
     if errors:
         node_rank, error = _first_cause(errors, aborted)
         others = sorted(set(errors) - {node_rank})
-        raise NodeFailed(f"node {node_rank} of {planned.nnodes} failed; nodes {others} were stopped with it\n{error}",
-                         node_failure(getattr(error, "failure", None), node_rank, planned.nnodes), node_rank) from error
+        raise NodeFailed(f"node {node_rank} of {planned.train.nnodes} failed; nodes {others} were stopped with it\n{error}",
+                         node_failure(getattr(error, "failure", None), node_rank, planned.train.nnodes), node_rank) from error

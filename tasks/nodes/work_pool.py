@@ -33,9 +33,9 @@ def _start_node_runs(planned: PlannedRun, segment_index: int, rdzv: str, attempt
     from prefect.deployments import run_deployment
 
     runs = {}
-    for node_rank in range(planned.nnodes):
+    for node_rank in range(planned.train.nnodes):
         runs[node_rank] = run_deployment(
-            planned.node_deployment, timeout=0, work_queue_name=NODE_QUEUE.format(node_rank=node_rank),
+            planned.train.node_deployment, timeout=0, work_queue_name=NODE_QUEUE.format(node_rank=node_rank),
             parameters={"planned": planned.model_dump(mode="json"), "segment_index": segment_index,
                         "node_rank": node_rank, "rdzv_id": rdzv, "attempt": attempt},
             tags=["rankflow", f"run:{planned.run_id}", f"segment:{segment_index}"],
@@ -69,7 +69,7 @@ def launch_deployed_nodes(planned: PlannedRun, segment_index: int, rdzv: str, at
     with get_client(sync_client=True) as client:
         try:
             runs = _start_node_runs(planned, segment_index, rdzv, attempt)
-            deadline = time.monotonic() + planned.segment_timeout_s + START_GRACE_S
+            deadline = time.monotonic() + planned.train.segment_timeout_s + START_GRACE_S
             while True:
                 states = {k: client.read_flow_run(run.id).state for k, run in runs.items()}
                 ended = {k: s for k, s in states.items() if s is not None and s.is_final() and not s.is_completed()}
@@ -79,7 +79,7 @@ def launch_deployed_nodes(planned: PlannedRun, segment_index: int, rdzv: str, at
                     _cancel(client, runs, reason)
                     runs = {}  # all ended: nothing left to cancel on the way out
                     raise NodeFailed(f"{reason}: {state.message}",
-                                     node_failure(failure_from_message(state.message), node_rank, planned.nnodes),
+                                     node_failure(failure_from_message(state.message), node_rank, planned.train.nnodes),
                                      node_rank)
                 if all(s is not None and s.is_completed() for s in states.values()):
                     return

@@ -91,7 +91,7 @@ def test_each_failure_class_is_named_with_its_rank(planned, monkeypatch, tmp_pat
 
 def test_a_hung_rank_times_out_its_peers_collective(planned, monkeypatch, tmp_path):
     # The watchdog is set longer than the collective timeout: the peer's collective fails first.
-    planned = planned.model_copy(update={"stall_timeout_s": 120})
+    planned = planned.model_copy(update={"train": planned.train.model_copy(update={"stall_timeout_s": 120})})
     config_path = Path(planned.run_dir) / "plan.json"
     config_path.write_text(config_path.read_text().replace('"collective_timeout_s": 120', '"collective_timeout_s": 8'))
     publish_plan(planned)  # the store's plan is the one a segment uses (a local copy that differs is replaced)
@@ -107,7 +107,7 @@ def test_the_export_launch_has_its_own_timeout(tmp_path):
     config = config_from_dict(tiny_tree(tmp_path, export={"timeout_s": 1.5}, train={"nproc_per_node": 1}),
                               config_dir=tmp_path)
     planned = plan_run_fn(config)
-    assert planned.export_timeout_s == 1.5 and planned.segment_timeout_s == 300
+    assert planned.export.timeout_s == 1.5 and planned.train.segment_timeout_s == 300
     train_segment_fn(planned, 0, on_line=lambda _: None)  # the export fetches a state that must be in the store
     started = time.monotonic()
     with pytest.raises(LaunchError, match="ran past its 1.5 s limit") as raised:

@@ -43,7 +43,7 @@ def trained(tmp_path_factory):
 
 def journal_of(planned) -> dict:
     staged = Path(planned.run_dir) / "export" / "step-00000003"
-    return json.loads(journal_path_for(staged, open_store(planned.storage_url)).read_text())
+    return json.loads(journal_path_for(staged, open_store(planned.storage)).read_text())
 
 
 def test_a_rank_failing_export_preparation_aborts_the_publication(trained, tmp_path, monkeypatch):
@@ -54,7 +54,7 @@ def test_a_rank_failing_export_preparation_aborts_the_publication(trained, tmp_p
     assert journal["state"] == "ABORTED" and "rank 1" in journal["error"]
     export_dir = Path(trained.run_dir) / "export"
     assert sorted(p.name for p in export_dir.iterdir()) == ["journals"]  # the journals, one directory per store
-    store = open_store(trained.storage_url)
+    store = open_store(trained.storage)
     assert list_checkpoints(store, trained.run_id) == [] and read_latest(store, trained.run_id) is None
     mirror = json.loads(Path(store.path(trained.run_id, "publications", "step-00000003.json")).read_text())
     assert mirror["state"] == "ABORTED"
@@ -68,7 +68,7 @@ def test_a_rank_failing_export_preparation_aborts_the_publication(trained, tmp_p
 
 
 def test_a_spoiled_staging_is_exported_again_not_uploaded(trained, tmp_path):
-    store = open_store(trained.storage_url)
+    store = open_store(trained.storage)
     # A fresh publication of the step: forget what an earlier test published
     # (not the run's state in the store, which the export resumes from).
     journal_path_for(Path(trained.run_dir) / "export" / "step-00000003", store).unlink(missing_ok=True)

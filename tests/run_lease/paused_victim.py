@@ -25,6 +25,7 @@ import tasks.publish as publish_module
 from infra.run_lease import acquire_run_lease
 from infra.store.base import open_store
 from tasks.outcomes import ExportOutcome, PlannedRun
+from trainer_core.config import StorageSection, TrainSection
 from tasks.run_state import publish_segment_state
 
 
@@ -40,9 +41,9 @@ def main() -> int:
     args = parser.parse_args()
     store = open_store(args.store_url)
     lease = acquire_run_lease(store, args.run_id, ttl_s=args.ttl_s, wait_s=0)
-    planned = PlannedRun(run_id=args.run_id, digest="d" * 64, run_dir=str(args.run_dir), num_segments=1,
-                         segment_steps=[(0, args.step or 1)], nproc_per_node=1, segment_timeout_s=60,
-                         storage_url=args.store_url, lease_token=lease.record.token)
+    planned = PlannedRun(run_id=args.run_id, digest="d" * 64, run_dir=str(args.run_dir), segment_steps=[(0, args.step or 1)],
+                         train=TrainSection(segment_timeout_s=60),
+                         storage=StorageSection(url=args.store_url), lease_token=lease.record.token)
     stopped: list[str] = []
 
     def stop_at_first_upload(event: str) -> None:

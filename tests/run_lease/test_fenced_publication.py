@@ -28,6 +28,7 @@ from infra.run_lease import RunLeaseLost, acquire_run_lease, run_lease_path
 from infra.run_state import manifest_path
 from infra.store.base import open_store
 from tasks.outcomes import ExportOutcome, PlannedRun
+from trainer_core.config import StorageSection, TrainSection
 from tasks.publish import cleanup_fn, commit_fn
 from tasks.run_state import publish_segment_state
 from tests.publication_helpers import random_files, stage
@@ -87,9 +88,9 @@ def store(request, tmp_path):
 @pytest.fixture
 def victim(store, tmp_path):
     lease = acquire_run_lease(store, RUN, ttl_s=30, wait_s=0)
-    planned = PlannedRun(run_id=RUN, digest="d" * 64, run_dir=str(tmp_path / "work" / RUN), num_segments=2,
-                         segment_steps=[(0, 4), (4, 8)], nproc_per_node=1, segment_timeout_s=60,
-                         storage_url=store.url, lease_token=lease.record.token)
+    planned = PlannedRun(run_id=RUN, digest="d" * 64, run_dir=str(tmp_path / "work" / RUN), segment_steps=[(0, 4), (4, 8)],
+                         train=TrainSection(segment_timeout_s=60),
+                         storage=StorageSection(url=store.url), lease_token=lease.record.token)
     yield planned
     lease.stop_heartbeat()
 

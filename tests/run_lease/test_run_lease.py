@@ -23,7 +23,7 @@ from tasks.outcomes import PlannedRun
 from tasks.plan import compute_plan_fn
 from tests.conftest import tiny_tree
 from tests.run_lease.runs import steal
-from trainer_core.config import config_from_dict
+from trainer_core.config import StorageSection, TrainSection, config_from_dict
 
 RUN = "lease-test-0123456789ab"
 
@@ -91,9 +91,8 @@ def test_the_fence_fails_on_a_released_or_expired_lease(store):
 
 
 def _planned(store_url: str, token: str | None, tmp_path) -> PlannedRun:
-    return PlannedRun(run_id=RUN, digest="d", run_dir=str(tmp_path / "work" / RUN), num_segments=1,
-                      segment_steps=[(0, 3)], nproc_per_node=1, segment_timeout_s=60, storage_url=store_url,
-                      lease_token=token)
+    return PlannedRun(run_id=RUN, digest="d", run_dir=str(tmp_path / "work" / RUN), segment_steps=[(0, 3)],
+                      train=TrainSection(segment_timeout_s=60), storage=StorageSection(url=store_url), lease_token=token)
 
 
 def test_a_launch_monitor_raises_once_the_lease_is_stolen(tmp_path):

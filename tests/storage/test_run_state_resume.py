@@ -47,7 +47,7 @@ def final_state_digests(planned) -> dict[str, object]:
     version.json the identity is left out (a fresh one per process, by
     design: graphs from before a restore are void) and the rest compared.
     """
-    store = open_store(planned.storage_url)
+    store = open_store(planned.storage)
     manifest = read_bundle_manifest(store, planned.run_id, f"segment-{planned.num_segments - 1:04d}")
     assert manifest is not None, "the last segment's state is not in the store"
     digests: dict[str, object] = {}
@@ -115,7 +115,7 @@ def test_an_interrupted_state_upload_is_not_used_and_the_retry_completes_it(refe
 def test_a_corrupt_local_state_is_downloaded_again_and_a_corrupt_stored_one_is_named(reference, tmp_path):
     planned = plan_in(tmp_path, SFT)
     train_segment_fn(planned, 0, **QUIET)
-    store = open_store(planned.storage_url)
+    store = open_store(planned.storage)
     params = "state/segment-0000/base/params.safetensors"
     cached = Path(planned.run_dir) / params
     cached.write_bytes(cached.read_bytes()[:-1] + bytes([cached.read_bytes()[-1] ^ 1]))

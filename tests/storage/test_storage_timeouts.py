@@ -19,6 +19,7 @@ from infra.publication import PublishSettings, cleanup_staging, commit_checkpoin
 from infra.s3_server import start_s3_server
 from infra.store.base import StoreTimeouts, open_store
 from tasks.outcomes import PlannedRun
+from trainer_core.config import StorageSection, TrainSection
 from tasks.report import publish_run_files_fn
 from tests.publication_helpers import RUN, random_files, stage
 
@@ -65,9 +66,9 @@ def test_commit_cleanup_and_report_fail_in_bounded_time_then_resume(server, tmp_
     second = stage(tmp_path, 20, random_files(3, 300_000))
     run_dir = tmp_path / "run"
     ledger.record(run_dir, "commit", "completed", step=10)
-    planned = PlannedRun(run_id=RUN, digest="d", run_dir=str(run_dir), num_segments=1, segment_steps=[(0, 20)],
-                         nproc_per_node=1, segment_timeout_s=60, storage_url="s3://stopped/runs",
-                         storage_timeout_s=20, storage_request_timeout_s=2)
+    planned = PlannedRun(run_id=RUN, digest="d", run_dir=str(run_dir), segment_steps=[(0, 20)],
+                         train=TrainSection(segment_timeout_s=60),
+                         storage=StorageSection(url="s3://stopped/runs", timeout_s=20, request_timeout_s=2))
 
     os.killpg(server.pid, signal.SIGSTOP)
     try:

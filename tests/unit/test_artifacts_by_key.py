@@ -20,6 +20,7 @@ from prefect.states import AwaitingRetry
 from tasks.failure_report import report_failure
 from tasks.live import create_live_artifacts, show_steps_done
 from tasks.outcomes import PlannedRun, SegmentOutcome
+from trainer_core.config import TrainSection
 from tasks.report import report
 from tests.flows.prefect_queries import artifacts_of
 from trainer_core.plan import run_dir_for
@@ -46,9 +47,8 @@ def run_once(planned: PlannedRun, marker: str) -> dict:
 
 
 def test_a_ui_retry_leaves_one_artifact_per_key_and_settles_the_failure_report(prefect_harness, tiny_config, tmp_path):
-    planned = PlannedRun(run_id=RUN_ID, digest="d" * 64, run_dir=str(run_dir_for(tiny_config, RUN_ID)), num_segments=2,
-                         segment_steps=[(0, 3), (3, 6)], nproc_per_node=1, segment_timeout_s=60,
-                         storage_url=tiny_config.storage.url)
+    planned = PlannedRun(run_id=RUN_ID, digest="d" * 64, run_dir=str(run_dir_for(tiny_config, RUN_ID)),
+                         segment_steps=[(0, 3), (3, 6)], train=TrainSection(segment_timeout_s=60), storage=tiny_config.storage)
     parameters = {"planned": planned, "marker": str(tmp_path / "failed-once")}
     first = run_once(**parameters, return_state=True)
     assert first.is_failed()

@@ -19,6 +19,7 @@ from flows.run_record import RunFailed, RunRecord
 from infra import ledger
 from tasks import publish
 from tasks.outcomes import ExportOutcome, PlannedRun
+from trainer_core.config import TrainSection
 from tests.flows.prefect_queries import artifacts_of, task_runs_of
 from trainer_core.plan import run_dir_for
 
@@ -26,8 +27,8 @@ RUN_ID = "test-0123456789ab"
 
 
 def _planned(config) -> PlannedRun:
-    return PlannedRun(run_id=RUN_ID, digest="d" * 64, run_dir=str(run_dir_for(config, RUN_ID)), num_segments=1,
-                      segment_steps=[(0, 3)], nproc_per_node=1, segment_timeout_s=60, storage_url=config.storage.url)
+    return PlannedRun(run_id=RUN_ID, digest="d" * 64, run_dir=str(run_dir_for(config, RUN_ID)), segment_steps=[(0, 3)],
+                      train=TrainSection(segment_timeout_s=60), storage=config.storage)
 
 
 def _exported(tmp_path: Path) -> ExportOutcome:

@@ -10,12 +10,13 @@ import pytest
 import tasks.nodes as nodes
 from infra.run_lease import RunLeaseLost
 from tasks.outcomes import PlannedRun
+from trainer_core.config import StorageSection, TrainSection
 
 
 def _planned(tmp_path) -> PlannedRun:
-    return PlannedRun(run_id="run-0123456789ab", digest="d", run_dir=str(tmp_path), num_segments=1,
-                      segment_steps=[(0, 2)], nproc_per_node=1, segment_timeout_s=60, storage_url=str(tmp_path),
-                      nnodes=2, rdzv_endpoint="127.0.0.1:29999")
+    train = TrainSection(nproc_per_node=1, nnodes=2, logical_dp=2, segment_timeout_s=60, rdzv_endpoint="127.0.0.1:29999")
+    return PlannedRun(run_id="run-0123456789ab", digest="d", run_dir=str(tmp_path), segment_steps=[(0, 2)], train=train,
+                      storage=StorageSection(url=str(tmp_path)))
 
 
 def test_a_lost_lease_stops_every_local_node_and_nothing_is_reported(tmp_path, monkeypatch):

@@ -6,14 +6,18 @@ p·L/W … (p+1)·L/W − 1). Everything that decides a result — which rows a
 logical rank gets, its RNG seed, the order its gradient is folded in — is a
 function of the logical rank alone, never of W or of the process that runs it.
 
-`check_topology` validates a topology before any process group exists, so a
-bad one fails in milliseconds with the fix named, instead of after rendezvous.
+`topology_problem` is the divisibility rule, the one copy of it: W divides L,
+and L divides the global batch. The config (`train.*`, trainer_core/config.py),
+the node checks (trainer_core/node_topology.py) and `check_topology` (before
+any process group exists, so a bad one fails in milliseconds instead of after
+rendezvous) each word its refusal for their reader, from what it returns.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -62,22 +66,47 @@ def logical_row_ranges(num_rows: int, logical_dp: int) -> list[range]:
     return ranges
 
 
+@dataclass(frozen=True)
+class Indivisible:
+    """What the divisibility rule refused: `value` (the `what`) is not a multiple of `divisor`."""
+
+    what: Literal["logical_dp", "global_batch_size"]
+    value: int
+    divisor: int
+
+    @property
+    def suggestion(self) -> int:
+        """The multiple of `divisor` nearest below `value` (at least `divisor`): the value to suggest instead."""
+        return self.divisor * max(1, self.value // self.divisor)
+
+
+def topology_problem(world_size: int, logical_dp: int, global_batch_size: int | None = None) -> Indivisible | None:
+    """The divisibility rule: W must divide L, then L the global batch (when given); None where both hold."""
+    if logical_dp % world_size:
+        return Indivisible("logical_dp", logical_dp, world_size)
+    if global_batch_size is not None and global_batch_size % logical_dp:
+        return Indivisible("global_batch_size", global_batch_size, logical_dp)
+    return None
+
+
 def check_topology(world_size: int, logical_dp: int, global_batch_size: int | None = None) -> None:
     """Raise ValueError naming the fix unless W divides L (and L divides the global batch, when given)."""
     if world_size < 1 or logical_dp < 1:
         raise ValueError(f"world_size={world_size} and logical_dp={logical_dp} must both be at least 1")
-    if logical_dp % world_size:
+    problem = topology_problem(world_size, logical_dp, global_batch_size)
+    if problem is None:
+        return
+    if problem.what == "logical_dp":
         divisors = [d for d in range(1, logical_dp + 1) if logical_dp % d == 0]
         raise ValueError(
             f"logical_dp={logical_dp} is not a multiple of world_size={world_size}; launch a number of processes "
             f"that divides train.logical_dp (one of {divisors}) or choose a logical_dp that {world_size} divides "
-            f"(e.g. {world_size * max(1, logical_dp // world_size)})"
+            f"(e.g. {problem.suggestion})"
         )
-    if global_batch_size is not None and global_batch_size % logical_dp:
-        raise ValueError(
-            f"global_batch_size={global_batch_size} is not a multiple of logical_dp={logical_dp}; every logical rank "
-            f"needs the same number of sequences (e.g. global_batch_size={logical_dp * max(1, global_batch_size // logical_dp)})"
-        )
+    raise ValueError(
+        f"global_batch_size={global_batch_size} is not a multiple of logical_dp={logical_dp}; every logical rank "
+        f"needs the same number of sequences (e.g. global_batch_size={problem.suggestion})"
+    )
 
 
 def step_seed(seed: int, step: int, logical_rank: int) -> int:
