@@ -202,12 +202,78 @@ def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publi
     journal = open_journal(staged_dir, store, run_id)
     if journal.has_outcome:
         return _already_committed(journal, store, run_id, started)  # a retry with an outcome: nothing to redo
+    _refuse_unfinished(journal)
+    manifest, manifest_bytes = _staged_manifest_of(journal, staged_dir, run_id)
+    target = _Target(store, run_id, manifest, manifest_bytes,
+                     Deadline(settings.timeout_s, f"commit of {checkpoint_name(manifest.step)} for run {run_id}", store))
+    with finalizer(store, run_id, settings.finalizer, step=journal.step) as lease:
+        _notify(observer, "lease")
+        journal.transition(S.COMMITTING, note=f"finalizer {lease.owner} gen {lease.record.generation}",
+                           manifest_sha256=target.manifest_sha256, num_files=len(manifest.files),
+                           num_bytes=manifest.num_bytes)
+        # One listing finds what is there; only objects of the right size need a HEAD for their digest.
+        listing = list_files(store, target.base)
+        published = _hide_another_commit(target, listing, lease)
+        todo = _objects_to_upload(target, listing)
+        _upload(target, staged_dir, todo, journal, lease, settings, observer)
+        _write_manifest(target, published, lease, observer)
+        move = _advance_latest(target, lease, observer)
+        stale = _remove_stale(target, listing, lease)
+        journal.transition(S.COMMITTED, note="; ".join(target.notes) or "manifest and LATEST written", error=None)
+        _notify(observer, "committed")
+    return target.outcome(todo, move, stale, started)
+
+
+@dataclass
+class _Target:
+    """What one commit writes: the staged manifest's checkpoint, under its run's checkpoints/ in the store."""
+
+    store: StoreLocation
+    run_id: str
+    manifest: Manifest
+    manifest_bytes: bytes
+    deadline: Deadline
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def step(self) -> int:
+        return self.manifest.step
+
+    @property
+    def name(self) -> str:
+        return checkpoint_name(self.manifest.step)
+
+    @property
+    def base(self) -> str:
+        return remote_dir(self.store, self.run_id, self.manifest.step)
+
+    @property
+    def manifest_sha256(self) -> str:
+        return hashlib.sha256(self.manifest_bytes).hexdigest()
+
+    def outcome(self, todo: list, move, stale: list[str], started: float) -> CommitOutcome:
+        manifest = self.manifest
+        return CommitOutcome(
+            checkpoint_url=self.store.url_of(self.run_id, CHECKPOINTS_DIR, self.name), step=self.step,
+            num_files_uploaded=len(todo), num_files_skipped=len(manifest.files) - len(todo),
+            bytes_uploaded=sum(e.size for e in todo), bytes_skipped=manifest.num_bytes - sum(e.size for e in todo),
+            latest_moved=move.moved, latest_step=move.step, stale_objects_removed=len(stale), notes=tuple(self.notes),
+            uploaded=tuple(e.path for e in todo), wall_s=time.perf_counter() - started,
+        )
+
+
+def _refuse_unfinished(journal: Journal) -> None:
+    """An aborted publication never finishes; one still PREPARING has no finished export to commit."""
     if journal.state is S.ABORTED:
         raise TransitionError(f"publication {journal.name} was ABORTED ({journal.record.error}); it cannot be "
                               "committed — an aborted publication never finishes: export the step again to publish it")
     if journal.state is S.PREPARING:
         raise TransitionError(f"publication {journal.name} is PREPARING; its export did not finish — rerun the "
                               "export stage, then commit")
+
+
+def _staged_manifest_of(journal: Journal, staged_dir: Path, run_id: str) -> tuple[Manifest, bytes]:
+    """The staged manifest, checked against the journal's step; staging found without a journal opens one."""
     try:
         manifest, manifest_bytes = read_staged_manifest(staged_dir, run_id)
     except StagedFileChanged as error:
@@ -217,66 +283,73 @@ def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publi
     if manifest.step != journal.step:
         raise ManifestError(f"{staged_dir}: staged manifest of step {manifest.step} under the journal of "
                             f"step {journal.step}; export the step again")
-    manifest_sha256 = hashlib.sha256(manifest_bytes).hexdigest()
     if journal.state is None:  # staged outside the export stage: this commit opens the journal
-        journal.transition(S.PREPARED, note="staging found without a journal", manifest_sha256=manifest_sha256,
+        journal.transition(S.PREPARED, note="staging found without a journal",
+                           manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
                            num_files=len(manifest.files), num_bytes=manifest.num_bytes, mirror=False)
-    name, step = checkpoint_name(manifest.step), manifest.step
-    deadline = Deadline(settings.timeout_s, f"commit of {name} for run {run_id}", store)
-    base = remote_dir(store, run_id, step)
-    notes: list[str] = []
-    with finalizer(store, run_id, settings.finalizer, step=journal.step) as lease:
-        _notify(observer, "lease")
-        journal.transition(S.COMMITTING, note=f"finalizer {lease.owner} gen {lease.record.generation}",
-                           manifest_sha256=manifest_sha256, num_files=len(manifest.files),
-                           num_bytes=manifest.num_bytes)
-        # One listing finds what is there; only objects of the right size need a HEAD for their digest.
-        listing = list_files(store, base)
-        published = _read_bytes(store, f"{base}/{MANIFEST_FILE}") if MANIFEST_FILE in listing else None
-        if published is not None and published != manifest_bytes:
-            # A different commit of this step is visible: hide it before its files change under readers.
-            lease.check()
-            store.remove([store.key_of(f"{base}/{MANIFEST_FILE}")])
-            notes.append(f"replaced an earlier commit of {name} with another manifest")
-        candidates = [entry for entry in manifest.files if listing.get(entry.path) == entry.size]
-        present = remote_objects(store, base, candidates, deadline)
-        todo = [entry for entry in manifest.files if not matches(present.get(entry.path), entry)]
+    return manifest, manifest_bytes
 
-        def on_uploaded(entry) -> None:
-            lease.check()  # fencing, between data files: a run whose lease was taken over records nothing more
-            journal.record_upload(entry.path, entry.size, entry.sha256)
-            _notify(observer, f"uploaded {entry.path}")
 
-        try:
-            upload_files(store, staged_dir, base, todo, deadline, on_uploaded, settings.concurrency)
-        except StagedFileChanged as error:
-            journal.transition(S.PREPARING, note=f"staging changed: {error}", mirror_required=False)
-            raise
-        deadline.remaining()
-        lease.check()  # fencing: a finalizer whose lease was taken over must not publish
-        if published != manifest_bytes:
-            _notify(observer, "manifest")
-            put_small(store, f"{base}/{MANIFEST_FILE}", manifest_bytes)
-        _notify(observer, "manifest-written")
-        # LATEST is compare-and-swapped (never moved back), but a run whose lease was taken over must not move it.
+def _hide_another_commit(target: _Target, listing: dict[str, int], lease) -> bytes | None:
+    """The manifest already published for this step; another commit's is removed before its files change."""
+    store, manifest_path = target.store, f"{target.base}/{MANIFEST_FILE}"
+    published = _read_bytes(store, manifest_path) if MANIFEST_FILE in listing else None
+    if published is not None and published != target.manifest_bytes:
+        # A different commit of this step is visible: hide it before its files change under readers.
         lease.check()
-        move = advance_latest(store, run_id, step, on_read=lambda: _notify(observer, "latest-read"))
-        if move.note:
-            notes.append(move.note)
-        _notify(observer, "latest")
-        # Objects the listing found that this manifest does not list: an earlier layout's shards.
-        stale = sorted(set(listing) - {entry.path for entry in manifest.files} - {MANIFEST_FILE})
-        lease.check()  # before deleting, and before the outcome is recorded (the journal and its mirror)
-        remove_files(store, base, stale)
-        journal.transition(S.COMMITTED, note="; ".join(notes) or "manifest and LATEST written", error=None)
-        _notify(observer, "committed")
-    return CommitOutcome(
-        checkpoint_url=store.url_of(run_id, CHECKPOINTS_DIR, name), step=step,
-        num_files_uploaded=len(todo), num_files_skipped=len(manifest.files) - len(todo),
-        bytes_uploaded=sum(e.size for e in todo), bytes_skipped=manifest.num_bytes - sum(e.size for e in todo),
-        latest_moved=move.moved, latest_step=move.step, stale_objects_removed=len(stale), notes=tuple(notes),
-        uploaded=tuple(e.path for e in todo), wall_s=time.perf_counter() - started,
-    )
+        store.remove([store.key_of(manifest_path)])
+        target.notes.append(f"replaced an earlier commit of {target.name} with another manifest")
+    return published
+
+
+def _objects_to_upload(target: _Target, listing: dict[str, int]) -> list:
+    """The manifest's files the store does not hold with these bytes (a HEAD only for same-size candidates)."""
+    files = target.manifest.files
+    candidates = [entry for entry in files if listing.get(entry.path) == entry.size]
+    present = remote_objects(target.store, target.base, candidates, target.deadline)
+    return [entry for entry in files if not matches(present.get(entry.path), entry)]
+
+
+def _upload(target: _Target, staged_dir: Path, todo: list, journal: Journal, lease, settings: PublishSettings,
+            observer: Observer | None) -> None:
+    def on_uploaded(entry) -> None:
+        lease.check()  # fencing, between data files: a run whose lease was taken over records nothing more
+        journal.record_upload(entry.path, entry.size, entry.sha256)
+        _notify(observer, f"uploaded {entry.path}")
+
+    try:
+        upload_files(target.store, staged_dir, target.base, todo, target.deadline, on_uploaded, settings.concurrency)
+    except StagedFileChanged as error:
+        journal.transition(S.PREPARING, note=f"staging changed: {error}", mirror_required=False)
+        raise
+
+
+def _write_manifest(target: _Target, published: bytes | None, lease, observer: Observer | None) -> None:
+    """The manifest last, once every file it lists is in place: readers see the whole checkpoint or none."""
+    target.deadline.remaining()
+    lease.check()  # fencing: a finalizer whose lease was taken over must not publish
+    if published != target.manifest_bytes:
+        _notify(observer, "manifest")
+        put_small(target.store, f"{target.base}/{MANIFEST_FILE}", target.manifest_bytes)
+    _notify(observer, "manifest-written")
+
+
+def _advance_latest(target: _Target, lease, observer: Observer | None):
+    # LATEST is compare-and-swapped (never moved back), but a run whose lease was taken over must not move it.
+    lease.check()
+    move = advance_latest(target.store, target.run_id, target.step, on_read=lambda: _notify(observer, "latest-read"))
+    if move.note:
+        target.notes.append(move.note)
+    _notify(observer, "latest")
+    return move
+
+
+def _remove_stale(target: _Target, listing: dict[str, int], lease) -> list[str]:
+    """Objects the listing found that this manifest does not list: an earlier layout's shards."""
+    stale = sorted(set(listing) - {entry.path for entry in target.manifest.files} - {MANIFEST_FILE})
+    lease.check()  # before deleting, and before the outcome is recorded (the journal and its mirror)
+    remove_files(target.store, target.base, stale)
+    return stale
 
 
 def _read_bytes(store: StoreLocation, path: str) -> bytes | None:
