@@ -41,7 +41,8 @@ def bind_stores_to_loopback(host: str = "127.0.0.1") -> None:
     """Make every TCPStore server created from now on in this process listen on `host` (loopback by default)."""
     import torch.distributed as dist
 
-    # torch re-exports TCPStore from torch._C inside `if is_available()` without `as TCPStore`: pyright reads it as private.
+    # torch re-exports TCPStore from torch._C (inside `if is_available()`, without `as TCPStore`):
+    # pyright reads the name as private to torch.distributed.
     wildcard_store = dist.TCPStore  # pyright: ignore[reportPrivateImportUsage]
 
     class LoopbackTCPStore(wildcard_store):  # type: ignore[misc, valid-type]

@@ -37,7 +37,8 @@ def _merged_layer(module: nn.Module, module_name: str, adapter: str) -> dict[str
     copied = copy.deepcopy(module)  # one layer at a time: the copy costs one layer's weights, briefly
     # The layer is a peft LoraLayer, which peft types as a mixin, not an nn.Module: pyright reads its methods
     # through torch's nn.Module.__getattr__ (typed Tensor | Module), hence the ignores on their calls.
-    dtypes = {name: tensor.dtype for name, tensor in copied.get_base_layer().state_dict().items()}  # pyright: ignore[reportCallIssue]
+    unmerged = copied.get_base_layer()  # pyright: ignore[reportCallIssue]
+    dtypes = {name: tensor.dtype for name, tensor in unmerged.state_dict().items()}
     # Merged in float32 and rounded once to each tensor's own dtype: in bf16, peft would round ΔW before adding it.
     copied.float()
     try:
@@ -72,13 +73,13 @@ def _merged_base_tensors(model: nn.Module, adapter: str) -> dict[str, torch.Tens
 
 def hf_state_dict(model: nn.Module, *, vocab_size: int | None = None, merge_adapter: str | None = None) -> dict[str, torch.Tensor]:
     """Plain Hugging Face weights of `model` (see the module docstring)."""
-    state = model.state_dict()
+    state: dict[str, torch.Tensor] = model.state_dict()
     merged = _merged_base_tensors(model, merge_adapter) if merge_adapter is not None else {}
     plain: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         if ".lora_" in name:
             continue
-        plain[name.replace(_BASE_LAYER, "")] = (merged[name] if name in merged else tensor).detach()
+        plain[name.replace(_BASE_LAYER, "")] = merged.get(name, tensor).detach()
     if vocab_size is not None:
         names = {name.replace(_BASE_LAYER, "") for name in vocab_parameter_names(model)}
         plain = cut_to_true_vocab(plain, names, vocab_size)
@@ -91,6 +92,9 @@ def save_hf_model(model: nn.Module, directory: Path, *, vocab_size: int | None =
     state = hf_state_dict(model, vocab_size=vocab_size, merge_adapter=merge_adapter)
     # `model` is a transformers model: torch's stubs type its methods, read through nn.Module.__getattr__,
     # as Tensor | Module, hence the ignores.
-    true_size = vocab_size if vocab_size is not None else model.get_input_embeddings().weight.shape[0]  # pyright: ignore[reportCallIssue]
+    true_size = vocab_size
+    if true_size is None:
+        true_size = model.get_input_embeddings().weight.shape[0]  # pyright: ignore[reportCallIssue]
     with true_vocab_config(model, true_size):
-        model.save_pretrained(str(directory), state_dict=state, max_shard_size=max_shard_size)  # pyright: ignore[reportCallIssue]
+        model.save_pretrained(  # pyright: ignore[reportCallIssue]
+            str(directory), state_dict=state, max_shard_size=max_shard_size)
