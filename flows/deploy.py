@@ -25,8 +25,9 @@ from prefect import Flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy, WorkPool
-from prefect.deployments.runner import EntrypointType
+from prefect.deployments.runner import RunnerDeployment
 from prefect.exceptions import ObjectNotFound
+from prefect.types.entrypoint import EntrypointType
 from prefect.workers.process import ProcessWorker
 
 from trainer_core.config import RunConfig
@@ -114,6 +115,9 @@ def deploy_flow(flow: Flow, *, name: str, pool: str, parameters: dict[str, Any],
         # The installed module, not a file path: a worker runs it from any directory.
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
+    # Prefect types to_deployment as "deployment or coroutine" (async_dispatch); from sync code it
+    # runs the sync implementation, so this is the deployment.
+    assert isinstance(deployment, RunnerDeployment)
     deployment_id = deployment.apply()
     return Deployed(deployment_id=str(deployment_id), full_name=f"{flow.name}/{name}", work_pool=work_pool.name,
                     work_pool_type=work_pool.type, work_queue=work_queue)

@@ -13,7 +13,8 @@ fires while a run trains is cancelled instead of queued; the run lease
 
 from __future__ import annotations
 
-from prefect.deployments.runner import EntrypointType, RunnerDeployment
+from prefect.deployments.runner import RunnerDeployment
+from prefect.types.entrypoint import EntrypointType
 
 from trainer_core.config import RunConfig
 
@@ -22,7 +23,7 @@ from .pipeline import train_flow
 
 
 def build_deployment(config: RunConfig, *, name: str | None, cron: str | None, interval_s: float | None) -> RunnerDeployment:
-    return train_flow.to_deployment(
+    deployment = train_flow.to_deployment(
         name=name or config.run.name,
         cron=cron,
         interval=interval_s,
@@ -33,6 +34,10 @@ def build_deployment(config: RunConfig, *, name: str | None, cron: str | None, i
         # The installed module, not a file path: runs start from any directory.
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
+    # Prefect types to_deployment as "deployment or coroutine" (async_dispatch); from sync code it
+    # runs the sync implementation, so this is the deployment.
+    assert isinstance(deployment, RunnerDeployment)
+    return deployment
 
 
 def serve_deployment(config: RunConfig, *, name: str | None, cron: str | None, interval_s: float | None) -> None:

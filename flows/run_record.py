@@ -75,9 +75,12 @@ class RunRecord:
         run = self.config.run
         self.run_id = computed.run_id
         self._name_flow_run(computed.run_id)
-        self.lease = acquire_run_lease(open_store(self.config.storage), computed.run_id,
-                                       ttl_s=run.lease_ttl_s, wait_s=run.lease_wait_s, on_wait=print)
-        return self.lease.record.token
+        lease = acquire_run_lease(open_store(self.config.storage), computed.run_id,
+                                  ttl_s=run.lease_ttl_s, wait_s=run.lease_wait_s, on_wait=print)
+        self.lease = lease
+        record = lease.record
+        assert record is not None  # acquire_run_lease returns the lease acquired, which holds its record
+        return record.token
 
     def outcome(self) -> dict | State:
         """The flow's return value: the summary, or a Cancelled state when another run held the run id."""

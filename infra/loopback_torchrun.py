@@ -41,7 +41,9 @@ def bind_stores_to_loopback(host: str = "127.0.0.1") -> None:
     """Make every TCPStore server created from now on in this process listen on `host` (loopback by default)."""
     import torch.distributed as dist
 
-    wildcard_store = dist.TCPStore
+    # torch re-exports TCPStore from torch._C (inside `if is_available()`, without `as TCPStore`):
+    # pyright reads the name as private to torch.distributed.
+    wildcard_store = dist.TCPStore  # pyright: ignore[reportPrivateImportUsage]
 
     class LoopbackTCPStore(wildcard_store):  # type: ignore[misc, valid-type]
         def __init__(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
@@ -54,7 +56,7 @@ def bind_stores_to_loopback(host: str = "127.0.0.1") -> None:
 
     # Replaced before torch.distributed.run imports the rendezvous modules, which
     # take `TCPStore` from torch.distributed by name.
-    dist.TCPStore = LoopbackTCPStore
+    dist.TCPStore = LoopbackTCPStore  # pyright: ignore[reportPrivateImportUsage] (torch's re-export, as above)
 
 
 def main() -> None:

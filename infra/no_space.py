@@ -55,7 +55,7 @@ def disk_is_full(path: Path, below_bytes: int = FULL_BELOW_BYTES) -> bool:
     return stats.f_bavail * stats.f_frsize < below_bytes
 
 
-def _bytes(count: int) -> str:
+def _bytes(count: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if count < 1024 or unit == "TiB":
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"

@@ -62,9 +62,13 @@ def _check_safetensors_header(file: Path, label: str) -> None:
 
 def _check_pretrained_loads(config: RunConfig, label: str) -> None:
     """transformers' own loader, onto the meta device: every tensor present at the right shape."""
+    path = config.model.path
+    assert path is not None  # check_model calls this only for model.path
     try:
-        _, info = AutoModelForCausalLM.from_pretrained(config.model.path, local_files_only=True, device_map="meta",
-                                                       output_loading_info=True)
+        # transformers types from_pretrained as returning the model alone; with output_loading_info=True it
+        # returns (model, loading info).
+        _, info = AutoModelForCausalLM.from_pretrained(  # pyright: ignore[reportGeneralTypeIssues]
+            path, local_files_only=True, device_map="meta", output_loading_info=True)
     except (OSError, RuntimeError, ValueError) as error:
         raise ConfigError(f"{label}: the weights do not load ({one_line(error)}); they do not match config.json: "
                           f"re-save the model, or {PATH_FIX}") from None
@@ -98,6 +102,7 @@ def _check_lora(config: RunConfig, model_config: PretrainedConfig) -> None:
     from peft import inject_adapter_in_model
 
     lora = config.model.lora
+    assert lora is not None  # check_model calls this only when [model.lora] is set
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(model_config)
     linear = _linear_names(model)

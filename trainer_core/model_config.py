@@ -54,6 +54,7 @@ def config_source(config: RunConfig) -> tuple[Path, str, str]:
         if not file.exists():
             raise ConfigError(f"model.path={config.model.path!r}: the directory has no config.json; {PATH_FIX}")
         return file, f"model.path={config.model.path!r}", PATH_FIX
+    assert config.model.config is not None  # ModelSection sets exactly one of model.path and model.config
     return Path(config.model.config), f"model.config={config.model.config!r}", _CONFIG_FIX
 
 
@@ -100,5 +101,7 @@ def peft_lora_config(config: RunConfig, lora: LoraSection):
     """The peft LoraConfig of `[model.lora]` (its adapter_config.json names the base model when it is a directory)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
+    # peft annotates lora_alpha as int, but only divides it by r: a float alpha (what [model.lora] allows) works.
+    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha,  # pyright: ignore[reportArgumentType]
+                      lora_dropout=lora.dropout, target_modules=lora.target_modules,
                       task_type="CAUSAL_LM", base_model_name_or_path=config.model.path)

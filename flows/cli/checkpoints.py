@@ -35,7 +35,7 @@ def _store(args: argparse.Namespace):
     return open_store(load_config(args.config).storage.url)
 
 
-def _size(num_bytes: int) -> str:
+def _size(num_bytes: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if num_bytes < 1000 or unit == "GB":
             return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"

@@ -62,7 +62,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     quiet_tracebacks()  # tracebacks go to the run's log files and the Prefect API, not to the terminal
     result, error, message = None, None, None
     try:
-        result = train_flow(config)
+        summary = train_flow(config)
+        # Called directly, a flow returns its state's result: the Cancelled state it returns when
+        # another run holds the run id raises its data (RunAlreadyActive, below), so a value is the summary.
+        assert isinstance(summary, dict)
+        result = summary
     except BadInputError:
         drain_prefect()
         raise  # found inside the flow (an input changed since the check, or a storage setting): still exit 2

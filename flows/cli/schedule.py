@@ -34,6 +34,7 @@ def check_schedule(cron: str | None, interval_s: float | None) -> None:
             raise ConfigError(f"--interval {interval_s}: not a usable interval ({_first_error(error)}); "
                               "give a number of seconds such as 3600") from None
         return
+    assert cron is not None  # exactly one of the two is given (checked first)
     try:
         CronSchedule(cron=cron)
     except ValidationError as error:

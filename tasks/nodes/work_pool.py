@@ -32,10 +32,12 @@ CANCEL_WAIT_S = 90.0
 def _start_node_runs(planned: PlannedRun, segment_index: int, rdzv: str, attempt: str) -> dict:
     from prefect.deployments import run_deployment
 
+    deployment = planned.train.node_deployment
+    assert deployment is not None  # the work-pool path is chosen only when it is set (tasks/nodes/__init__.py)
     runs = {}
     for node_rank in range(planned.train.nnodes):
         runs[node_rank] = run_deployment(
-            planned.train.node_deployment, timeout=0, work_queue_name=NODE_QUEUE.format(node_rank=node_rank),
+            deployment, timeout=0, work_queue_name=NODE_QUEUE.format(node_rank=node_rank),
             parameters={"planned": planned.model_dump(mode="json"), "segment_index": segment_index,
                         "node_rank": node_rank, "rdzv_id": rdzv, "attempt": attempt},
             tags=["rankflow", f"run:{planned.run_id}", f"segment:{segment_index}"],

@@ -95,6 +95,7 @@ class RankZeroTrainer:
         self._session.released.clear()
         payload = send_command(command, payloads or [None] * self.topology.world_size, self.topology)
         outcomes = gather_outcomes(self._executor.execute(command, payload), self.topology)
+        assert outcomes is not None  # the facade runs on rank 0, where gather_outcomes returns every rank's
         failures = primary_failures([(rank, status) for rank, (status, _) in enumerate(outcomes) if status is not None])
         if failures:
             self._failures = (name, failures)
@@ -232,7 +233,9 @@ class RankZeroTrainer:
 def _output_dropped(session_ref: weakref.ref, forward_id: int) -> None:
     """A facade output was garbage-collected; when a forward has none left, every rank frees its graph."""
     session = session_ref()
-    record = session.forwards.get(forward_id) if session is not None else None
+    if session is None:
+        return
+    record = session.forwards.get(forward_id)
     if record is None:
         return
     record.live_outputs -= 1

@@ -220,7 +220,9 @@ class Checkpoint:
                  if tensors[slot.name] is not slot.param for module, attribute in self._where(slot)]
         try:
             for module, attribute, tensor, _ in swaps:
-                module._parameters[attribute] = tensor
+                # A plain tensor (the snapshot) stands where the forward reads the parameter, for this block only;
+                # torch types _parameters as holding Parameters alone.
+                module._parameters[attribute] = tensor  # pyright: ignore[reportArgumentType]
             yield
         finally:
             for module, attribute, _, live in swaps:

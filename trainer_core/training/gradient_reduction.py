@@ -30,6 +30,7 @@ class GradientReduction(Protocol):
 
     def local_flags(self, checkpoints: Sequence[Checkpoint]) -> list[list[bool]]:
         """Per checkpoint, per parameter: whether this process holds a gradient for it."""
+        ...
 
     def reduce(self, checkpoints: Sequence[Checkpoint], anywhere: Sequence[Sequence[bool]]) -> None:
         """Put the gradient summed over every rank on each optimized tensor whose flag is set anywhere."""

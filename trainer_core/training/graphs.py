@@ -43,7 +43,7 @@ class GraphConsumedError(RuntimeError):
 class Graph:
     graph_id: int
     versions: Mapping[str, Version]
-    weights: dict[str, dict[str, torch.Tensor]]
+    weights: dict[str, Mapping[str, torch.Tensor]]
     """Per checkpoint, the parameter tensors the forward used, held for the backward (empty when not needed)."""
     state: BackwardState | None
     stale_replay: BackwardState | None = None
@@ -55,6 +55,7 @@ class Graph:
     mode: BackwardMode = field(init=False)
 
     def __post_init__(self) -> None:
+        assert self.state is not None  # a graph is built around its state; only release() clears it
         self.mode = self.state.mode
 
     @property
@@ -150,7 +151,8 @@ def loss_leaves(loss: torch.Tensor, token: str) -> LossLeaves:
         if loss.requires_grad:
             sort(loss)
         return found
-    seen, stack = set(), [loss.grad_fn]
+    seen: set = set()
+    stack: list[torch.autograd.graph.Node | None] = [loss.grad_fn]
     while stack:
         node = stack.pop()
         if node is None or node in seen:

@@ -35,17 +35,20 @@ _BASE_LAYER = ".base_layer"
 def _merged_layer(module: nn.Module, module_name: str, adapter: str) -> dict[str, torch.Tensor]:
     """The base layer's tensors after peft merges `adapter` into a copy of the layer: `{module_name}.base_layer.*`."""
     copied = copy.deepcopy(module)  # one layer at a time: the copy costs one layer's weights, briefly
-    dtypes = {name: tensor.dtype for name, tensor in copied.get_base_layer().state_dict().items()}
+    # The layer is a peft LoraLayer, which peft types as a mixin, not an nn.Module: pyright reads its methods
+    # through torch's nn.Module.__getattr__ (typed Tensor | Module), hence the ignores on their calls.
+    unmerged = copied.get_base_layer()  # pyright: ignore[reportCallIssue]
+    dtypes = {name: tensor.dtype for name, tensor in unmerged.state_dict().items()}
     # Merged in float32 and rounded once to each tensor's own dtype: in bf16, peft would round ΔW before adding it.
     copied.float()
     try:
         # safe_merge: peft checks the merged weights are finite (a broken adapter raises, naming itself).
-        copied.merge(safe_merge=True, adapter_names=[adapter])
+        copied.merge(safe_merge=True, adapter_names=[adapter])  # pyright: ignore[reportCallIssue]
     except (NotImplementedError, RuntimeError) as refused:
         raise ValueError(f"adapter '{adapter}' cannot be merged into the base weights ({module_name}: {refused}); "
                          "export it unmerged (export.merge_lora = false / no merge_adapter) and load it with "
                          "PeftModel.from_pretrained") from None
-    base = copied.get_base_layer()
+    base = copied.get_base_layer()  # pyright: ignore[reportCallIssue]
     return {f"{module_name}{_BASE_LAYER}.{name}": tensor.to(dtypes[name]) for name, tensor in base.state_dict().items()}
 
 
@@ -57,7 +60,8 @@ def _merged_base_tensors(model: nn.Module, adapter: str) -> dict[str, torch.Tens
     with torch.no_grad():
         for module_name, module in model.named_modules():
             if isinstance(module, LoraLayer) and adapter in module.lora_A.keys() | module.lora_embedding_A.keys():
-                merged.update(_merged_layer(module, module_name, adapter))
+                # peft's LoraLayer is a mixin its stubs do not make an nn.Module; the layers here are both.
+                merged.update(_merged_layer(module, module_name, adapter))  # pyright: ignore[reportArgumentType]
     if not merged:
         raise ValueError(f"no LoRA layer holds an adapter named '{adapter}'; nothing to merge")
     unplaced = sorted(merged.keys() - model.state_dict().keys())
@@ -69,7 +73,7 @@ def _merged_base_tensors(model: nn.Module, adapter: str) -> dict[str, torch.Tens
 
 def hf_state_dict(model: nn.Module, *, vocab_size: int | None = None, merge_adapter: str | None = None) -> dict[str, torch.Tensor]:
     """Plain Hugging Face weights of `model` (see the module docstring)."""
-    state = model.state_dict()
+    state: dict[str, torch.Tensor] = model.state_dict()
     merged = _merged_base_tensors(model, merge_adapter) if merge_adapter is not None else {}
     plain: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
@@ -86,6 +90,11 @@ def save_hf_model(model: nn.Module, directory: Path, *, vocab_size: int | None =
                   max_shard_size: str = "2GB") -> None:
     """Write `model` as a Hugging Face directory that `AutoModelForCausalLM.from_pretrained` loads."""
     state = hf_state_dict(model, vocab_size=vocab_size, merge_adapter=merge_adapter)
-    true_size = vocab_size if vocab_size is not None else model.get_input_embeddings().weight.shape[0]
+    # `model` is a transformers model: torch's stubs type its methods, read through nn.Module.__getattr__,
+    # as Tensor | Module, hence the ignores.
+    true_size = vocab_size
+    if true_size is None:
+        true_size = model.get_input_embeddings().weight.shape[0]  # pyright: ignore[reportCallIssue]
     with true_vocab_config(model, true_size):
-        model.save_pretrained(str(directory), state_dict=state, max_shard_size=max_shard_size)
+        model.save_pretrained(  # pyright: ignore[reportCallIssue]
+            str(directory), state_dict=state, max_shard_size=max_shard_size)

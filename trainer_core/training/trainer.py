@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,7 @@ from .graphs import (
 from .memory import (
     BACKWARD_STATES, BackwardMode, BackwardStateError, Evidence, ForwardRecording, ForwardStart, MemoryPlanner, Rerun,
 )
+from .memory.base import ReplayingState
 from .memory.estimates import GraphShape
 from .memory.offload import OffloadTarget
 from .memory.retained import saved_tensor_bytes
@@ -76,7 +78,7 @@ class Trainer(CheckpointRegistry):
         if nonfinite not in ("error", "skip"):
             raise ValueError(f"nonfinite={nonfinite!r}; choose 'error' (refuse non-finite gradients at backward) "
                              "or 'skip' (accept them; the step then skips the update on every rank)")
-        self.nonfinite = nonfinite
+        self.nonfinite: NonFinitePolicy = nonfinite
         self.graphs = GraphTable()
         self.peak_saved_bytes = 0
         """The highest `resident_bytes()` seen right after a forward or a step."""
@@ -132,7 +134,8 @@ class Trainer(CheckpointRegistry):
                 stale_input_bytes=call.nbytes if self.staleness.records_stale_replays else 0)
             mode, offload_target = decision.mode, decision.offload_target or offload_target
         state, values, stale_replay = self._record(BACKWARD_STATES[mode], call, shape, offload_target)
-        weights = {name: self.checkpoints[name].parameters() for name in versions} if self.staleness.keeps_weights() else {}
+        weights: dict[str, Mapping[str, torch.Tensor]] = (
+            {name: self.checkpoints[name].parameters() for name in versions} if self.staleness.keeps_weights() else {})
         graph = Graph(self.graphs.new_id(), versions, weights, state, stale_replay)
         try:
             managed = self._managed(values, graph, versions)
@@ -306,9 +309,11 @@ class Trainer(CheckpointRegistry):
 
         `used`: the graph's managed outputs the loss depends on — a replay at the forward's weights must give
         them again bit for bit."""
+        state = graph.state
+        assert state is not None  # _backwardable gave a live graph, which holds its state
         at_current = {name for name, age in ages.items() if self.staleness.replays_at_current_weights(age)}
         # A retained or offloaded graph becomes its replay at the step that makes it stale (`_expire_graphs`).
-        assert not at_current or graph.state.replays, f"graph {graph.graph_id} is stale, not replayed"
+        assert not at_current or state.replays, f"graph {graph.graph_id} is stale, not replayed"
         weights: dict[str, Mapping[str, torch.Tensor]] = {
             name: (graph.weights[name] if name in graph.weights and name not in at_current else c.parameters())
             for name, c in self.checkpoints.items() if name in graph.versions
@@ -326,16 +331,16 @@ class Trainer(CheckpointRegistry):
             if not at_current:
                 return cotangents
             low, high = self.staleness.importance_low, self.staleness.importance_high
-            recorded = graph.state.recorded_outputs
+            recorded = cast("ReplayingState", state).recorded_outputs  # a replay, as asserted above
             return {name: cotangent * importance_weights(outputs[name], recorded[name], low, high)
                     if name in IMPORTANCE_WEIGHTED else cotangent for name, cotangent in cotangents.items()}
 
         try:
-            grads = graph.state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)
+            grads = state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)
         except BackwardStateError as error:
             raise type(error)(f"graph {graph.graph_id}: {error}") from None
         if self.planner.measuring:
-            self.planner.observe(None, graph.state.backward_evidence())
+            self.planner.observe(None, state.backward_evidence())
         return {key: g for key, g in zip(keys, grads) if g is not None}
 
     def _rerun(self, call: ForwardCall, topk_ids: torch.Tensor | None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,8 +31,10 @@ def padded_size(vocab_size: int, multiple: int) -> int:
 
 def _vocab_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The parameters with one row per token: input embedding, output projection (and its bias)."""
-    found = [model.get_input_embeddings().weight]
-    output = model.get_output_embeddings()
+    # `model` is a transformers model: torch's stubs type its methods, read through nn.Module.__getattr__,
+    # as Tensor | Module, hence the ignores on these calls.
+    found = [model.get_input_embeddings().weight]  # pyright: ignore[reportCallIssue]
+    output = model.get_output_embeddings()  # pyright: ignore[reportCallIssue]
     if output is not None:
         found += [p for p in (output.weight, getattr(output, "bias", None)) if p is not None]
     distinct: dict[int, nn.Parameter] = {}
@@ -44,11 +47,12 @@ def pad_vocabulary(model: nn.Module, multiple: int) -> int:
     """Pad the vocabulary rows to a multiple of `multiple` (zero rows); returns the true vocabulary size."""
     if multiple < 1:
         raise ValueError(f"pad the vocabulary to a multiple of {multiple}? choose a positive multiple such as 64")
-    true_size = model.get_input_embeddings().weight.shape[0]
+    # transformers methods, typed Tensor | Module by torch's nn.Module.__getattr__ stub (as in _vocab_parameters).
+    true_size = model.get_input_embeddings().weight.shape[0]  # pyright: ignore[reportCallIssue]
     target = padded_size(true_size, multiple)
     if target == true_size:
         return true_size
-    model.resize_token_embeddings(target, mean_resizing=False)
+    model.resize_token_embeddings(target, mean_resizing=False)  # pyright: ignore[reportCallIssue]
     with torch.no_grad():
         for param in _vocab_parameters(model):
             param[true_size:].zero_()
@@ -70,7 +74,9 @@ def cut_to_true_vocab(state_dict: dict[str, torch.Tensor], names: set[str], true
 @contextlib.contextmanager
 def true_vocab_config(model: nn.Module, true_size: int) -> Iterator[None]:
     """While writing a checkpoint, the model's config says the true vocabulary size."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    # A transformers model's PretrainedConfig (torch's stubs type module attributes as Tensor | Module).
+    model_config: Any = model.config
+    config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     padded = config.vocab_size
     config.vocab_size = true_size
     try:

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..outputs import ForwardCall
-from .costs import Evidence, PlanInputs
+from .costs import Evidence, OffloadTarget, PlanInputs
 from .timing import Stopwatch
 
 BackwardMode = str
@@ -72,7 +72,7 @@ class ForwardRecording:
     modules: Callable[[], list[nn.Module]]
     parameters: Callable[[], list[torch.Tensor]]
     parameter_storages: Callable[[], set[int]]
-    offload_target: str
+    offload_target: OffloadTarget
     """Where an offloading state moves its saved tensors."""
     measuring: bool
     """Whether the planner measures: time copies and count bytes."""
@@ -107,53 +107,97 @@ class BackwardState(Protocol):
     @classmethod
     def record(cls, forward: ForwardRecording) -> tuple["BackwardState", dict[str, torch.Tensor]]:
         """Run the forward in this mode: the state and the forward's outputs."""
+        ...
 
     def forward_evidence(self, forward_s: float) -> Evidence:
         """What the forward just recorded measured (`forward_s`: the watch's seconds); called while measuring."""
+        ...
 
     def backward_evidence(self) -> Evidence:
         """What the backward just run measured; called while measuring."""
+        ...
 
     def stale_replay_stash(self):
         """Where a replay kept for this graph (importance policy) puts its input copies (None: on the device)."""
+        ...
 
     # -- the planner's cost model (classmethods of PlanInputs) --
 
     @classmethod
     def available(cls, inputs: PlanInputs) -> bool:
         """Whether this mode can keep within the budget here."""
+        ...
 
     @classmethod
     def planned_bytes(cls, inputs: PlanInputs) -> float:
         """Resident bytes the graph adds, as the planner predicts them."""
+        ...
 
     @classmethod
     def extra_seconds(cls, inputs: PlanInputs) -> float:
         """What this mode costs over retaining, in seconds (with evidence)."""
+        ...
 
     @classmethod
-    def placement(cls, inputs: PlanInputs) -> str | None:
+    def placement(cls, inputs: PlanInputs) -> OffloadTarget | None:
         """Where its tensors go (an offload target; None: they stay)."""
+        ...
 
-    # Besides, as `planner.choose` reads them: the default has `budgeted_bytes(inputs)` (with the estimate's
-    # headroom), `no_budget_reason` and `fits_reason`; every other planned mode has `exploration_reason`,
-    # `unavailable_reason(inputs)`, `cheaper_reason`, `cost_key` (its cost's name in the planner's records),
-    # `tie_rank` (of equal costs, the lower wins) and `last_resort` (exactly one: chosen, with
-    # `last_resort_reason(inputs)`, when no other is available).
+    # Besides, as `planner.choose` reads them: the default has DefaultMode's members, every other planned mode
+    # AlternativeMode's, and the `last_resort` one (exactly one: chosen when no other is available) also
+    # `last_resort_reason(inputs)`.
 
     @property
     def saved_bytes(self) -> int:
         """Bytes this graph keeps resident on the device until it is released."""
+        ...
 
     @property
     def freed_by_backward(self) -> bool:
         """Whether autograd has run through its saved tensors without keeping them: even a backward that then
         failed may have freed some, so the graph cannot be differentiated again (never true of a replay)."""
+        ...
 
     def differentiate(self, inputs: Sequence[torch.Tensor], cotangents_for: CotangentsFor, *, keep_graph: bool,
                       rerun: Rerun) -> Gradients: ...
 
     def release(self) -> None: ...
+
+
+class ReplayingState(BackwardState, Protocol):
+    """A state whose `replays` is set: it also has the outputs its forward recorded."""
+
+    @property
+    def recorded_outputs(self) -> dict[str, torch.Tensor]: ...
+
+
+class DefaultMode(BackwardState, Protocol):
+    """What `planner.choose` reads of the default mode (`is_default`), besides BackwardState."""
+
+    no_budget_reason: ClassVar[str]
+    fits_reason: ClassVar[str]
+
+    @classmethod
+    def budgeted_bytes(cls, inputs: PlanInputs) -> float:
+        """The graph's resident bytes, with the estimate's headroom."""
+        ...
+
+
+class AlternativeMode(BackwardState, Protocol):
+    """What `planner.choose` reads of every other planned mode, besides BackwardState."""
+
+    exploration_reason: ClassVar[str]
+    cheaper_reason: ClassVar[str]
+    cost_key: ClassVar[str]
+    """Its cost's name in the planner's records."""
+    tie_rank: ClassVar[int]
+    """Of equal costs, the lower wins."""
+    last_resort: ClassVar[bool]
+
+    @classmethod
+    def unavailable_reason(cls, inputs: PlanInputs) -> str:
+        """Why it cannot keep within the budget here."""
+        ...
 
 
 def differentiable_outputs(outputs: Outputs, cotangents: Mapping[str, torch.Tensor]) -> list[str]:

@@ -10,8 +10,12 @@ after a forward or a backward the state reports what was measured as
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from .estimates import GraphShape
+
+OffloadTarget = Literal["host", "disk"]
+"""Where an offloaded graph's saved tensors go (the planner's cost model names it, so it lives here)."""
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class PlanInputs:
     """Bytes of the forward's inputs: what a copy of them keeps."""
     stale_input_bytes: int
     """What a graph that is not a replay keeps besides its saved tensors (input copies for its replay once stale)."""
-    offload_target: str
+    offload_target: OffloadTarget
     offload_frees: bool
     """Whether offloading to `offload_target` frees device memory."""
     copy_s_per_byte: float

@@ -24,16 +24,14 @@ import os
 import shutil
 import tempfile
 import weakref
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 
 from .base import ForwardRecording, inplace_error
-from .costs import Evidence, PlanInputs
+from .costs import Evidence, OffloadTarget, PlanInputs
 from .retained import RetainedGraph
 from .timing import CopyTimer
-
-OffloadTarget = Literal["host", "disk"]
 
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
@@ -44,7 +42,7 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
 class OffloadHooks:
     def __init__(self, target: OffloadTarget, keep_storages: set[int], directory: str | None = None, *,
                  timed: bool = False):
-        self.target = target
+        self.target: OffloadTarget = target
         self._keep = keep_storages
         self._directory = directory
         self._owns_directory = directory is None
@@ -209,7 +207,7 @@ class OffloadedGraph(RetainedGraph):
         return cls.unavailable_reason(inputs) + ": offload to disk"
 
     @classmethod
-    def placement(cls, inputs: PlanInputs) -> str:
+    def placement(cls, inputs: PlanInputs) -> OffloadTarget:
         """Where its tensors go: the trainer's target, or disk where that frees nothing."""
         return inputs.offload_target if inputs.offload_frees else "disk"
 

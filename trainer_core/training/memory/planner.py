@@ -43,9 +43,11 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 from . import BACKWARD_STATES
-from .costs import Evidence, PlanInputs
+from .base import AlternativeMode, DefaultMode
+from .costs import Evidence, OffloadTarget, PlanInputs
 from .estimates import GraphShape, SavedBytesModel
 from .miss_reports import MissReports
 
@@ -56,6 +58,20 @@ DEFAULT_MISS_THRESHOLD = 0.25
 
 def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
     return new if old is None else (1 - weight) * old + weight * new
+
+
+def _planned_roles() -> tuple[type[DefaultMode], list[type[AlternativeMode]]]:
+    """The planned modes of `BACKWARD_STATES` by role: the default (exactly one), and the others in registry order."""
+    states = [cls for cls in BACKWARD_STATES.values() if cls.planned]
+    # The registry is typed by BackwardState; a planned mode has its role's members too (memory/base.py).
+    default = cast("type[DefaultMode]", next(cls for cls in states if cls.is_default))
+    return default, [cast("type[AlternativeMode]", cls) for cls in states if not cls.is_default]
+
+
+def _exploration_rank(cls: type[AlternativeMode]) -> int:
+    rank = cls.exploration_rank
+    assert rank is not None  # every planned mode but the default explores
+    return rank
 
 
 @dataclass(frozen=True)
@@ -77,7 +93,7 @@ class PlannerDecision:
     """Resident bytes expected right after this forward (None without a budget)."""
     observations: tuple = ()
     """The saved-bytes observations behind the estimate, as (batch_size, seq_len, saved_bytes)."""
-    offload_target: str | None = None
+    offload_target: OffloadTarget | None = None
     """Where an offloaded graph's tensors go: the trainer's target, or disk where that frees nothing."""
 
 
@@ -122,7 +138,7 @@ class MemoryPlanner:
         restore = self.restore_s_per_byte if self.restore_s_per_byte is not None else default
         return pack + restore, self.pack_s_per_byte is not None and self.restore_s_per_byte is not None
 
-    def choose(self, shape: GraphShape, resident_bytes: int, *, input_bytes: int, offload_target: str,
+    def choose(self, shape: GraphShape, resident_bytes: int, *, input_bytes: int, offload_target: OffloadTarget,
                offload_frees: bool, stale_input_bytes: int = 0) -> PlannerDecision:
         """Pick the backward state of a forward of `shape`, among `BACKWARD_STATES`.
 
@@ -134,19 +150,17 @@ class MemoryPlanner:
         `exploration_rank`; when the default fits the budget, the default; otherwise the cheapest available mode
         (`extra_seconds`; ties to the lower `tie_rank`). Where no mode is available, the `last_resort`.
         """
-        states = [cls for cls in BACKWARD_STATES.values() if cls.planned]
-        default = next(cls for cls in states if cls.is_default)
+        default, others = _planned_roles()
         if self.budget_bytes is None:
             return self._decide(default, default.no_budget_reason, shape, resident_bytes, None, None)
         per_byte, measured = self.offload_s_per_byte(offload_target if offload_frees else "disk")
         inputs = PlanInputs(shape, resident_bytes, self.budget_bytes, self.saved.estimate(shape),
                             self.estimate_headroom, input_bytes, stale_input_bytes, offload_target, offload_frees,
                             per_byte, measured, self.forward_s_per_token)
-        others = [cls for cls in states if not cls.is_default]
         available = [cls for cls in others if cls.available(inputs)]
         if inputs.exploring:
             if available:
-                chosen = min(available, key=lambda cls: cls.exploration_rank)
+                chosen = min(available, key=_exploration_rank)
                 return self._decide(chosen, "no evidence yet: " + chosen.exploration_reason, shape, resident_bytes,
                                     inputs, None)
             return self._last_resort(others, "no evidence yet: ", inputs, None)
@@ -159,10 +173,11 @@ class MemoryPlanner:
             excluded = [cls.unavailable_reason(inputs) for cls in others if cls not in available]
             return self._decide(available[0], "over the budget; " + "; ".join(excluded), shape, resident_bytes,
                                 inputs, costs)
-        chosen = None
+        chosen: type[AlternativeMode] | None = None
         for cls in sorted(available, key=lambda cls: cls.tie_rank):
             if chosen is None or costs[cls] < costs[chosen]:  # strictly cheaper, else the lower tie rank keeps it
                 chosen = cls
+        assert chosen is not None  # `available` holds two modes or more here
         return self._decide(chosen, "over the budget; " + chosen.cheaper_reason, shape, resident_bytes, inputs, costs)
 
     def _last_resort(self, others: list, prefix: str, inputs: PlanInputs, costs: dict | None) -> PlannerDecision:
@@ -178,11 +193,10 @@ class MemoryPlanner:
         predicted = None if graph_bytes is None else resident_bytes + graph_bytes
         self.choices[cls.mode] += 1
         seen = tuple(asdict(o) for o in self.saved.observations(shape)) if self.budget_bytes is not None else ()
-        recorded = {other.cost_key: None if costs is None else costs[other]
-                    for other in BACKWARD_STATES.values() if other.planned and not other.is_default}
+        recorded = {other.cost_key: None if costs is None else costs[other] for other in _planned_roles()[1]}
         return PlannerDecision(cls.mode, reason, shape, resident_bytes, self.budget_bytes,
                                None if inputs is None else inputs.estimate, recorded,
-                               costs is not None and inputs.copy_cost_measured, predicted, seen,
+                               costs is not None and inputs is not None and inputs.copy_cost_measured, predicted, seen,
                                None if inputs is None else cls.placement(inputs))
 
     def settle(self, decision: PlannerDecision, observed_peak_bytes: int) -> bool:

@@ -41,7 +41,7 @@ from .base import (
     BackwardStateError, CotangentsFor, ForwardRecording, Gradients, Rerun, differentiable_outputs, gradients,
     inplace_error,
 )
-from .costs import Evidence, PlanInputs
+from .costs import Evidence, OffloadTarget, PlanInputs
 from .module_state import ModuleState
 from .offload import OffloadHooks
 
@@ -125,7 +125,9 @@ class _KeptInputs:
         assert self._call is not None, "replaying a released graph"
         if not self._packed:
             return self._call
-        return dataclasses.replace(self._call, **{name: self._stash.unpack(p) for name, p in self._packed.items()})
+        stash = self._stash
+        assert stash is not None  # inputs are packed only through a stash (__init__)
+        return dataclasses.replace(self._call, **{name: stash.unpack(p) for name, p in self._packed.items()})
 
     def release(self) -> None:
         self._call, self._packed, self.saved_bytes = None, {}, 0
@@ -212,7 +214,7 @@ class ReplayedGraph:
         return "replay's input copies do not fit " + ("the budget" if inputs.exploring else "it either")
 
     @classmethod
-    def placement(cls, inputs: PlanInputs) -> str | None:
+    def placement(cls, inputs: PlanInputs) -> OffloadTarget | None:
         return None
 
     @classmethod

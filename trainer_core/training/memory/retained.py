@@ -22,7 +22,7 @@ from typing import ClassVar
 import torch
 
 from .base import CotangentsFor, ForwardRecording, Gradients, Outputs, Rerun, differentiable_outputs, gradients
-from .costs import Evidence, PlanInputs
+from .costs import Evidence, OffloadTarget, PlanInputs
 
 
 @functools.cache
@@ -38,7 +38,7 @@ def saved_tensor_bytes(outputs: Outputs, excluded_storages: set[int]) -> int:
     """Bytes of the distinct storages the graph behind `outputs` saved, parameters' storages excluded."""
     counted: dict[int, int] = {}
     seen: set = set()
-    stack = [t.grad_fn for t in outputs.values() if t.grad_fn is not None]
+    stack: list[torch.autograd.graph.Node | None] = [t.grad_fn for t in outputs.values() if t.grad_fn is not None]
     while stack:
         node = stack.pop()
         if node is None or node in seen:
@@ -111,7 +111,7 @@ class RetainedGraph:
         return 0.0
 
     @classmethod
-    def placement(cls, inputs: PlanInputs) -> str | None:
+    def placement(cls, inputs: PlanInputs) -> OffloadTarget | None:
         """Where an offloading mode moves its tensors (None: nowhere)."""
         return None
 
