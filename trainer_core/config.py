@@ -18,10 +18,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .backward_modes import BACKWARD_MODES, PLANNER
 from .config_messages import describe_validation_error
 from .errors import ConfigError
 from .storage_url import check_storage_url
-from .backward_modes import BACKWARD_MODES, PLANNER  # torch-free: the CLI loads configs
 
 __all__ = ["ConfigError", "RunConfig", "config_from_dict", "load_config"]
 

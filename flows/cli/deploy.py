@@ -50,7 +50,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     _check_names(args)
     _check_schedule(args.cron, args.interval)
     job_variables = parse_job_variables(args.job_variable or [])
-    from trainer_core.validate import validate_inputs  # transformers: only once a command reads its inputs
+    # transformers and torch: only once a command reads its inputs, not at `import flows.cli`
+    from trainer_core.validate import validate_inputs
 
     validate_inputs(config)  # a deployment whose every run would fail on its input is not registered
     api_url = _require_api_url()

@@ -22,11 +22,11 @@ import pytest
 
 from infra import ledger
 from infra.latest import latest_path
-from infra.store.lease import Lease, read_lease
 from infra.publication import remote_dir
 from infra.run_lease import run_lease_path
 from infra.run_state import manifest_path
 from infra.store.base import open_store
+from infra.store.lease import Lease, read_lease
 from tests.publication_helpers import random_files, stage
 from tests.storage.processes import spawn, wait_ready
 from trainer_core.segment_main import segment_result_path
