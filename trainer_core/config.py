@@ -18,11 +18,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .backward_modes import BACKWARD_MODES, PLANNER
 from .config_messages import describe_validation_error
 from .errors import ConfigError
-from .ranks.topology import topology_problem
+from .ranks.topology import topology_problem  # a light module: trainer_core.ranks loads its names lazily
 from .storage_url import check_storage_url, local_path, overlap
-from .training.memory import BACKWARD_STATES, PLANNER
 
 __all__ = ["ConfigError", "RunConfig", "config_from_dict", "load_config"]
 
@@ -161,7 +161,7 @@ class TrainSection(_Section):
     threads_per_process: int | None = Field(None, ge=1)
     """Intra-op CPU threads of each rank. Unset: 1 with deterministic reduction (a count that does not depend on
     nproc_per_node), cores / nproc_per_node with fast. The count changes the last bits of results, not W."""
-    backward_mode: Literal[(*BACKWARD_STATES, PLANNER)] = "retain"  # pyright: ignore[reportInvalidTypeForm]
+    backward_mode: Literal[(*BACKWARD_MODES, PLANNER)] = "retain"  # pyright: ignore[reportInvalidTypeForm]
     """How each forward keeps its backward state; `auto` lets the memory planner choose per graph."""
     saved_bytes_budget: int | None = Field(None, ge=0)
     """Resident bytes the planner may keep (with backward_mode = auto): live graphs' saved tensors and the weight

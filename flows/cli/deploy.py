@@ -20,7 +20,6 @@ from collections.abc import Callable
 from trainer_core.config import RunConfig, load_config
 from trainer_core.errors import ConfigError
 from trainer_core.node_topology import check_nodes_deployable
-from trainer_core.validate import validate_inputs
 
 EXIT_OK, EXIT_FAILED = 0, 1
 # Stricter than Prefect's own rule (no / % & > <): these names end up in shell
@@ -51,6 +50,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     _check_names(args)
     _check_schedule(args.cron, args.interval)
     job_variables = parse_job_variables(args.job_variable or [])
+    # transformers and torch: only once a command reads its inputs, not at `import flows.cli`
+    from trainer_core.validate import validate_inputs
+
     validate_inputs(config)  # a deployment whose every run would fail on its input is not registered
     api_url = _require_api_url()
 

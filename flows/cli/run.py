@@ -15,7 +15,6 @@ import time
 
 from trainer_core.config import RunConfig, load_config
 from trainer_core.errors import BadInputError
-from trainer_core.validate import validate_inputs
 
 __all__ = ["EXIT_ALREADY_RUNNING", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_OK", "cmd_run", "cmd_serve"]
 
@@ -41,8 +40,12 @@ def _summary(result: dict | None, wall_s: float, error: BaseException | None) ->
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
     config = _load(args)
+    # A bad config is reported without transformers or torch; wall_s starts after the imports, as when they
+    # were module-level (loading the config is milliseconds).
+    from trainer_core.validate import validate_inputs
+
+    started = time.perf_counter()
     # Every input is read and checked before Prefect (and its temporary server) starts,
     # and the store is probed before the first byte is written (the stage cache included).
     checked = validate_inputs(config)
@@ -103,6 +106,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _load(args)
     check_schedule(args.cron, args.interval)
+    from trainer_core.validate import validate_inputs
+
     validate_inputs(config)  # a deployment whose every run would fail on its input is not served
     from ..deployment import serve_deployment
 

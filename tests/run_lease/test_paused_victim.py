@@ -22,11 +22,11 @@ import pytest
 
 from infra import ledger
 from infra.latest import latest_path
-from infra.store.lease import Lease, read_lease
 from infra.publication import remote_dir
 from infra.run_lease import run_lease_path
 from infra.run_state import manifest_path
 from infra.store.base import open_store
+from infra.store.lease import Lease, read_lease
 from tests.publication_helpers import random_files, stage
 from tests.storage.processes import spawn, wait_ready
 from trainer_core.segment_main import segment_result_path
@@ -66,30 +66,45 @@ def resume(victim) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-@pytest.fixture
-def victim_env(tmp_path):
-    store = open_store(str(tmp_path / "store"))
-    run_dir = tmp_path / "work" / RUN
+def _prepare_commit(root: Path) -> tuple[object, Path, list[str]]:
+    store, run_dir = open_store(str(root / "store")), root / "work" / RUN
     run_dir.mkdir(parents=True)
-    started: list = []
-    yield store, run_dir, started
-    for process in started:  # never leave a stopped victim behind (its own process group)
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def start_victim(started: list, args: list[str]):
-    victim = spawn("tests.run_lease.paused_victim", args)
-    started.append(victim)
-    wait_ready(victim)
-    return victim
-
-
-def test_a_commit_paused_past_its_ttl_publishes_nothing_after_the_theft(victim_env):
-    store, run_dir, started = victim_env
     staged = stage(run_dir / "export", 8, random_files(4, 200_000), run_id=RUN)
-    victim = start_victim(started, [store.url, RUN, str(run_dir), "commit", str(staged), "8", "--ttl-s", str(TTL_S)])
+    return store, run_dir, [store.url, RUN, str(run_dir), "commit", str(staged), "8", "--ttl-s", str(TTL_S)]
+
+
+def _prepare_state(root: Path) -> tuple[object, Path, list[str]]:
+    store, run_dir = open_store(str(root / "store")), root / "work" / RUN
+    state_dir = state_dir_for(run_dir, 0)
+    state_dir.mkdir(parents=True)
+    for index in range(4):
+        (state_dir / f"rank-{index}.safetensors").write_bytes(os.urandom(200_000))
+    segment_result_path(run_dir, 0).parent.mkdir(parents=True)
+    segment_result_path(run_dir, 0).write_text('{"segment": 0}')
+    return store, run_dir, [store.url, RUN, str(run_dir), "state", "--ttl-s", str(TTL_S)]
+
+
+@pytest.fixture(scope="module")
+def victims(tmp_path_factory) -> dict:
+    """Both victims, started at once (each in its own store): a victim's start is its imports (seconds, torch among
+    them), so the second pays them while the first does. Each test then steals from its own, which by then may
+    have been stopped for longer than its ttl: the theft still waits for nothing but the lease's expiry."""
+    prepared = {"commit": _prepare_commit(tmp_path_factory.mktemp("commit")),
+                "state": _prepare_state(tmp_path_factory.mktemp("state"))}
+    started = {stage: spawn("tests.run_lease.paused_victim", args) for stage, (_, _, args) in prepared.items()}
+    try:
+        for victim in started.values():
+            wait_ready(victim)
+        yield {stage: (store, run_dir, started[stage]) for stage, (store, run_dir, _) in prepared.items()}
+    finally:
+        for process in started.values():  # never leave a stopped victim behind (its own process group)
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def test_a_commit_paused_past_its_ttl_publishes_nothing_after_the_theft(victims):
+    store, run_dir, victim = victims["commit"]
     stolen_at, before = steal_from_paused(victim, store)
     result = resume(victim)
     assert result.get("error") == "RunLeaseLost" and "taken over by thief-on-node-2" in result["message"], result
@@ -103,15 +118,8 @@ def test_a_commit_paused_past_its_ttl_publishes_nothing_after_the_theft(victim_e
     assert [entry for entry in ledger.read(run_dir) if entry["time"] >= stolen_at] == []
 
 
-def test_a_state_upload_paused_past_its_ttl_stores_no_bundle_after_the_theft(victim_env):
-    store, run_dir, started = victim_env
-    state_dir = state_dir_for(run_dir, 0)
-    state_dir.mkdir(parents=True)
-    for index in range(4):
-        (state_dir / f"rank-{index}.safetensors").write_bytes(os.urandom(200_000))
-    segment_result_path(run_dir, 0).parent.mkdir(parents=True)
-    segment_result_path(run_dir, 0).write_text('{"segment": 0}')
-    victim = start_victim(started, [store.url, RUN, str(run_dir), "state", "--ttl-s", str(TTL_S)])
+def test_a_state_upload_paused_past_its_ttl_stores_no_bundle_after_the_theft(victims):
+    store, run_dir, victim = victims["state"]
     stolen_at, before = steal_from_paused(victim, store)
     result = resume(victim)
     assert result.get("error") == "RunLeaseLost", result

@@ -1,4 +1,9 @@
-"""`bench.gpu_suite` is not dead code: its reduced form runs on the CPU and reports every part."""
+"""`bench.gpu_suite` is not dead code: its reduced form runs on the CPU and reports every part.
+
+A whole program run end to end (a nested pytest of the device tests, then three
+benchmarks; 80-170 s on 2 cores): the `e2e` tier, not the unit tier. The
+device tests it runs are in the unit tier themselves (tests/trainer/test_device_paths.py).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,20 +14,53 @@
 - `coordination`: the status exchange that fails every rank when one fails.
 - `logical_dp`: the SPMD facade; `rank_zero` (+ `commands`, `channel`): one
   driver on rank 0.
+
+The names load on first use (PEP 562): the config checks its topology with
+`topology`, and loading a config must not import torch.
 """
 
-from .coordination import RankFailure, coordinated, exchange
-from .logical_dp import LogicalDataParallel, LogicalShard
-from .logical_gradients import REDUCTION_MODES, LogicalGradients, ReductionMode
-from .rank_zero import RankZeroTrainer, run_rank_zero
-from .reduction import ordered_fold, reduce_over_logical_ranks, sharded_ordered_fold
-from .commands import RankContext
-from .threads import pin_threads, threads_for
-from .topology import Topology, check_topology, logical_row_ranges, step_seed
+from __future__ import annotations
 
-__all__ = [
-    "REDUCTION_MODES", "LogicalDataParallel", "LogicalGradients", "LogicalShard", "RankContext", "RankFailure",
-    "RankZeroTrainer", "ReductionMode", "Topology", "check_topology", "coordinated", "exchange", "logical_row_ranges",
-    "ordered_fold", "pin_threads", "reduce_over_logical_ranks", "run_rank_zero", "sharded_ordered_fold", "step_seed",
-    "threads_for",
-]
+import importlib
+from typing import TYPE_CHECKING
+
+_NAMES_BY_MODULE = {
+    "coordination": ("RankFailure", "coordinated", "exchange"),
+    "logical_dp": ("LogicalDataParallel", "LogicalShard"),
+    "logical_gradients": ("REDUCTION_MODES", "LogicalGradients", "ReductionMode"),
+    "rank_zero": ("RankZeroTrainer", "run_rank_zero"),
+    "reduction": ("ordered_fold", "reduce_over_logical_ranks", "sharded_ordered_fold"),
+    "commands": ("RankContext",),
+    "threads": ("pin_threads", "threads_for"),
+    "topology": ("Topology", "check_topology", "logical_row_ranges", "step_seed"),
+}
+_EXPORTS = {name: module for module, names in _NAMES_BY_MODULE.items() for name in names}
+__all__ = sorted(_EXPORTS)  # pyright: ignore[reportUnsupportedDunderAll]
+
+if TYPE_CHECKING:
+    from .commands import RankContext
+    from .coordination import RankFailure, coordinated, exchange
+    from .logical_dp import LogicalDataParallel, LogicalShard
+    from .logical_gradients import REDUCTION_MODES, LogicalGradients, ReductionMode
+    from .rank_zero import RankZeroTrainer, run_rank_zero
+    from .reduction import ordered_fold, reduce_over_logical_ranks, sharded_ordered_fold
+    from .threads import pin_threads, threads_for
+    from .topology import Topology, check_topology, logical_row_ranges, step_seed
+
+
+def __getattr__(name: str):
+    """Import the submodule that defines `name` (or the submodule `name` itself) on first access."""
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    try:
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as error:
+        if error.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,69 @@
+"""`import flows.cli`, `--help` and a bad config stay light: no torch, transformers or Prefect until a command needs them.
+
+Every `rankflow` process (and every bad-input case run as one) pays its imports:
+torch and transformers are seconds each. The config's backward-mode choices
+come from the torch-free `trainer_core.backward_modes`, checked here (and at
+the trainer's import) against the registry of state classes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .harness import REPO
+
+HEAVY = ("torch", "transformers", "prefect")
+# Runs in a fresh interpreter: what is imported by the end of the snippet is the cost a command pays.
+PROBE = """
+import json, sys
+{body}
+print(json.dumps(sorted({{name.split(".")[0] for name in sys.modules}} & {heavy!r})))
+"""
+
+
+def _heavy_modules_after(body: str, tmp_path: Path) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", PROBE.format(body=body, heavy=set(HEAVY))], capture_output=True,
+                          text=True, cwd=tmp_path, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                                                        "HOME": str(tmp_path), "DO_NOT_TRACK": "1"}, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("body", [
+    "import flows.cli",
+    "from flows.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass",
+], ids=["import", "help"])
+def test_the_cli_imports_no_torch_transformers_or_prefect(tmp_path, body):
+    assert _heavy_modules_after(body, tmp_path) == []
+
+
+def test_loading_a_valid_config_imports_no_transformers_or_prefect(tmp_path):
+    # torch, yes: the config checks train.objective's needs against the objectives' registry, whose classes
+    # are torch code (a config with a bad key or value fails before that: see the test below).
+    body = f"from trainer_core.config import load_config\nload_config({str(REPO / 'examples' / 'tiny_sft.toml')!r})"
+    assert _heavy_modules_after(body, tmp_path) == ["torch"]
+
+
+def test_a_bad_config_is_reported_without_importing_torch(tmp_path):
+    # Found by config loading: the whole command runs light (exit 2, the message), no trainer import.
+    (tmp_path / "run.toml").write_text("[train]\nbackward_mode = 'nope'\n")
+    body = ("from flows.cli import main\n"
+            f"code = main(['run', {str(tmp_path / 'run.toml')!r}])\n"
+            "assert code == 2, code")
+    assert _heavy_modules_after(body, tmp_path) == []
+
+
+def test_the_config_offers_exactly_the_registered_backward_modes():
+    from trainer_core.backward_modes import BACKWARD_MODES
+    from trainer_core.config import TrainSection
+    from trainer_core.training.memory import BACKWARD_STATES, PLANNER
+
+    assert tuple(BACKWARD_STATES) == BACKWARD_MODES
+    assert all(BACKWARD_STATES[name].mode == name for name in BACKWARD_MODES)
+    choices = list(TrainSection.model_fields["backward_mode"].annotation.__args__)
+    assert choices == [*BACKWARD_STATES, PLANNER]
