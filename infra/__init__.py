@@ -7,8 +7,9 @@ the launcher's trainer_core, torch and transformers imports (seconds per start).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from trainer_core.lazy_exports import lazy_exports
 
 _NAMES_BY_MODULE = {
     "checkpoints": ("CheckpointReport", "LatestResolution", "download_checkpoint", "latest_checkpoint",
@@ -29,8 +30,7 @@ _NAMES_BY_MODULE = {
                   "stored_bundle"),
     "store.base": ("StorageTimeoutError", "StoreLocation", "StoreTimeouts", "open_store"),
 }
-_EXPORTS = {name: module for module, names in _NAMES_BY_MODULE.items() for name in names}
-__all__ = sorted(_EXPORTS)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _NAMES_BY_MODULE, globals())
 
 if TYPE_CHECKING:
     from .checkpoints import (CheckpointReport, LatestResolution, download_checkpoint, latest_checkpoint, list_checkpoints,
@@ -50,21 +50,3 @@ if TYPE_CHECKING:
     from .run_state import (BundleManifest, StateSettings, fetch_bundle, publish_bundle, read_bundle_manifest,
                             stored_bundle)
     from .store.base import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
-
-
-def __getattr__(name: str):
-    """Import the submodule that defines `name` (or the submodule `name` itself) on first access."""
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    try:
-        return importlib.import_module(f".{name}", __name__)
-    except ModuleNotFoundError as error:
-        if error.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))

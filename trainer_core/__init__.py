@@ -13,17 +13,18 @@ lease holder and CLI start imports a light submodule of this package).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
-_EXPORTS = {
-    "ConfigError": "config", "RunConfig": "config", "load_config": "config",
-    "DataError": "data",
-    "BadInputError": "errors",
-    "Plan": "plan", "SegmentPlan": "plan", "build_plan": "plan", "read_plan": "plan", "write_plan": "plan",
-    "CheckedInputs": "validate", "validate_inputs": "validate",
+from .lazy_exports import lazy_exports
+
+_NAMES_BY_MODULE = {
+    "config": ("ConfigError", "RunConfig", "load_config"),
+    "data": ("DataError",),
+    "errors": ("BadInputError",),
+    "plan": ("Plan", "SegmentPlan", "build_plan", "read_plan", "write_plan"),
+    "validate": ("CheckedInputs", "validate_inputs"),
 }
-__all__ = sorted(_EXPORTS)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _NAMES_BY_MODULE, globals())
 
 if TYPE_CHECKING:
     from .config import ConfigError, RunConfig, load_config
@@ -31,21 +32,3 @@ if TYPE_CHECKING:
     from .errors import BadInputError
     from .plan import Plan, SegmentPlan, build_plan, read_plan, write_plan
     from .validate import CheckedInputs, validate_inputs
-
-
-def __getattr__(name: str):
-    """Import the submodule that defines `name` (or the submodule `name` itself) on first access."""
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    try:
-        return importlib.import_module(f".{name}", __name__)
-    except ModuleNotFoundError as error:
-        if error.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))

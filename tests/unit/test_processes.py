@@ -29,7 +29,8 @@ def launcher_like():
     env = {k: v for k, v in os.environ.items() if k != "RANK"}
     shell = subprocess.Popen(["sh", "-c", "RANK=0 sleep 60 & RANK=1 sleep 60 & sleep 60 & wait"], env=env,
                              start_new_session=True)
-    assert _until(lambda: len(child_pids(shell.pid)) == 3)
+    # A forked child carries its RANK only once it has exec'd `sleep`: wait for that, not just for the fork.
+    assert _until(lambda: len(child_pids(shell.pid)) == 3 and len(rank_pids(shell.pid)) == 2)
     yield shell
     os.killpg(shell.pid, signal.SIGKILL)
     shell.wait()

@@ -21,8 +21,9 @@ The names load on first use (PEP 562): the config checks its topology with
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ..lazy_exports import lazy_exports
 
 _NAMES_BY_MODULE = {
     "coordination": ("RankFailure", "coordinated", "exchange"),
@@ -34,8 +35,7 @@ _NAMES_BY_MODULE = {
     "threads": ("pin_threads", "threads_for"),
     "topology": ("Topology", "check_topology", "logical_row_ranges", "step_seed"),
 }
-_EXPORTS = {name: module for module, names in _NAMES_BY_MODULE.items() for name in names}
-__all__ = sorted(_EXPORTS)  # pyright: ignore[reportUnsupportedDunderAll]
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _NAMES_BY_MODULE, globals())
 
 if TYPE_CHECKING:
     from .commands import RankContext
@@ -46,21 +46,3 @@ if TYPE_CHECKING:
     from .reduction import ordered_fold, reduce_over_logical_ranks, sharded_ordered_fold
     from .threads import pin_threads, threads_for
     from .topology import Topology, check_topology, logical_row_ranges, step_seed
-
-
-def __getattr__(name: str):
-    """Import the submodule that defines `name` (or the submodule `name` itself) on first access."""
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    try:
-        return importlib.import_module(f".{name}", __name__)
-    except ModuleNotFoundError as error:
-        if error.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
