@@ -210,6 +210,20 @@ class StoreLocation:
         bucket, _, key = path.partition("/")
         return bucket, key
 
+    # Listing and ranged reads through fsspec, shared by the fsspec-backed stores (S3, memory);
+    # LocalStore has its own (it must not follow links out of the store).
+    def children(self, prefix: str, *, dirs_only: bool = False) -> list[str]:
+        base = self.path(prefix).rstrip("/")
+        try:
+            found = self.fs.ls(base, detail=True)
+        except FileNotFoundError:
+            return []
+        return sorted({entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in found
+                       if entry["name"].rstrip("/") != base and (not dirs_only or entry.get("type") == "directory")})
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self.path(key), start=start, end=end)
+
     def forget_lock(self, key: str) -> None:
         """Drop what a conditional write of `key` left beside it (a local sidecar lock file); nothing elsewhere.
 

@@ -110,18 +110,6 @@ class MemoryStore(StoreLocation):
         return {path.removeprefix(base): int(info.get("size") or 0) for path, info in found.items()
                 if path.startswith(base) and info.get("type") == "file"}
 
-    def children(self, prefix: str, *, dirs_only: bool = False) -> list[str]:
-        base = self.path(prefix).rstrip("/")
-        try:
-            found = self.fs.ls(base, detail=True)
-        except FileNotFoundError:
-            return []
-        return sorted({entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in found
-                       if entry["name"].rstrip("/") != base and (not dirs_only or entry.get("type") == "directory")})
-
-    def read_range(self, key: str, start: int, end: int) -> bytes:
-        return self.fs.cat_file(self.path(key), start=start, end=end)
-
     def remove(self, keys: Sequence[str]) -> None:
         with self._lock:
             for key in keys:

@@ -209,18 +209,6 @@ class S3Store(StoreLocation):
     def list(self, prefix: str) -> dict[str, int]:
         return find_files(self.fs, self.path(prefix))
 
-    def children(self, prefix: str, *, dirs_only: bool = False) -> list[str]:
-        base = self.path(prefix).rstrip("/")
-        try:
-            found = self.fs.ls(base, detail=True)
-        except FileNotFoundError:
-            return []
-        return sorted({entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in found
-                       if entry["name"].rstrip("/") != base and (not dirs_only or entry.get("type") == "directory")})
-
-    def read_range(self, key: str, start: int, end: int) -> bytes:
-        return self.fs.cat_file(self.path(key), start=start, end=end)
-
     def remove(self, keys: Sequence[str]) -> None:
         if keys:
             self.fs.rm([self.path(key) for key in keys])
