@@ -55,6 +55,10 @@ class CrashSummary:
     bytes_uploaded_on_retry: int = 0
     bytes_reuploaded_complete: int = 0
     """Bytes of objects that were already complete before the retry and were uploaded again (must be 0)."""
+    bytes_landed_after_check: int = 0
+    """Bytes of objects the killed committer had fully sent whose write the server applied only after the
+    check (the answer was lost with the process): the retry finds them complete and skips them; the
+    full verify after the retry reads them byte for byte."""
     failures: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -140,6 +144,8 @@ def run_trials(store_url: str, work: Path, num_trials: int, seed: int, env: dict
         summary.bytes_uploaded_on_retry += outcome.bytes_uploaded
         reuploaded = [path for path in outcome.uploaded if path in complete]
         summary.bytes_reuploaded_complete += sum(complete[path] for path in reuploaded)
+        summary.bytes_landed_after_check += sum(e.size for e in manifest.files
+                                                if e.path not in complete and e.path not in outcome.uploaded)
         if verify_checkpoint(store, RUN, checkpoint_name(step), full=True).verified and \
                 read_latest(store, RUN) == {"checkpoint": checkpoint_name(step), "step": step}:
             summary.recovered += 1
