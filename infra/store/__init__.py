@@ -19,13 +19,23 @@ line there). Layers, each importing only those above it (no cycle):
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from .base import (Deadline, ObjectInfo, ObjectStore, PutMode, StorageSettings, StorageTimeoutError, StoreLocation,
                    StoreTimeouts, Upload, Versioned)
 from .local import LocalStore
 from .memory import MemoryStore
 from .s3 import S3Store
 
-BACKENDS: dict[str, type[StoreLocation]] = {"file": LocalStore, "s3": S3Store}
+class Backend(Protocol):
+    """A backend class: what `open_store` calls to open a store at a URL of its scheme."""
+
+    def open(self, url: str, timeouts: StoreTimeouts) -> ObjectStore:
+        """The store at `url`, its requests bounded by `timeouts`."""
+        ...
+
+
+BACKENDS: dict[str, Backend] = {"file": LocalStore, "s3": S3Store}
 """storage.url scheme → backend (a URL with no scheme is a local path). MemoryStore is built directly by tests."""
 
 
@@ -40,7 +50,7 @@ def open_store(storage: str | StorageSettings, timeouts: StoreTimeouts | None = 
     timeouts = timeouts or StoreTimeouts()
     scheme, separator, _ = url.partition("://")
     # Anything else is a local path, as it always was (the config accepts file and s3 URLs only).
-    backend = BACKENDS.get(scheme, LocalStore) if separator else LocalStore
+    backend: Backend = BACKENDS.get(scheme, LocalStore) if separator else LocalStore
     return backend.open(url, timeouts)
 
 
