@@ -50,7 +50,7 @@ def open_store(storage: str | StorageSettings, timeouts: StoreTimeouts | None = 
     timeouts = timeouts or StoreTimeouts()
     scheme, separator, _ = url.partition("://")
     # Anything else is a local path, as it always was (the config accepts file and s3 URLs only).
-    backend: Backend = BACKENDS.get(scheme, LocalStore) if separator else LocalStore
+    backend = BACKENDS.get(scheme, LocalStore) if separator else LocalStore
     return backend.open(url, timeouts)
 
 
