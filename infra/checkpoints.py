@@ -37,7 +37,7 @@ from .store.durable import temp_name
 from .latest import latest_path, parse_latest
 from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name, parse_manifest, step_of
 from .store.objects import confirmed, list_files, object_problem, remote_objects
-from .store.base import StoreLocation, storage_errors
+from .store.base import ObjectStore, storage_errors
 
 _BLOCK_BYTES = 4 * 2**20
 
@@ -79,17 +79,18 @@ class LatestResolution:
     reports: list[CheckpointReport] = field(default_factory=list)
 
 
-def _base(store: StoreLocation, run_id: str, name: str) -> str:
+def _base(store: ObjectStore, run_id: str, name: str) -> str:
     return store.path(run_id, CHECKPOINTS_DIR, name)
 
 
-def checkpoint_names(store: StoreLocation, run_id: str) -> list[str]:
+def checkpoint_names(store: ObjectStore, run_id: str) -> list[str]:
     """Names of the checkpoint directories of a run (with or without a manifest), oldest first."""
     names = store.children(store.key(run_id, CHECKPOINTS_DIR), dirs_only=True)
-    return sorted((n for n in names if step_of(n) is not None), key=step_of)
+    steps = {name: step for name in names if (step := step_of(name)) is not None}
+    return sorted(steps, key=steps.__getitem__)
 
 
-def read_manifest(store: StoreLocation, run_id: str, name: str) -> Manifest | None:
+def read_manifest(store: ObjectStore, run_id: str, name: str) -> Manifest | None:
     """The checkpoint's manifest if it is there and valid; ManifestError if it is there and not."""
     path = f"{_base(store, run_id, name)}/{MANIFEST_FILE}"
     found = store.get(store.key_of(path))
@@ -98,7 +99,7 @@ def read_manifest(store: StoreLocation, run_id: str, name: str) -> Manifest | No
     return parse_manifest(found.data, path, run_id=run_id, step=step_of(name))
 
 
-def _hash_object(store: StoreLocation, path: str) -> tuple[int, str]:
+def _hash_object(store: ObjectStore, path: str) -> tuple[int, str]:
     digest, size = hashlib.sha256(), 0
     with store.open_read(store.key_of(path)) as handle:
         while block := handle.read(_BLOCK_BYTES):
@@ -107,7 +108,7 @@ def _hash_object(store: StoreLocation, path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def verify_checkpoint(store: StoreLocation, run_id: str, name: str, *, full: bool = False,
+def verify_checkpoint(store: ObjectStore, run_id: str, name: str, *, full: bool = False,
                       confirm: bool = False) -> CheckpointReport:
     """Check one checkpoint: quick, `confirm` (hash what the store's own digests do not confirm) or `full`."""
     step = step_of(name)
@@ -127,7 +128,7 @@ def verify_checkpoint(store: StoreLocation, run_id: str, name: str, *, full: boo
             there = found.get(entry.path)
             problem = object_problem(there, entry)
             # A local store hashed the file already (`there.hashed`): that is the full check.
-            if problem is None and ((full and not there.hashed) or (confirm and not confirmed(there, entry))):
+            if problem is None and there is not None and ((full and not there.hashed) or (confirm and not confirmed(there, entry))):
                 size, digest = _hash_object(store, f"{base}/{entry.path}")
                 if (size, digest) != (entry.size, entry.sha256):
                     problem = f"sha256 {digest} does not match the manifest's {entry.sha256}"
@@ -136,7 +137,7 @@ def verify_checkpoint(store: StoreLocation, run_id: str, name: str, *, full: boo
     return CheckpointReport(name, step, not problems, tuple(problems), manifest)
 
 
-def scan_checkpoints(store: StoreLocation, run_id: str, *, full: bool = False) -> list[CheckpointReport]:
+def scan_checkpoints(store: ObjectStore, run_id: str, *, full: bool = False) -> list[CheckpointReport]:
     """A report for every checkpoint directory of the run that holds anything, oldest first.
 
     A directory with no manifest and no object is nothing: a local disk and
@@ -151,17 +152,17 @@ def scan_checkpoints(store: StoreLocation, run_id: str, *, full: bool = False) -
     return reports
 
 
-def _holds_nothing(store: StoreLocation, run_id: str, name: str) -> bool:
+def _holds_nothing(store: ObjectStore, run_id: str, name: str) -> bool:
     with storage_errors(store, f"listing of {name} of run {run_id}"):
         return not list_files(store, _base(store, run_id, name))
 
 
-def list_checkpoints(store: StoreLocation, run_id: str) -> list[str]:
+def list_checkpoints(store: ObjectStore, run_id: str) -> list[str]:
     """Names of the checkpoints of a run that verify (quick), oldest first; others are skipped."""
     return [report.name for report in scan_checkpoints(store, run_id) if report.verified]
 
 
-def resolve_latest(store: StoreLocation, run_id: str, *, full: bool = False) -> LatestResolution:
+def resolve_latest(store: ObjectStore, run_id: str, *, full: bool = False) -> LatestResolution:
     """The checkpoint LATEST names if it verifies, else the newest that does — and why."""
     with storage_errors(store, f"LATEST of run {run_id}"):
         current = read_versioned(store, latest_path(store, run_id))
@@ -183,12 +184,12 @@ def resolve_latest(store: StoreLocation, run_id: str, *, full: bool = False) -> 
                             message is not None, message=message, reports=reports)
 
 
-def latest_checkpoint(store: StoreLocation, run_id: str) -> str | None:
+def latest_checkpoint(store: ObjectStore, run_id: str) -> str | None:
     """The newest checkpoint to use: LATEST's if it verifies, else the newest that does."""
     return resolve_latest(store, run_id).checkpoint
 
 
-def download_checkpoint(store: StoreLocation, run_id: str, name: str, dest: Path) -> Path:
+def download_checkpoint(store: ObjectStore, run_id: str, name: str, dest: Path) -> Path:
     """Download a committed checkpoint into `dest`, verifying every file's size and sha256.
 
     Files are written into a temporary directory beside `dest` and moved into
@@ -224,7 +225,7 @@ def download_checkpoint(store: StoreLocation, run_id: str, name: str, dest: Path
     return dest
 
 
-def pull_checkpoint(store: StoreLocation, run_id: str, dest: Path, step: int | None = None) -> tuple[str, Path, str | None]:
+def pull_checkpoint(store: ObjectStore, run_id: str, dest: Path, step: int | None = None) -> tuple[str, Path, str | None]:
     """Download checkpoint `step` (default: the newest verified); returns (name, path, note)."""
     if step is not None:
         return checkpoint_name(step), download_checkpoint(store, run_id, checkpoint_name(step), dest), None

@@ -32,7 +32,7 @@ from .store.lease import Lease, LeaseHeldError, LeaseRecord
 from .manifests import checkpoint_name, step_of
 from .store.objects import put_small
 from .run_lease import check_run_lease
-from .store.base import StoreLocation, storage_errors
+from .store.base import ObjectStore, storage_errors
 
 FINALIZER_LEASE = "finalizer"
 QUEUE_DIR = "finalizer-queue"
@@ -77,7 +77,7 @@ class HeldFinalizer:
         self.fence_run()
 
 
-def _run_fence(store: StoreLocation, run_id: str, token: str | None, purpose: str) -> Callable[[], None]:
+def _run_fence(store: ObjectStore, run_id: str, token: str | None, purpose: str) -> Callable[[], None]:
     if token is None:
         return lambda: None
     return lambda: check_run_lease(store, run_id, token, purpose)
@@ -87,11 +87,11 @@ class FinalizerWaitTimeout(TimeoutError):
     """Earlier steps kept the finalizer past the wait; a retry resumes the wait."""
 
 
-def _queue_path(store: StoreLocation, run_id: str, step: int) -> str:
+def _queue_path(store: ObjectStore, run_id: str, step: int) -> str:
     return store.path(run_id, QUEUE_DIR, f"{checkpoint_name(step)}.json")
 
 
-def earlier_waiters(store: StoreLocation, run_id: str, step: int, fresh_s: float) -> list[int]:
+def earlier_waiters(store: ObjectStore, run_id: str, step: int, fresh_s: float) -> list[int]:
     """Steps before `step` whose committer is waiting for the finalizer, and alive (one listing, usually empty)."""
     with storage_errors(store, f"finalizer queue of run {run_id}"):
         names = [name.removesuffix(".json") for name in store.children(store.key(run_id, QUEUE_DIR))]
@@ -111,7 +111,7 @@ def earlier_waiters(store: StoreLocation, run_id: str, step: int, fresh_s: float
 
 
 @contextmanager
-def finalizer(store: StoreLocation, run_id: str, settings: FinalizerSettings, *, step: int | None = None,
+def finalizer(store: ObjectStore, run_id: str, settings: FinalizerSettings, *, step: int | None = None,
               purpose: str | None = None) -> Iterator[HeldFinalizer]:
     """Hold the run's finalizer lease (heartbeat running), fenced by the writer's run lease if given.
 
@@ -139,6 +139,7 @@ def finalizer(store: StoreLocation, run_id: str, settings: FinalizerSettings, *,
         if waited >= settings.wait_s:
             if held is not None:
                 raise held
+            assert step is not None  # without a step, a free lease ends the wait (no earlier waiters)
             raise FinalizerWaitTimeout(
                 f"finalizer of run {run_id}: {checkpoint_name(step)} waited {waited:.0f} s for earlier steps "
                 f"({', '.join(map(checkpoint_name, blockers))}) to commit first; checkpoints are published in "
@@ -153,7 +154,7 @@ def finalizer(store: StoreLocation, run_id: str, settings: FinalizerSettings, *,
             last_touch = time.monotonic()
         time.sleep(settings.poll_s)
     try:
-        if last_touch is not None:  # this committer queued: leave the queue
+        if step is not None and last_touch is not None:  # this committer queued (it has a step): leave the queue
             with storage_errors(store, f"finalizer queue of run {run_id}"):
                 store.remove([store.key_of(_queue_path(store, run_id, step))])
         lease.start_heartbeat()

@@ -36,7 +36,7 @@ from pathlib import Path
 from .store.durable import write_durable
 from .local_records import note_store, records_dir
 from .manifests import PUBLICATIONS_DIR, checkpoint_name
-from .store.base import StoreLocation, storage_errors
+from .store.base import ObjectStore, storage_errors
 
 JOURNAL_FORMAT = "rankflow-journal/1"
 
@@ -72,12 +72,12 @@ def _why(current: PublicationState | None, target: PublicationState, name: str, 
     if current is S.ABORTED:
         return (f"publication {name} was ABORTED ({error or 'no reason recorded'}); it cannot become {target.value} — "
                 "an aborted publication never finishes: export the step again to publish it")
-    if current in HAS_OUTCOME and target is S.ABORTED:
+    if current is not None and current in HAS_OUTCOME and target is S.ABORTED:
         return (f"publication {name} is {current.value}; it cannot be aborted — a committed checkpoint is never "
                 "rolled back (remove it with `rankflow checkpoints` tooling if you really must)")
-    if current in TERMINAL:
+    if current is not None and current in TERMINAL:
         return f"publication {name} is {current.value}, a final state; it cannot become {target.value}"
-    if current in HAS_OUTCOME:
+    if current is not None and current in HAS_OUTCOME:
         return (f"publication {name} is already {current.value}; it cannot become {target.value} — its outcome "
                 "is recorded, only cleanup is left")
     shown = current.value if current else "not started"
@@ -121,12 +121,12 @@ JOURNALS_DIR = "journals"
 """Beside the stagings: one directory of journals per store."""
 
 
-def journal_path_for(staged_dir: Path, store: StoreLocation) -> Path:
+def journal_path_for(staged_dir: Path, store: ObjectStore) -> Path:
     """The local journal of the publication staged at `staged_dir`, in `store`."""
     return records_dir(staged_dir.parent / JOURNALS_DIR, store) / f"{staged_dir.name}.json"
 
 
-def mirror_path_for(store: StoreLocation, run_id: str, step: int) -> str:
+def mirror_path_for(store: ObjectStore, run_id: str, step: int) -> str:
     return store.path(run_id, PUBLICATIONS_DIR, f"{checkpoint_name(step)}.json")
 
 
@@ -135,7 +135,7 @@ class Journal:
 
     `store` None: a local file only (tests of the state machine without a store)."""
 
-    def __init__(self, path: Path, store: StoreLocation | None, run_id: str, step: int):
+    def __init__(self, path: Path, store: ObjectStore | None, run_id: str, step: int):
         self.path, self.store, self.run_id, self.step = path, store, run_id, step
         self.name = f"{checkpoint_name(step)} of run {run_id}"
         self.record: JournalRecord | None = None
@@ -144,7 +144,7 @@ class Journal:
         """Whether the record came from the store's mirror (no local journal: another machine's)."""
 
     @classmethod
-    def for_staging(cls, staged_dir: Path, store: StoreLocation, run_id: str, step: int) -> "Journal":
+    def for_staging(cls, staged_dir: Path, store: ObjectStore, run_id: str, step: int) -> "Journal":
         return cls(journal_path_for(staged_dir, store), store, run_id, step).load()
 
     @property
@@ -168,10 +168,11 @@ class Journal:
                 return self
             except (ValueError, KeyError, TypeError):
                 pass  # written atomically, so only tampering gets here: fall back to the mirror
-        if self.store is not None:
+        mirror_path = self.mirror_path
+        if self.store is not None and mirror_path is not None:  # a mirror path is the store's
             try:
                 with storage_errors(self.store, f"read of the journal of {self.name}"):
-                    mirror = self.store.get(self.store.key_of(self.mirror_path))
+                    mirror = self.store.get(self.store.key_of(mirror_path))
                 if mirror is None:
                     return self
                 data = mirror.data
@@ -202,7 +203,7 @@ class Journal:
         `has_outcome` first.
         """
         current = self.state
-        replaced = current in HAS_OUTCOME and (self.record.fingerprint != fingerprint or outcome_lost is not None)
+        replaced = current in HAS_OUTCOME and self.record is not None and (self.record.fingerprint != fingerprint or outcome_lost is not None)
         if current is None or current is S.ABORTED or replaced:
             previous = self.record.publication_id if self.record else None
             why = f", whose checkpoint {outcome_lost}" if outcome_lost and current in HAS_OUTCOME else ""
@@ -241,6 +242,7 @@ class Journal:
         self._write_local(self.record.to_bytes())
 
     def _append(self, state: PublicationState, note: str) -> None:
+        assert self.record is not None  # a transition made or loaded it
         now = time.time()
         self.record.updated_at = now
         self.record.history.append({"state": state.value, "time": now, "host": socket.gethostname(),
@@ -252,13 +254,15 @@ class Journal:
             note_store(self.path.parent, self.store)
 
     def _persist(self, *, mirror_required: bool, mirror: bool = True) -> None:
+        assert self.record is not None  # a transition made or loaded it
         data = self.record.to_bytes()
         self._write_local(data)
-        if self.store is None or not mirror:
+        mirror_path = self.mirror_path
+        if self.store is None or mirror_path is None or not mirror:  # a mirror path is the store's
             return
         try:
             with storage_errors(self.store, f"mirror of the journal of {self.name}"):
-                self.store.put(self.store.key_of(self.mirror_path), data)  # overwrite: atomic on every backend
+                self.store.put(self.store.key_of(mirror_path), data)  # overwrite: atomic on every backend
             self.mirror_error = None
         except OSError as error:
             # Preparing and aborting are local acts: an unreachable store must
@@ -268,7 +272,7 @@ class Journal:
             self.mirror_error = f"{type(error).__name__}: {error}"
 
 
-def read_mirrors(store: StoreLocation, run_id: str) -> tuple[list[JournalRecord], list[str]]:
+def read_mirrors(store: ObjectStore, run_id: str) -> tuple[list[JournalRecord], list[str]]:
     """Every publication journal mirrored under the run, and the ones that could not be read."""
     prefix = store.key(run_id, PUBLICATIONS_DIR)
     with storage_errors(store, f"listing of the publications of run {run_id}"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .store.conditional import create_if_absent, read_versioned, replace_if_unchanged
 from .manifests import CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, checkpoint_name, step_of
-from .store.base import StoreLocation, storage_errors
+from .store.base import ObjectStore, storage_errors
 
 _MAX_RACES = 50
 
@@ -42,11 +42,11 @@ def parse_latest(data: bytes) -> tuple[LatestPointer | None, str | None]:
         return None, f"not a LATEST record ({type(error).__name__}: {error})"
 
 
-def latest_path(store: StoreLocation, run_id: str) -> str:
+def latest_path(store: ObjectStore, run_id: str) -> str:
     return store.path(run_id, LATEST_FILE)
 
 
-def read_latest(store: StoreLocation, run_id: str) -> dict | None:
+def read_latest(store: ObjectStore, run_id: str) -> dict | None:
     """LATEST as written (`{"checkpoint", "step"}`), or None when absent or untrustworthy."""
     current = read_versioned(store, latest_path(store, run_id))
     if current is None:
@@ -55,13 +55,13 @@ def read_latest(store: StoreLocation, run_id: str) -> dict | None:
     return None if pointer is None else {"checkpoint": pointer.checkpoint, "step": pointer.step}
 
 
-def manifest_exists(store: StoreLocation, run_id: str, step: int) -> bool:
+def manifest_exists(store: ObjectStore, run_id: str, step: int) -> bool:
     with storage_errors(store, f"check of checkpoint {checkpoint_name(step)}"):
         key = store.key(run_id, CHECKPOINTS_DIR, checkpoint_name(step), MANIFEST_FILE)
         return key in store.head([key])
 
 
-def newest_committed_step(store: StoreLocation, run_id: str) -> int | None:
+def newest_committed_step(store: ObjectStore, run_id: str) -> int | None:
     """The highest step whose checkpoint has a manifest (None if none has)."""
     with storage_errors(store, f"listing of the checkpoints of run {run_id}"):
         names = store.children(store.key(run_id, CHECKPOINTS_DIR))
@@ -82,7 +82,7 @@ class LatestMove:
     """What was wrong with the LATEST that was replaced, if anything."""
 
 
-def advance_latest(store: StoreLocation, run_id: str, step: int,
+def advance_latest(store: ObjectStore, run_id: str, step: int,
                    on_read: Callable[[], None] | None = None) -> LatestMove:
     """Point LATEST at `step` unless it already points at a committed checkpoint at or past it.
 

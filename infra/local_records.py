@@ -27,27 +27,27 @@ import json
 from pathlib import Path
 
 from .store.durable import write_durable
-from .store.base import StoreLocation
+from .store.base import ObjectStore
 
 STORE_FILE = "STORE.json"
 
 
-def store_identity(store: StoreLocation) -> dict:
+def store_identity(store: ObjectStore) -> dict:
     """What tells this store from any other (no credentials)."""
     return store.describe()
 
 
-def store_key(store: StoreLocation) -> str:
+def store_key(store: ObjectStore) -> str:
     identity = {key: value for key, value in store_identity(store).items() if key != "url"}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def records_dir(parent: Path, store: StoreLocation) -> Path:
+def records_dir(parent: Path, store: ObjectStore) -> Path:
     """`parent/<store key>`: where records about `store` are kept (not created)."""
     return parent / store_key(store)
 
 
-def note_store(directory: Path, store: StoreLocation) -> None:
+def note_store(directory: Path, store: ObjectStore) -> None:
     """Name the store in `directory/STORE.json` once, so a person can tell the directories apart."""
     label = directory / STORE_FILE
     if not label.is_file():

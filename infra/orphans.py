@@ -31,7 +31,7 @@ from .finalizer import FinalizerSettings, finalizer
 from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, ManifestError
 from .store.objects import (abort_dangling_uploads, list_files, list_links, outside_store, remove_empty_directories,
                       remove_files)
-from .store.base import StoreLocation, storage_errors
+from .store.base import ObjectStore, storage_errors
 
 
 @dataclass
@@ -48,7 +48,7 @@ class GarbageReport:
         return asdict(self)
 
 
-def collect_garbage(store: StoreLocation, run_id: str, *, dry_run: bool = False,
+def collect_garbage(store: ObjectStore, run_id: str, *, dry_run: bool = False,
                     settings: FinalizerSettings | None = None) -> GarbageReport:
     """Remove the run's orphans (see the module docstring); `dry_run` only reports them."""
     settings = settings or FinalizerSettings(wait_s=60.0)

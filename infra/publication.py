@@ -40,7 +40,7 @@ from .manifests import (CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, Manifest, M
                         parse_manifest)
 from .store.objects import (StagedFileChanged, abort_dangling_uploads, list_files, matches, put_small, remote_objects,
                       remove_files, remove_left_temporaries, upload_files)
-from .store.base import Deadline, StoreLocation, storage_errors
+from .store.base import Deadline, ObjectStore, storage_errors
 
 __all__ = [
     "CheckpointDoesNotVerify", "CommitOutcome", "CleanupOutcome", "EXPORT_AGAIN", "LATEST_FILE", "MANIFEST_FILE",
@@ -121,7 +121,7 @@ def _notify(observer: Observer | None, event: str) -> None:
         observer(event)
 
 
-def remote_dir(store: StoreLocation, run_id: str, step: int) -> str:
+def remote_dir(store: ObjectStore, run_id: str, step: int) -> str:
     return store.path(run_id, CHECKPOINTS_DIR, checkpoint_name(step))
 
 
@@ -146,7 +146,7 @@ def read_staged_manifest(staged_dir: Path, run_id: str | None = None) -> tuple[M
     return manifest, data
 
 
-def _step_of_staging(staged_dir: Path, run_id: str, store: StoreLocation) -> int:
+def _step_of_staging(staged_dir: Path, run_id: str, store: ObjectStore) -> int:
     journal_file = journal_path_for(staged_dir, store)
     if journal_file.is_file():
         probe = Journal(journal_file, None, run_id, 0).load()
@@ -156,13 +156,14 @@ def _step_of_staging(staged_dir: Path, run_id: str, store: StoreLocation) -> int
     return manifest.step
 
 
-def open_journal(staged_dir: Path, store: StoreLocation, run_id: str, step: int | None = None) -> Journal:
+def open_journal(staged_dir: Path, store: ObjectStore, run_id: str, step: int | None = None) -> Journal:
     """The journal of the publication staged at `staged_dir` (local, or the store's mirror)."""
     if step is None:
         step = _step_of_staging(staged_dir, run_id, store)
     journal = Journal.for_staging(staged_dir, store, run_id, step)
     staged_manifest = staged_dir / MANIFEST_FILE
-    if journal.from_mirror and staged_manifest.is_file() and journal.record.manifest_sha256 != \
+    if journal.from_mirror and journal.record is not None and staged_manifest.is_file() and \
+            journal.record.manifest_sha256 != \
             hashlib.sha256(staged_manifest.read_bytes()).hexdigest():
         journal.forget()  # the mirror is another publication of this step; this staging is a new one
     return journal
@@ -170,7 +171,7 @@ def open_journal(staged_dir: Path, store: StoreLocation, run_id: str, step: int 
 
 # -- commit -----------------------------------------------------------------
 
-def commit_checkpoint(staged_dir: Path, store: StoreLocation, run_id: str, *,
+def commit_checkpoint(staged_dir: Path, store: ObjectStore, run_id: str, *,
                       settings: PublishSettings | None = None, observer: Observer | None = None) -> CommitOutcome:
     """Commit the checkpoint staged at `staged_dir`; see the module docstring."""
     settings = settings or PublishSettings()
@@ -178,25 +179,26 @@ def commit_checkpoint(staged_dir: Path, store: StoreLocation, run_id: str, *,
         return _commit(staged_dir, store, run_id, settings, observer)
 
 
-def _already_committed(journal: Journal, store: StoreLocation, run_id: str, started: float) -> CommitOutcome:
-    step = journal.step
+def _already_committed(journal: Journal, store: ObjectStore, run_id: str, started: float) -> CommitOutcome:
+    step, record = journal.step, journal.record
+    assert record is not None  # it has an outcome
     report = verify_checkpoint(store, run_id, checkpoint_name(step), confirm=True)
     if not report.verified:
         raise CheckpointDoesNotVerify(
-            f"publication {journal.name} is {journal.state.value}, but its checkpoint at "
+            f"publication {journal.name} is {record.state.value}, but its checkpoint at "
             f"{store.url_of(run_id, CHECKPOINTS_DIR, checkpoint_name(step))} does not verify "
             f"({'; '.join(report.problems)}); the step is exported again from its stored state and committed"
         )
     latest = read_latest(store, run_id)
     return CommitOutcome(
         checkpoint_url=store.url_of(run_id, CHECKPOINTS_DIR, checkpoint_name(step)), step=step,
-        num_files_uploaded=0, num_files_skipped=journal.record.num_files, bytes_uploaded=0,
-        bytes_skipped=journal.record.num_bytes, latest_moved=False, latest_step=latest["step"] if latest else None,
+        num_files_uploaded=0, num_files_skipped=record.num_files, bytes_uploaded=0,
+        bytes_skipped=record.num_bytes, latest_moved=False, latest_step=latest["step"] if latest else None,
         already_committed=True, wall_s=time.perf_counter() - started,
     )
 
 
-def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: PublishSettings,
+def _commit(staged_dir: Path, store: ObjectStore, run_id: str, settings: PublishSettings,
             observer: Observer | None) -> CommitOutcome:
     started = time.perf_counter()
     journal = open_journal(staged_dir, store, run_id)
@@ -208,7 +210,9 @@ def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publi
                      Deadline(settings.timeout_s, f"commit of {checkpoint_name(manifest.step)} for run {run_id}", store))
     with finalizer(store, run_id, settings.finalizer, step=journal.step) as lease:
         _notify(observer, "lease")
-        journal.transition(S.COMMITTING, note=f"finalizer {lease.owner} gen {lease.record.generation}",
+        held = lease.record
+        assert held is not None  # the finalizer lease is held
+        journal.transition(S.COMMITTING, note=f"finalizer {lease.owner} gen {held.generation}",
                            manifest_sha256=target.manifest_sha256, num_files=len(manifest.files),
                            num_bytes=manifest.num_bytes)
         # One listing finds what is there; only objects of the right size need a HEAD for their digest.
@@ -228,7 +232,7 @@ def _commit(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publi
 class _Target:
     """What one commit writes: the staged manifest's checkpoint, under its run's checkpoints/ in the store."""
 
-    store: StoreLocation
+    store: ObjectStore
     run_id: str
     manifest: Manifest
     manifest_bytes: bytes
@@ -264,7 +268,7 @@ class _Target:
 
 def _refuse_unfinished(journal: Journal) -> None:
     """An aborted publication never finishes; one still PREPARING has no finished export to commit."""
-    if journal.state is S.ABORTED:
+    if journal.state is S.ABORTED and journal.record is not None:  # a state is its record's
         raise TransitionError(f"publication {journal.name} was ABORTED ({journal.record.error}); it cannot be "
                               "committed — an aborted publication never finishes: export the step again to publish it")
     if journal.state is S.PREPARING:
@@ -352,7 +356,7 @@ def _remove_stale(target: _Target, listing: dict[str, int], lease) -> list[str]:
     return stale
 
 
-def _read_bytes(store: StoreLocation, path: str) -> bytes | None:
+def _read_bytes(store: ObjectStore, path: str) -> bytes | None:
     found = store.get(store.key_of(path))
     return None if found is None else found.data
 
@@ -364,7 +368,7 @@ def _local_leftovers(staged_dir: Path) -> list[Path]:
             staged_dir.with_name(staged_dir.name + ".result.json")]
 
 
-def _check_not_overlapping(staged_dir: Path, store: StoreLocation) -> None:
+def _check_not_overlapping(staged_dir: Path, store: ObjectStore) -> None:
     """Refuse to delete a staging that contains the store, or lies inside it (defence in depth)."""
     if store.overlaps(staged_dir):  # only a local store can: its root is then a directory
         staging, root = staged_dir.resolve(), Path(store.root).resolve()
@@ -372,7 +376,7 @@ def _check_not_overlapping(staged_dir: Path, store: StoreLocation) -> None:
                          "point storage.url and run.work_dir at separate directories")
 
 
-def remove_local_staging(staged_dir: Path, store: StoreLocation) -> int:
+def remove_local_staging(staged_dir: Path, store: ObjectStore) -> int:
     """Delete the staging and its temporaries; the bytes removed. The journal stays."""
     _check_not_overlapping(staged_dir, store)
     removed = 0
@@ -386,7 +390,7 @@ def remove_local_staging(staged_dir: Path, store: StoreLocation) -> int:
     return removed
 
 
-def cleanup_staging(staged_dir: Path, store: StoreLocation, run_id: str, *,
+def cleanup_staging(staged_dir: Path, store: ObjectStore, run_id: str, *,
                     settings: PublishSettings | None = None, observer: Observer | None = None) -> CleanupOutcome:
     """Clean up after a committed (or aborted) publication; never touches a committed checkpoint."""
     settings = settings or PublishSettings()
@@ -394,7 +398,7 @@ def cleanup_staging(staged_dir: Path, store: StoreLocation, run_id: str, *,
         return _cleanup(staged_dir, store, run_id, settings, observer)
 
 
-def _cleanup(staged_dir: Path, store: StoreLocation, run_id: str, settings: PublishSettings,
+def _cleanup(staged_dir: Path, store: ObjectStore, run_id: str, settings: PublishSettings,
              observer: Observer | None) -> CleanupOutcome:
     if not journal_path_for(staged_dir, store).is_file() and not (staged_dir / MANIFEST_FILE).is_file():
         return CleanupOutcome(step=None, state="nothing staged")
@@ -440,7 +444,7 @@ def _cleanup(staged_dir: Path, store: StoreLocation, run_id: str, settings: Publ
 
 # -- abort --------------------------------------------------------------------
 
-def abort_publication(staged_dir: Path, store: StoreLocation, run_id: str, step: int, reason: str) -> Journal:
+def abort_publication(staged_dir: Path, store: ObjectStore, run_id: str, step: int, reason: str) -> Journal:
     """End a publication that will not be committed; removes its temporary files (not a verified staging)."""
     journal = Journal.for_staging(staged_dir, store, run_id, step)
     if journal.state is S.COMMITTING:

@@ -30,13 +30,13 @@ import time
 from collections.abc import Callable
 
 from .store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
-from .store.base import StoreLocation, storage_errors
+from .store.base import ObjectStore, storage_errors
 
 RUN_LEASE = "run"
 """The lease's name: `RUN_ID/leases/run.json` in the store."""
 
 
-def run_lease_path(store: StoreLocation, run_id: str) -> str:
+def run_lease_path(store: ObjectStore, run_id: str) -> str:
     return store.path(run_id, "leases", f"{RUN_LEASE}.json")
 
 
@@ -80,7 +80,7 @@ def already_active(run_id: str, holder: LeaseRecord | None, waited_s: float, pat
     )
 
 
-def acquire_run_lease(store: StoreLocation, run_id: str, *, ttl_s: float, wait_s: float, owner: str | None = None,
+def acquire_run_lease(store: ObjectStore, run_id: str, *, ttl_s: float, wait_s: float, owner: str | None = None,
                       on_wait: Callable[[str], None] | None = None) -> Lease:
     """Take the run lease (waiting up to `wait_s`) and start its heartbeat; raises RunAlreadyActive.
 
@@ -105,7 +105,7 @@ def acquire_run_lease(store: StoreLocation, run_id: str, *, ttl_s: float, wait_s
     return lease
 
 
-def check_run_lease(store: StoreLocation, run_id: str, token: str, stage: str) -> None:
+def check_run_lease(store: ObjectStore, run_id: str, token: str, stage: str) -> None:
     """Fencing: raise RunLeaseLost unless the run holding lease `token` still holds it, unexpired."""
     with storage_errors(store, f"run lease of run {run_id}"):
         holder = read_lease(store, run_lease_path(store, run_id))

@@ -36,7 +36,7 @@ from .store.verified import fetch_verified, local_copy_matches, sha256_of_file
 from .finalizer import FinalizerSettings, finalizer
 from .manifests import FileEntry, ManifestError, parse_file_entries
 from .store.objects import matches, put_small, remote_objects, upload_files
-from .store.base import Deadline, StoreLocation, storage_errors
+from .store.base import Deadline, ObjectStore, storage_errors
 
 RUN_STATE_DIR = "run-state"
 STATE_FORMAT = "rankflow-run-state/1"
@@ -75,11 +75,11 @@ class StateSettings:
     finalizer: FinalizerSettings = FinalizerSettings()
 
 
-def manifest_path(store: StoreLocation, run_id: str, bundle: str) -> str:
+def manifest_path(store: ObjectStore, run_id: str, bundle: str) -> str:
     return store.path(run_id, RUN_STATE_DIR, f"{bundle}.json")
 
 
-def _where(store: StoreLocation, run_id: str, bundle: str) -> str:
+def _where(store: ObjectStore, run_id: str, bundle: str) -> str:
     return store.url_of(run_id, RUN_STATE_DIR, f"{bundle}.json")
 
 
@@ -96,7 +96,7 @@ def parse_bundle_manifest(data: bytes, where: str, run_id: str, bundle: str) -> 
     return BundleManifest(run_id, bundle, parse_file_entries(raw.get("files"), where), data)
 
 
-def read_bundle_manifest(store: StoreLocation, run_id: str, bundle: str) -> BundleManifest | None:
+def read_bundle_manifest(store: ObjectStore, run_id: str, bundle: str) -> BundleManifest | None:
     """The bundle's manifest if it is in the store; ManifestError if it is there and not valid."""
     path = manifest_path(store, run_id, bundle)
     with storage_errors(store, f"reading {_where(store, run_id, bundle)}"):
@@ -107,7 +107,7 @@ def read_bundle_manifest(store: StoreLocation, run_id: str, bundle: str) -> Bund
     return parse_bundle_manifest(data, _where(store, run_id, bundle), run_id, bundle)
 
 
-def stored_bundle(store: StoreLocation, run_id: str, bundle: str) -> BundleManifest | None:
+def stored_bundle(store: ObjectStore, run_id: str, bundle: str) -> BundleManifest | None:
     """The bundle's manifest if every object it lists is in the store with its size and sha256 (quick check).
 
     Quick as for checkpoints: on S3 the digest recorded with each object (one
@@ -130,7 +130,7 @@ def _entries(run_dir: Path, paths: Iterable[str]) -> list[FileEntry]:
     return entries
 
 
-def publish_bundle(store: StoreLocation, run_id: str, run_dir: Path, bundle: str, paths: Iterable[str], *,
+def publish_bundle(store: ObjectStore, run_id: str, run_dir: Path, bundle: str, paths: Iterable[str], *,
                    settings: StateSettings | None = None, observer: Observer | None = None) -> dict:
     """Upload the files `paths` (relative to `run_dir`) as `bundle`: data first, manifest last.
 
@@ -168,7 +168,7 @@ def publish_bundle(store: StoreLocation, run_id: str, run_dir: Path, bundle: str
             "bytes_uploaded": uploaded, "bytes_skipped": sum(e.size for e in entries) - uploaded}
 
 
-def fetch_bundle(store: StoreLocation, run_id: str, run_dir: Path, bundle: str, *,
+def fetch_bundle(store: ObjectStore, run_id: str, run_dir: Path, bundle: str, *,
                  only: Callable[[str], bool] | None = None) -> dict:
     """Make `run_dir` hold the bundle's files (those `only` selects), verified; returns figures.
 

@@ -19,7 +19,7 @@ from .ledger import LEDGER_FILE
 from .store.lease import LEASES_DIR
 from .manifests import CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, PUBLICATIONS_DIR, step_of
 from .run_state import RUN_STATE_DIR
-from .store.base import StoreLocation, storage_errors
+from .store.base import ObjectStore, storage_errors
 
 _RUN_ENTRIES = frozenset({LATEST_FILE, LEDGER_FILE, CHECKPOINTS_DIR, RUN_STATE_DIR, PUBLICATIONS_DIR, LEASES_DIR})
 _LEDGER_TAIL_BYTES = 64 * 1024
@@ -43,7 +43,7 @@ class RunSummary:
         return asdict(self)
 
 
-def _latest(store: StoreLocation, run_id: str) -> tuple[str | None, int | None]:
+def _latest(store: ObjectStore, run_id: str) -> tuple[str | None, int | None]:
     found = store.get(store.key_of(latest_path(store, run_id)))
     if found is None:
         return None, None
@@ -51,7 +51,7 @@ def _latest(store: StoreLocation, run_id: str) -> tuple[str | None, int | None]:
     return (pointer.checkpoint, pointer.step) if pointer else (None, None)
 
 
-def _num_checkpoints(store: StoreLocation, run_id: str) -> int:
+def _num_checkpoints(store: ObjectStore, run_id: str) -> int:
     names = set()
     for path in store.list(store.key(run_id, CHECKPOINTS_DIR)):
         parts = path.split("/")
@@ -60,7 +60,7 @@ def _num_checkpoints(store: StoreLocation, run_id: str) -> int:
     return len(names)
 
 
-def _last_ledger_line(store: StoreLocation, run_id: str) -> dict | None:
+def _last_ledger_line(store: ObjectStore, run_id: str) -> dict | None:
     """The ledger's last whole line that parses, read from its end (a longer window only for a very long line)."""
     key = store.key(run_id, LEDGER_FILE)
     found = store.head([key]).get(key)
@@ -85,7 +85,7 @@ def _last_ledger_line(store: StoreLocation, run_id: str) -> dict | None:
         window *= 4
 
 
-def list_runs(store: StoreLocation) -> list[RunSummary]:
+def list_runs(store: ObjectStore) -> list[RunSummary]:
     """Every run in the store, by run id."""
     with storage_errors(store, f"listing of the runs at {store.url}"):
         summaries = []

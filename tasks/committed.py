@@ -22,20 +22,20 @@ from infra import ledger
 from infra.checkpoints import verify_checkpoint
 from infra.journal import Journal, PublicationState, journal_path_for
 from infra.publication import CommitOutcome, checkpoint_name
-from infra.store.base import StoreLocation
+from infra.store.base import ObjectStore
 from infra.store import open_store
 
 from .outcomes import PlannedRun
 
 
-def committed_checkpoint_url(store: StoreLocation, run_id: str, step: int) -> str | None:
+def committed_checkpoint_url(store: ObjectStore, run_id: str, step: int) -> str | None:
     """The checkpoint of `step` when it is committed and its bytes are confirmed (see the module docstring)."""
     name = checkpoint_name(step)
     verified = verify_checkpoint(store, run_id, name, confirm=True).verified
     return store.url_of(run_id, "checkpoints", name) if verified else None
 
 
-def _cleanup_pending(planned: PlannedRun, store: StoreLocation, segment_index: int) -> bool:
+def _cleanup_pending(planned: PlannedRun, store: ObjectStore, segment_index: int) -> bool:
     """Whether this machine's journal of the step in this store says COMMITTED: its cleanup must run again."""
     from .export import staged_dir_for  # the export stage owns where a step is staged
 

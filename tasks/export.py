@@ -66,14 +66,14 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     journal = Journal.for_staging(out_dir, store, planned.run_id, step)
     fingerprint = export_fingerprint(planned, step)
     lost = None
-    if journal.has_outcome and journal.record.fingerprint in (fingerprint, None):
+    if journal.has_outcome and journal.record is not None and journal.record.fingerprint in (fingerprint, None):
         report = verify_checkpoint(store, planned.run_id, checkpoint_name(step), confirm=True)
         if report.verified:
             # Committed already (a re-run, a retried flow): never serialize it again.
             outcome = ExportOutcome(segment=segment_index, step=step, staged_dir=str(out_dir), reused=True,
                                     num_files=journal.record.num_files + 1, num_bytes=journal.record.num_bytes,
                                     launch_wall_s=0.0)
-            ledger.record(run_dir, "export", "reused", publication=journal.state.value, **outcome.model_dump())
+            ledger.record(run_dir, "export", "reused", publication=journal.record.state.value, **outcome.model_dump())
             return outcome
         lost = f"does not verify in the store ({'; '.join(report.problems)})"
         ledger.record(run_dir, "export", "repairing", step=step, segment=segment_index, reason=lost)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from typing import cast
 from uuid import UUID
 
 from prefect import get_run_logger
@@ -82,25 +83,27 @@ def _update(artifact_id: UUID, data, description: str) -> UUID:
     return artifact_id
 
 
+# Prefect's async_dispatch types these calls as `UUID | Coroutine`: called outside an event loop, as here, they
+# return the UUID.
 def upsert_progress_artifact(key: str, progress: float, description: str) -> UUID:
     existing = flow_run_artifact(key)
     if existing is not None:
-        return update_progress_artifact(existing.id, progress, description=description)
-    return create_progress_artifact(progress=progress, key=key, description=description)
+        return cast(UUID, update_progress_artifact(existing.id, progress, description=description))
+    return cast(UUID, create_progress_artifact(progress=progress, key=key, description=description))
 
 
 def upsert_table_artifact(key: str, table: list[dict], description: str) -> UUID:
     existing = flow_run_artifact(key)
     if existing is not None:
         return _update(existing.id, json.dumps(table), description)
-    return create_table_artifact(table=table, key=key, description=description)
+    return cast(UUID, create_table_artifact(table=table, key=key, description=description))
 
 
 def upsert_markdown_artifact(key: str, markdown: str, description: str) -> UUID:
     existing = flow_run_artifact(key)
     if existing is not None:
         return _update(existing.id, markdown, description)
-    return create_markdown_artifact(markdown=markdown, key=key, description=description)
+    return cast(UUID, create_markdown_artifact(markdown=markdown, key=key, description=description))
 
 
 def create_live_artifacts(run_id: str, total_steps: int, steps_done: int) -> LiveArtifacts:
@@ -174,9 +177,10 @@ class LivePublisher:
             get_run_logger().warning(f"live artifacts not updated this time: {type(error).__name__}: {error}")
 
     def _update(self) -> None:
-        total = self._live.total_steps
-        where = f"segment {self._segment_index}: {self._steps_done} of {total} optimizer steps done"
-        update_progress_artifact(self._live.progress_id, 100.0 * self._steps_done / total, description=f"Run {self._live.run_id}, {where}")
+        total, steps_done = self._live.total_steps, self._steps_done
+        assert steps_done is not None  # `flush` updates nothing before the first record
+        where = f"segment {self._segment_index}: {steps_done} of {total} optimizer steps done"
+        update_progress_artifact(self._live.progress_id, 100.0 * steps_done / total, description=f"Run {self._live.run_id}, {where}")
         if self._rows:
             newest = list(reversed(self._rows[-METRIC_ROWS:]))
             with get_client(sync_client=True) as client:

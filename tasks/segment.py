@@ -100,4 +100,7 @@ def _run_name() -> str:
 @reports_failures("segment")
 def train_segment(planned: PlannedRun, segment_index: int, live: LiveArtifacts | None = None) -> SegmentOutcome:
     outcome = train_segment_fn(planned, segment_index, on_line=rank_line_logger(), live=live)
-    return Completed(name=REUSED, data=outcome, message="state already saved; nothing trained") if outcome.reused else outcome
+    if not outcome.reused:
+        return outcome
+    # Prefect unwraps a State a task returns: the caller receives its data (the outcome), as annotated.
+    return Completed(name=REUSED, data=outcome, message="state already saved; nothing trained")  # pyright: ignore[reportReturnType]

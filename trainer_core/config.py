@@ -40,16 +40,16 @@ class _Section(BaseModel):
 
 
 class RunSection(_Section):
-    name: str = Field("rankflow", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(default="rankflow", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Run name; with the plan digest it forms the run id (`NAME-DIGEST12`)."""
-    seed: int = Field(0, ge=0, le=_INT64_MAX)
+    seed: int = Field(default=0, ge=0, le=_INT64_MAX)
     """Seed for model initialisation, data order and every rank's RNG."""
     work_dir: str = ".rankflow"
     """Local cache of the run's state (the store holds it; deletable at any time), staged exports, logs and the
     ledger."""
-    lease_wait_s: float = Field(0, ge=0)
+    lease_wait_s: float = Field(default=0, ge=0)
     """How long a run waits for another run of the same run id to finish (its run lease) before giving up (exit 75)."""
-    lease_ttl_s: float = Field(60, ge=1)
+    lease_ttl_s: float = Field(default=60, ge=1)
     """Seconds a run's lease outlives its last heartbeat (every ttl/3): the longest a crashed run on another machine
     blocks the next."""
 
@@ -57,11 +57,11 @@ class RunSection(_Section):
 class LoraSection(_Section):
     """`[model.lora]`: train a peft LoRA adapter on the frozen base model instead of the full model."""
 
-    rank: int = Field(8, ge=1, le=4096)
+    rank: int = Field(default=8, ge=1, le=4096)
     """The adapter's rank r (peft's `r`)."""
-    alpha: float = Field(16.0, gt=0)
+    alpha: float = Field(default=16.0, gt=0)
     """The scaling numerator: the adapter's update is scaled by alpha / rank (peft's `lora_alpha`)."""
-    dropout: float = Field(0.0, ge=0, lt=1)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
     """Dropout on the adapter's input (peft's `lora_dropout`)."""
     target_modules: list[str] | str = "all-linear"
     """Module names (or suffixes) to adapt, e.g. ["q_proj", "v_proj"]; "all-linear": every linear layer but the output.
@@ -87,7 +87,7 @@ class ModelSection(_Section):
     model.config."""
     lora: LoraSection | None = None
     """Train a LoRA adapter (`[model.lora]`) instead of every weight; the base stays frozen and is not re-saved."""
-    pad_vocab_to_multiple_of: int | None = Field(None, ge=1, le=65536)
+    pad_vocab_to_multiple_of: int | None = Field(default=None, ge=1, le=65536)
     """Pad the embedding and output rows to a multiple of this (e.g. 64) for kernels or sharding; exports, gradients
     and optimizer updates never see the padding."""
 
@@ -111,7 +111,7 @@ class DataSection(_Section):
     """JSONL file of conversations or RL trajectories, one JSON object per line (the format: docs/data.md)."""
     kind: Literal["sft", "rl"] = "sft"
     """Training objective: `sft` (loss on assistant tokens) or `rl` (clipped policy gradient on trajectories)."""
-    max_seq_len: int = Field(512, ge=8)
+    max_seq_len: int = Field(default=512, ge=8)
     """Longest tokenized conversation; longer ones are handled by `overflow`."""
     overflow: Literal["error", "truncate", "drop"] = "error"
     """What to do with a conversation longer than max_seq_len (truncations and drops are counted in the ledger)."""
@@ -122,30 +122,30 @@ class DataSection(_Section):
 
 
 class TrainSection(_Section):
-    steps: int = Field(100, ge=1)
+    steps: int = Field(default=100, ge=1)
     """Total optimizer steps of the run."""
-    steps_per_segment: int = Field(50, ge=1)
+    steps_per_segment: int = Field(default=50, ge=1)
     """Optimizer steps per torchrun launch; training state is saved between segments."""
-    global_batch_size: int = Field(16, ge=1)
+    global_batch_size: int = Field(default=16, ge=1)
     """Sequences per optimizer step, over all logical ranks; a multiple of logical_dp."""
-    learning_rate: float = Field(1e-4, gt=0)
+    learning_rate: float = Field(default=1e-4, gt=0)
     """AdamW's learning rate, reached after `warmup_steps` of linear warm-up."""
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0)
     """AdamW's decoupled weight decay."""
     betas: tuple[_Beta, _Beta] = (0.9, 0.95)
     """AdamW's moment decay rates, each in [0, 1); note that torch.optim.AdamW's default is (0.9, 0.999)."""
-    eps: float = Field(1e-8, gt=0)
+    eps: float = Field(default=1e-8, gt=0)
     """AdamW's epsilon."""
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0)
     """Linear warm-up steps, then a constant learning rate."""
-    grad_clip: float = Field(1.0, ge=0)
+    grad_clip: float = Field(default=1.0, ge=0)
     """Clip the global gradient norm to this value (0 disables clipping); note that torch.optim.AdamW does not clip."""
-    logical_dp: int = Field(1, ge=1)
+    logical_dp: int = Field(default=1, ge=1)
     """Logical data-parallel ranks L; results depend on L, never on the number of processes (docs/logical-ranks.md)."""
-    nproc_per_node: int = Field(1, ge=1)
+    nproc_per_node: int = Field(default=1, ge=1)
     """Physical ranks W (torchrun processes per node); must divide logical_dp (a bad topology stops before any
     process group)."""
-    nnodes: int = Field(1, ge=1, le=4096)
+    nnodes: int = Field(default=1, ge=1, le=4096)
     """Nodes a segment runs on (torchrun `--nnodes`, c10d rendezvous); the world size nnodes × nproc_per_node must
     divide logical_dp (docs/nodes.md)."""
     rdzv_endpoint: str | None = None
@@ -158,29 +158,29 @@ class TrainSection(_Section):
     reduction: Literal["deterministic", "fast"] = "deterministic"
     """`deterministic`: gradients, losses and counts are folded in logical-rank order, so results are bitwise the same
     at any nproc_per_node; `fast`: a plain all-reduce (last bits depend on nproc_per_node)."""
-    threads_per_process: int | None = Field(None, ge=1)
+    threads_per_process: int | None = Field(default=None, ge=1)
     """Intra-op CPU threads of each rank. Unset: 1 with deterministic reduction (a count that does not depend on
     nproc_per_node), cores / nproc_per_node with fast. The count changes the last bits of results, not W."""
     backward_mode: Literal[(*BACKWARD_MODES, PLANNER)] = "retain"  # pyright: ignore[reportInvalidTypeForm]
     """How each forward keeps its backward state; `auto` lets the memory planner choose per graph."""
-    saved_bytes_budget: int | None = Field(None, ge=0)
+    saved_bytes_budget: int | None = Field(default=None, ge=0)
     """Resident bytes the planner may keep (with backward_mode = auto): live graphs' saved tensors and the weight
     snapshots stale graphs hold."""
-    max_gradient_staleness: int = Field(2, ge=0, strict=True)
+    max_gradient_staleness: int = Field(default=2, ge=0, strict=True)
     """Optimizer steps a forward's graph may lag behind at backward (0 = strict)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights and activations: `float32`, or `bfloat16` weights trained through FP32 master weights and moments."""
-    planner_miss_threshold: float = Field(0.25, gt=0)
+    planner_miss_threshold: float = Field(default=0.25, gt=0)
     """A memory-planner prediction off by more than this (relative) is a miss: counted, and reported under the run's
     work dir (`planner/`)."""
     nonfinite: Literal["skip", "error"] = "skip"
     """A non-finite gradient norm: `skip` the update on every rank (counted in the segment result) or fail the segment."""
-    segment_timeout_s: float = Field(1800, gt=0)
+    segment_timeout_s: float = Field(default=1800, gt=0)
     """Wall-clock limit of one torchrun launch; past it torchrun and every rank are killed."""
-    stall_timeout_s: float = Field(300, gt=0)
+    stall_timeout_s: float = Field(default=300, gt=0)
     """Watchdog: a segment or export launch with no progress (setup done, a step, the state saved, an export phase)
     for this long is killed and retried."""
-    collective_timeout_s: float = Field(600, gt=0)
+    collective_timeout_s: float = Field(default=600, gt=0)
     """Timeout of every collective (init_process_group), set explicitly; a peer silent this long fails the rank.
     Keep it above stall_timeout_s, so that the watchdog, with its better diagnosis, fires first."""
     objective: str | None = None
@@ -230,26 +230,26 @@ class TrainSection(_Section):
 
 
 class RLSection(_Section):
-    clip_low: float = Field(0.2, ge=0, lt=1)
+    clip_low: float = Field(default=0.2, ge=0, lt=1)
     """Lower clip of the importance ratio: r >= 1 - clip_low."""
-    clip_high: float = Field(0.28, ge=0)
+    clip_high: float = Field(default=0.28, ge=0)
     """Upper clip of the importance ratio: r <= 1 + clip_high."""
-    sft_coef: float = Field(0.0, ge=0)
+    sft_coef: float = Field(default=0.0, ge=0)
     """Weight of an SFT term on the same loss tokens, added to the policy-gradient loss."""
-    initial_policy_version: int = Field(0, ge=0, le=_INT64_MAX)
+    initial_policy_version: int = Field(default=0, ge=0, le=_INT64_MAX)
     """Policy version of the initial weights; each optimizer step adds one."""
-    max_data_staleness: int | None = Field(None, ge=0, le=_INT64_MAX)
+    max_data_staleness: int | None = Field(default=None, ge=0, le=_INT64_MAX)
     """Trajectories generated more than this many policy versions ago are dropped or rejected (None: no bound)."""
     stale_trajectories: Literal["drop", "error"] = "drop"
     """What to do with a trajectory past max_data_staleness (drops are counted)."""
 
 
 class ExportSection(_Section):
-    every_n_segments: int = Field(0, ge=0)
+    every_n_segments: int = Field(default=0, ge=0)
     """Also export after every N segments (0: only at the end, which always happens)."""
     max_shard_size: str = "2GB"
     """Safetensors shard size limit, as transformers' `save_pretrained` takes it."""
-    timeout_s: float = Field(1800, gt=0)
+    timeout_s: float = Field(default=1800, gt=0)
     """Wall-clock limit of one export launch; past it the process group is killed."""
     merge_lora: bool = False
     """With [model.lora]: also write the merged full weights (`merged/`, loads with AutoModelForCausalLM)."""
@@ -275,9 +275,9 @@ class StorageSection(_Section):
     """Where checkpoints and run state are stored: a local path, `file://…` or `s3://bucket/prefix`. A local store
     may not overlap run.work_dir (the same directory, the work directory inside the store, or the store inside one
     of its run directories or its cache): exit 2."""
-    timeout_s: float = Field(1800, gt=0)
+    timeout_s: float = Field(default=1800, gt=0)
     """Overall time limit of one commit, cleanup or ledger upload; past it the stage fails, retriably."""
-    request_timeout_s: float = Field(60, gt=0)
+    request_timeout_s: float = Field(default=60, gt=0)
     """Connect and read timeout of one S3 request (3 attempts): a stopped server fails it instead of hanging."""
 
     @field_validator("url")

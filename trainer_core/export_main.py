@@ -61,6 +61,7 @@ def _export(run_dir: Path, segment_index: int, out_dir: Path, plan: Plan, config
     except Exception as failure:  # noqa: BLE001 - every rank hears of it in the exchange, then raises
         error = failure
     exchange("export", error)
+    assert trainer is not None  # a rank whose build failed made the exchange raise on every rank
     progress.write("ready")
     step = StateMeta.model_validate(meta).next_step
     provenance = {

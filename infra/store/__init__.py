@@ -19,13 +19,23 @@ line there). Layers, each importing only those above it (no cycle):
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from .base import (Deadline, ObjectInfo, ObjectStore, PutMode, StorageSettings, StorageTimeoutError, StoreLocation,
                    StoreTimeouts, Upload, Versioned)
 from .local import LocalStore
 from .memory import MemoryStore
 from .s3 import S3Store
 
-BACKENDS: dict[str, type[StoreLocation]] = {"file": LocalStore, "s3": S3Store}
+class Backend(Protocol):
+    """A backend class: what `open_store` calls to open a store at a URL of its scheme."""
+
+    def open(self, url: str, timeouts: StoreTimeouts) -> ObjectStore:
+        """The store at `url`, its requests bounded by `timeouts`."""
+        ...
+
+
+BACKENDS: dict[str, Backend] = {"file": LocalStore, "s3": S3Store}
 """storage.url scheme → backend (a URL with no scheme is a local path). MemoryStore is built directly by tests."""
 
 

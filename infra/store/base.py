@@ -112,30 +112,51 @@ class Upload:
 class ObjectStore(Protocol):
     """Everything rankflow asks of an object store. Keys are POSIX paths relative to the store's root."""
 
-    url: str
-    """The `storage.url` the store was opened from (for messages)."""
+    @property
+    def url(self) -> str:
+        """The `storage.url` the store was opened from (for messages)."""
+        ...
+
+    @property
+    def root(self) -> str:
+        """The full path under the store's filesystem that its keys are relative to (for messages)."""
+        ...
 
     @property
     def identity(self) -> str:
         """What one-time probes are cached under: the same server and bucket (or root) give the same identity."""
+        ...
 
     def describe(self) -> dict:
         """What tells this store from any other, for local records kept per store (no credentials)."""
+        ...
 
     def key(self, *parts: str) -> str:
         """The key of the object at `parts` under the store's root."""
+        ...
 
-    def url_of(self, key: str) -> str:
-        """The URL (or absolute path) a person can use to find the object at `key`."""
+    def path(self, *parts: str) -> str:
+        """The full store path (root included) of the object at `parts`: what the path-level helpers take."""
+        ...
+
+    def key_of(self, path: str) -> str:
+        """The key of a full store path (`path(...)`): the same object, relative to the root."""
+        ...
+
+    def url_of(self, *parts: str) -> str:
+        """The URL (or absolute path) a person can use to find the object at the key `parts` name."""
+        ...
 
     def errors(self, what: str) -> AbstractContextManager[None]:
         """Translate client failures during `what` into OSErrors naming the store (ConnectionError, timeouts).
 
         The other methods leave client failures as they are (callers wrap a whole step in `errors`, so its
         message names the step), except the conditional writes, which confirm a lost answer themselves."""
+        ...
 
     def get(self, key: str) -> Versioned | None:
         """The object's bytes and tag, or None when it does not exist."""
+        ...
 
     def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite", tag: str | None = None,
             deadline: "Deadline | None" = None) -> str | None:
@@ -144,37 +165,48 @@ class ObjectStore(Protocol):
         `create` writes only when nothing is at `key`, `if_match` only when the
         object still carries `tag`; either returns None when its condition did not hold.
         """
+        ...
 
     def head(self, keys: Sequence[str], *, deadline: "Deadline | None" = None) -> dict[str, ObjectInfo]:
         """Size and recorded sha256 of each key present (absent keys are left out)."""
+        ...
 
     def list(self, prefix: str) -> dict[str, int]:
         """Every object under `prefix/` (path relative to it → size), recursively; empty when there is none."""
+        ...
 
     def children(self, prefix: str, *, dirs_only: bool = False) -> list[str]:
         """The names immediately under `prefix/`: objects and folders alike, or only folders (`dirs_only`)."""
+        ...
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes `start` to `end` (exclusive) of the object at `key`; FileNotFoundError when it is absent."""
+        ...
 
     def remove(self, keys: Sequence[str]) -> None:
         """Remove the objects at `keys`; a missing one is fine."""
+        ...
 
     def open_read(self, key: str) -> AbstractContextManager[BinaryIO]:
         """The object's bytes as a stream read in blocks (no cache)."""
+        ...
 
     def upload(self, uploads: Sequence[Upload], *, on_uploaded: Callable[[Upload], None], concurrency: int = 8,
                deadline: "Deadline | None" = None) -> None:
         """Upload files concurrently, verified: bytes not matching their Upload raise StagedFileChanged."""
+        ...
 
     def abort_uploads(self, prefix: str) -> int:
         """Abort unfinished multipart uploads under `prefix/`; how many."""
+        ...
 
     def check_writable(self) -> None:
         """Write, read back and remove a probe object; raise StoreSettingError or StoreUnavailable."""
+        ...
 
     def overlaps(self, path: Path) -> bool:
         """Whether the local directory `path` lies inside the store, or the store inside it."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -222,7 +254,12 @@ class StoreLocation:
                        if entry["name"].rstrip("/") != base and (not dirs_only or entry.get("type") == "directory")})
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
-        return self.fs.cat_file(self.path(key), start=start, end=end)
+        return self.fs.cat_file(self.path(key), start=start, end=end)  # pyright: ignore[reportReturnType] (fsspec infers str | bytes; a file's bytes)
+
+    def conditional_write(self, key: str, data: bytes, tag: str | None) -> str | None:
+        """One unconfirmed conditional write (infra/store/conditional.py confirms it): create `key` when `tag` is
+        None, else replace the bytes carrying `tag`; the new tag, or None when refused. Every backend has its own."""
+        raise NotImplementedError(f"{type(self).__name__} has no conditional write")
 
     def forget_lock(self, key: str) -> None:
         """Drop what a conditional write of `key` left beside it (a local sidecar lock file); nothing elsewhere.
@@ -246,7 +283,8 @@ def find_files(fs: fsspec.AbstractFileSystem, base: str) -> dict[str, int]:
         found = fs.find(prefix, detail=True)
     except FileNotFoundError:
         return {}
-    return {path.removeprefix(prefix): int(info.get("size") or 0) for path, info in found.items()
+    # fsspec's find(detail=True) returns a dict (its inferred type is dict | list).
+    return {path.removeprefix(prefix): int(info.get("size") or 0) for path, info in found.items()  # pyright: ignore[reportAttributeAccessIssue]
             if path.startswith(prefix) and info.get("type", "file") != "directory" and not info.get("islink")}
 
 
@@ -273,6 +311,17 @@ def s3_options_from_env(timeouts: StoreTimeouts) -> dict:
     return options
 
 
+def location_of(store: "ObjectStore") -> StoreLocation:
+    """The filesystem and root behind `store`, for the helpers of infra/store/ that work on full store paths.
+
+    Every backend (LocalStore, S3Store, MemoryStore) is a StoreLocation; anything else is refused by name.
+    """
+    if not isinstance(store, StoreLocation):
+        raise TypeError(f"{type(store).__name__} is no StoreLocation: the path-level helpers need a backend's "
+                        "filesystem (infra/store/)")
+    return store
+
+
 def open_store(storage: "str | StorageSettings", timeouts: StoreTimeouts | None = None) -> "ObjectStore":
     """The store for a `storage.url` (or a storage section): `s3://bucket/prefix`, `file://path` or a path.
 
@@ -290,7 +339,7 @@ class StorageTimeoutError(TimeoutError):
 class Deadline:
     """The overall time limit of one operation (a commit, a cleanup, a report)."""
 
-    def __init__(self, seconds: float | None, what: str, store: StoreLocation):
+    def __init__(self, seconds: float | None, what: str, store: "ObjectStore | StoreLocation"):
         self.seconds, self.what, self.store = seconds, what, store
         self._ends = None if seconds is None else time.monotonic() + seconds
 
@@ -348,7 +397,8 @@ def run_async(store: StoreLocation, deadline: Deadline | None, function: Callabl
 
     timeout = deadline.remaining() if deadline is not None else None
     try:
-        return sync(store.fs.loop, function, *args, timeout=timeout, **kwargs)
+        # The filesystem is s3fs's (an AsyncFileSystem, which has a loop).
+        return sync(store.fs.loop, function, *args, timeout=timeout, **kwargs)  # pyright: ignore[reportAttributeAccessIssue, reportReturnType]
     except FSTimeoutError as error:
         if isinstance(error.__cause__, StorageTimeoutError):  # one request's limit, not the deadline
             raise error.__cause__ from None
@@ -357,7 +407,7 @@ def run_async(store: StoreLocation, deadline: Deadline | None, function: Callabl
 
 
 @contextlib.contextmanager
-def storage_errors(store: StoreLocation, what: str) -> Iterator[None]:
+def storage_errors(store: "ObjectStore | StoreLocation", what: str) -> Iterator[None]:
     """Translate client-level failures (an unreachable endpoint, a cut answer) into ConnectionError.
 
     s3fs already maps S3's HTTP errors to OSError subclasses; a refused or
@@ -365,7 +415,7 @@ def storage_errors(store: StoreLocation, what: str) -> Iterator[None]:
     (or garbled) as an aiohttp or parser error, which callers and Prefect's
     retries should see as the OSError (a storage outage) it is.
     """
-    if store.is_local:
+    if isinstance(store, StoreLocation) and store.is_local:  # every backend is a StoreLocation
         yield
         return
     from botocore.exceptions import BotoCoreError

@@ -33,7 +33,7 @@ import secrets
 import threading
 from collections.abc import Callable
 
-from .base import ObjectStore, StoreLocation, Versioned, storage_errors
+from .base import ObjectStore, StoreLocation, Versioned, location_of, storage_errors
 
 _PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
 
@@ -58,19 +58,19 @@ def is_precondition_failure(error: BaseException) -> bool:
     return _is_precondition_failure(error)
 
 
-def read_versioned(store: StoreLocation, path: str) -> Versioned | None:
+def read_versioned(store: ObjectStore, path: str) -> Versioned | None:
     """The object's bytes and tag, or None if it does not exist."""
     with storage_errors(store, f"read of {path}"):
         return store.get(store.key_of(path))
 
 
-def _holding(store: StoreLocation, path: str, data: bytes) -> str | None:
+def _holding(store: ObjectStore, path: str, data: bytes) -> str | None:
     """The object's tag if it holds exactly `data`, else None (an unreadable store raises)."""
     current = read_versioned(store, path)
     return current.tag if current is not None and current.data == data else None
 
 
-def _confirmed(store: StoreLocation, path: str, data: bytes, what: str, write: Callable[[], str | None]) -> str | None:
+def _confirmed(store: ObjectStore, path: str, data: bytes, what: str, write: Callable[[], str | None]) -> str | None:
     """Run a conditional `write`; a refused or failed one that nonetheless landed (its answer lost) wins."""
     try:
         with storage_errors(store, what):
@@ -88,20 +88,20 @@ def _confirmed(store: StoreLocation, path: str, data: bytes, what: str, write: C
     return tag if tag is not None else _holding(store, path, data)
 
 
-def create_if_absent(store: StoreLocation, path: str, data: bytes) -> str | None:
+def create_if_absent(store: ObjectStore, path: str, data: bytes) -> str | None:
     """Write `data` only if `path` does not exist; the new tag, or None if it existed."""
 
     def create() -> str | None:
-        return store.conditional_write(store.key_of(path), data, None)
+        return location_of(store).conditional_write(store.key_of(path), data, None)
 
     return _confirmed(store, path, data, f"conditional create of {path}", create)
 
 
-def replace_if_unchanged(store: StoreLocation, path: str, data: bytes, tag: str) -> str | None:
+def replace_if_unchanged(store: ObjectStore, path: str, data: bytes, tag: str) -> str | None:
     """Replace the object only if it still carries `tag`; the new tag, or None if it changed."""
 
     def replace() -> str | None:
-        return store.conditional_write(store.key_of(path), data, tag)
+        return location_of(store).conditional_write(store.key_of(path), data, tag)
 
     return _confirmed(store, path, data, f"conditional replace of {path}", replace)
 

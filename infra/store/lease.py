@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
-from .base import StoreLocation, Versioned
+from .base import ObjectStore, Versioned
 from .conditional import check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
 
 LEASES_DIR = "leases"
@@ -149,7 +149,7 @@ class LeaseLostError(RuntimeError):
 class Lease:
     """A lease on `path` in `store`, for one owner; see the module docstring."""
 
-    def __init__(self, store: StoreLocation, path: str, *, owner: str | None = None, ttl_s: float = 60.0,
+    def __init__(self, store: ObjectStore, path: str, *, owner: str | None = None, ttl_s: float = 60.0,
                  heartbeat_s: float | None = None, purpose: str = "lease",
                  clock: Callable[[], float] = time.time):
         if ttl_s <= 0:
@@ -167,7 +167,7 @@ class Lease:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def for_run(cls, store: StoreLocation, run_id: str, name: str, **kwargs) -> "Lease":
+    def for_run(cls, store: ObjectStore, run_id: str, name: str, **kwargs) -> "Lease":
         """The lease `name` of run `run_id`: `RUN_ID/leases/NAME.json` in the store."""
         kwargs.setdefault("purpose", f"{name} of run {run_id}")
         return cls(store, store.path(run_id, LEASES_DIR, f"{name}.json"), **kwargs)
@@ -276,8 +276,9 @@ class Lease:
         landed without an answer. A stored record with this holder's token is
         still this holder's, and is replaced under the tag it really has.
         """
-        tag, found = self._write(record, lambda: replace_if_unchanged(self.store, self.path, record.to_bytes(),
-                                                                     self._tag))
+        seen = self._tag
+        assert seen is not None  # set together with `_record`, which a renewal requires
+        tag, found = self._write(record, lambda: replace_if_unchanged(self.store, self.path, record.to_bytes(), seen))
         if tag is not None or found is None:
             return tag
         stored = _parse(found.data)
@@ -297,7 +298,7 @@ class Lease:
             raise LeaseLostError(f"{self.purpose}: the lease {self.path} is not held by {self.owner}")
         current = read_versioned(self.store, self.path)
         stored = _parse(current.data) if current is not None else None
-        if stored is None or stored.token != self._record.token or stored.released:
+        if current is None or stored is None or stored.token != self._record.token or stored.released:
             self._lost = True
             raise LeaseLostError(
                 f"{self.purpose}: the lease {self.path} of {self.owner} was taken over; stop and retry"
@@ -385,7 +386,7 @@ def _parse(data: bytes) -> LeaseRecord | None:
         return None
 
 
-def read_lease(store: StoreLocation, path: str) -> LeaseRecord | None:
+def read_lease(store: ObjectStore, path: str) -> LeaseRecord | None:
     """The current holder's record, or None if the lease is free (never taken, released) or unreadable."""
     current = read_versioned(store, path)
     record = _parse(current.data) if current is not None else None

@@ -24,7 +24,8 @@ def list_links(fs: fsspec.AbstractFileSystem, base: str) -> dict[str, str]:
         found = fs.find(prefix, detail=True)
     except FileNotFoundError:
         return {}
-    return {path.removeprefix(prefix): os.readlink(path) for path, info in found.items()
+    # fsspec's find(detail=True) returns a dict (its inferred type is dict | list).
+    return {path.removeprefix(prefix): os.readlink(path) for path, info in found.items()  # pyright: ignore[reportAttributeAccessIssue]
             if path.startswith(prefix) and info.get("islink")}
 
 

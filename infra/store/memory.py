@@ -16,7 +16,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import fsspec
 
@@ -32,6 +32,8 @@ def _sha256(data: bytes) -> str:
 
 class MemoryStore(StoreLocation):
     """A fresh, empty in-memory store; `close()` (or `with`) forgets everything it holds."""
+
+    _lock: threading.Lock  # set in __init__ (the dataclass is frozen); serialises the conditional writes
 
     def __init__(self) -> None:
         token = secrets.token_hex(8)
@@ -64,7 +66,7 @@ class MemoryStore(StoreLocation):
 
     def _read(self, key: str) -> bytes | None:
         try:
-            return self.fs.cat_file(self.path(key))
+            return self.fs.cat_file(self.path(key))  # pyright: ignore[reportReturnType] (fsspec infers str | bytes)
         except FileNotFoundError:
             return None
 
@@ -107,7 +109,8 @@ class MemoryStore(StoreLocation):
             found = self.fs.find(base, detail=True)
         except FileNotFoundError:
             return {}
-        return {path.removeprefix(base): int(info.get("size") or 0) for path, info in found.items()
+        # fsspec's find(detail=True) returns a dict (its inferred type is dict | list).
+        return {path.removeprefix(base): int(info.get("size") or 0) for path, info in found.items()  # pyright: ignore[reportAttributeAccessIssue]
                 if path.startswith(base) and info.get("type") == "file"}
 
     def remove(self, keys: Sequence[str]) -> None:
@@ -119,7 +122,7 @@ class MemoryStore(StoreLocation):
     @contextlib.contextmanager
     def open_read(self, key: str) -> Iterator[BinaryIO]:
         with self.fs.open(self.path(key), "rb") as handle:
-            yield handle
+            yield cast("BinaryIO", handle)  # mode "rb": a binary file (fsspec's inferred type also names a text one)
 
     def upload(self, uploads: Sequence[Upload], *, on_uploaded: Callable[[Upload], None], concurrency: int = 8,
                deadline: Deadline | None = None) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..manifests import FileEntry
-from .base import Deadline, StoreLocation, Upload, find_files
+from .base import Deadline, ObjectStore, Upload, find_files, location_of
 from .local import LocalStore
 from .local_tree import list_links as _local_links, outside_root, remove_empty_directories as \
     _remove_empty_local, remove_left_temporaries as _remove_local_temporaries, remove_paths
@@ -33,7 +33,7 @@ from .uploads import (CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_
 
 # -- what is already there ----------------------------------------------------
 
-def remote_objects(store: StoreLocation, base: str, entries: list[FileEntry], deadline: Deadline | None,
+def remote_objects(store: ObjectStore, base: str, entries: list[FileEntry], deadline: Deadline | None,
                    concurrency: int = 16) -> dict[str, RemoteObject]:
     """The entries present under `base`, with their size and recorded digest."""
     if isinstance(store, S3Store):
@@ -51,14 +51,14 @@ def remote_objects(store: StoreLocation, base: str, entries: list[FileEntry], de
 
 # -- uploads -----------------------------------------------------------------
 
-def upload_files(store: StoreLocation, staged_dir: Path, base: str, entries: list[FileEntry],
+def upload_files(store: ObjectStore, staged_dir: Path, base: str, entries: list[FileEntry],
                  deadline: Deadline | None, on_uploaded: Callable[[FileEntry], None], concurrency: int = 8) -> None:
     """Upload `entries` from `staged_dir` to `base`, concurrently; `on_uploaded` runs as each one lands."""
     jobs = [UploadJob(entry, staged_dir / entry.path, f"{base.rstrip('/')}/{entry.path}") for entry in entries]
     upload_jobs(store, jobs, deadline, on_uploaded, concurrency, probe_prefix=base)
 
 
-def upload_jobs(store: StoreLocation, jobs: list[UploadJob], deadline: Deadline | None,
+def upload_jobs(store: ObjectStore, jobs: list[UploadJob], deadline: Deadline | None,
                 on_uploaded: Callable, concurrency: int, probe_prefix: str) -> None:
     """Upload every job concurrently (a thread pool locally, one asyncio batch on S3), largest first."""
     if not jobs:
@@ -74,38 +74,39 @@ def upload_jobs(store: StoreLocation, jobs: list[UploadJob], deadline: Deadline 
 
 # -- small objects, removal, dangling uploads ---------------------------------------
 
-def put_small(store: StoreLocation, path: str, data: bytes, deadline: Deadline | None = None) -> None:
+def put_small(store: ObjectStore, path: str, data: bytes, deadline: Deadline | None = None) -> None:
     """Write a small object whole (atomically), with its digest recorded like any uploaded file."""
     store.put(store.key_of(path), data, deadline=deadline)
 
 
-def list_files(store: StoreLocation, base: str) -> dict[str, int]:
+def list_files(store: ObjectStore, base: str) -> dict[str, int]:
     """Every object under `base/` (relative path → size); empty if there is none (links are no objects)."""
-    return find_files(store.fs, base)
+    return find_files(location_of(store).fs, base)
 
 
-def list_links(store: StoreLocation, base: str) -> dict[str, str]:
+def list_links(store: ObjectStore, base: str) -> dict[str, str]:
     """The symbolic links under `base/` of a local store (relative path → target); none on S3."""
-    return _local_links(store.fs, base) if store.is_local else {}
+    location = location_of(store)
+    return _local_links(location.fs, base) if location.is_local else {}
 
 
-def outside_store(store: StoreLocation, path: str) -> str | None:
+def outside_store(store: ObjectStore, path: str) -> str | None:
     """Where `path` of a local store really is when a symbolic link takes it out of the store's root, else None."""
-    return outside_root(store.root, path) if store.is_local else None
+    return outside_root(store.root, path) if location_of(store).is_local else None
 
 
-def remove_files(store: StoreLocation, base: str, relative_paths: list[str]) -> None:
+def remove_files(store: ObjectStore, base: str, relative_paths: list[str]) -> None:
     """Remove objects under `base/`; in a local store never through a link out of the store (a link itself may go)."""
     if not relative_paths:
         return
     paths = [f"{base.rstrip('/')}/{p}" for p in relative_paths]
-    if store.is_local:
+    if location_of(store).is_local:
         remove_paths(store.root, paths)
         return
     store.remove([store.key_of(path) for path in paths])
 
 
-def remove_left_temporaries(store: StoreLocation, prefix: str, *, skip: tuple[str, ...] = ()) -> list[str]:
+def remove_left_temporaries(store: ObjectStore, prefix: str, *, skip: tuple[str, ...] = ()) -> list[str]:
     """Remove the temporary files interrupted local writes left under `prefix/`; the paths removed.
 
     Local stores only (an S3 PUT leaves nothing partial; its unfinished
@@ -115,12 +116,13 @@ def remove_left_temporaries(store: StoreLocation, prefix: str, *, skip: tuple[st
     those under the folders in `skip` (written by processes that hold no such
     lease, such as lease records).
     """
-    if not store.is_local:
+    location = location_of(store)
+    if not location.is_local:
         return []
-    return _remove_local_temporaries(store.fs, store.root, prefix, skip=skip)
+    return _remove_local_temporaries(location.fs, store.root, prefix, skip=skip)
 
 
-def remove_empty_directories(store: StoreLocation, base: str, relative_paths: list[str]) -> None:
+def remove_empty_directories(store: ObjectStore, base: str, relative_paths: list[str]) -> None:
     """Remove `base/` and the directories of `relative_paths` under it once nothing is left in them.
 
     Both a local disk and SeaweedFS keep a directory after its last object is
@@ -136,14 +138,14 @@ def remove_empty_directories(store: StoreLocation, base: str, relative_paths: li
             directories.add(path)
             path = posixpath.dirname(path)
     deepest_first = sorted(directories, key=lambda d: d.count("/"), reverse=True)
-    if store.is_local:
+    if location_of(store).is_local:
         _remove_empty_local(store.root, base, deepest_first)
     elif isinstance(store, S3Store):
         store.remove_empty_directories(base, deepest_first)
     # no other backend keeps an empty folder
 
 
-def abort_dangling_uploads(store: StoreLocation, prefix: str) -> int:
+def abort_dangling_uploads(store: ObjectStore, prefix: str) -> int:
     """Abort unfinished multipart uploads whose key lies under `prefix/` (S3 only); how many."""
     if not isinstance(store, S3Store):
         return 0

@@ -51,10 +51,11 @@ CREDENTIALS_FIX = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SES
 
 def is_credentials_error(error: BaseException) -> bool:
     """Whether `error` (or what it wraps) says botocore found no usable credentials."""
-    while error is not None:
-        if any(kind.__name__ in CREDENTIAL_ERRORS for kind in type(error).__mro__):
+    current: BaseException | None = error
+    while current is not None:
+        if any(kind.__name__ in CREDENTIAL_ERRORS for kind in type(current).__mro__):
             return True
-        error = error.__cause__ or error.__context__
+        current = current.__cause__ or current.__context__
     return False
 
 

@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from ..manifests import FileEntry
 from .base import (Deadline, ObjectInfo, PutMode, StorageTimeoutError, StoreLocation, StoreTimeouts, Upload, Versioned,
@@ -117,7 +117,8 @@ class S3Store(StoreLocation):
 
     async def _request(self, method: str, **kwargs) -> dict:
         """One S3 request (the bounded client's `_call_s3`): the single seam of S3Store's own requests."""
-        return await self.fs._call_s3(method, **kwargs)
+        # `fs` is typed as fsspec's base class; here it is the bounded s3fs client, which has `_call_s3`.
+        return await self.fs._call_s3(method, **kwargs)  # pyright: ignore[reportAttributeAccessIssue]
 
     def request(self, method: str, **kwargs) -> dict:
         """`_request`, waited for on the client's event loop (no deadline but the request's own limit)."""
@@ -230,7 +231,7 @@ class S3Store(StoreLocation):
     @contextlib.contextmanager
     def open_read(self, key: str) -> Iterator[BinaryIO]:
         with self.fs.open(self.path(key), "rb", block_size=_BLOCK_BYTES, cache_type="none") as handle:
-            yield handle
+            yield cast("BinaryIO", handle)  # mode "rb": a binary file (fsspec's inferred type also names a text one)
 
     def upload(self, uploads: Sequence[Upload], *, on_uploaded: Callable[[Upload], None], concurrency: int = 8,
                deadline: Deadline | None = None) -> None:

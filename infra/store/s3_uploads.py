@@ -25,13 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..manifests import FileEntry
+from .base import Upload
 from .uploads import CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_KEY, UploadJob, changed
 
 MULTIPART_THRESHOLD_BYTES = 64 * 2**20
 PART_SIZE_BYTES = 16 * 2**20
 
 
-def _read_verified(local: Path, entry: FileEntry, hash_locally: bool) -> tuple[bytes, str | None]:
+def _read_verified(local: Path, entry: FileEntry | Upload, hash_locally: bool) -> tuple[bytes, str | None]:
     """The file's bytes, and, when the server does not verify (and keep) their sha256, their checked MD5.
 
     A server that verifies `x-amz-checksum-sha256` keeps that checksum and
@@ -51,7 +52,7 @@ def _read_verified(local: Path, entry: FileEntry, hash_locally: bool) -> tuple[b
     return data, hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
-def _part_digests(local: Path, entry: FileEntry) -> list[bytes]:
+def _part_digests(local: Path, entry: FileEntry | Upload) -> list[bytes]:
     """The MD5 of each part of a multipart upload, after checking the whole file's sha256 against the manifest."""
     digest, size, part_md5s = hashlib.sha256(), 0, []
     with local.open("rb") as handle:
@@ -131,7 +132,7 @@ async def upload_s3(store, jobs: list[UploadJob], on_uploaded: Callable, concurr
     await asyncio.gather(*(upload(job) for job in sorted(jobs, key=lambda j: -j.item.size)))
 
 
-async def _multipart(store, bucket: str, key: str, local: Path, entry: FileEntry) -> None:
+async def _multipart(store, bucket: str, key: str, local: Path, entry: FileEntry | Upload) -> None:
     """Upload a large file in parts: hashed first, each part sent with its Content-MD5; aborted on any failure.
 
     Hashing before the upload lets the object carry the ETag its verified

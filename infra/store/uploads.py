@@ -21,8 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..manifests import FileEntry
+
+if TYPE_CHECKING:  # base.py lies below this leaf module: only its name is needed here
+    from .base import Upload
 
 SHA256_METADATA_KEY = "sha256"
 ETAG_METADATA_KEY = "etag"
@@ -36,7 +40,7 @@ class StagedFileChanged(ValueError):
     """A staged file's bytes no longer match its manifest: the export must be redone, not uploaded."""
 
 
-def changed(local: Path, entry, digest: str, size: int) -> StagedFileChanged:
+def changed(local: Path, entry: "FileEntry | Upload", digest: str, size: int) -> StagedFileChanged:
     """The error for staged `local` whose bytes (`size`, `digest`) are not `entry`'s (a FileEntry or an Upload)."""
     return StagedFileChanged(
         f"staged file {local} no longer matches its manifest (size {size} vs {entry.size}, sha256 {digest[:12]}… vs "
@@ -49,7 +53,7 @@ class UploadJob:
     """One file to upload: `item` (whose `size` and `sha256` the bytes must have, handed to `on_uploaded`),
     the staged file, and the full store path it goes to."""
 
-    item: "FileEntry | object"
+    item: "FileEntry | Upload"
     local: Path
     target: str
 
@@ -97,7 +101,7 @@ def object_problem(found: RemoteObject | None, entry: FileEntry) -> str | None:
 
 def confirmed(found: RemoteObject | None, entry: FileEntry) -> bool:
     """Whether a digest of the bytes the store holds (not one recorded at upload) says they are `entry`'s."""
-    if object_problem(found, entry) is not None:
+    if found is None or object_problem(found, entry) is not None:
         return False
     if found.hashed or found.server_sha256 is not None:
         return True

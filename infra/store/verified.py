@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import BinaryIO, cast
 
 from .durable import temp_name
 from ..manifests import FileEntry
-from .base import StoreLocation
+from .base import ObjectStore, location_of
 
 BLOCK_BYTES = 4 * 2**20
 """Bytes read (and held) at a time when streaming an object or hashing a file."""
@@ -49,7 +50,7 @@ def local_copy_matches(path: Path, entry: FileEntry) -> bool:
     return sha256_of_file(path) == (entry.size, entry.sha256)
 
 
-def fetch_verified(store: StoreLocation, remote_path: str, target: Path, entry: FileEntry) -> int:
+def fetch_verified(store: ObjectStore, remote_path: str, target: Path, entry: FileEntry) -> int:
     """Stream `remote_path` into `target`, verifying it against `entry`; returns the bytes written.
 
     Raises StoredObjectCorrupt (naming the object) when the bytes do not match;
@@ -59,7 +60,10 @@ def fetch_verified(store: StoreLocation, remote_path: str, target: Path, entry: 
     tmp = temp_name(target)
     digest, size = hashlib.sha256(), 0
     try:
-        with store.fs.open(remote_path, "rb", block_size=BLOCK_BYTES, cache_type="none") as source, tmp.open("wb") as sink:
+        # Mode "rb": a binary file (fsspec's inferred type also names a text one).
+        source_file = cast("BinaryIO", location_of(store).fs.open(remote_path, "rb", block_size=BLOCK_BYTES,
+                                                                  cache_type="none"))
+        with source_file as source, tmp.open("wb") as sink:
             while block := source.read(BLOCK_BYTES):
                 digest.update(block)
                 size += len(block)

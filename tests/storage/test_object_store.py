@@ -16,7 +16,7 @@ import pytest
 
 from infra.store import (BACKENDS, LocalStore, MemoryStore, ObjectInfo, ObjectStore, S3Store, StoreTimeouts, Upload,
                          open_store)
-from infra.store.base import Versioned
+from infra.store.base import Versioned, location_of
 from infra.store.conditional import ConditionalWritesUnsupported, check_conditional_writes
 from infra.store.objects import StagedFileChanged
 from trainer_core.config import StorageSection
@@ -42,6 +42,25 @@ def test_every_backend_is_an_object_store(store):
     assert isinstance(store, ObjectStore)
     assert store.key("run", "checkpoints", "x") == "run/checkpoints/x"
     assert store.url_of("run/x").endswith("/run/x")
+
+
+def test_full_paths_and_keys_name_the_same_object(store):
+    """What the path-level callers use: `path` joins under `root`, `key_of` undoes it, `url_of` takes parts or a key."""
+    path = store.path("run", "checkpoints", "x")
+    assert path.startswith(store.root.rstrip("/") + "/") and path.endswith("/run/checkpoints/x")
+    assert store.key_of(path) == "run/checkpoints/x" and store.key_of(store.root) == ""
+    assert store.url_of("run", "checkpoints", "x") == store.url_of(store.key("run", "checkpoints", "x"))
+    assert store.url_of("run", "checkpoints", "x") != store.url_of("run", "checkpoints", "y")
+
+
+def test_location_of_gives_a_backend_itself_and_refuses_anything_else(store):
+    assert location_of(store) is store
+
+    class NotABackend:
+        pass
+
+    with pytest.raises(TypeError, match="NotABackend is no StoreLocation"):
+        location_of(NotABackend())  # pyright: ignore[reportArgumentType] (the point of the test)
 
 
 def test_get_of_a_missing_object_is_none_and_a_put_reads_back_with_a_tag(store):

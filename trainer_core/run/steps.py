@@ -34,6 +34,7 @@ def _logical_rank_work(objective: Objective, layout: FigureLayout, trainer: Trai
                        *, step: int, rank: int, revision: int, num_loss_tokens: int, mode) -> torch.Tensor:
     """Forward and backward of one logical rank's rows; returns its figures, packed by `layout`."""
     out = _forward(trainer, rows, mode)
+    assert out.logprobs is not None  # the forward's default outputs hold them
     part = objective.loss_sum(out.logprobs, rows, revision=revision)
     micro_loss = part.loss * nonfinite_loss_factor(step, rank)
     # Normalised by the loss tokens of the whole global batch: the same loss at any split.
