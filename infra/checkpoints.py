@@ -35,7 +35,8 @@ from .store.conditional import read_versioned
 from .store.verified import fetch_verified
 from .store.durable import temp_name
 from .latest import latest_path, parse_latest
-from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name, parse_manifest, step_of
+from .manifests import (CHECKPOINTS_DIR, MANIFEST_FILE, CheckpointManifest, ManifestError, checkpoint_name,
+                        parse_manifest, step_of)
 from .store.objects import confirmed, list_files, object_problem, remote_objects
 from .store.base import StoreLocation, storage_errors
 
@@ -50,7 +51,7 @@ class CheckpointReport:
     step: int
     verified: bool
     problems: tuple[str, ...] = ()
-    manifest: Manifest | None = None
+    manifest: CheckpointManifest | None = None
 
     @property
     def num_files(self) -> int:
@@ -89,7 +90,7 @@ def checkpoint_names(store: StoreLocation, run_id: str) -> list[str]:
     return sorted((n for n in names if step_of(n) is not None), key=step_of)
 
 
-def read_manifest(store: StoreLocation, run_id: str, name: str) -> Manifest | None:
+def read_manifest(store: StoreLocation, run_id: str, name: str) -> CheckpointManifest | None:
     """The checkpoint's manifest if it is there and valid; ManifestError if it is there and not."""
     path = f"{_base(store, run_id, name)}/{MANIFEST_FILE}"
     found = store.get(store.key_of(path))

@@ -36,8 +36,8 @@ from .finalizer import FinalizerSettings, finalizer
 from .journal import HAS_OUTCOME, Journal, PublicationState, TransitionError, journal_path_for
 from .store.lease import LEASES_DIR
 from .latest import advance_latest, read_latest
-from .manifests import (CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name,
-                        parse_manifest)
+from .manifests import (CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, CheckpointManifest, ManifestError,
+                        checkpoint_name, parse_manifest)
 from .store.objects import (StagedFileChanged, abort_dangling_uploads, list_files, matches, put_small, remote_objects,
                       remove_files, remove_left_temporaries, upload_files)
 from .store.base import Deadline, StoreLocation, storage_errors
@@ -127,7 +127,7 @@ def remote_dir(store: StoreLocation, run_id: str, step: int) -> str:
 
 # -- the staging ------------------------------------------------------------
 
-def read_staged_manifest(staged_dir: Path, run_id: str | None = None) -> tuple[Manifest, bytes]:
+def read_staged_manifest(staged_dir: Path, run_id: str | None = None) -> tuple[CheckpointManifest, bytes]:
     """The staged manifest, checked: safe paths, and every file a regular file inside the staging with its size."""
     path = staged_dir / MANIFEST_FILE
     if not path.is_file():
@@ -230,7 +230,7 @@ class _Target:
 
     store: StoreLocation
     run_id: str
-    manifest: Manifest
+    manifest: CheckpointManifest
     manifest_bytes: bytes
     deadline: Deadline
     notes: list[str] = field(default_factory=list)
@@ -272,7 +272,7 @@ def _refuse_unfinished(journal: Journal) -> None:
                               "export stage, then commit")
 
 
-def _staged_manifest_of(journal: Journal, staged_dir: Path, run_id: str) -> tuple[Manifest, bytes]:
+def _staged_manifest_of(journal: Journal, staged_dir: Path, run_id: str) -> tuple[CheckpointManifest, bytes]:
     """The staged manifest, checked against the journal's step; staging found without a journal opens one."""
     try:
         manifest, manifest_bytes = read_staged_manifest(staged_dir, run_id)

@@ -1,0 +1,172 @@
+"""Stored records are read through one strict model each: bytes written before the models still read, and
+hostile bytes are refused with the error type their readers have always raised.
+
+The fixture bytes below were written by the hand-written writers the models replaced (captured before the
+change): the models must read them and, where they write, write the very same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infra.manifests import CheckpointManifest, ManifestError, parse_manifest
+from infra.run_state import BundleManifest, parse_bundle_manifest
+from trainer_core.manifest import verify_staged, write_manifest
+
+RUN = "tiny-sft-0123456789ab"
+
+# trainer_core.manifest.write_manifest before CheckpointManifest: files model.safetensors (b"weights") and
+# tok/tokenizer.json (b"{}"), the export's provenance.
+MANIFEST_BYTES = (
+    b'{\n  "base_model": "tiny",\n  "files": [\n    {\n      "path": "model.safetensors",\n      "sha256": '
+    b'"9a129038d9a00aed0cf6a7ea059ca50a813449061ab87848cf1a13eafdf33b2c",\n      "size": 7\n    },\n    {\n'
+    b'      "path": "tok/tokenizer.json",\n      "sha256": '
+    b'"44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a",\n      "size": 2\n    }\n  ],\n'
+    b'  "format": "rankflow-checkpoint/2",\n  "logical_dp": 4,\n  "parent_checkpoint": null,\n  "plan_digest": '
+    b'"dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd",\n  "run_id": "tiny-sft-0123456789ab",\n'
+    b'  "step": 60,\n  "weights_sha256": "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee",\n'
+    b'  "world_size": 2\n}'
+)
+PROVENANCE = {"run_id": RUN, "step": 60, "plan_digest": "d" * 64, "parent_checkpoint": None, "base_model": "tiny",
+              "world_size": 2, "logical_dp": 4, "weights_sha256": "e" * 64}
+DIGEST = "0" * 64
+
+
+def _staged(directory: Path) -> Path:
+    (directory / "tok").mkdir(parents=True)
+    (directory / "model.safetensors").write_bytes(b"weights")
+    (directory / "tok" / "tokenizer.json").write_bytes(b"{}")
+    return directory
+
+
+# -- checkpoint manifest ------------------------------------------------------------
+
+
+def test_the_manifest_writer_writes_the_bytes_of_the_hand_written_one(tmp_path):
+    staged = _staged(tmp_path / "staged")
+    written = write_manifest(staged, PROVENANCE)
+    assert (staged / "MANIFEST.json").read_bytes() == MANIFEST_BYTES
+    assert written == json.loads(MANIFEST_BYTES)
+    assert verify_staged(staged) == json.loads(MANIFEST_BYTES)
+
+
+def test_a_manifest_written_before_the_model_reads_with_its_provenance():
+    manifest = parse_manifest(MANIFEST_BYTES, "m", run_id=RUN, step=60)
+    assert isinstance(manifest, CheckpointManifest)
+    assert [(e.path, e.size) for e in manifest.files] == [("model.safetensors", 7), ("tok/tokenizer.json", 2)]
+    assert manifest.num_bytes == 9 and manifest.raw == json.loads(MANIFEST_BYTES)
+    assert manifest.provenance["world_size"] == 2 and "files" not in manifest.provenance
+    assert manifest.to_json().encode() == MANIFEST_BYTES
+
+
+def test_a_format_1_manifest_without_run_id_reads_and_keeps_its_keys():
+    raw = {"format": "rankflow-checkpoint/1", "step": 3, "files": []}
+    manifest = parse_manifest(json.dumps(raw).encode(), "m", run_id=RUN, step=3)
+    assert manifest.run_id is None and manifest.raw == raw
+
+
+def _with(**changes) -> bytes:
+    raw = json.loads(MANIFEST_BYTES)
+    for key, value in changes.items():
+        if value is KeyError:
+            del raw[key]
+        else:
+            raw[key] = value
+    return json.dumps(raw).encode()
+
+
+def _entry(**changes) -> bytes:
+    raw = json.loads(MANIFEST_BYTES)
+    raw["files"][1].update(changes)
+    return json.dumps(raw).encode()
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"{not json", "m: not valid JSON"),
+    (b"[1, 2]", "m: not a JSON object"),
+    (_with(format="rankflow-checkpoint/9"), ("m: unknown format 'rankflow-checkpoint/9'; this reader knows "
+                                             "rankflow-checkpoint/1, rankflow-checkpoint/2 (a newer rankflow")),
+    (_with(format=KeyError), "m: unknown format None"),
+    (_with(step=-1), "m: step -1 is not a non-negative integer"),
+    (_with(step="60"), "m: step '60' is not a non-negative integer"),
+    (_with(step=True), "m: step True is not a non-negative integer"),
+    (_with(step=float("nan")), "m: step nan is not a non-negative integer"),
+    (_with(step=61), "m: manifest of step 61 stored as step 60; refusing it"),
+    (_with(run_id=7), "m: run_id 7 is not a string"),
+    (_with(run_id="someone-else"), "m: manifest of run 'someone-else' stored under run 'tiny-sft-0123456789ab'"),
+    (_with(run_id=KeyError), "m: a rankflow-checkpoint/2 manifest must name its run_id"),
+    (_with(files={"a": 1}), "m: 'files' is not a list"),
+    (_with(files=["model.safetensors"]), "m: files[0] is not an object"),
+    (_entry(path="../../outside.txt"), "m: file path '../../outside.txt' leaves its checkpoint"),
+    (_entry(path="/etc/passwd"), "m: file path '/etc/passwd' is absolute or not a POSIX relative path"),
+    (_entry(path=""), "m: file path '' is not a non-empty string"),
+    (_entry(path=3), "m: file path 3 is not a non-empty string"),
+    (_entry(path="MANIFEST.json"), "m: the manifest lists itself"),
+    (_entry(size=-1), "m: tok/tokenizer.json: size -1 is not a non-negative integer"),
+    (_entry(size=2.0), "m: tok/tokenizer.json: size 2.0 is not a non-negative integer"),
+    (_entry(size=float("nan")), "m: tok/tokenizer.json: size nan is not a non-negative integer"),
+    (_entry(sha256="A" * 64), "m: tok/tokenizer.json: sha256 'AAAA"),
+    (_entry(sha256=None), "m: tok/tokenizer.json: sha256 None is not 64 lowercase hex digits"),
+    (_entry(path="model.safetensors"), "m: model.safetensors is listed twice or is both a file and a directory"),
+    (_entry(path="model.safetensors/x"), "m: model.safetensors/x is listed twice or is both a file and"),
+    (_entry(junk=1), "m: files[1] has an unknown key 'junk'"),
+], ids=lambda value: None)
+def test_a_hostile_manifest_is_refused_with_a_manifest_error(data, message):
+    with pytest.raises(ManifestError) as refused:
+        parse_manifest(data, "m", run_id=RUN, step=60)
+    assert str(refused.value).startswith(message), str(refused.value)
+
+
+def test_the_writer_refuses_a_manifest_the_readers_would_refuse(tmp_path):
+    staged = _staged(tmp_path / "staged")
+    with pytest.raises(ManifestError, match="step -1 is not a non-negative integer"):
+        write_manifest(staged, {**PROVENANCE, "step": -1})
+    with pytest.raises(ManifestError, match="must name its run_id"):
+        write_manifest(staged, {"step": 1})
+    assert not (staged / "MANIFEST.json").exists()
+
+
+def test_a_staged_manifest_that_does_not_parse_never_verifies(tmp_path):
+    staged = _staged(tmp_path / "staged")
+    write_manifest(staged, PROVENANCE)
+    (staged / "MANIFEST.json").write_bytes(_entry(size=-2))
+    assert verify_staged(staged) is None
+
+
+# -- run-state bundle manifest ------------------------------------------------------
+
+# infra.run_state.publish_bundle's manifest before BundleManifest (one file).
+BUNDLE_BYTES = (
+    b'{\n  "bundle": "segment-0000",\n  "files": [\n    {\n      "path": "segments/segment-0000.json",\n'
+    b'      "sha256": "0000000000000000000000000000000000000000000000000000000000000000",\n      "size": 12\n'
+    b'    }\n  ],\n  "format": "rankflow-run-state/1",\n  "run_id": "tiny-sft-0123456789ab"\n}'
+)
+
+
+def test_a_bundle_manifest_written_before_the_model_reads_and_writes_the_same_bytes():
+    bundle = parse_bundle_manifest(BUNDLE_BYTES, "b", RUN, "segment-0000")
+    assert bundle.entry("segments/segment-0000.json").size == 12
+    assert BundleManifest(format="rankflow-run-state/1", run_id=RUN, bundle="segment-0000",
+                          files=list(bundle.files)).to_bytes() == BUNDLE_BYTES
+
+
+def _bundle(**changes) -> bytes:
+    return json.dumps({**json.loads(BUNDLE_BYTES), **changes}).encode()
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"[]", "b: not a rankflow-run-state/1 manifest"),
+    (_bundle(format="rankflow-run-state/2"), "b: not a rankflow-run-state/1 manifest (a newer rankflow"),
+    (_bundle(run_id="another-run"), "b: manifest of 'another-run'/'segment-0000' stored as 'tiny-sft-0123456789ab'"),
+    (_bundle(bundle=5), "b: manifest of 'tiny-sft-0123456789ab'/5 stored as"),
+    (_bundle(files=[{"path": "../escaped", "size": 1, "sha256": DIGEST}]), "b: file path '../escaped' leaves"),
+    (_bundle(files=[{"path": "a", "size": -1, "sha256": DIGEST}]), "b: a: size -1 is not a non-negative"),
+    (_bundle(extra="junk"), "b: extra"),
+], ids=lambda value: None)
+def test_a_hostile_bundle_manifest_is_refused_with_a_manifest_error(data, message):
+    with pytest.raises(ManifestError) as refused:
+        parse_bundle_manifest(data, "b", RUN, "segment-0000")
+    assert str(refused.value).startswith(message), str(refused.value)
