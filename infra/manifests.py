@@ -15,26 +15,27 @@ inside their checkpoint.
 from __future__ import annotations
 
 from trainer_core.manifest import (
-                                   FORMAT_V1,
-                                   FORMAT_V2,
-                                   MANIFEST_FILE,
-                                   MANIFEST_PROBLEMS,
-                                   SUPPORTED_FORMATS,
-                                   CheckpointManifest,
-                                   FileEntry,
-                                   FileList,
-                                   ManifestError,
-                                   checkpoint_name,
-                                   decode,
-                                   parse_manifest,
-                                   refusal,
-                                   step_of,
+    FORMAT_V1,
+    FORMAT_V2,
+    MANIFEST_FILE,
+    MANIFEST_PROBLEMS,
+    SUPPORTED_FORMATS,
+    CheckpointManifest,
+    FileEntry,
+    FileList,
+    ManifestError,
+    Sha256,
+    checkpoint_name,
+    decode,
+    parse_manifest,
+    refusal,
+    step_of,
 )
 
 __all__ = [
     "CHECKPOINTS_DIR", "FORMAT_V1", "FORMAT_V2", "LATEST_FILE", "MANIFEST_FILE", "MANIFEST_PROBLEMS",
     "PUBLICATIONS_DIR", "SUPPORTED_FORMATS", "CheckpointManifest", "FileEntry", "FileList", "ManifestError",
-    "checkpoint_name", "decode", "parse_manifest", "refusal", "step_of",
+    "Sha256", "checkpoint_name", "decode", "parse_manifest", "refusal", "step_of",
 ]
 
 LATEST_FILE = "LATEST"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.journal import Journal, JournalRecord, PublicationState, UploadedObject
 from infra.manifests import CheckpointManifest, ManifestError, parse_manifest
 from infra.run_state import BundleManifest, parse_bundle_manifest
 from trainer_core.manifest import verify_staged, write_manifest
@@ -170,3 +171,60 @@ def test_a_hostile_bundle_manifest_is_refused_with_a_manifest_error(data, messag
     with pytest.raises(ManifestError) as refused:
         parse_bundle_manifest(data, "b", RUN, "segment-0000")
     assert str(refused.value).startswith(message), str(refused.value)
+
+
+# -- publication journal ------------------------------------------------------------
+
+# infra.journal.JournalRecord.to_bytes before the model (a COMMITTED record with one upload and one event).
+JOURNAL_BYTES = (
+    b'{\n  "error": null,\n  "fingerprint": "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",\n'
+    b'  "format": "rankflow-journal/1",\n  "history": [\n    {\n      "host": "node-1",\n      "note": "export '
+    b'started (new publication)",\n      "pid": 4242,\n      "state": "PREPARING",\n      "time": 1764600000.25\n'
+    b'    }\n  ],\n  "manifest_sha256": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",\n'
+    b'  "num_bytes": 1234,\n  "num_files": 3,\n  "publication_id": "0123456789abcdef",\n  "run_id": '
+    b'"tiny-sft-0123456789ab",\n  "state": "COMMITTED",\n  "step": 60,\n  "updated_at": 1764600001.5,\n'
+    b'  "uploaded": {\n    "model.safetensors": {\n      "sha256": '
+    b'"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",\n      "size": 1000\n    }\n  }\n}'
+)
+
+
+def test_a_journal_written_before_the_model_reads_and_writes_the_same_bytes():
+    record = JournalRecord.from_bytes(JOURNAL_BYTES)
+    assert record.state is PublicationState.COMMITTED and record.history[0].state is PublicationState.PREPARING
+    assert record.uploaded["model.safetensors"].size == 1000
+    assert record.to_bytes() == JOURNAL_BYTES
+
+
+def test_the_journal_records_what_it_writes_as_models_and_reads_it_back(tmp_path):
+    journal = Journal(tmp_path / "step-00000010.json", None, RUN, 10)
+    journal.begin("f" * 64)
+    journal.transition(PublicationState.PREPARED, manifest_sha256=DIGEST, num_files=2, num_bytes=9)
+    journal.transition(PublicationState.COMMITTING)
+    journal.record_upload("model.safetensors", 7, DIGEST)
+    again = Journal(journal.path, None, RUN, 10).load().record
+    assert again == journal.record and again.uploaded["model.safetensors"] == UploadedObject(size=7, sha256=DIGEST)
+    assert [event.state for event in again.history] == ["PREPARING", "PREPARED", "COMMITTING"]
+    with pytest.raises(ValueError):
+        journal.transition(PublicationState.COMMITTED, num_bytes=-1)  # every assignment is validated
+
+
+def _journal(**changes) -> bytes:
+    raw = json.loads(JOURNAL_BYTES)
+    for key, value in changes.items():
+        if value is KeyError:
+            del raw[key]
+        else:
+            raw[key] = value
+    return json.dumps(raw).encode()
+
+
+@pytest.mark.parametrize("data", [
+    b"not json", b"[]", _journal(format="rankflow-journal/2"), _journal(format=KeyError), _journal(state="DONE"),
+    _journal(step=-1), _journal(step="60"), _journal(num_bytes=-5), _journal(updated_at=float("nan")),
+    _journal(uploaded={"a": {"size": -1, "sha256": DIGEST}}), _journal(uploaded={"a": {"size": 1, "sha256": "x"}}),
+    _journal(history=[{"state": "PREPARING", "time": float("inf"), "host": "h", "pid": 1, "note": ""}]),
+    _journal(history=["PREPARING"]), _journal(manifest_sha256="not a digest"), _journal(junk=1),
+], ids=lambda value: None)
+def test_a_hostile_journal_is_refused_with_a_value_error(data):
+    with pytest.raises(ValueError):  # what Journal.load and read_mirrors catch: an unreadable journal
+        JournalRecord.from_bytes(data)
