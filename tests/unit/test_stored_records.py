@@ -8,6 +8,7 @@ change): the models must read them and, where they write, write the very same by
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ import pytest
 from infra.journal import Journal, JournalRecord, PublicationState, UploadedObject
 from infra.manifests import CheckpointManifest, ManifestError, parse_manifest
 from infra.run_state import BundleManifest, parse_bundle_manifest
+from infra.store import open_store
+from infra.store.lease import Lease, LeaseHeldError, LeaseRecord, read_lease
 from trainer_core.manifest import verify_staged, write_manifest
 
 RUN = "tiny-sft-0123456789ab"
@@ -228,3 +231,58 @@ def _journal(**changes) -> bytes:
 def test_a_hostile_journal_is_refused_with_a_value_error(data):
     with pytest.raises(ValueError):  # what Journal.load and read_mirrors catch: an unreadable journal
         JournalRecord.from_bytes(data)
+
+
+# -- lease ----------------------------------------------------------------------------
+
+# infra.store.lease.LeaseRecord.to_bytes before the model.
+LEASE_BYTES = (b'{"acquired_at": 1764600000.0, "expires_at": 1764600070.5, "generation": 3, "host": "node-1", '
+               b'"owner": "node-1:4242", "pid": 4242, "process_start": "123456", "released": false, "renewed_at": '
+               b'1764600010.5, "token": "cccccccccccccccccccccccccccccccc", "ttl_s": 60.0}')
+
+
+def test_a_lease_written_before_the_model_reads_and_writes_the_same_bytes():
+    record = LeaseRecord.from_bytes(LEASE_BYTES)
+    assert (record.generation, record.pid, record.released) == (3, 4242, False)
+    assert record.expired(1764600070.5) and not record.expired(1764600070.4)
+    assert record.to_bytes() == LEASE_BYTES
+    assert LeaseRecord.from_bytes(json.dumps({**json.loads(LEASE_BYTES), "ttl_s": 60}).encode()).ttl_s == 60
+
+
+def _lease(**changes) -> bytes:
+    raw = json.loads(LEASE_BYTES)
+    for key, value in changes.items():
+        if value is KeyError:
+            del raw[key]
+        else:
+            raw[key] = value
+    return json.dumps(raw).encode()
+
+
+@pytest.mark.parametrize("data", [
+    b"garbage", b"[]", _lease(owner=KeyError), _lease(generation="3"), _lease(generation=-1), _lease(generation=3.0),
+    _lease(expires_at=float("nan")), _lease(expires_at=float("inf")), _lease(expires_at="soon"), _lease(pid="4242"),
+    _lease(released="no"), _lease(token=None),
+], ids=lambda value: None)
+def test_a_hostile_lease_is_unreadable_and_taken_over(tmp_path, data):
+    with pytest.raises(ValueError):
+        LeaseRecord.from_bytes(data)
+    store = open_store(str(tmp_path / "store"))
+    path = store.path(RUN, "leases", "finalizer.json")
+    store.put(store.key_of(path), data)
+    assert read_lease(store, path) is None  # guards nothing
+    lease = Lease(store, path, owner="me:1").acquire()
+    assert read_lease(store, path) == lease.record and lease.record.generation == 1
+    lease.release()
+
+
+def test_a_lease_with_an_unknown_key_still_guards_its_holder(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    path = store.path(RUN, "leases", "finalizer.json")
+    now = time.time()
+    newer = {**json.loads(LEASE_BYTES), "host": "another-machine", "renewed_at": now, "expires_at": now + 600,
+             "field_of_a_newer_rankflow": 1}
+    store.put(store.key_of(path), json.dumps(newer).encode())
+    assert read_lease(store, path).owner == "node-1:4242"
+    with pytest.raises(LeaseHeldError):
+        Lease(store, path, owner="me:1").acquire()
