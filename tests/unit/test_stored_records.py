@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from infra.journal import Journal, JournalRecord, PublicationState, UploadedObject
+from infra.latest import LatestPointer, parse_latest
 from infra.manifests import CheckpointManifest, ManifestError, parse_manifest
 from infra.run_state import BundleManifest, parse_bundle_manifest
 from infra.store import open_store
@@ -286,3 +287,34 @@ def test_a_lease_with_an_unknown_key_still_guards_its_holder(tmp_path):
     assert read_lease(store, path).owner == "node-1:4242"
     with pytest.raises(LeaseHeldError):
         Lease(store, path, owner="me:1").acquire()
+
+
+# -- LATEST ---------------------------------------------------------------------------
+
+LATEST_BYTES = b'{"checkpoint": "step-00000060", "step": 60}'
+"""infra.latest.advance_latest's record before LatestPointer."""
+
+
+def test_latest_written_before_the_model_reads_and_writes_the_same_bytes():
+    assert parse_latest(LATEST_BYTES) == (LatestPointer(checkpoint="step-00000060", step=60), None)
+    assert LatestPointer.at(60).to_bytes() == LATEST_BYTES
+    assert parse_latest(b'{"step": 7}')[0] == LatestPointer.at(7)  # the name is derived when absent, as before
+
+
+@pytest.mark.parametrize("data, problem", [
+    (b"not json", "not a LATEST record (JSONDecodeError: "),
+    (b"[]", "not a LATEST record ("),
+    (b"{}", "not a LATEST record (step: "),
+    (b'{"checkpoint": "step-x", "step": "ten"}', "step 'ten' is not a non-negative integer"),
+    (b'{"checkpoint": "step-00000060", "step": -60}', "step -60 is not a non-negative integer"),
+    (b'{"checkpoint": "step-00000060", "step": 60.0}', "step 60.0 is not a non-negative integer"),
+    (b'{"checkpoint": "step-00000060", "step": NaN}', "step nan is not a non-negative integer"),
+    (b'{"checkpoint": "step-00000060", "step": true}', "step True is not a non-negative integer"),
+    (b'{"checkpoint": "step-00000061", "step": 60}', "checkpoint 'step-00000061' does not match step 60"),
+    (b'{"checkpoint": "../other-run", "step": 60}', "checkpoint '../other-run' does not match step 60"),
+    (b'{"checkpoint": 60, "step": 60}', "not a LATEST record (checkpoint: "),
+    (b'{"checkpoint": "step-00000060", "step": 60, "junk": 1}', "not a LATEST record (junk: "),
+], ids=lambda value: None)
+def test_a_hostile_latest_is_untrustworthy_and_says_why(data, problem):
+    pointer, found = parse_latest(data)
+    assert pointer is None and found is not None and found.startswith(problem), found
