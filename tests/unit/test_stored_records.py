@@ -13,13 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from infra.finalizer import QueueEntry, earlier_waiters
 from infra.journal import Journal, JournalRecord, PublicationState, UploadedObject
 from infra.latest import LatestPointer, parse_latest
+from infra.launcher import _read_error_records
 from infra.manifests import CheckpointManifest, ManifestError, parse_manifest
 from infra.run_state import BundleManifest, parse_bundle_manifest
 from infra.store import open_store
 from infra.store.lease import Lease, LeaseHeldError, LeaseRecord, read_lease
 from trainer_core.manifest import verify_staged, write_manifest
+from trainer_core.rank_process import ERRORS_DIR_ENV, RankErrorRecord, record_error
 
 RUN = "tiny-sft-0123456789ab"
 
@@ -318,3 +321,61 @@ def test_latest_written_before_the_model_reads_and_writes_the_same_bytes():
 def test_a_hostile_latest_is_untrustworthy_and_says_why(data, problem):
     pointer, found = parse_latest(data)
     assert pointer is None and found is not None and found.startswith(problem), found
+
+
+# -- finalizer queue entry ---------------------------------------------------------------
+
+QUEUE_BYTES = b'{"waiting_at": 1764600000.5, "owner": "node-1:4242"}'
+"""infra.finalizer's queue entry before QueueEntry."""
+
+
+def test_a_queue_entry_written_before_the_model_reads_and_writes_the_same_bytes():
+    entry = QueueEntry.model_validate(json.loads(QUEUE_BYTES))
+    assert entry == QueueEntry(waiting_at=1764600000.5, owner="node-1:4242") and entry.to_bytes() == QUEUE_BYTES
+
+
+@pytest.mark.parametrize("changes, alive", [
+    ({}, True), ({"waiting_at": "now"}, False), ({"waiting_at": float("nan")}, False), ({"waiting_at": KeyError}, False),
+    ({"owner": 7}, False), ({"junk": 1}, False),
+], ids=lambda value: None)
+def test_an_unreadable_queue_entry_is_no_live_waiter(tmp_path, changes, alive):
+    store = open_store(str(tmp_path / "store"))
+    raw = {"waiting_at": time.time(), "owner": "node-1:4242"}
+    for key, value in changes.items():
+        if value is KeyError:
+            del raw[key]
+        else:
+            raw[key] = value
+    store.put(store.key(RUN, "finalizer-queue", "step-00000010.json"), json.dumps(raw).encode())
+    assert earlier_waiters(store, RUN, 20, fresh_s=60) == ([10] if alive else [])
+
+
+# -- rank error record ---------------------------------------------------------------------
+
+RANK_ERROR_BYTES = (b'{"rank": 1, "time": 1796146043.1132898, "type": "ValueError", "message": "boom\\nsecond line", '
+                    b'"traceback": "Traceback (most recent call last):\\n  File \\"<string>\\", line 5, in <module>\\n'
+                    b'ValueError: boom\\nsecond line\\n"}')
+"""trainer_core.rank_process.record_error's file before RankErrorRecord."""
+
+
+def test_a_rank_error_written_before_the_model_reads_and_writes_the_same_bytes(tmp_path):
+    path = tmp_path / "rank-1.error.json"
+    path.write_bytes(RANK_ERROR_BYTES)
+    record = RankErrorRecord.read(path)
+    assert (record.rank, record.type) == (1, "ValueError") and record.to_json().encode() == RANK_ERROR_BYTES
+
+
+def test_record_error_writes_what_the_launcher_reads_and_a_torn_or_hostile_record_is_skipped(tmp_path, monkeypatch):
+    monkeypatch.setenv(ERRORS_DIR_ENV, str(tmp_path))
+    try:
+        raise KeyError("missing")
+    except KeyError as error:
+        record_error(2, error)
+    good = json.loads((tmp_path / "rank-2.error.json").read_text())
+    (tmp_path / "rank-0.error.json").write_bytes(RANK_ERROR_BYTES[:40])  # killed mid-write
+    (tmp_path / "rank-3.error.json").write_text(json.dumps({**good, "rank": 3, "time": float("nan")}))
+    (tmp_path / "rank-4.error.json").write_text(json.dumps({**good, "rank": "4"}))
+    (tmp_path / "rank-5.error.json").write_text(json.dumps({**good, "rank": 5, "junk": 1}))
+    (tmp_path / "rank-6.error.json").write_text(json.dumps({**good, "rank": -6}))
+    records = _read_error_records(tmp_path)
+    assert records == (good,) and good["type"] == "KeyError" and "KeyError: 'missing'" in good["traceback"]
