@@ -35,8 +35,8 @@ from .store.conditional import read_versioned
 from .store.verified import fetch_verified
 from .store.durable import temp_name
 from .latest import latest_path, parse_latest
-from .manifests import (CHECKPOINTS_DIR, MANIFEST_FILE, CheckpointManifest, ManifestError, checkpoint_name,
-                        parse_manifest, step_of)
+from .manifests import (MANIFEST_FILE, CheckpointManifest, ManifestError, checkpoint_key, checkpoint_name,
+                        checkpoints_dir_key, parse_manifest, step_of)
 from .store.objects import confirmed, list_files, object_problem, remote_objects
 from .store.base import StoreLocation, storage_errors
 
@@ -81,12 +81,12 @@ class LatestResolution:
 
 
 def _base(store: StoreLocation, run_id: str, name: str) -> str:
-    return store.path(run_id, CHECKPOINTS_DIR, name)
+    return store.path(checkpoint_key(run_id, name))
 
 
 def checkpoint_names(store: StoreLocation, run_id: str) -> list[str]:
     """Names of the checkpoint directories of a run (with or without a manifest), oldest first."""
-    names = store.children(store.key(run_id, CHECKPOINTS_DIR), dirs_only=True)
+    names = store.children(checkpoints_dir_key(run_id), dirs_only=True)
     return sorted((n for n in names if step_of(n) is not None), key=step_of)
 
 

@@ -32,13 +32,12 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from .store.lease import Lease, LeaseHeldError, LeaseRecord
-from .manifests import checkpoint_name, step_of
+from .manifests import checkpoint_name, queue_dir_key, queue_key, step_of
 from .store.objects import put_small
 from .run_lease import check_run_lease
 from .store.base import StoreLocation, storage_errors
 
 FINALIZER_LEASE = "finalizer"
-QUEUE_DIR = "finalizer-queue"
 
 
 @dataclass(frozen=True)
@@ -104,13 +103,13 @@ class QueueEntry(BaseModel):
 
 
 def _queue_path(store: StoreLocation, run_id: str, step: int) -> str:
-    return store.path(run_id, QUEUE_DIR, f"{checkpoint_name(step)}.json")
+    return store.path(queue_key(run_id, step))
 
 
 def earlier_waiters(store: StoreLocation, run_id: str, step: int, fresh_s: float) -> list[int]:
     """Steps before `step` whose committer is waiting for the finalizer, and alive (one listing, usually empty)."""
     with storage_errors(store, f"finalizer queue of run {run_id}"):
-        names = [name.removesuffix(".json") for name in store.children(store.key(run_id, QUEUE_DIR))]
+        names = [name.removesuffix(".json") for name in store.children(queue_dir_key(run_id))]
         earlier = sorted(s for s in map(step_of, names) if s is not None and s < step)
         alive = []
         for other in earlier:

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, Strict, Vali
 
 from .store.durable import write_durable
 from .local_records import note_store, records_dir
-from .manifests import PUBLICATIONS_DIR, Sha256, checkpoint_name
+from .manifests import Sha256, checkpoint_name, journal_key, publications_dir_key
 from .store.base import StoreLocation, storage_errors
 
 JOURNAL_FORMAT = "rankflow-journal/1"
@@ -166,7 +166,7 @@ def journal_path_for(staged_dir: Path, store: StoreLocation) -> Path:
 
 
 def mirror_path_for(store: StoreLocation, run_id: str, step: int) -> str:
-    return store.path(run_id, PUBLICATIONS_DIR, f"{checkpoint_name(step)}.json")
+    return store.path(journal_key(run_id, step))
 
 
 class Journal:
@@ -307,7 +307,7 @@ class Journal:
 
 def read_mirrors(store: StoreLocation, run_id: str) -> tuple[list[JournalRecord], list[str]]:
     """Every publication journal mirrored under the run, and the ones that could not be read."""
-    prefix = store.key(run_id, PUBLICATIONS_DIR)
+    prefix = publications_dir_key(run_id)
     with storage_errors(store, f"listing of the publications of run {run_id}"):
         keys = [store.key(prefix, name) for name in store.children(prefix) if name.endswith(".json")]
         contents = {key: store.get(key) for key in keys}

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .store.conditional import create_if_absent, read_versioned, replace_if_unchanged
-from .manifests import CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, checkpoint_name, step_of
+from .manifests import MANIFEST_FILE, checkpoint_key, checkpoint_name, checkpoints_dir_key, latest_key, step_of
 from .store.base import StoreLocation, storage_errors
 
 _MAX_RACES = 50
@@ -79,7 +79,7 @@ def _problem(error: ValidationError) -> str:
 
 
 def latest_path(store: StoreLocation, run_id: str) -> str:
-    return store.path(run_id, LATEST_FILE)
+    return store.path(latest_key(run_id))
 
 
 def read_latest(store: StoreLocation, run_id: str) -> dict | None:
@@ -93,14 +93,14 @@ def read_latest(store: StoreLocation, run_id: str) -> dict | None:
 
 def manifest_exists(store: StoreLocation, run_id: str, step: int) -> bool:
     with storage_errors(store, f"check of checkpoint {checkpoint_name(step)}"):
-        key = store.key(run_id, CHECKPOINTS_DIR, checkpoint_name(step), MANIFEST_FILE)
+        key = checkpoint_key(run_id, checkpoint_name(step), MANIFEST_FILE)
         return key in store.head([key])
 
 
 def newest_committed_step(store: StoreLocation, run_id: str) -> int | None:
     """The highest step whose checkpoint has a manifest (None if none has)."""
     with storage_errors(store, f"listing of the checkpoints of run {run_id}"):
-        names = store.children(store.key(run_id, CHECKPOINTS_DIR))
+        names = store.children(checkpoints_dir_key(run_id))
     if not names:
         return None
     for step in sorted((s for s in map(step_of, names) if s is not None), reverse=True):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import secrets
 import socket
 import threading
@@ -50,6 +51,11 @@ from .base import StoreLocation, Versioned
 from .conditional import check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
 
 LEASES_DIR = "leases"
+
+
+def lease_key(run_id: str, name: str) -> str:
+    """The key of the lease `name` of a run: `RUN_ID/leases/NAME.json`."""
+    return posixpath.join(run_id, LEASES_DIR, f"{name}.json")
 
 
 def default_owner() -> str:
@@ -179,7 +185,7 @@ class Lease:
     def for_run(cls, store: StoreLocation, run_id: str, name: str, **kwargs) -> "Lease":
         """The lease `name` of run `run_id`: `RUN_ID/leases/NAME.json` in the store."""
         kwargs.setdefault("purpose", f"{name} of run {run_id}")
-        return cls(store, store.path(run_id, LEASES_DIR, f"{name}.json"), **kwargs)
+        return cls(store, store.path(lease_key(run_id, name)), **kwargs)
 
     @property
     def held(self) -> bool:

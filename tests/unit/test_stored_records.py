@@ -14,13 +14,16 @@ from pathlib import Path
 import pytest
 
 from infra.finalizer import QueueEntry, earlier_waiters
-from infra.journal import Journal, JournalRecord, PublicationState, UploadedObject
-from infra.latest import LatestPointer, parse_latest
+from infra.journal import Journal, JournalRecord, PublicationState, UploadedObject, mirror_path_for
+from infra.latest import LatestPointer, latest_path, parse_latest
 from infra.launcher import _read_error_records
-from infra.manifests import CheckpointManifest, ManifestError, parse_manifest
+from infra.manifests import (CheckpointManifest, ManifestError, checkpoint_key, checkpoints_dir_key, journal_key,
+                             latest_key, parse_manifest, publications_dir_key, queue_dir_key, queue_key)
+from infra.publication import remote_dir
+from infra.run_lease import run_lease_path
 from infra.run_state import BundleManifest, parse_bundle_manifest
 from infra.store import open_store
-from infra.store.lease import Lease, LeaseHeldError, LeaseRecord, read_lease
+from infra.store.lease import Lease, LeaseHeldError, LeaseRecord, lease_key, read_lease
 from trainer_core.manifest import verify_staged, write_manifest
 from trainer_core.rank_process import ERRORS_DIR_ENV, RankErrorRecord, record_error
 
@@ -379,3 +382,27 @@ def test_record_error_writes_what_the_launcher_reads_and_a_torn_or_hostile_recor
     (tmp_path / "rank-6.error.json").write_text(json.dumps({**good, "rank": -6}))
     records = _read_error_records(tmp_path)
     assert records == (good,) and good["type"] == "KeyError" and "KeyError: 'missing'" in good["traceback"]
+
+
+# -- store keys ------------------------------------------------------------------------
+
+
+def test_the_store_keys_spell_the_layout_every_stored_run_has():
+    assert checkpoints_dir_key(RUN) == f"{RUN}/checkpoints"
+    assert checkpoint_key(RUN, "step-00000060") == f"{RUN}/checkpoints/step-00000060"
+    assert checkpoint_key(RUN, "step-00000060", "MANIFEST.json") == f"{RUN}/checkpoints/step-00000060/MANIFEST.json"
+    assert latest_key(RUN) == f"{RUN}/LATEST"
+    assert (publications_dir_key(RUN), journal_key(RUN, 60)) == (f"{RUN}/publications",
+                                                                  f"{RUN}/publications/step-00000060.json")
+    assert (queue_dir_key(RUN), queue_key(RUN, 60)) == (f"{RUN}/finalizer-queue",
+                                                        f"{RUN}/finalizer-queue/step-00000060.json")
+    assert lease_key(RUN, "finalizer") == f"{RUN}/leases/finalizer.json"
+
+
+def test_every_writer_uses_the_store_keys(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    assert run_lease_path(store, RUN) == store.path(f"{RUN}/leases/run.json")
+    assert Lease.for_run(store, RUN, "finalizer").path == store.path(f"{RUN}/leases/finalizer.json")
+    assert mirror_path_for(store, RUN, 60) == store.path(f"{RUN}/publications/step-00000060.json")
+    assert latest_path(store, RUN) == store.path(f"{RUN}/LATEST")
+    assert remote_dir(store, RUN, 60) == store.path(f"{RUN}/checkpoints/step-00000060")
