@@ -212,7 +212,7 @@ def test_the_journal_records_what_it_writes_as_models_and_reads_it_back(tmp_path
     journal.transition(PublicationState.COMMITTING)
     journal.record_upload("model.safetensors", 7, DIGEST)
     again = Journal(journal.path, None, RUN, 10).load().record
-    assert again == journal.record and again.uploaded["model.safetensors"] == UploadedObject(size=7, sha256=DIGEST)
+    assert again is not None and again == journal.record and again.uploaded["model.safetensors"] == UploadedObject(size=7, sha256=DIGEST)
     assert [event.state for event in again.history] == ["PREPARING", "PREPARED", "COMMITTING"]
     with pytest.raises(ValueError):
         journal.transition(PublicationState.COMMITTED, num_bytes=-1)  # every assignment is validated
@@ -279,7 +279,7 @@ def test_a_hostile_lease_is_unreadable_and_taken_over(tmp_path, data):
     store.put(store.key_of(path), data)
     assert read_lease(store, path) is None  # guards nothing
     lease = Lease(store, path, owner="me:1").acquire()
-    assert read_lease(store, path) == lease.record and lease.record.generation == 1
+    assert lease.record is not None and read_lease(store, path) == lease.record and lease.record.generation == 1
     lease.release()
 
 
@@ -290,7 +290,8 @@ def test_a_lease_with_an_unknown_key_still_guards_its_holder(tmp_path):
     newer = {**json.loads(LEASE_BYTES), "host": "another-machine", "renewed_at": now, "expires_at": now + 600,
              "field_of_a_newer_rankflow": 1}
     store.put(store.key_of(path), json.dumps(newer).encode())
-    assert read_lease(store, path).owner == "node-1:4242"
+    holder = read_lease(store, path)
+    assert holder is not None and holder.owner == "node-1:4242"
     with pytest.raises(LeaseHeldError):
         Lease(store, path, owner="me:1").acquire()
 
