@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from infra.s3_server import CONFLICTING_AWS_ENV_VARS, S3Server, start_s3_server
-from trainer_core.manifest import write_manifest
+from trainer_core.manifest import checkpoint_name, write_manifest
 
 BUCKET = "bench"
 
@@ -34,7 +34,7 @@ def seaweedfs() -> Iterator[tuple[S3Server, Path]]:
 
 
 def stage_checkpoint(directory: Path, run_id: str, step: int, num_shards: int, shard_bytes: int) -> Path:
-    staged = directory / f"step-{step:08d}"
+    staged = directory / checkpoint_name(step)
     staged.mkdir(parents=True)
     for index in range(num_shards):
         name = f"model-{index + 1:05d}-of-{num_shards:05d}.safetensors"

@@ -20,6 +20,7 @@ import time
 
 from bench._storage import BUCKET, checkpoint_arguments, median, seaweedfs, stage_checkpoint, staged_bytes
 from infra.journal import journal_path_for
+from infra.manifests import journal_key
 from infra.publication import commit_checkpoint
 from infra.store.base import open_store
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         megabytes = staged_bytes(staged) / 1e6
         store = open_store(f"s3://{BUCKET}/runs")
         journal = journal_path_for(staged, store)
-        mirror = store.key(RUN, "publications", f"{staged.name}.json")
+        mirror = journal_key(RUN, 100)
         times: dict[str, list[float]] = {"baseline": [], "candidate": [], "with_journal": []}
         for _ in range(args.repeats):
             journal.unlink(missing_ok=True)

@@ -35,7 +35,8 @@ from .store.conditional import read_versioned
 from .store.verified import fetch_verified
 from .store.durable import temp_name
 from .latest import latest_path, parse_latest
-from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name, parse_manifest, step_of
+from .manifests import (MANIFEST_FILE, CheckpointManifest, ManifestError, checkpoint_key, checkpoint_name,
+                        checkpoints_dir_key, parse_manifest, step_of)
 from .store.objects import confirmed, list_files, object_problem, remote_objects
 from .store.base import ObjectStore, storage_errors
 
@@ -50,7 +51,7 @@ class CheckpointReport:
     step: int
     verified: bool
     problems: tuple[str, ...] = ()
-    manifest: Manifest | None = None
+    manifest: CheckpointManifest | None = None
 
     @property
     def num_files(self) -> int:
@@ -80,17 +81,17 @@ class LatestResolution:
 
 
 def _base(store: ObjectStore, run_id: str, name: str) -> str:
-    return store.path(run_id, CHECKPOINTS_DIR, name)
+    return store.path(checkpoint_key(run_id, name))
 
 
 def checkpoint_names(store: ObjectStore, run_id: str) -> list[str]:
     """Names of the checkpoint directories of a run (with or without a manifest), oldest first."""
-    names = store.children(store.key(run_id, CHECKPOINTS_DIR), dirs_only=True)
+    names = store.children(checkpoints_dir_key(run_id), dirs_only=True)
     steps = {name: step for name in names if (step := step_of(name)) is not None}
     return sorted(steps, key=steps.__getitem__)
 
 
-def read_manifest(store: ObjectStore, run_id: str, name: str) -> Manifest | None:
+def read_manifest(store: ObjectStore, run_id: str, name: str) -> CheckpointManifest | None:
     """The checkpoint's manifest if it is there and valid; ManifestError if it is there and not."""
     path = f"{_base(store, run_id, name)}/{MANIFEST_FILE}"
     found = store.get(store.key_of(path))

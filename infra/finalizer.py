@@ -27,15 +27,17 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from .store.lease import Lease, LeaseHeldError, LeaseRecord
-from .manifests import checkpoint_name, step_of
+from .manifests import checkpoint_name, queue_dir_key, queue_key, step_of
 from .store.objects import put_small
 from .run_lease import check_run_lease
 from .store.base import ObjectStore, storage_errors
 
 FINALIZER_LEASE = "finalizer"
-QUEUE_DIR = "finalizer-queue"
 
 
 @dataclass(frozen=True)
@@ -87,14 +89,27 @@ class FinalizerWaitTimeout(TimeoutError):
     """Earlier steps kept the finalizer past the wait; a retry resumes the wait."""
 
 
+class QueueEntry(BaseModel):
+    """`finalizer-queue/step-N.json`: a committer waiting for the finalizer, and since when (its sign of life)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    waiting_at: Annotated[float, Field(allow_inf_nan=False)]
+    owner: str
+
+    def to_bytes(self) -> bytes:
+        # The bytes of every entry written before this model (field order, default separators).
+        return json.dumps(self.model_dump()).encode()
+
+
 def _queue_path(store: ObjectStore, run_id: str, step: int) -> str:
-    return store.path(run_id, QUEUE_DIR, f"{checkpoint_name(step)}.json")
+    return store.path(queue_key(run_id, step))
 
 
 def earlier_waiters(store: ObjectStore, run_id: str, step: int, fresh_s: float) -> list[int]:
     """Steps before `step` whose committer is waiting for the finalizer, and alive (one listing, usually empty)."""
     with storage_errors(store, f"finalizer queue of run {run_id}"):
-        names = [name.removesuffix(".json") for name in store.children(store.key(run_id, QUEUE_DIR))]
+        names = [name.removesuffix(".json") for name in store.children(queue_dir_key(run_id))]
         earlier = sorted(s for s in map(step_of, names) if s is not None and s < step)
         alive = []
         for other in earlier:
@@ -102,8 +117,8 @@ def earlier_waiters(store: ObjectStore, run_id: str, step: int, fresh_s: float) 
                 entry = store.get(store.key_of(_queue_path(store, run_id, other)))
                 if entry is None:
                     raise FileNotFoundError
-                waiting_at = float(json.loads(entry.data)["waiting_at"])
-            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                waiting_at = QueueEntry.model_validate(json.loads(entry.data)).waiting_at
+            except (FileNotFoundError, ValueError, TypeError):
                 continue  # gone meanwhile, or unreadable: not a live waiter
             if time.time() - waiting_at < fresh_s:
                 alive.append(other)
@@ -150,7 +165,7 @@ def finalizer(store: ObjectStore, run_id: str, settings: FinalizerSettings, *, s
             fence_run()  # a run that lost its lease while it waited does not queue on
             with storage_errors(store, f"finalizer queue of run {run_id}"):
                 put_small(store, _queue_path(store, run_id, step),
-                          json.dumps({"waiting_at": time.time(), "owner": lease.owner}).encode())
+                          QueueEntry(waiting_at=time.time(), owner=lease.owner).to_bytes())
             last_touch = time.monotonic()
         time.sleep(settings.poll_s)
     try:

@@ -29,13 +29,15 @@ import os
 import secrets
 import socket
 import time
-from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, Strict, ValidationError
 
 from .store.durable import write_durable
 from .local_records import note_store, records_dir
-from .manifests import PUBLICATIONS_DIR, checkpoint_name
+from .manifests import Sha256, checkpoint_name, journal_key, publications_dir_key
 from .store.base import ObjectStore, storage_errors
 
 JOURNAL_FORMAT = "rankflow-journal/1"
@@ -85,36 +87,73 @@ def _why(current: PublicationState | None, target: PublicationState, name: str, 
            f"{', '.join(sorted(s.value for s in ALLOWED[current])) or 'none'})"
 
 
-@dataclass
-class JournalRecord:
+# Stored as its name ("COMMITTED"); read from that name (strict mode would want the enum object itself).
+StateName = Annotated[PublicationState, Strict(False), PlainSerializer(lambda state: state.value)]
+Seconds = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class UploadedObject(BaseModel):
+    """One object a publication uploaded, as the upload returned."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    size: int = Field(ge=0)
+    sha256: Sha256
+
+
+class JournalEvent(BaseModel):
+    """One transition: the state entered, when, by which process, and why."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    state: StateName
+    time: Seconds
+    host: str
+    pid: int
+    note: str
+
+
+class JournalRecord(BaseModel):
+    """The journal's content. Mutable (the journal moves it along), every assignment validated."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
     run_id: str
-    step: int
+    step: int = Field(ge=0)
     publication_id: str
-    state: PublicationState
+    state: StateName
     fingerprint: str | None = None
     """What was exported (plan digest, step, export settings): a different one is a new publication."""
-    manifest_sha256: str | None = None
-    num_files: int = 0
-    num_bytes: int = 0
-    uploaded: dict[str, dict] = field(default_factory=dict)
+    manifest_sha256: Sha256 | None = None
+    num_files: int = Field(default=0, ge=0)
+    num_bytes: int = Field(default=0, ge=0)
+    uploaded: dict[str, UploadedObject] = Field(default_factory=dict)
     """path → {size, sha256} of each object this publication uploaded, recorded as each upload returned."""
     error: str | None = None
-    history: list[dict] = field(default_factory=list)
-    updated_at: float = 0.0
-    format: str = JOURNAL_FORMAT
-
-    def to_bytes(self) -> bytes:
-        raw = asdict(self)
-        raw["state"] = self.state.value
-        return json.dumps(raw, indent=2, sort_keys=True).encode()
+    history: list[JournalEvent] = Field(default_factory=list)
+    updated_at: Seconds = 0.0
+    format: Literal["rankflow-journal/1"]
+    """Required when read: a record without it is no journal of this version."""
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "JournalRecord":
-        raw = json.loads(data)
-        if raw.get("format") != JOURNAL_FORMAT:
-            raise ValueError(f"unknown journal format {raw.get('format')!r}")
-        raw["state"] = PublicationState(raw["state"])
-        return cls(**raw)
+    def new(cls, run_id: str, step: int, state: PublicationState, fingerprint: str | None = None) -> JournalRecord:
+        """A new publication's record (a fresh publication id)."""
+        return cls(run_id=run_id, step=step, publication_id=secrets.token_hex(8), state=state,
+                   fingerprint=fingerprint, format=JOURNAL_FORMAT)
+
+    def to_bytes(self) -> bytes:
+        # The bytes of every journal written before this model (sorted keys, indented).
+        return json.dumps(self.model_dump(), indent=2, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> JournalRecord:
+        """The record in `data`; ValueError (what the readers catch) naming the first problem otherwise."""
+        try:
+            return cls.model_validate(json.loads(data))
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(map(str, first["loc"])) or "record"
+            raise ValueError(f"not a {JOURNAL_FORMAT} record: {where}: {first['msg']}") from None
 
 
 JOURNALS_DIR = "journals"
@@ -127,7 +166,7 @@ def journal_path_for(staged_dir: Path, store: ObjectStore) -> Path:
 
 
 def mirror_path_for(store: ObjectStore, run_id: str, step: int) -> str:
-    return store.path(run_id, PUBLICATIONS_DIR, f"{checkpoint_name(step)}.json")
+    return store.path(journal_key(run_id, step))
 
 
 class Journal:
@@ -207,8 +246,7 @@ class Journal:
         if current is None or current is S.ABORTED or replaced:
             previous = self.record.publication_id if self.record else None
             why = f", whose checkpoint {outcome_lost}" if outcome_lost and current in HAS_OUTCOME else ""
-            self.record = JournalRecord(run_id=self.run_id, step=self.step, publication_id=secrets.token_hex(8),
-                                        state=S.PREPARING, fingerprint=fingerprint)
+            self.record = JournalRecord.new(self.run_id, self.step, S.PREPARING, fingerprint)
             self.from_mirror = False
             self._append(S.PREPARING, f"{note} (new publication{'; replaces ' + previous + why if previous else ''})")
             self._persist(mirror_required=False)
@@ -224,8 +262,7 @@ class Journal:
         if target not in ALLOWED[current]:
             raise TransitionError(_why(current, target, self.name, self.record.error if self.record else None))
         if self.record is None:
-            self.record = JournalRecord(run_id=self.run_id, step=self.step, publication_id=secrets.token_hex(8),
-                                        state=target)
+            self.record = JournalRecord.new(self.run_id, self.step, target)
         self.record.state = target
         for key, value in fields.items():
             setattr(self.record, key, value)
@@ -237,7 +274,7 @@ class Journal:
     def record_upload(self, path: str, size: int, sha256: str) -> None:
         """Note one finished upload (local journal only: the mirror gets it with the next transition)."""
         assert self.record is not None and self.record.state is S.COMMITTING
-        self.record.uploaded[path] = {"size": size, "sha256": sha256}
+        self.record.uploaded[path] = UploadedObject(size=size, sha256=sha256)
         self.record.updated_at = time.time()
         self._write_local(self.record.to_bytes())
 
@@ -245,8 +282,8 @@ class Journal:
         assert self.record is not None  # a transition made or loaded it
         now = time.time()
         self.record.updated_at = now
-        self.record.history.append({"state": state.value, "time": now, "host": socket.gethostname(),
-                                    "pid": os.getpid(), "note": note})
+        self.record.history.append(JournalEvent(state=state, time=now, host=socket.gethostname(), pid=os.getpid(),
+                                                note=note))
 
     def _write_local(self, data: bytes) -> None:
         write_durable(self.path, data)
@@ -274,15 +311,18 @@ class Journal:
 
 def read_mirrors(store: ObjectStore, run_id: str) -> tuple[list[JournalRecord], list[str]]:
     """Every publication journal mirrored under the run, and the ones that could not be read."""
-    prefix = store.key(run_id, PUBLICATIONS_DIR)
+    prefix = publications_dir_key(run_id)
     with storage_errors(store, f"listing of the publications of run {run_id}"):
         keys = [store.key(prefix, name) for name in store.children(prefix) if name.endswith(".json")]
         contents = {key: store.get(key) for key in keys}
     records, problems = [], []
     for key in sorted(keys):
         found = contents[key]
+        if found is None:  # removed between the listing and the read
+            problems.append(f"{store.path(key)}: unreadable journal (it vanished after the listing)")
+            continue
         try:
-            records.append(JournalRecord.from_bytes(found.data if found is not None else None))
+            records.append(JournalRecord.from_bytes(found.data))
         except (ValueError, KeyError, TypeError) as error:
             problems.append(f"{store.path(key)}: unreadable journal ({error})")
     return records, problems

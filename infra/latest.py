@@ -13,37 +13,73 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .store.conditional import create_if_absent, read_versioned, replace_if_unchanged
-from .manifests import CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, checkpoint_name, step_of
+from .manifests import MANIFEST_FILE, checkpoint_key, checkpoint_name, checkpoints_dir_key, latest_key, step_of
 from .store.base import ObjectStore, storage_errors
 
 _MAX_RACES = 50
 
 
-@dataclass(frozen=True)
-class LatestPointer:
+class LatestPointer(BaseModel):
+    """LATEST's content: a step and its checkpoint's name (derived from the step when absent; must match it)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
     checkpoint: str
-    step: int
+    step: int = Field(ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_from_step(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and "checkpoint" not in raw and type(raw.get("step")) is int:
+            return {**raw, "checkpoint": checkpoint_name(raw["step"])}
+        return raw
+
+    @model_validator(mode="after")
+    def _name_matches_step(self) -> LatestPointer:
+        if self.checkpoint != checkpoint_name(self.step):
+            raise ValueError(f"checkpoint {self.checkpoint!r} does not match step {self.step}")
+        return self
+
+    @classmethod
+    def at(cls, step: int) -> LatestPointer:
+        return cls(checkpoint=checkpoint_name(step), step=step)
+
+    def to_bytes(self) -> bytes:
+        # The bytes of every LATEST written before this model: checkpoint then step, default separators.
+        return json.dumps(self.model_dump()).encode()
 
 
 def parse_latest(data: bytes) -> tuple[LatestPointer | None, str | None]:
     """The pointer, or None and what is wrong with it."""
     try:
         raw = json.loads(data)
-        step = raw["step"]
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            return None, f"step {step!r} is not a non-negative integer"
-        name = raw.get("checkpoint", checkpoint_name(step))
-        if name != checkpoint_name(step) or step_of(name) is None:
-            return None, f"checkpoint {name!r} does not match step {step}"
-        return LatestPointer(name, step), None
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError) as error:
         return None, f"not a LATEST record ({type(error).__name__}: {error})"
+    try:
+        return LatestPointer.model_validate(raw), None
+    except ValidationError as error:
+        return None, _problem(error)
+
+
+def _problem(error: ValidationError) -> str:
+    """What is wrong with a LATEST record, worded as its readers always have."""
+    problems = error.errors()
+    first = next((p for p in problems if tuple(p["loc"]) == ("step",)), problems[0])  # the step first, as before
+    if first["type"] == "value_error":
+        return str(first.get("ctx", {}).get("error"))
+    if tuple(first["loc"]) == ("step",) and first["type"] != "missing":
+        return f"step {first['input']!r} is not a non-negative integer"
+    where = ".".join(map(str, first["loc"]))
+    return f"not a LATEST record ({where + ': ' if where else ''}{first['msg']})"
 
 
 def latest_path(store: ObjectStore, run_id: str) -> str:
-    return store.path(run_id, LATEST_FILE)
+    return store.path(latest_key(run_id))
 
 
 def read_latest(store: ObjectStore, run_id: str) -> dict | None:
@@ -52,19 +88,19 @@ def read_latest(store: ObjectStore, run_id: str) -> dict | None:
     if current is None:
         return None
     pointer, _ = parse_latest(current.data)
-    return None if pointer is None else {"checkpoint": pointer.checkpoint, "step": pointer.step}
+    return None if pointer is None else pointer.model_dump()
 
 
 def manifest_exists(store: ObjectStore, run_id: str, step: int) -> bool:
     with storage_errors(store, f"check of checkpoint {checkpoint_name(step)}"):
-        key = store.key(run_id, CHECKPOINTS_DIR, checkpoint_name(step), MANIFEST_FILE)
+        key = checkpoint_key(run_id, checkpoint_name(step), MANIFEST_FILE)
         return key in store.head([key])
 
 
 def newest_committed_step(store: ObjectStore, run_id: str) -> int | None:
     """The highest step whose checkpoint has a manifest (None if none has)."""
     with storage_errors(store, f"listing of the checkpoints of run {run_id}"):
-        names = store.children(store.key(run_id, CHECKPOINTS_DIR))
+        names = store.children(checkpoints_dir_key(run_id))
     if not names:
         return None
     for step in sorted((s for s in map(step_of, names) if s is not None), reverse=True):
@@ -102,7 +138,7 @@ def advance_latest(store: ObjectStore, run_id: str, step: int,
                 # Repairing must not move LATEST behind a newer checkpoint that exists.
                 target = max(step, newest_committed_step(store, run_id) or 0)
                 note = f"LATEST was not trustworthy ({problem}); replaced with {checkpoint_name(target)}"
-        record = json.dumps({"checkpoint": checkpoint_name(target), "step": target}).encode()
+        record = LatestPointer.at(target).to_bytes()
         if on_read is not None:
             on_read()
         if current is None:

@@ -19,7 +19,6 @@ the first failing rank and the cause.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer_core.process_boot import BOOT_SCRIPT, PARENT_PID_ENV
-from trainer_core.rank_process import ERRORS_DIR_ENV
+from trainer_core.rank_process import ERRORS_DIR_ENV, RankErrorRecord
 
 from .processes import handles_signal, is_stopped, kill_launch, rank_pids, signal_pids
 from .rank_logs import RankLogTail
@@ -115,9 +114,9 @@ def _read_error_records(directory: Path) -> tuple[dict, ...]:
     # Every rank's file by its global rank: on node K of several they do not start at 0.
     for path in sorted(directory.glob("rank-*.error.json")):  # trainer_core.rank_process.error_path
         try:
-            records.append(json.loads(path.read_text()))
+            records.append(RankErrorRecord.read(path).model_dump())  # checked; handed on as the dict it was
         except ValueError:
-            continue  # a rank killed while writing: its log still tells
+            continue  # a rank killed while writing (or a file that is no record): its log still tells
     return tuple(sorted(records, key=lambda r: r["time"]))
 
 

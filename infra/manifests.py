@@ -3,133 +3,80 @@
     RUN_ID/checkpoints/step-00000060/{files…, MANIFEST.json}
     RUN_ID/LATEST                       {"checkpoint": "step-00000060", "step": 60}
     RUN_ID/publications/step-00000060.json   the publication's journal (mirror)
-    RUN_ID/leases/finalizer.json        the run's finalizer lease
+    RUN_ID/finalizer-queue/step-00000060.json   a committer waiting for the finalizer
+    RUN_ID/leases/finalizer.json        the run's finalizer lease (`lease_key`, infra/store/lease.py)
 
-A manifest is trusted only after `parse_manifest` accepts it: a known format
-version (every earlier one stays readable), the run and step it is stored
-under, and file paths that stay inside their checkpoint (no `..`, no absolute
-path, no empty or odd segment) — a hostile manifest can neither make a reader
-write outside its destination nor make a commit upload a host file.
+The keys (relative to the store's root: `store.path(key)`, `store.url_of(key)`)
+are written once, by the functions below; nothing else spells this layout.
+
+The manifest format is written once, in trainer_core/manifest.py (the export
+writes it, infra reads it): `CheckpointManifest` and `FileEntry` are re-exported
+here with `parse_manifest`, which trusts a manifest only after checking its
+format version, the run and step it is stored under, and file paths that stay
+inside their checkpoint.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass
+import posixpath
 
-MANIFEST_FILE = "MANIFEST.json"
+from trainer_core.manifest import (
+    FORMAT_V1,
+    FORMAT_V2,
+    MANIFEST_FILE,
+    MANIFEST_PROBLEMS,
+    SUPPORTED_FORMATS,
+    CheckpointManifest,
+    FileEntry,
+    FileList,
+    ManifestError,
+    Sha256,
+    checkpoint_name,
+    decode,
+    parse_manifest,
+    refusal,
+    step_of,
+)
+
+__all__ = [
+    "CHECKPOINTS_DIR", "FORMAT_V1", "FORMAT_V2", "LATEST_FILE", "MANIFEST_FILE", "MANIFEST_PROBLEMS",
+    "PUBLICATIONS_DIR", "QUEUE_DIR", "SUPPORTED_FORMATS", "CheckpointManifest", "FileEntry", "FileList",
+    "ManifestError", "Sha256", "checkpoint_key", "checkpoint_name", "checkpoints_dir_key", "decode", "journal_key",
+    "latest_key", "parse_manifest", "publications_dir_key", "queue_dir_key", "queue_key", "refusal", "step_of",
+]
+
 LATEST_FILE = "LATEST"
 CHECKPOINTS_DIR = "checkpoints"
 PUBLICATIONS_DIR = "publications"
-FORMAT_V1 = "rankflow-checkpoint/1"
-FORMAT_V2 = "rankflow-checkpoint/2"
-SUPPORTED_FORMATS = (FORMAT_V1, FORMAT_V2)
-"""Every manifest format this reader accepts, oldest first."""
-
-_NAME = re.compile(r"^step-(\d{8,})$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_SEGMENT = re.compile(r"^[A-Za-z0-9._+@=-][A-Za-z0-9._+@= -]*$")
+QUEUE_DIR = "finalizer-queue"
 
 
-class ManifestError(ValueError):
-    """A manifest that must not be trusted; the message says which and why."""
+def checkpoints_dir_key(run_id: str) -> str:
+    return posixpath.join(run_id, CHECKPOINTS_DIR)
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:08d}"
+def checkpoint_key(run_id: str, name: str, *parts: str) -> str:
+    """The checkpoint directory `name` (`step-NNNNNNNN`) of the run, or `parts` inside it."""
+    return posixpath.join(run_id, CHECKPOINTS_DIR, name, *parts)
 
 
-def step_of(name: str) -> int | None:
-    """The step of a checkpoint name `step-NNNNNNNN`, or None for any other name."""
-    match = _NAME.match(name)
-    return int(match.group(1)) if match else None
+def latest_key(run_id: str) -> str:
+    return posixpath.join(run_id, LATEST_FILE)
 
 
-def safe_relative_path(path: object, where: str) -> str:
-    """`path` if it names a file inside its checkpoint; ManifestError otherwise."""
-    if not isinstance(path, str) or not path:
-        raise ManifestError(f"{where}: file path {path!r} is not a non-empty string")
-    if path.startswith("/") or "\\" in path or "\x00" in path:
-        raise ManifestError(f"{where}: file path {path!r} is absolute or not a POSIX relative path; refusing it")
-    segments = path.split("/")
-    for segment in segments:
-        if segment in ("", ".", "..") or not _SEGMENT.match(segment):
-            raise ManifestError(f"{where}: file path {path!r} leaves its checkpoint or has an odd segment "
-                                f"({segment!r}); refusing the manifest")
-    if path == MANIFEST_FILE:
-        raise ManifestError(f"{where}: the manifest lists itself")
-    return path
+def publications_dir_key(run_id: str) -> str:
+    return posixpath.join(run_id, PUBLICATIONS_DIR)
 
 
-@dataclass(frozen=True)
-class FileEntry:
-    path: str
-    size: int
-    sha256: str
+def journal_key(run_id: str, step: int) -> str:
+    """The store's mirror of the journal of the publication of `step`."""
+    return posixpath.join(run_id, PUBLICATIONS_DIR, f"{checkpoint_name(step)}.json")
 
 
-@dataclass(frozen=True)
-class Manifest:
-    format: str
-    run_id: str | None
-    step: int
-    files: tuple[FileEntry, ...]
-    raw: dict
-
-    @property
-    def num_bytes(self) -> int:
-        return sum(entry.size for entry in self.files)
-
-    @property
-    def provenance(self) -> dict:
-        return {key: value for key, value in self.raw.items() if key != "files"}
+def queue_dir_key(run_id: str) -> str:
+    return posixpath.join(run_id, QUEUE_DIR)
 
 
-def parse_manifest(data: bytes, where: str, *, run_id: str | None = None, step: int | None = None) -> Manifest:
-    """Validate a manifest's bytes; `run_id`/`step` are where it was found (checked when given)."""
-    try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ManifestError(f"{where}: not valid JSON ({error})") from None
-    if not isinstance(raw, dict):
-        raise ManifestError(f"{where}: not a JSON object")
-    version = raw.get("format")
-    if version not in SUPPORTED_FORMATS:
-        raise ManifestError(f"{where}: unknown format {version!r}; this reader knows {', '.join(SUPPORTED_FORMATS)} "
-                            "(a newer rankflow wrote it? upgrade to read it)")
-    manifest_step = raw.get("step")
-    if not isinstance(manifest_step, int) or isinstance(manifest_step, bool) or manifest_step < 0:
-        raise ManifestError(f"{where}: step {manifest_step!r} is not a non-negative integer")
-    if step is not None and manifest_step != step:
-        raise ManifestError(f"{where}: manifest of step {manifest_step} stored as step {step}; refusing it")
-    manifest_run = raw.get("run_id")
-    if manifest_run is not None and not isinstance(manifest_run, str):
-        raise ManifestError(f"{where}: run_id {manifest_run!r} is not a string")
-    if run_id is not None and manifest_run is not None and manifest_run != run_id:
-        raise ManifestError(f"{where}: manifest of run {manifest_run!r} stored under run {run_id!r}; refusing it")
-    if raw.get("format") == FORMAT_V2 and manifest_run is None:
-        raise ManifestError(f"{where}: a {FORMAT_V2} manifest must name its run_id")
-    entries = parse_file_entries(raw.get("files"), where)
-    return Manifest(format=version, run_id=manifest_run, step=manifest_step, files=entries, raw=raw)
-
-
-def parse_file_entries(files: object, where: str) -> tuple[FileEntry, ...]:
-    """A manifest's `files` list, checked: safe relative paths, sizes, sha256 digests, no duplicates."""
-    if not isinstance(files, list):
-        raise ManifestError(f"{where}: 'files' is not a list")
-    entries, seen = [], set()
-    for index, entry in enumerate(files):
-        if not isinstance(entry, dict):
-            raise ManifestError(f"{where}: files[{index}] is not an object")
-        path = safe_relative_path(entry.get("path"), where)
-        size, digest = entry.get("size"), entry.get("sha256")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ManifestError(f"{where}: {path}: size {size!r} is not a non-negative integer")
-        if not isinstance(digest, str) or not _SHA256.match(digest):
-            raise ManifestError(f"{where}: {path}: sha256 {digest!r} is not 64 lowercase hex digits")
-        if path in seen or any(other.startswith(path + "/") or path.startswith(other + "/") for other in seen):
-            raise ManifestError(f"{where}: {path} is listed twice or is both a file and a directory")
-        seen.add(path)
-        entries.append(FileEntry(path, size, digest))
-    return tuple(entries)
+def queue_key(run_id: str, step: int) -> str:
+    """The finalizer-queue entry of the committer of `step`."""
+    return posixpath.join(run_id, QUEUE_DIR, f"{checkpoint_name(step)}.json")

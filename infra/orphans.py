@@ -28,7 +28,7 @@ from trainer_core.errors import BadInputError
 from .checkpoints import checkpoint_names, read_manifest
 from .store.durable import TEMP_MARKER
 from .finalizer import FinalizerSettings, finalizer
-from .manifests import CHECKPOINTS_DIR, MANIFEST_FILE, ManifestError
+from .manifests import MANIFEST_FILE, ManifestError, checkpoint_key
 from .store.objects import (abort_dangling_uploads, list_files, list_links, outside_store, remove_empty_directories,
                       remove_files)
 from .store.base import ObjectStore, storage_errors
@@ -61,7 +61,7 @@ def collect_garbage(store: ObjectStore, run_id: str, *, dry_run: bool = False,
     with storage_errors(store, f"garbage collection of run {run_id}"):
         with finalizer(store, run_id, settings, purpose=f"garbage collection of run {run_id}"):
             for name in checkpoint_names(store, run_id):
-                base = store.path(run_id, CHECKPOINTS_DIR, name)
+                base = store.path(checkpoint_key(run_id, name))
                 files = list_files(store, base)
                 try:
                     manifest = read_manifest(store, run_id, name)

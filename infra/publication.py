@@ -36,8 +36,8 @@ from .finalizer import FinalizerSettings, finalizer
 from .journal import HAS_OUTCOME, Journal, PublicationState, TransitionError, journal_path_for
 from .store.lease import LEASES_DIR
 from .latest import advance_latest, read_latest
-from .manifests import (CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, Manifest, ManifestError, checkpoint_name,
-                        parse_manifest)
+from .manifests import (LATEST_FILE, MANIFEST_FILE, CheckpointManifest, ManifestError, checkpoint_key,
+                        checkpoint_name, parse_manifest)
 from .store.objects import (StagedFileChanged, abort_dangling_uploads, list_files, matches, put_small, remote_objects,
                       remove_files, remove_left_temporaries, upload_files)
 from .store.base import Deadline, ObjectStore, storage_errors
@@ -122,12 +122,12 @@ def _notify(observer: Observer | None, event: str) -> None:
 
 
 def remote_dir(store: ObjectStore, run_id: str, step: int) -> str:
-    return store.path(run_id, CHECKPOINTS_DIR, checkpoint_name(step))
+    return store.path(checkpoint_key(run_id, checkpoint_name(step)))
 
 
 # -- the staging ------------------------------------------------------------
 
-def read_staged_manifest(staged_dir: Path, run_id: str | None = None) -> tuple[Manifest, bytes]:
+def read_staged_manifest(staged_dir: Path, run_id: str | None = None) -> tuple[CheckpointManifest, bytes]:
     """The staged manifest, checked: safe paths, and every file a regular file inside the staging with its size."""
     path = staged_dir / MANIFEST_FILE
     if not path.is_file():
@@ -186,12 +186,12 @@ def _already_committed(journal: Journal, store: ObjectStore, run_id: str, starte
     if not report.verified:
         raise CheckpointDoesNotVerify(
             f"publication {journal.name} is {record.state.value}, but its checkpoint at "
-            f"{store.url_of(run_id, CHECKPOINTS_DIR, checkpoint_name(step))} does not verify "
+            f"{store.url_of(checkpoint_key(run_id, checkpoint_name(step)))} does not verify "
             f"({'; '.join(report.problems)}); the step is exported again from its stored state and committed"
         )
     latest = read_latest(store, run_id)
     return CommitOutcome(
-        checkpoint_url=store.url_of(run_id, CHECKPOINTS_DIR, checkpoint_name(step)), step=step,
+        checkpoint_url=store.url_of(checkpoint_key(run_id, checkpoint_name(step))), step=step,
         num_files_uploaded=0, num_files_skipped=record.num_files, bytes_uploaded=0,
         bytes_skipped=record.num_bytes, latest_moved=False, latest_step=latest["step"] if latest else None,
         already_committed=True, wall_s=time.perf_counter() - started,
@@ -234,7 +234,7 @@ class _Target:
 
     store: ObjectStore
     run_id: str
-    manifest: Manifest
+    manifest: CheckpointManifest
     manifest_bytes: bytes
     deadline: Deadline
     notes: list[str] = field(default_factory=list)
@@ -258,7 +258,7 @@ class _Target:
     def outcome(self, todo: list, move, stale: list[str], started: float) -> CommitOutcome:
         manifest = self.manifest
         return CommitOutcome(
-            checkpoint_url=self.store.url_of(self.run_id, CHECKPOINTS_DIR, self.name), step=self.step,
+            checkpoint_url=self.store.url_of(checkpoint_key(self.run_id, self.name)), step=self.step,
             num_files_uploaded=len(todo), num_files_skipped=len(manifest.files) - len(todo),
             bytes_uploaded=sum(e.size for e in todo), bytes_skipped=manifest.num_bytes - sum(e.size for e in todo),
             latest_moved=move.moved, latest_step=move.step, stale_objects_removed=len(stale), notes=tuple(self.notes),
@@ -276,7 +276,7 @@ def _refuse_unfinished(journal: Journal) -> None:
                               "export stage, then commit")
 
 
-def _staged_manifest_of(journal: Journal, staged_dir: Path, run_id: str) -> tuple[Manifest, bytes]:
+def _staged_manifest_of(journal: Journal, staged_dir: Path, run_id: str) -> tuple[CheckpointManifest, bytes]:
     """The staged manifest, checked against the journal's step; staging found without a journal opens one."""
     try:
         manifest, manifest_bytes = read_staged_manifest(staged_dir, run_id)

@@ -29,7 +29,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from .store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
+from .store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, lease_key, read_lease
 from .store.base import ObjectStore, storage_errors
 
 RUN_LEASE = "run"
@@ -37,7 +37,7 @@ RUN_LEASE = "run"
 
 
 def run_lease_path(store: ObjectStore, run_id: str) -> str:
-    return store.path(run_id, "leases", f"{RUN_LEASE}.json")
+    return store.path(lease_key(run_id, RUN_LEASE))
 
 
 def describe_holder(holder: LeaseRecord | None, now: float | None = None) -> str:

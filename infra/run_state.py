@@ -31,10 +31,13 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, model_validator
 
 from .store.verified import fetch_verified, local_copy_matches, sha256_of_file
 from .finalizer import FinalizerSettings, finalizer
-from .manifests import FileEntry, ManifestError, parse_file_entries
+from .manifests import MANIFEST_PROBLEMS, FileEntry, FileList, decode, refusal
 from .store.objects import matches, put_small, remote_objects, upload_files
 from .store.base import Deadline, ObjectStore, storage_errors
 
@@ -49,14 +52,28 @@ def segment_bundle(segment_index: int) -> str:
     return f"segment-{segment_index:04d}"
 
 
-@dataclass(frozen=True)
-class BundleManifest:
-    """A bundle's manifest, checked: its files (relative to the run directory) with size and sha256."""
+class BundleManifest(BaseModel):
+    """A bundle's manifest, checked: its files (relative to the run directory) with size and sha256.
 
+    Validated with `context={"run_id": …, "bundle": …}`, it must be stored as the bundle it names."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    format: Literal["rankflow-run-state/1"]
     run_id: str
     bundle: str
-    files: tuple[FileEntry, ...]
-    raw_bytes: bytes
+    files: FileList
+
+    @model_validator(mode="after")
+    def _stored_as_itself(self, info: ValidationInfo) -> BundleManifest:
+        stored = info.context or {}
+        if "run_id" in stored and (self.run_id, self.bundle) != (stored["run_id"], stored["bundle"]):
+            raise ValueError(_stored_as(self.run_id, self.bundle, stored["run_id"], stored["bundle"]))
+        return self
+
+    def to_bytes(self) -> bytes:
+        # The bytes of every bundle manifest written before this model: publish_bundle compares them.
+        return json.dumps(self.model_dump(), indent=2, sort_keys=True).encode()
 
     def entry(self, path: str) -> FileEntry:
         for entry in self.files:
@@ -83,17 +100,21 @@ def _where(store: ObjectStore, run_id: str, bundle: str) -> str:
     return store.url_of(run_id, RUN_STATE_DIR, f"{bundle}.json")
 
 
+def _stored_as(found_run: object, found_bundle: object, run_id: str, bundle: str) -> str:
+    return f"manifest of {found_run!r}/{found_bundle!r} stored as {run_id!r}/{bundle!r}; refusing it"
+
+
 def parse_bundle_manifest(data: bytes, where: str, run_id: str, bundle: str) -> BundleManifest:
+    raw = decode(data, where)
     try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ManifestError(f"{where}: not valid JSON ({error})") from None
-    if not isinstance(raw, dict) or raw.get("format") != STATE_FORMAT:
-        raise ManifestError(f"{where}: not a {STATE_FORMAT} manifest (a newer rankflow wrote it? upgrade to read it)")
-    if raw.get("run_id") != run_id or raw.get("bundle") != bundle:
-        raise ManifestError(f"{where}: manifest of {raw.get('run_id')!r}/{raw.get('bundle')!r} stored as "
-                            f"{run_id!r}/{bundle!r}; refusing it")
-    return BundleManifest(run_id, bundle, parse_file_entries(raw.get("files"), where), data)
+        return BundleManifest.model_validate(raw, context={"run_id": run_id, "bundle": bundle})
+    except ValidationError as error:
+        found = raw if isinstance(raw, dict) else {}
+        other = _stored_as(found.get("run_id"), found.get("bundle"), run_id, bundle)
+        not_a_bundle = f"not a {STATE_FORMAT} manifest (a newer rankflow wrote it? upgrade to read it)"
+        raise refusal(error, raw, where, {**MANIFEST_PROBLEMS, "": lambda _: not_a_bundle,
+                                          "format": lambda _: not_a_bundle, "run_id": lambda _: other,
+                                          "bundle": lambda _: other}) from None
 
 
 def read_bundle_manifest(store: ObjectStore, run_id: str, bundle: str) -> BundleManifest | None:
@@ -126,7 +147,7 @@ def _entries(run_dir: Path, paths: Iterable[str]) -> list[FileEntry]:
     entries = []
     for path in sorted(paths):
         size, digest = sha256_of_file(run_dir / path)
-        entries.append(FileEntry(path, size, digest))
+        entries.append(FileEntry(path=path, size=size, sha256=digest))
     return entries
 
 
@@ -138,8 +159,7 @@ def publish_bundle(store: ObjectStore, run_id: str, run_dir: Path, bundle: str, 
     """
     settings = settings or StateSettings()
     entries = _entries(run_dir, paths)
-    manifest_bytes = json.dumps({"format": STATE_FORMAT, "run_id": run_id, "bundle": bundle,
-                                 "files": [vars(e) for e in entries]}, indent=2, sort_keys=True).encode()
+    manifest_bytes = BundleManifest(format=STATE_FORMAT, run_id=run_id, bundle=bundle, files=entries).to_bytes()
     what = f"upload of {_where(store, run_id, bundle)}"
     deadline = Deadline(settings.timeout_s, what, store)
     base = store.path(run_id)

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 from .latest import latest_path, parse_latest
 from .ledger import LEDGER_FILE
 from .store.lease import LEASES_DIR
-from .manifests import CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, PUBLICATIONS_DIR, step_of
+from .manifests import (CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, PUBLICATIONS_DIR, checkpoints_dir_key,
+                        step_of)
 from .run_state import RUN_STATE_DIR
 from .store.base import ObjectStore, storage_errors
 
@@ -53,7 +54,7 @@ def _latest(store: ObjectStore, run_id: str) -> tuple[str | None, int | None]:
 
 def _num_checkpoints(store: ObjectStore, run_id: str) -> int:
     names = set()
-    for path in store.list(store.key(run_id, CHECKPOINTS_DIR)):
+    for path in store.list(checkpoints_dir_key(run_id)):
         parts = path.split("/")
         if len(parts) == 2 and parts[1] == MANIFEST_FILE and step_of(parts[0]) is not None:
             names.add(parts[0])

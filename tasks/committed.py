@@ -21,6 +21,7 @@ from prefect.runtime import task_run
 from infra import ledger
 from infra.checkpoints import verify_checkpoint
 from infra.journal import Journal, PublicationState, journal_path_for
+from infra.manifests import checkpoint_key
 from infra.publication import CommitOutcome, checkpoint_name
 from infra.store.base import ObjectStore
 from infra.store import open_store
@@ -32,7 +33,7 @@ def committed_checkpoint_url(store: ObjectStore, run_id: str, step: int) -> str 
     """The checkpoint of `step` when it is committed and its bytes are confirmed (see the module docstring)."""
     name = checkpoint_name(step)
     verified = verify_checkpoint(store, run_id, name, confirm=True).verified
-    return store.url_of(run_id, "checkpoints", name) if verified else None
+    return store.url_of(checkpoint_key(run_id, name)) if verified else None
 
 
 def _cleanup_pending(planned: PlannedRun, store: ObjectStore, segment_index: int) -> bool:

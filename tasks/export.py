@@ -26,6 +26,7 @@ from prefect.cache_policies import NO_CACHE
 from infra import ledger
 from infra.checkpoints import verify_checkpoint
 from infra.journal import Journal, PublicationState
+from infra.manifests import MANIFEST_FILE, parse_manifest
 from infra.publication import abort_publication, checkpoint_name
 from infra.run_lease import RunLeaseLost
 from infra.store import open_store
@@ -94,16 +95,16 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
         raise
     fence(planned, f"export of segment {segment_index}")
     result = ExportResult.read(export_result_path(out_dir))
-    manifest_bytes = (out_dir / "MANIFEST.json").read_bytes()
-    manifest = json.loads(manifest_bytes)
+    manifest_bytes = (out_dir / MANIFEST_FILE).read_bytes()
+    manifest = parse_manifest(manifest_bytes, str(out_dir / MANIFEST_FILE), run_id=planned.run_id, step=result.step)
     outcome = ExportOutcome(
         segment=segment_index, step=result.step, staged_dir=str(out_dir), reused=result.reused,
-        num_files=len(manifest["files"]) + 1, num_bytes=sum(f["size"] for f in manifest["files"]),
+        num_files=len(manifest.files) + 1, num_bytes=manifest.num_bytes,
         launch_wall_s=launched.wall_s,
     )
     journal.transition(PublicationState.PREPARED, note="export staged", mirror_required=False,
                        manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
-                       num_files=len(manifest["files"]), num_bytes=outcome.num_bytes)
+                       num_files=len(manifest.files), num_bytes=outcome.num_bytes)
     ledger.record(run_dir, "export", "completed", weights_sha256=result.weights_sha256, **outcome.model_dump())
     return outcome
 

@@ -25,6 +25,7 @@ from .config import RunConfig
 from .distributed import init_distributed, log, run_rank_main
 from .export_prepare import prepare_export
 from .faults import maybe_inject_export_fault
+from .manifest import checkpoint_name
 from .model import build_trainer
 from .plan import Plan, read_plan
 from .progress import ProgressWriter, export_progress_path
@@ -36,7 +37,7 @@ from .state import load_training_state, state_dir_for
 def parent_checkpoint(plan: Plan, config: RunConfig, segment_index: int) -> str | None:
     """The checkpoint exported before this one in the run (its weights' ancestor), if any."""
     earlier = [i for i in range(segment_index) if config.export_after_segment(i)]
-    return f"step-{plan.segments[earlier[-1]].end_step:08d}" if earlier else None
+    return checkpoint_name(plan.segments[earlier[-1]].end_step) if earlier else None
 
 
 def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:

@@ -36,7 +36,7 @@ from .config import RunConfig
 from .distributed import Topology
 from .export import write_export_files
 from .files import tensors_sha256
-from .manifest import file_entry, manifest_from_entries, staged_files, verify_staged, write_manifest_dict
+from .manifest import FileEntry, file_entry, manifest_of, staged_files, verify_staged, write_checkpoint_manifest
 from .training import Trainer
 
 
@@ -71,7 +71,7 @@ def _phase(topology: Topology, what: str, action: Callable[[], Any]) -> list[Any
 
 
 def _verify_share(directory: Path, files: list[Path], own: dict[str, torch.Tensor],
-                  true_vocab: int | None) -> list[dict]:
+                  true_vocab: int | None) -> list[FileEntry]:
     """Check every tensor of this rank's files against its own weights; `true_vocab`: rows the export keeps of padded ones."""
     entries = []
     for path in files:
@@ -128,7 +128,7 @@ def prepare_export(topology: Topology, config: RunConfig, trainer: Trainer, out_
         reused = _phase(topology, "writing the checkpoint files", reuse_or_write)[0]
         if not reused:
             share = staged_files(tmp)[topology.rank::topology.world_size]
-            def verify() -> list[dict]:
+            def verify() -> list[FileEntry]:
                 inject_fault(topology.rank, "verify")
                 return _verify_share(tmp, share, own, trainer.vocab_size)
 
@@ -137,9 +137,9 @@ def prepare_export(topology: Topology, config: RunConfig, trainer: Trainer, out_
             def write_the_manifest() -> None:
                 inject_fault(topology.rank, "manifest")
                 if topology.rank == 0:
-                    manifest = manifest_from_entries([e for part in entries for e in part],
-                                                     {**provenance, "weights_sha256": digest})
-                    write_manifest_dict(tmp, manifest)
+                    manifest = manifest_of([e for part in entries for e in part],
+                                           {**provenance, "weights_sha256": digest})
+                    write_checkpoint_manifest(tmp, manifest)
 
             _phase(topology, "writing the manifest", write_the_manifest)
             # Every rank agreed: only now does the staging take its place.

@@ -28,6 +28,9 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
 
 ERRORS_DIR_ENV = "RANKFLOW_RANK_ERRORS_DIR"
 _ATOMIC_LINE_BYTES = 4000  # below PIPE_BUF (4096): one write(2) of this size is never interleaved
@@ -48,16 +51,39 @@ def write_line(text: str, fd: int = 1) -> None:
         os.write(fd, data[start:start + _ATOMIC_LINE_BYTES] + b"\n")
 
 
+class RankErrorRecord(BaseModel):
+    """`rank-R.error.json`: the error a rank failed with, and when (the launcher orders ranks by `time`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    rank: int = Field(ge=0)
+    time: Annotated[float, Field(allow_inf_nan=False)]
+    type: str
+    """The exception's class name."""
+    message: str
+    traceback: str = ""
+    """The formatted traceback's last 8000 characters."""
+
+    def to_json(self) -> str:
+        # The bytes of every record written before this model (field order, default separators).
+        return json.dumps(self.model_dump())
+
+    @classmethod
+    def read(cls, path: Path) -> RankErrorRecord:
+        """The record at `path`; ValueError if it is not one (a rank killed while writing it)."""
+        return cls.model_validate(json.loads(path.read_text()))
+
+
 def record_error(rank: int, error: BaseException) -> None:
     """Write the error with its time for the launcher (when it asked for it)."""
     directory = os.environ.get(ERRORS_DIR_ENV)
     if not directory:
         return
-    record = {"rank": rank, "time": time.time(), "type": type(error).__name__, "message": str(error),
-              "traceback": "".join(traceback.format_exception(error))[-8000:]}
+    record = RankErrorRecord(rank=rank, time=time.time(), type=type(error).__name__, message=str(error),
+                             traceback="".join(traceback.format_exception(error))[-8000:])
     path = error_path(Path(directory), rank)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
+    tmp.write_text(record.to_json())
     os.replace(tmp, path)
 
 

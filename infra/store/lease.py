@@ -36,18 +36,26 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import secrets
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from .base import ObjectStore, Versioned
 from .conditional import check_conditional_writes, create_if_absent, read_versioned, replace_if_unchanged
 
 LEASES_DIR = "leases"
+
+
+def lease_key(run_id: str, name: str) -> str:
+    """The key of the lease `name` of a run: `RUN_ID/leases/NAME.json`."""
+    return posixpath.join(run_id, LEASES_DIR, f"{name}.json")
 
 
 def default_owner() -> str:
@@ -86,19 +94,29 @@ def _holder_is_dead(holder: "LeaseRecord") -> bool:
     return bool(holder.process_start) and _process_start(holder.pid) != holder.process_start
 
 
-@dataclass(frozen=True)
-class LeaseRecord:
-    """The lease object's content."""
+Seconds = Annotated[float, Field(allow_inf_nan=False)]
+"""A wall-clock time or a duration: a NaN expiry would hold the lease for ever (`now >= nan` is never true)."""
+
+
+class LeaseRecord(BaseModel):
+    """The lease object's content: strict types, so a record that is not one reads as unreadable (taken over).
+
+    Unknown keys are ignored, not refused: a lease written by a newer rankflow
+    with one more field must still guard its holder here, not be taken over as
+    unreadable while it is alive.
+    """
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
     owner: str
     token: str
     """Unique per acquisition: tells this holder's writes from a later holder's."""
-    generation: int
+    generation: int = Field(ge=0)
     """Increases with every acquisition of this lease (a fencing number: a later holder has a larger one)."""
-    acquired_at: float
-    renewed_at: float
-    expires_at: float
-    ttl_s: float
+    acquired_at: Seconds
+    renewed_at: Seconds
+    expires_at: Seconds
+    ttl_s: Seconds
     host: str = ""
     pid: int = 0
     process_start: str = ""
@@ -109,16 +127,13 @@ class LeaseRecord:
         return self.released or now >= self.expires_at
 
     def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        # The bytes of every lease written before this model (sorted keys, default separators).
+        return json.dumps(self.model_dump(), sort_keys=True).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "LeaseRecord":
-        raw = json.loads(data)
-        return cls(owner=str(raw["owner"]), token=str(raw["token"]), generation=int(raw["generation"]),
-                   acquired_at=float(raw["acquired_at"]), renewed_at=float(raw["renewed_at"]),
-                   expires_at=float(raw["expires_at"]), ttl_s=float(raw["ttl_s"]), host=str(raw.get("host", "")),
-                   pid=int(raw.get("pid", 0)), process_start=str(raw.get("process_start", "")),
-                   released=bool(raw.get("released", False)))
+    def from_bytes(cls, data: bytes) -> LeaseRecord:
+        """The record in `data`; ValueError (pydantic's ValidationError) if it is not one."""
+        return cls.model_validate(json.loads(data))
 
 
 def _describe(holder: LeaseRecord | None, now: float) -> str:
@@ -170,7 +185,7 @@ class Lease:
     def for_run(cls, store: ObjectStore, run_id: str, name: str, **kwargs) -> "Lease":
         """The lease `name` of run `run_id`: `RUN_ID/leases/NAME.json` in the store."""
         kwargs.setdefault("purpose", f"{name} of run {run_id}")
-        return cls(store, store.path(run_id, LEASES_DIR, f"{name}.json"), **kwargs)
+        return cls(store, store.path(lease_key(run_id, name)), **kwargs)
 
     @property
     def held(self) -> bool:
@@ -259,7 +274,7 @@ class Lease:
             if self._record is None or self._lost:
                 raise LeaseLostError(f"{self.purpose}: the lease {self.path} is not held by {self.owner}")
             now = self._clock()
-            renewed = replace(self._record, renewed_at=now, expires_at=now + self.ttl_s)
+            renewed = self._record.model_copy(update={"renewed_at": now, "expires_at": now + self.ttl_s})
             tag = self._replace_own(renewed)
             if tag is None:
                 self._lost = True
@@ -325,7 +340,8 @@ class Lease:
                 if lost:
                     return False
                 now = self._clock()
-                return self._replace_own(replace(record, renewed_at=now, expires_at=now, released=True)) is not None
+                released = record.model_copy(update={"renewed_at": now, "expires_at": now, "released": True})
+                return self._replace_own(released) is not None
             finally:
                 # Given up even when the store could not be told: a retry in this
                 # process takes a record it no longer holds over at once.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from infra import ledger
 from infra.checkpoints import latest_checkpoint
+from infra.manifests import MANIFEST_FILE, checkpoint_key
 from infra.store.lease import LeaseRecord, read_lease
 from infra.run_lease import run_lease_path
 from infra.store.base import open_store
@@ -108,7 +109,7 @@ def committed_weights(store_url: str, run_id: str) -> dict[str, str]:
     store = open_store(store_url)
     name = latest_checkpoint(store, run_id)
     assert name is not None, f"no committed checkpoint for {run_id}"
-    manifest = json.loads(store.fs.cat_file(store.path(run_id, "checkpoints", name, "MANIFEST.json")))
+    manifest = json.loads(store.fs.cat_file(store.path(checkpoint_key(run_id, name, MANIFEST_FILE))))
     return {f["path"]: f["sha256"] for f in manifest["files"] if f["path"].endswith(".safetensors")}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -84,7 +83,8 @@ def test_the_fence_fails_on_a_released_or_expired_lease(store):
     path = run_lease_path(store, RUN)
     lapsed = acquire_run_lease(store, RUN, ttl_s=30, wait_s=0)
     lapsed.stop_heartbeat()  # as if paused: nobody renews it
-    record = replace(lapsed.record, expires_at=time.time() - 1)
+    assert lapsed.record is not None
+    record = lapsed.record.model_copy(update={"expires_at": time.time() - 1})
     store.fs.pipe_file(path, record.to_bytes())
     with pytest.raises(RunLeaseLost, match="expired unrenewed"):
         check_run_lease(store, RUN, record.token, "cleanup")

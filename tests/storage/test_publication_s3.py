@@ -189,7 +189,7 @@ def test_checkpoints_become_visible_in_step_order(store, tmp_path, s3_bucket_url
     outcomes = [result(c) for c in committers]
     committed_at = {}
     for record in read_mirrors(store, RUN)[0]:
-        committed_at[record.step] = next(h["time"] for h in record.history if h["state"] == "COMMITTED")
+        committed_at[record.step] = next(h.time for h in record.history if h.state == "COMMITTED")
     assert sorted(committed_at, key=committed_at.get) == [10, 20, 30]
     assert all(o["latest_moved"] for o in outcomes) and read_latest(store, RUN)["step"] == 30
 

@@ -90,7 +90,7 @@ def test_a_recorded_outcome_whose_checkpoint_does_not_verify_is_not_reported_com
     again = commit_checkpoint(staged, store, RUN)
     assert again.uploaded == (victim,)
     assert verify_checkpoint(store, RUN, NAME, full=True).verified and stored(store, victim) == files[victim]
-    history = [h["state"] for h in Journal.for_staging(staged, store, RUN, 10).record.history]
+    history = [h.state for h in Journal.for_staging(staged, store, RUN, 10).record.history]
     assert history == ["PREPARING", "PREPARED", "COMMITTING", "COMMITTED"]  # a new publication, not a revived one
 
 
