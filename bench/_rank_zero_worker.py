@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from bench._models import ModelSpec, make_batch
-from trainer_core.distributed import init_distributed, log, run_rank_main
+from trainer_core.run.distributed import init_distributed, log, run_rank_main
 from trainer_core.ranks import LogicalDataParallel, pin_threads, run_rank_zero
 from trainer_core.training import OptimizerConfig, Trainer
 

@@ -2,7 +2,7 @@
 
 The plan trains a Qwen3-style model wider than the example's (so a step is
 dominated by matmuls, not by Python or collectives) on the shipped SFT data,
-with L = 4 logical ranks. Each launch runs `trainer_core.segment_main` under
+with L = 4 logical ranks. Each launch runs `trainer_core.run.segment_main` under
 torchrun (gloo) at the world size asked; its speed is the median tokens/s of
 the steps after the first (the first warms kernels and the allocator), read
 from the progress records rank 0 writes, so start-up never counts.
@@ -16,12 +16,12 @@ import os
 import statistics
 from pathlib import Path
 
-from infra.launcher import launch
+from infra.launch.launcher import launch
 from trainer_core.config import config_from_dict
-from trainer_core.plan import build_plan, run_dir_for, write_plan
-from trainer_core.progress import progress_path
+from trainer_core.run.plan import build_plan, run_dir_for, write_plan
+from trainer_core.run.progress import progress_path
 from trainer_core.run.records import SegmentResult
-from trainer_core.segment_main import segment_result_path
+from trainer_core.run.segment_main import segment_result_path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MODEL = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -67,7 +67,7 @@ def plan_run(work_dir: Path, *, steps: int, logical_dp: int, train: dict, quick:
 def run_segment(run_dir: Path, world_size: int, env: dict[str, str] | None = None) -> dict:
     """One launch of segment 0; returns its median tokens/s (steps after the first), losses and threads."""
     lines: list[str] = []
-    result = launch("trainer_core.segment_main", ["--run-dir", str(run_dir), "--segment", "0"],
+    result = launch("trainer_core.run.segment_main", ["--run-dir", str(run_dir), "--segment", "0"],
                     nproc_per_node=world_size, timeout_s=1200, on_line=lines.append, env=env)
     if result.returncode != 0:
         raise RuntimeError("segment launch failed:\n" + "\n".join(lines[-30:]))

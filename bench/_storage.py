@@ -15,8 +15,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra.s3_server import CONFLICTING_AWS_ENV_VARS, S3Server, start_s3_server
-from trainer_core.manifest import checkpoint_name, write_manifest
+from infra.services.s3_server import CONFLICTING_AWS_ENV_VARS, S3Server, start_s3_server
+from trainer_core.run.manifest import checkpoint_name, write_manifest
 
 BUCKET = "bench"
 

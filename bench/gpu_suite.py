@@ -62,7 +62,7 @@ def run_two_ranks(device: str, quick: bool) -> dict:
         return {"ok": True, "skipped": "--quick"}
     if device == "cuda" and torch.cuda.device_count() < 2:
         return {"ok": True, "skipped": f"{torch.cuda.device_count()} GPU(s); NCCL needs 2"}
-    from infra.launcher import launch
+    from infra.launch.launcher import launch
 
     lines: list[str] = []
     started = time.perf_counter()

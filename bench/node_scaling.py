@@ -23,14 +23,14 @@ from pathlib import Path
 
 from bench._models import emit
 from bench._segments import machine, parse_segment_args, plan_run
-from infra.launcher import launch
+from infra.launch.launcher import launch
 from tasks.nodes import launch_nodes
 from tasks.outcomes import PlannedRun
 from trainer_core.config import StorageSection, TrainSection
-from trainer_core.progress import progress_path
+from trainer_core.run.progress import progress_path
 from trainer_core.run.records import SegmentResult
-from trainer_core.segment_main import segment_result_path
-from trainer_core.state import state_dir_for
+from trainer_core.run.segment_main import segment_result_path
+from trainer_core.run.state import state_dir_for
 
 SIDES = ("1 node x 2 processes", "2 nodes x 1 process")
 
@@ -53,7 +53,7 @@ def _run(run_dir: Path, side: str) -> dict:
     lines: list[str] = []
     started = time.perf_counter()
     if side == SIDES[0]:
-        result = launch("trainer_core.segment_main", ["--run-dir", str(run_dir), "--segment", "0"], nproc_per_node=2,
+        result = launch("trainer_core.run.segment_main", ["--run-dir", str(run_dir), "--segment", "0"], nproc_per_node=2,
                         timeout_s=1200, on_line=lines.append)
         if result.returncode != 0:
             raise RuntimeError("segment launch failed:\n" + "\n".join(lines[-30:]))

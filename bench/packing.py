@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from trainer_core.config import load_config
-from trainer_core.plan import build_plan
+from trainer_core.run.plan import build_plan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

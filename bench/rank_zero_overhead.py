@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench._models import emit
 from bench._segments import machine
-from infra.launcher import launch
+from infra.launch.launcher import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_RATIO = 0.95

@@ -3,7 +3,7 @@
     python -m bench.time_to_fail [--repetitions 2] [--stall-timeout-s 10] [--collective-timeout-s 120]
 
 A real 2-rank torchrun launch of the tiny model; rank 1 is stopped (SIGSTOP)
-or killed (SIGKILL) at step 1 by `trainer_core.faults`. The time to fail runs
+or killed (SIGKILL) at step 1 by `trainer_core.run.faults`. The time to fail runs
 from the fault (the marker file it writes) to the end of the launch, when the
 segment task raises and no process of the launch is left.
 
@@ -27,12 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from infra.launcher import LaunchError
+from infra.launch.launcher import LaunchError
 from tasks.plan import plan_run_fn
 from tasks.segment import train_segment_fn
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
-from trainer_core.faults import FAULT_ENV, FAULT_KIND_ENV
+from trainer_core.run.faults import FAULT_ENV, FAULT_KIND_ENV
 
 
 def _time_to_fail(work: Path, kind: str, stall_timeout_s: float, collective_timeout_s: float, label: str) -> float:

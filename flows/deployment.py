@@ -8,7 +8,7 @@ unchanged inputs resumes and re-publishes the same run instead of retraining.
 One run at a time: the deployment has a concurrency limit of 1 with
 CANCEL_NEW (`ONE_RUN_AT_A_TIME`, as `rankflow deploy` sets), so a tick that
 fires while a run trains is cancelled instead of queued; the run lease
-(infra/run_lease.py) guards the same run id against runs started any other way.
+(infra/runs/run_lease.py) guards the same run id against runs started any other way.
 """
 
 from __future__ import annotations

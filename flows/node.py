@@ -14,7 +14,7 @@ from __future__ import annotations
 from prefect import flow
 from prefect.runtime import flow_run
 
-from infra.rendezvous import NodeRendezvous
+from infra.launch.rendezvous import NodeRendezvous
 from tasks._logging import rank_line_logger
 from tasks.nodes.node import launch_node
 from tasks.outcomes import PlannedRun

@@ -6,7 +6,7 @@ from prefect import flow
 from prefect.client.schemas.objects import State
 from prefect.runtime import flow_run
 
-from infra.publication import CommitOutcome
+from infra.publication.commit import CommitOutcome
 from tasks.committed import already_committed
 from tasks.events import CHECKPOINT_COMMITTED, emit_run_event, flow_run_url
 from tasks.export import export_segment

@@ -10,7 +10,7 @@ whether it is retried; the flow reports only what failed in its own code
 (taking the run lease, say), as not retried: nothing retries a flow run. The
 message of `RunFailed` is that failure's headline and where its full error
 and traceback were written. The run
-lease (infra/run_lease.py) is taken by `leased` once the plan names the run,
+lease (infra/runs/run_lease.py) is taken by `leased` once the plan names the run,
 before anything is written for it, and released on the way out, success or
 failure. A run that finds its run id held by another run ends as Cancelled
 (`outcome`), having done nothing; one that loses its lease midway writes nothing
@@ -29,10 +29,10 @@ from collections.abc import Iterator
 
 from prefect.client.schemas.objects import State
 
-from infra import ledger
-from infra.failures import Failure
-from infra.publication import CommitOutcome
-from infra.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease
+from infra.runs import ledger
+from infra.launch.failures import Failure
+from infra.publication.commit import CommitOutcome
+from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease
 from infra.store import open_store
 from infra.store.lease import Lease
 from tasks.events import RUN_FAILED, emit_run_event, flow_run_url
@@ -42,7 +42,7 @@ from tasks.outcomes import ExportOutcome, PlannedRun, SegmentOutcome
 from tasks.plan import ComputedPlan
 from trainer_core.config import RunConfig
 from trainer_core.errors import BadInputError
-from trainer_core.plan import run_dir_for
+from trainer_core.run.plan import run_dir_for
 
 from .run_name import rename_flow_run
 

@@ -12,41 +12,41 @@ from typing import TYPE_CHECKING
 from trainer_core.lazy_exports import lazy_exports
 
 _NAMES_BY_MODULE = {
-    "checkpoints": ("CheckpointReport", "LatestResolution", "download_checkpoint", "latest_checkpoint",
+    "publication.checkpoints": ("CheckpointReport", "LatestResolution", "download_checkpoint", "latest_checkpoint",
                     "list_checkpoints", "pull_checkpoint", "resolve_latest", "scan_checkpoints", "verify_checkpoint"),
     "store.verified": ("StoredObjectCorrupt",),
-    "failures": ("Failure", "FailureClass", "classify_exception", "diagnose_launch"),
-    "finalizer": ("FinalizerSettings", "FinalizerWaitTimeout"),
-    "journal": ("Journal", "PublicationState", "TransitionError"),
-    "launcher": ("LaunchError", "LaunchResult", "launch", "launch_or_raise"),
+    "launch.failures": ("Failure", "FailureClass", "classify_exception", "diagnose_launch"),
+    "publication.finalizer": ("FinalizerSettings", "FinalizerWaitTimeout"),
+    "publication.journal": ("Journal", "PublicationState", "TransitionError"),
+    "launch.launcher": ("LaunchError", "LaunchResult", "launch", "launch_or_raise"),
     "store.lease": ("Lease", "LeaseHeldError", "LeaseLostError", "LeaseRecord", "read_lease"),
-    "manifests": ("ManifestError", "checkpoint_name"),
-    "orphans": ("GarbageReport", "collect_garbage"),
+    "publication.manifests": ("ManifestError", "checkpoint_name"),
+    "publication.orphans": ("GarbageReport", "collect_garbage"),
     "store.preflight": ("StoreUnavailable", "check_store_writable"),
-    "publication": ("CleanupOutcome", "CommitOutcome", "PublishSettings", "StagedFileChanged", "abort_publication",
+    "publication.commit": ("CleanupOutcome", "CommitOutcome", "PublishSettings", "StagedFileChanged", "abort_publication",
                     "cleanup_staging", "commit_checkpoint"),
-    "run_lease": ("RunAlreadyActive", "RunLeaseLost", "acquire_run_lease", "check_run_lease"),
-    "run_state": ("BundleManifest", "StateSettings", "fetch_bundle", "publish_bundle", "read_bundle_manifest",
+    "runs.run_lease": ("RunAlreadyActive", "RunLeaseLost", "acquire_run_lease", "check_run_lease"),
+    "runs.run_state": ("BundleManifest", "StateSettings", "fetch_bundle", "publish_bundle", "read_bundle_manifest",
                   "stored_bundle"),
     "store.base": ("StorageTimeoutError", "StoreLocation", "StoreTimeouts", "open_store"),
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _NAMES_BY_MODULE, globals())
 
 if TYPE_CHECKING:
-    from .checkpoints import (CheckpointReport, LatestResolution, download_checkpoint, latest_checkpoint, list_checkpoints,
+    from infra.publication.checkpoints import (CheckpointReport, LatestResolution, download_checkpoint, latest_checkpoint, list_checkpoints,
                               pull_checkpoint, resolve_latest, scan_checkpoints, verify_checkpoint)
     from .store.verified import StoredObjectCorrupt
-    from .failures import Failure, FailureClass, classify_exception, diagnose_launch
-    from .finalizer import FinalizerSettings, FinalizerWaitTimeout
-    from .journal import Journal, PublicationState, TransitionError
-    from .launcher import LaunchError, LaunchResult, launch, launch_or_raise
+    from infra.launch.failures import Failure, FailureClass, classify_exception, diagnose_launch
+    from infra.publication.finalizer import FinalizerSettings, FinalizerWaitTimeout
+    from infra.publication.journal import Journal, PublicationState, TransitionError
+    from infra.launch.launcher import LaunchError, LaunchResult, launch, launch_or_raise
     from .store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
-    from .manifests import ManifestError, checkpoint_name
-    from .orphans import GarbageReport, collect_garbage
+    from infra.publication.manifests import ManifestError, checkpoint_name
+    from infra.publication.orphans import GarbageReport, collect_garbage
     from .store.preflight import StoreUnavailable, check_store_writable
-    from .publication import (CleanupOutcome, CommitOutcome, PublishSettings, StagedFileChanged, abort_publication,
+    from infra.publication.commit import (CleanupOutcome, CommitOutcome, PublishSettings, StagedFileChanged, abort_publication,
                               cleanup_staging, commit_checkpoint)
-    from .run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease, check_run_lease
-    from .run_state import (BundleManifest, StateSettings, fetch_bundle, publish_bundle, read_bundle_manifest,
+    from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease, check_run_lease
+    from infra.runs.run_state import (BundleManifest, StateSettings, fetch_bundle, publish_bundle, read_bundle_manifest,
                             stored_bundle)
     from .store.base import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from infra.launcher import LaunchResult, launch_or_raise
-from infra.run_lease import RunLeaseLost
+from infra.launch.launcher import LaunchResult, launch_or_raise
+from infra.runs.run_lease import RunLeaseLost
 
 from .failure_report import report_failure
 from .outcomes import PlannedRun

@@ -1,7 +1,7 @@
 """Whether a step's checkpoint is already committed, so a scheduled tick of a finished run launches nothing.
 
 The one place that answers it, with the publication's verifying reader at
-its confirm depth (infra/checkpoints.py): a checkpoint counts only when its
+its confirm depth (infra/publication/checkpoints.py): a checkpoint counts only when its
 manifest parses, stays inside its checkpoint and every file it lists is in
 the store with its size and sha256 — confirmed by a digest the store
 computed from the bytes it holds (one HEAD per file on S3), or else by
@@ -18,11 +18,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
-from infra import ledger
-from infra.checkpoints import verify_checkpoint
-from infra.journal import Journal, PublicationState, journal_path_for
-from infra.manifests import checkpoint_key
-from infra.publication import CommitOutcome, checkpoint_name
+from infra.runs import ledger
+from infra.publication.checkpoints import verify_checkpoint
+from infra.publication.journal import Journal, PublicationState, journal_path_for
+from infra.publication.manifests import checkpoint_key
+from infra.publication.commit import CommitOutcome, checkpoint_name
 from infra.store.base import ObjectStore
 from infra.store import open_store
 

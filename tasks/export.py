@@ -1,15 +1,15 @@
 """The export stage: a torchrun launch that stages a Hugging Face checkpoint locally.
 
-It drives the first half of the publication's journal (infra/journal.py):
+It drives the first half of the publication's journal (infra/publication/journal.py):
 PREPARING before the launch, PREPARED once the staged manifest is there, and
 ABORTED (temporaries removed) when any rank fails. A publication that already
 has its outcome (committed earlier: a re-run, a retried flow) is not exported
 again while its checkpoint verifies in the store (the confirm check of
-infra/checkpoints.py); one whose checkpoint does not (bytes changed, objects
+infra/publication/checkpoints.py); one whose checkpoint does not (bytes changed, objects
 gone) is a lost outcome: a new publication of the step is exported from the
 segment's stored state, and the commit repairs the store.
 
-The journal is the one of this store (infra/local_records.py): the same work
+The journal is the one of this store (infra/runs/local_records.py): the same work
 dir used with another `storage.url` exports and commits the step for that
 store, never trusting the first store's outcome.
 """
@@ -23,15 +23,15 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra import ledger
-from infra.checkpoints import verify_checkpoint
-from infra.journal import Journal, PublicationState
-from infra.manifests import MANIFEST_FILE, parse_manifest
-from infra.publication import abort_publication, checkpoint_name
-from infra.run_lease import RunLeaseLost
+from infra.runs import ledger
+from infra.publication.checkpoints import verify_checkpoint
+from infra.publication.journal import Journal, PublicationState
+from infra.publication.manifests import MANIFEST_FILE, parse_manifest
+from infra.publication.commit import abort_publication, checkpoint_name
+from infra.runs.run_lease import RunLeaseLost
 from infra.store import open_store
-from trainer_core.plan import read_plan
-from trainer_core.progress import export_progress_path
+from trainer_core.run.plan import read_plan
+from trainer_core.run.progress import export_progress_path
 from trainer_core.run.records import ExportResult, export_result_path
 
 from ._launch import launch_stage
@@ -84,7 +84,7 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
     watch = ProgressWatch(progress_file, planned.train.stall_timeout_s)  # a hung rank: ended at stall_timeout_s, not the collective's
     try:
-        launched = launch_stage(planned, "export", "trainer_core.export_main", segment_index,
+        launched = launch_stage(planned, "export", "trainer_core.run.export_main", segment_index,
                                 ["--out", str(out_dir)], on_line, timeout_s=planned.export.timeout_s,
                                 monitor=fenced_monitor(planned, f"export of segment {segment_index}", watch))
     except RunLeaseLost:

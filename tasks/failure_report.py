@@ -33,10 +33,10 @@ from pathlib import Path
 
 from prefect.context import TaskRunContext
 
-from infra import ledger
-from infra.failures import Failure, FailureClass, classify_exception, no_space_error
-from infra.no_space import describe_no_space, disk_is_full
-from infra.run_lease import RunAlreadyActive, RunLeaseLost
+from infra.runs import ledger
+from infra.launch.failures import Failure, FailureClass, classify_exception, no_space_error
+from infra.launch.no_space import describe_no_space, disk_is_full
+from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost
 
 from .live import artifact_key, in_prefect_run, upsert_markdown_artifact
 
@@ -158,7 +158,7 @@ def _run_of(arguments: dict) -> tuple[Path | None, str] | None:
         return Path(planned.run_dir), planned.run_id
     config, computed = arguments.get("config"), arguments.get("computed")
     if config is not None and computed is not None:
-        from trainer_core.plan import run_dir_for
+        from trainer_core.run.plan import run_dir_for
 
         return run_dir_for(config, computed.run_id), computed.run_id
     return None

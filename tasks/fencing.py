@@ -17,15 +17,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from infra.finalizer import FinalizerSettings
-from infra.run_lease import check_run_lease
+from infra.publication.finalizer import FinalizerSettings
+from infra.runs.run_lease import check_run_lease
 from infra.store import open_store
 
 from .outcomes import PlannedRun
 
 if TYPE_CHECKING:
-    from infra.publication import PublishSettings
-    from infra.run_state import StateSettings
+    from infra.publication.commit import PublishSettings
+    from infra.runs.run_state import StateSettings
 
 S = TypeVar("S", "PublishSettings", "StateSettings")
 
@@ -56,7 +56,7 @@ def fenced_monitor(planned: PlannedRun, stage: str, monitor: Callable[[], str | 
         nonlocal last_check
         if clock() - last_check >= every_s:
             last_check = clock()
-            fence(planned, stage)  # raising here kills the launch's process group (infra/launcher.py)
+            fence(planned, stage)  # raising here kills the launch's process group (infra/launch/launcher.py)
         return monitor() if monitor is not None else None
 
     return watch

@@ -21,7 +21,7 @@ class PlannedRun(BaseModel):
     segment_steps: list[tuple[int, int]]
     """(start, end) optimizer steps of each segment, end exclusive."""
     lease_token: str | None = None
-    """The run lease this run holds (infra/run_lease.py); writing stages check it first. None: no lease taken."""
+    """The run lease this run holds (infra/runs/run_lease.py); writing stages check it first. None: no lease taken."""
     train: TrainSection = Field(default_factory=TrainSection)
     """Launch limits and topology: nproc_per_node, nnodes, rdzv_endpoint, node_deployment, segment/stall timeouts."""
     export: ExportSection = Field(default_factory=ExportSection)

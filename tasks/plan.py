@@ -2,7 +2,7 @@
 
 Computing the plan writes nothing for the run (only the shared data cache), so
 the flow can learn the run id (the plan's digest) and take the run lease
-(infra/run_lease.py) before the first byte lands in the run directory. Once
+(infra/runs/run_lease.py) before the first byte lands in the run directory. Once
 written, the plan is also stored with the run, so a segment on another worker
 (an empty work dir) resumes from the store.
 """
@@ -17,9 +17,9 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra import ledger
+from infra.runs import ledger
 from trainer_core.config import RunConfig
-from trainer_core.plan import Plan, build_plan, read_plan, run_dir_for, write_plan
+from trainer_core.run.plan import Plan, build_plan, read_plan, run_dir_for, write_plan
 
 from .failure_report import reports_failures
 from .outcomes import PlannedRun

@@ -19,10 +19,10 @@ from typing import Protocol, TypeVar
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra import ledger
-from infra.publication import (EXPORT_AGAIN, CleanupOutcome, CommitOutcome, PublishSettings, cleanup_staging,
+from infra.runs import ledger
+from infra.publication.commit import (EXPORT_AGAIN, CleanupOutcome, CommitOutcome, PublishSettings, cleanup_staging,
                                commit_checkpoint)
-from infra.run_lease import RunLeaseLost
+from infra.runs.run_lease import RunLeaseLost
 from infra.store import open_store
 
 from ._logging import rank_line_logger

@@ -1,4 +1,4 @@
-"""Which failures a task retries: the failure class decides (`infra.failures`).
+"""Which failures a task retries: the failure class decides (`infra.launch.failures`).
 
 Bad data or config, code errors and in-rank out-of-memory errors would fail the
 same way again, so they end the task at once; a dead, stalled or preempted
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from prefect.client.schemas.objects import State, TaskRun
 
-from infra.failures import FailureClass, classify_exception
-from infra.run_lease import RunAlreadyActive, RunLeaseLost
+from infra.launch.failures import FailureClass, classify_exception
+from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost
 
 # Another run of the run id owns the work now: a retry would only be fenced again.
 _FENCED = (RunLeaseLost, RunAlreadyActive)

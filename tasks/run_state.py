@@ -1,4 +1,4 @@
-"""What the stages store and fetch so that `run.work_dir` is only a cache (infra/run_state.py does the I/O).
+"""What the stages store and fetch so that `run.work_dir` is only a cache (infra/runs/run_state.py does the I/O).
 
 - the plan stage publishes the plan and its shards;
 - a segment publishes its training state and result before it reports
@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra import ledger
-from infra.run_state import (PLAN_BUNDLE, Observer, StateSettings, fetch_bundle, publish_bundle, segment_bundle,
+from infra.runs import ledger
+from infra.runs.run_state import (PLAN_BUNDLE, Observer, StateSettings, fetch_bundle, publish_bundle, segment_bundle,
                              stored_bundle)
 from infra.store import open_store
-from trainer_core.plan import PLAN_FILE, read_plan
+from trainer_core.run.plan import PLAN_FILE, read_plan
 from trainer_core.run.records import SegmentResult
-from trainer_core.segment_main import segment_result_path
-from trainer_core.state import state_dir_for
+from trainer_core.run.segment_main import segment_result_path
+from trainer_core.run.state import state_dir_for
 
 from .fencing import fenced_settings
 from .outcomes import PlannedRun

@@ -21,11 +21,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 from prefect.states import Completed
 
-from infra import ledger
-from trainer_core.progress import progress_path
+from infra.runs import ledger
+from trainer_core.run.progress import progress_path
 from trainer_core.run.records import SegmentResult
-from trainer_core.segment_main import segment_result_path
-from trainer_core.state import has_state, state_dir_for
+from trainer_core.run.segment_main import segment_result_path
+from trainer_core.run.state import has_state, state_dir_for
 
 from ._launch import launch_stage
 from ._logging import rank_line_logger
@@ -72,7 +72,7 @@ def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, liv
     if planned.train.nnodes > 1:
         launch_wall_s = launch_segment_nodes(planned, segment_index, on_line, monitor)
     else:
-        launch_wall_s = launch_stage(planned, "segment", "trainer_core.segment_main", segment_index, [], on_line,
+        launch_wall_s = launch_stage(planned, "segment", "trainer_core.run.segment_main", segment_index, [], on_line,
                                      timeout_s=planned.train.segment_timeout_s, monitor=monitor).wall_s
     watch()  # the records written after the last poll
     if publisher is not None:

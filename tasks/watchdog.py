@@ -1,6 +1,6 @@
 """The progress watchdog of a segment or an export launch: no progress for `train.stall_timeout_s` ends it.
 
-It tails the progress file rank 0 writes (`trainer_core.progress`): `ready`
+It tails the progress file rank 0 writes (`trainer_core.run.progress`): `ready`
 when setup is done; for a segment one `step` record per optimizer step,
 `saving` and `saved` around the state save; for an export one `phase` record
 as each preparation phase begins, `exported` at the end. Each record resets
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer_core.progress import ProgressReader
+from trainer_core.run.progress import ProgressReader
 
 SETUP_GRACE_S = 120.0
 """The least time setup gets before the first record, whatever stall_timeout_s is."""

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.postgres import PostgresCluster, find_postgres_bin, start_postgres
+from infra.services.postgres import PostgresCluster, find_postgres_bin, start_postgres
 
 from .processes import group_members
 

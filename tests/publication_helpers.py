@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from trainer_core.manifest import write_manifest
+from trainer_core.run.manifest import write_manifest
 
 RUN = "run-abc"
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra.s3_server import CONFLICTING_AWS_ENV_VARS, S3Server, start_s3_server
+from infra.services.s3_server import CONFLICTING_AWS_ENV_VARS, S3Server, start_s3_server
 
 TEST_BUCKET = "rankflow-test"
 

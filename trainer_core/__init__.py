@@ -2,7 +2,7 @@
 
 Public names: the run configuration, the input pre-flight (`validate_inputs`;
 every bad-input error is a `BadInputError`), the plan, and the entry points
-`trainer_core.segment_main` and `trainer_core.export_main`. The trainer API
+`trainer_core.run.segment_main` and `trainer_core.run.export_main`. The trainer API
 (Trainer, checkpoints, backward state, staleness, transactions) is the
 subpackage `trainer_core.training`.
 
@@ -21,8 +21,8 @@ _NAMES_BY_MODULE = {
     "config": ("ConfigError", "RunConfig", "load_config"),
     "data": ("DataError",),
     "errors": ("BadInputError",),
-    "plan": ("Plan", "SegmentPlan", "build_plan", "read_plan", "write_plan"),
-    "validate": ("CheckedInputs", "validate_inputs"),
+    "run.plan": ("Plan", "SegmentPlan", "build_plan", "read_plan", "write_plan"),
+    "run.validate": ("CheckedInputs", "validate_inputs"),
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _NAMES_BY_MODULE, globals())
 
@@ -30,5 +30,5 @@ if TYPE_CHECKING:
     from .config import ConfigError, RunConfig, load_config
     from .data import DataError
     from .errors import BadInputError
-    from .plan import Plan, SegmentPlan, build_plan, read_plan, write_plan
-    from .validate import CheckedInputs, validate_inputs
+    from trainer_core.run.plan import Plan, SegmentPlan, build_plan, read_plan, write_plan
+    from trainer_core.run.validate import CheckedInputs, validate_inputs

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
-from .checkpoint_layout import write_checkpoint_files
+from trainer_core.run.checkpoint_layout import write_checkpoint_files
 from .config import RunConfig
 from .data import CHATML_TEMPLATE, load_tokenizer
-from .manifest import write_manifest
+from trainer_core.run.manifest import write_manifest
 from .training import Trainer
 
 

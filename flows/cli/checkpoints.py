@@ -44,7 +44,7 @@ def _size(num_bytes: float) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from infra.checkpoints import resolve_latest, scan_checkpoints
+    from infra.publication.checkpoints import resolve_latest, scan_checkpoints
 
     store = _store(args)
     resolution = resolve_latest(store, args.run_id)
@@ -67,7 +67,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from infra.store_runs import list_runs
+    from infra.runs.store_runs import list_runs
 
     store = _store(args)
     runs = list_runs(store)
@@ -86,8 +86,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from infra.checkpoints import checkpoint_names, verify_checkpoint
-    from infra.manifests import checkpoint_name
+    from infra.publication.checkpoints import checkpoint_names, verify_checkpoint
+    from infra.publication.manifests import checkpoint_name
 
     store = _store(args)
     names = [checkpoint_name(args.step)] if args.step is not None else checkpoint_names(store, args.run_id)
@@ -105,8 +105,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from infra.checkpoints import pull_checkpoint
-    from infra.manifests import checkpoint_name
+    from infra.publication.checkpoints import pull_checkpoint
+    from infra.publication.manifests import checkpoint_name
 
     store = _store(args)
     name = checkpoint_name(args.step) if args.step is not None else None
@@ -123,7 +123,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from infra.orphans import collect_garbage
+    from infra.publication.orphans import collect_garbage
 
     report = collect_garbage(_store(args), args.run_id, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"

@@ -51,7 +51,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     _check_schedule(args.cron, args.interval)
     job_variables = parse_job_variables(args.job_variable or [])
     # transformers and torch: only once a command reads its inputs, not at `import flows.cli`
-    from trainer_core.validate import validate_inputs
+    from trainer_core.run.validate import validate_inputs
 
     validate_inputs(config)  # a deployment whose every run would fail on its input is not registered
     api_url = _require_api_url()

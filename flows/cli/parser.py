@@ -66,7 +66,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_s3_serve(args: argparse.Namespace) -> int:
-    from infra.s3_server import serve_until_interrupted
+    from infra.services.s3_server import serve_until_interrupted
 
     return serve_until_interrupted(Path(args.dir), bucket=args.bucket)
 

@@ -43,7 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args)
     # A bad config is reported without transformers or torch; wall_s starts after the imports, as when they
     # were module-level (loading the config is milliseconds).
-    from trainer_core.validate import validate_inputs
+    from trainer_core.run.validate import validate_inputs
 
     started = time.perf_counter()
     # Every input is read and checked before Prefect (and its temporary server) starts,
@@ -56,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "failure_cause": "storage_outage", "failed_rank": None}))
         return EXIT_FAILED
     checked.store_cache()
-    from infra.run_lease import RunAlreadyActive
+    from infra.runs.run_lease import RunAlreadyActive
 
     from ..finish import drain_prefect
     from ..pipeline import RunFailed, train_flow
@@ -106,7 +106,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _load(args)
     check_schedule(args.cron, args.interval)
-    from trainer_core.validate import validate_inputs
+    from trainer_core.run.validate import validate_inputs
 
     validate_inputs(config)  # a deployment whose every run would fail on its input is not served
     from ..deployment import serve_deployment

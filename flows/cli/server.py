@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-from infra.local_process import LOOPBACK, port_is_free
+from infra.launch.ports import LOOPBACK, port_is_free
 from trainer_core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from infra.prefect_server import PrefectServer
+    from infra.services.prefect_server import PrefectServer
 
 EXIT_OK, EXIT_FAILED = 0, 1
 _ASYNC_DRIVER = "postgresql+asyncpg"
@@ -89,8 +89,8 @@ def _database_url_from_env() -> str | None:
 
 def run_server(*, port: int, host: str, db_url: str | None, pg_dir: Path, log_path: Path) -> int:
     """Start (PostgreSQL and) the Prefect server, print how to use it, and keep both up until a signal."""
-    from infra.postgres import start_postgres
-    from infra.prefect_server import start_prefect_server
+    from infra.services.postgres import start_postgres
+    from infra.services.prefect_server import start_prefect_server
 
     # A signal during start-up is honoured once the start-up returns: stopping
     # half-started services from a handler would race the code starting them.

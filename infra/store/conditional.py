@@ -1,6 +1,6 @@
 """Compare-and-swap on one small object: create it if absent, replace it if unchanged.
 
-The lease (infra/store/lease.py) and LATEST (infra/latest.py) are built on these
+The lease (infra/store/lease.py) and LATEST (infra/publication/latest.py) are built on these
 operations, so that two writers on two machines can never both win.
 
 - S3: a conditional PutObject (`If-None-Match: *` to create, `If-Match: ETAG`

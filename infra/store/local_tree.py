@@ -2,7 +2,7 @@
 
 Functions of a store's root directory and full paths under it (no store
 object), used by LocalStore (local.py) and the collection of a run's objects
-(infra/store/objects.py, infra/orphans.py). Nothing is ever removed through a
+(infra/store/objects.py, infra/publication/orphans.py). Nothing is ever removed through a
 symbolic link that leads out of the root.
 """
 

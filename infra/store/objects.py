@@ -22,7 +22,7 @@ import posixpath
 from collections.abc import Callable
 from pathlib import Path
 
-from ..manifests import FileEntry
+from infra.publication.manifests import FileEntry
 from .base import Deadline, ObjectStore, Upload, find_files, location_of
 from .local import LocalStore
 from .local_tree import list_links as _local_links, outside_root, remove_empty_directories as \

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, cast
 
-from ..manifests import FileEntry
+from infra.publication.manifests import FileEntry
 from .base import (Deadline, ObjectInfo, PutMode, StorageTimeoutError, StoreLocation, StoreTimeouts, Upload, Versioned,
                    find_files, read_body, run_async, s3_options_from_env, storage_errors)
 from .preflight import probe_round_trip

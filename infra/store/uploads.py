@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..manifests import FileEntry
+from infra.publication.manifests import FileEntry
 
 if TYPE_CHECKING:  # base.py lies below this leaf module: only its name is needed here
     from .base import Upload

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from .durable import temp_name
-from ..manifests import FileEntry
+from infra.publication.manifests import FileEntry
 from .base import ObjectStore, location_of
 
 BLOCK_BYTES = 4 * 2**20

@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from infra.rendezvous import rendezvous_id
-from infra.run_lease import RunLeaseLost
+from infra.launch.rendezvous import rendezvous_id
+from infra.runs.run_lease import RunLeaseLost
 
 from ..failure_report import report_failure
 from ..outcomes import PlannedRun

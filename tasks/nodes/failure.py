@@ -5,7 +5,7 @@
 node's diagnosis with the node named in the detail, so the segment task's
 retry policy decides as for a single-node launch. A deployed node's diagnosis
 comes back only as its flow run's state message: `failure_from_message` reads
-it back from the headline `infra.failures.Failure.headline` wrote.
+it back from the headline `infra.launch.failures.Failure.headline` wrote.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 import time
 import uuid
 
-from infra.failures import Failure, FailureClass
+from infra.launch.failures import Failure, FailureClass
 
 __all__ = ["NODE_QUEUE", "NodeFailed", "failure_from_message", "new_attempt", "node_failure"]
 
@@ -26,7 +26,7 @@ _HEADLINE = re.compile(r"(\w+) failed on (?:rank (\d+)|no single rank): (\w+) \(
 
 
 class NodeFailed(RuntimeError):
-    """A node of a multi-node segment failed; `failure` is its diagnosis (`infra.failures.Failure`), when known."""
+    """A node of a multi-node segment failed; `failure` is its diagnosis (`infra.launch.failures.Failure`), when known."""
 
     def __init__(self, message: str, failure=None, node_rank: int | None = None) -> None:
         super().__init__(message)
@@ -47,7 +47,7 @@ def node_failure(failure: Failure | None, node_rank: int, nnodes: int) -> Failur
 
 
 def failure_from_message(message: str | None, stage: str = "segment") -> Failure | None:
-    """The diagnosis a failed node run's state message carries (`infra.failures.Failure.headline`), if any."""
+    """The diagnosis a failed node run's state message carries (`infra.launch.failures.Failure.headline`), if any."""
     found = _HEADLINE.search(message or "")
     if found is None:
         return None

@@ -12,9 +12,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from infra.failures import FailureClass, classify_exception
-from infra.local_process import pick_free_port
-from infra.rendezvous import NodeRendezvous
+from infra.launch.failures import FailureClass, classify_exception
+from infra.launch.ports import pick_free_port
+from infra.launch.rendezvous import NodeRendezvous
 
 from ..outcomes import PlannedRun
 from .failure import NodeFailed, node_failure

@@ -3,8 +3,8 @@
 Both ways of starting the nodes call `launch_node`: the local fallback runs
 one per node in the orchestrator (`tasks.nodes.local`), the work-pool path runs it
 in the per-node flow (`flows.node`) on the worker of that node's queue. Each
-node runs `nproc_per_node` ranks of trainer_core.segment_main, joined over
-c10d rendezvous (`infra.rendezvous`); the stall watchdog (`tasks.watchdog`)
+node runs `nproc_per_node` ranks of trainer_core.run.segment_main, joined over
+c10d rendezvous (`infra.launch.rendezvous`); the stall watchdog (`tasks.watchdog`)
 and the launch's timeout end this node's torchrun and ranks, as does `stop`
 (a sibling node failed). Each node keeps its ranks' logs in its own folder,
 RUN_DIR/logs/segment-NNNN/ATTEMPT/node-K.
@@ -15,16 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from infra.launcher import LaunchResult, launch_or_raise
-from infra.rendezvous import NodeRendezvous
-from trainer_core.progress import progress_path
+from infra.launch.launcher import LaunchResult, launch_or_raise
+from infra.launch.rendezvous import NodeRendezvous
+from trainer_core.run.progress import progress_path
 
 from ..outcomes import PlannedRun
 from ..watchdog import SegmentWatch
 
 __all__ = ["launch_node", "node_run_dir"]
 
-SEGMENT_MODULE = "trainer_core.segment_main"
+SEGMENT_MODULE = "trainer_core.run.segment_main"
 
 
 def node_run_dir(planned: PlannedRun, segment_index: int) -> Path:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from infra.failures import Failure, FailureClass
+from infra.launch.failures import Failure, FailureClass
 
 from ..outcomes import PlannedRun
 from .failure import NODE_QUEUE, NodeFailed, failure_from_message, node_failure

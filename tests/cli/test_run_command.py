@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_tree
-from trainer_core.faults import FAULT_ENV, FAULT_KIND_ENV
+from trainer_core.run.faults import FAULT_ENV, FAULT_KIND_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_WITHIN_S = 2.0

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
 from trainer_core.data import DataError
-from trainer_core.plan import build_plan
+from trainer_core.run.plan import build_plan
 
 BAD = Path(__file__).resolve().parent / "bad"
 

@@ -20,7 +20,7 @@ from trainer_core.data import (
     render_with_template,
     tokenize,
 )
-from trainer_core.plan import build_plan
+from trainer_core.run.plan import build_plan
 
 TEMPLATE = (CASES_DIR / "chat_template.jinja").read_text()
 # ChatML with transformers' {% generation %} markers around what the assistant produces.

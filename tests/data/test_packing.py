@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import config_from_dict
 from trainer_core.data import packed_attention_inputs
-from trainer_core.plan import build_plan
+from trainer_core.run.plan import build_plan
 
 
 def tiny_model(attn_implementation: str) -> torch.nn.Module:

@@ -12,7 +12,7 @@ import torch
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import config_from_dict
 from trainer_core.data import DataError, parse_record, resolve_advantages
-from trainer_core.plan import build_plan
+from trainer_core.run.plan import build_plan
 
 RL_DATA = EXAMPLES / "tiny" / "rl.jsonl"
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from infra.failures import FailureClass, diagnose_launch
-from infra.launcher import launch
+from infra.launch.failures import FailureClass, diagnose_launch
+from infra.launch.launcher import launch
 from tests.ranks.failure_worker import RANK_ZERO_COMMANDS
 from tests.trainer.ranks import ROOT
 

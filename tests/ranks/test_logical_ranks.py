@@ -18,7 +18,7 @@ import pytest
 from tests.ranks.logical_worker import fast_scenario, run_scenarios
 from tests.ranks.loops import LOGICAL_DP
 from tests.trainer.ranks import ROOT
-from infra.launcher import launch
+from infra.launch.launcher import launch
 from trainer_core.ranks import Topology, pin_threads
 
 pytestmark = pytest.mark.distributed

@@ -3,7 +3,7 @@
 SFT and RL, unpacked and packed, each planned once and trained in two
 segments of two steps: at W = 1 (in this process), then with W changing
 between the segments (2 → 4 or 4 → 2) through real torchrun launches of
-`trainer_core.segment_main`. Per-step losses, the saved weights
+`trainer_core.run.segment_main`. Per-step losses, the saved weights
 and the AdamW state must be bitwise equal to the W = 1 run.
 """
 
@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.launcher import launch
+from infra.launch.launcher import launch
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import config_from_dict
-from trainer_core.plan import build_plan, run_dir_for, write_plan
+from trainer_core.run.plan import build_plan, run_dir_for, write_plan
 from trainer_core.run.records import SegmentResult
-from trainer_core.segment_main import segment_result_path, train_segment
-from trainer_core.state import state_dir_for
+from trainer_core.run.segment_main import segment_result_path, train_segment
+from trainer_core.run.state import state_dir_for
 
 pytestmark = pytest.mark.distributed
 
@@ -49,7 +49,7 @@ def planned(tmp_path: Path, sections: dict) -> Path:
 
 def launch_segment(run_dir: Path, segment: int, world_size: int) -> None:
     lines: list[str] = []
-    result = launch("trainer_core.segment_main", ["--run-dir", str(run_dir), "--segment", str(segment)],
+    result = launch("trainer_core.run.segment_main", ["--run-dir", str(run_dir), "--segment", str(segment)],
                     nproc_per_node=world_size, timeout_s=300, on_line=lines.append)
     assert result.returncode == 0, "\n".join(lines[-40:])
 

@@ -7,12 +7,12 @@ import time
 import pytest
 import torch.distributed as dist
 
-from infra.failures import FailureClass, diagnose_launch
-from infra.launcher import launch
+from infra.launch.failures import FailureClass, diagnose_launch
+from infra.launch.launcher import launch
 from tasks.plan import plan_run_fn
 from tests.conftest import tiny_tree
 from trainer_core.config import ConfigError, config_from_dict
-from trainer_core.distributed import init_distributed
+from trainer_core.run.distributed import init_distributed
 from trainer_core.ranks import Topology, check_topology, logical_row_ranges, step_seed
 
 
@@ -75,7 +75,7 @@ def test_a_launch_at_a_world_size_that_does_not_divide_logical_dp_fails_on_every
     planned = plan_run_fn(config)
     lines: list[str] = []
     started = time.monotonic()
-    result = launch("trainer_core.segment_main", ["--run-dir", planned.run_dir, "--segment", "0"], nproc_per_node=3,
+    result = launch("trainer_core.run.segment_main", ["--run-dir", planned.run_dir, "--segment", "0"], nproc_per_node=3,
                     timeout_s=120, on_line=lines.append)
     assert result.returncode != 0 and time.monotonic() - started < 60  # never waited on a collective
     refusals = [line for line in lines if "ERROR ValueError: logical_dp=4 is not a multiple of world_size=3" in line]

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from infra.latest import advance_latest
-from infra.publication import commit_checkpoint
+from infra.publication.latest import advance_latest
+from infra.publication.commit import commit_checkpoint
 from infra.store.base import open_store
 
 

@@ -29,11 +29,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from infra.checkpoints import verify_checkpoint
-from infra.latest import read_latest
-from infra.manifests import checkpoint_name
+from infra.publication.checkpoints import verify_checkpoint
+from infra.publication.latest import read_latest
+from infra.publication.manifests import checkpoint_name
 from infra.store.objects import matches, remote_objects
-from infra.publication import commit_checkpoint, read_staged_manifest, remote_dir
+from infra.publication.commit import commit_checkpoint, read_staged_manifest, remote_dir
 from infra.store.base import StoreLocation, open_store
 from tests.publication_helpers import stage
 from tests.storage.processes import result, spawn, wait_ready
@@ -162,7 +162,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--large", action="store_true", help="add a 70 MiB file (multipart) to every checkpoint")
     args = parser.parse_args()
-    from infra.s3_server import start_s3_server
+    from infra.services.s3_server import start_s3_server
 
     with tempfile.TemporaryDirectory(prefix="rankflow-crash-") as tmp:
         with start_s3_server(Path(tmp) / "s3") as server:

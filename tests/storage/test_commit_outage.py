@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
-from infra.publication import PublishSettings, commit_checkpoint
-from infra.s3_server import start_s3_server
+from infra.publication.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
+from infra.publication.commit import PublishSettings, commit_checkpoint
+from infra.services.s3_server import start_s3_server
 from infra.store.base import open_store
-from trainer_core.manifest import write_manifest
+from trainer_core.run.manifest import write_manifest
 
 pytestmark = pytest.mark.s3
 

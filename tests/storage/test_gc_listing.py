@@ -13,7 +13,7 @@ import pytest
 
 from flows.cli import main
 from infra.store.objects import list_files, put_small
-from infra.publication import commit_checkpoint
+from infra.publication.commit import commit_checkpoint
 from infra.store.base import open_store
 from tests.publication_helpers import RUN, random_files, stage
 

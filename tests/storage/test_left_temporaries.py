@@ -1,6 +1,6 @@
 """A process SIGKILLed while it writes into a local store leaves a temporary file; the rerun removes it.
 
-The kill lands in a segment-state upload (infra/run_state.py), whose retry
+The kill lands in a segment-state upload (infra/runs/run_state.py), whose retry
 writes the objects again under other temporary names: before the sweep in the
 publication's cleanup, only `rankflow checkpoints gc` removed what the killed
 writer left. The reference is the store's directory itself, after a real kill.
@@ -15,10 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from infra.checkpoints import verify_checkpoint
+from infra.publication.checkpoints import verify_checkpoint
 from infra.store.durable import TEMP_MARKER
-from infra.publication import cleanup_staging, commit_checkpoint
-from infra.run_state import publish_bundle, stored_bundle
+from infra.publication.commit import cleanup_staging, commit_checkpoint
+from infra.runs.run_state import publish_bundle, stored_bundle
 from infra.store.base import open_store
 from tests.publication_helpers import RUN, random_files, stage
 from tests.storage.processes import REPO_ROOT
@@ -26,7 +26,7 @@ from tests.storage.processes import REPO_ROOT
 UPLOAD = """
 import sys
 from pathlib import Path
-from infra.run_state import publish_bundle
+from infra.runs.run_state import publish_bundle
 from infra.store.base import open_store
 run_dir, store_url, *paths = sys.argv[1:]
 print("ready", flush=True)

@@ -1,4 +1,4 @@
-"""Run-state bundles (infra/run_state.py) on a local store and on the real SeaweedFS server.
+"""Run-state bundles (infra/runs/run_state.py) on a local store and on the real SeaweedFS server.
 
 Checks real effects: bytes in the store and in the cache, the manifest's
 absence after an interrupted upload, what a retry uploads again, a corrupt
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from infra.store.verified import BLOCK_BYTES, StoredObjectCorrupt
-from infra.manifests import ManifestError
-from infra.orphans import collect_garbage
-from infra.run_state import fetch_bundle, manifest_path, publish_bundle, read_bundle_manifest, stored_bundle
+from infra.publication.manifests import ManifestError
+from infra.publication.orphans import collect_garbage
+from infra.runs.run_state import fetch_bundle, manifest_path, publish_bundle, read_bundle_manifest, stored_bundle
 from infra.store.base import open_store
 from tests.publication_helpers import fail_after_uploads, same_size_other_bytes
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from infra.store.verified import StoredObjectCorrupt
-from infra.run_state import read_bundle_manifest
+from infra.runs.run_state import read_bundle_manifest
 from infra.store.base import open_store
 from tasks import run_state
 from tasks.plan import plan_run_fn

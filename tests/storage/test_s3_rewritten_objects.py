@@ -16,11 +16,11 @@ import hashlib
 import pytest
 
 import infra.store.s3_uploads
-from infra.checkpoints import verify_checkpoint
-from infra.journal import journal_path_for
+from infra.publication.checkpoints import verify_checkpoint
+from infra.publication.journal import journal_path_for
 from infra.store.s3_uploads import multipart_etag
 from infra.store.uploads import ETAG_METADATA_KEY
-from infra.publication import StagedFileChanged, commit_checkpoint
+from infra.publication.commit import StagedFileChanged, commit_checkpoint
 from infra.store.base import open_store
 from tests.publication_helpers import RUN, random_files, stage
 

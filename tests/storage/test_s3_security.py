@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.s3_server import S3Server
+from infra.services.s3_server import S3Server
 from tests.s3_fixture import TEST_BUCKET
 
 pytestmark = pytest.mark.s3

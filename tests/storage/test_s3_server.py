@@ -1,4 +1,4 @@
-"""Tests of the local SeaweedFS S3 server (infra/s3_server.py) against a real weed."""
+"""Tests of the local SeaweedFS S3 server (infra/services/s3_server.py) against a real weed."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 import s3fs
 
-from infra.s3_server import S3Server, start_s3_server
+from infra.services.s3_server import S3Server, start_s3_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDARD_AWS_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
@@ -246,7 +246,7 @@ def _read_lines_until(stream: IO[str], marker: str, timeout_s: float) -> list[st
 @pytest.mark.s3
 def test_serve_until_interrupted_prints_usable_exports_and_stops_on_sigterm(tmp_path: Path) -> None:
     script = (
-        "import sys; from pathlib import Path; from infra.s3_server import serve_until_interrupted; "
+        "import sys; from pathlib import Path; from infra.services.s3_server import serve_until_interrupted; "
         "sys.exit(serve_until_interrupted(Path(sys.argv[1]), bucket='served-bucket'))"
     )
     child_env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from infra import ledger
-from infra.checkpoints import verify_checkpoint
-from infra.publication import PublishSettings, cleanup_staging, commit_checkpoint
-from infra.s3_server import start_s3_server
+from infra.runs import ledger
+from infra.publication.checkpoints import verify_checkpoint
+from infra.publication.commit import PublishSettings, cleanup_staging, commit_checkpoint
+from infra.services.s3_server import start_s3_server
 from infra.store.base import StoreTimeouts, open_store
 from tasks.outcomes import PlannedRun
 from trainer_core.config import StorageSection, TrainSection

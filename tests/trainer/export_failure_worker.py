@@ -9,9 +9,9 @@ import torch.distributed as dist
 
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
-from trainer_core.distributed import init_distributed, log, run_rank_main
-from trainer_core.export_prepare import ExportPreparationError, prepare_export
-from trainer_core.manifest import verify_staged
+from trainer_core.run.distributed import init_distributed, log, run_rank_main
+from trainer_core.run.export_prepare import ExportPreparationError, prepare_export
+from trainer_core.run.manifest import verify_staged
 from trainer_core.model import build_trainer
 
 

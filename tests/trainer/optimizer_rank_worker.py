@@ -11,7 +11,7 @@ from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.test_backward_state import sft_loss
 from tests.trainer.test_optimizer_step import DetachedHead
 from trainer_core.training import OptimizerConfig, Trainer
-from trainer_core.distributed import init_distributed, log, run_rank_main
+from trainer_core.run.distributed import init_distributed, log, run_rank_main
 
 
 def digest(module: torch.nn.Module) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.launcher import launch
+from infra.launch.launcher import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 

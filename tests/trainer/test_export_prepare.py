@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.launcher import launch
+from infra.launch.launcher import launch
 
 pytestmark = pytest.mark.distributed
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from trainer_core.export_prepare import _verify_share
+from trainer_core.run.export_prepare import _verify_share
 
 
 @pytest.fixture

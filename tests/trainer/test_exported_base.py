@@ -23,7 +23,7 @@ from trainer_core.config import config_from_dict
 from trainer_core.model import build_model
 from trainer_core.model_checks import check_model
 from trainer_core.training import Trainer
-from trainer_core.validate import validate_inputs
+from trainer_core.run.validate import validate_inputs
 
 TOKENIZER_VOCAB = 1024
 

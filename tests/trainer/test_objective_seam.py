@@ -14,7 +14,7 @@ from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import ConfigError, config_from_dict
 from trainer_core.objectives import (DEFAULT_FOR_DATA, OBJECTIVES, SFT, ClippedPolicyGradient, clipped_policy_gradient_sum,
                                      count_documents, objective_for, sft_loss_sum, stale_trajectory_mask)
-from trainer_core.plan import digest_view
+from trainer_core.run.plan import digest_view
 from trainer_core.ranks.reduction import ordered_fold
 from trainer_core.run.figures import LOOP_FIGURES, FigureLayout
 
@@ -87,7 +87,7 @@ def test_leaving_columns_out_of_the_layout_changes_no_bit_of_the_others():
     assert torch.equal(ordered_fold(per_rank)[:3], ordered_fold(per_rank[:, :3]))
 
 
-# The segment loop's branch before objectives were classes (trainer_core/segment_main.py at 497f6e6), frozen.
+# The segment loop's branch before objectives were classes (trainer_core/run/segment_main.py at 497f6e6), frozen.
 def _old_micro_batch_loss_sum(rl, kind, logprobs, rows, version, rl_sums):
     loss_mask = rows["loss_mask"][:, 1:]
     if kind == "sft":

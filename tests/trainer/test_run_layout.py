@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer_core.progress import export_progress_path, progress_path
+from trainer_core.run.progress import export_progress_path, progress_path
 from trainer_core.run.layout import RunDir
 from trainer_core.run.records import export_result_path
-from trainer_core.segment_main import planner_reports_dir, segment_result_path
-from trainer_core.state import state_dir_for
+from trainer_core.run.segment_main import planner_reports_dir, segment_result_path
+from trainer_core.run.state import state_dir_for
 
 
 def test_every_path_keeps_its_place_under_the_run_directory():

@@ -14,11 +14,11 @@ import pytest
 from tests.conftest import tiny_tree
 from tests.trainer.ranks import launch_two_ranks
 from trainer_core.config import ConfigError, config_from_dict
-from trainer_core.faults import NONFINITE_LOSS_ENV
-from trainer_core.plan import build_plan, run_dir_for, write_plan
+from trainer_core.run.faults import NONFINITE_LOSS_ENV
+from trainer_core.run.plan import build_plan, run_dir_for, write_plan
 from trainer_core.run.records import SegmentResult
-from trainer_core.segment_main import segment_result_path, train_segment
-from trainer_core.state import state_dir_for
+from trainer_core.run.segment_main import segment_result_path, train_segment
+from trainer_core.run.state import state_dir_for
 
 
 def planned_run(tmp_path: Path, nproc_per_node: int = 1, **train) -> Path:
@@ -60,7 +60,7 @@ def test_an_unknown_policy_is_a_config_error(tmp_path):
 @pytest.mark.distributed
 def test_a_nan_on_one_rank_skips_the_update_on_every_rank(tmp_path):
     run_dir = planned_run(tmp_path, nproc_per_node=2)
-    lines = launch_two_ranks("trainer_core.segment_main", ["--run-dir", str(run_dir), "--segment", "0"],
+    lines = launch_two_ranks("trainer_core.run.segment_main", ["--run-dir", str(run_dir), "--segment", "0"],
                              env={NONFINITE_LOSS_ENV: "2:1"})
     outcome = SegmentResult.read(segment_result_path(run_dir, 0))
     assert outcome.skipped_steps == [2] and outcome.num_skipped_steps == 1

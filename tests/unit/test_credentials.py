@@ -11,7 +11,7 @@ import botocore.session
 import pytest
 from botocore.exceptions import NoCredentialsError
 
-from infra.failures import FailureClass, classify_exception
+from infra.launch.failures import FailureClass, classify_exception
 from infra.store.preflight import is_credentials_error
 from tasks.retry_policy import retry_if_retriable
 

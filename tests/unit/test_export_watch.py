@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tasks.watchdog import ProgressWatch
-from trainer_core.progress import ProgressWriter, export_progress_path, progress_path
+from trainer_core.run.progress import ProgressWriter, export_progress_path, progress_path
 
 
 def test_an_export_stuck_in_a_phase_is_named_after_stall_timeout(tmp_path):

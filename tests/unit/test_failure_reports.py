@@ -16,12 +16,12 @@ import pytest
 from prefect import flow
 
 from flows.run_record import RunFailed, RunRecord
-from infra import ledger
+from infra.runs import ledger
 from tasks import publish
 from tasks.outcomes import ExportOutcome, PlannedRun
 from trainer_core.config import TrainSection
-from tests.flows.prefect_queries import artifacts_of, task_runs_of
-from trainer_core.plan import run_dir_for
+from tests.e2e.flows.prefect_queries import artifacts_of, task_runs_of
+from trainer_core.run.plan import run_dir_for
 
 RUN_ID = "test-0123456789ab"
 

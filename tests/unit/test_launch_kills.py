@@ -37,14 +37,14 @@ _MARK = "RANKFLOW_TEST_LAUNCH_TRIAL"
 # A rank whose first import takes seconds (trainer_core and torch), as the segment and export entry points do.
 _RANK = """
     import time
-    from trainer_core.distributed import run_rank_main
+    from trainer_core.run.distributed import run_rank_main
 
     run_rank_main(lambda: time.sleep(600))
 """
 _LAUNCHER = """
     import sys
     from pathlib import Path
-    from infra.launcher import launch
+    from infra.launch.launcher import launch
 
     Path(sys.argv[1]).write_text("launching")  # the launch starts now: the trial's clock starts here
     launch("slow_import_rank", [], nproc_per_node=2, timeout_s=600, on_line=lambda _: None)

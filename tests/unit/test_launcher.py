@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from infra.launcher import LaunchError, launch, launch_or_raise
-from infra.processes import wait_gone
+from infra.launch.launcher import LaunchError, launch, launch_or_raise
+from infra.launch.processes import wait_gone
 
 pytestmark = pytest.mark.distributed
 
@@ -26,7 +26,7 @@ def write_module(tmp_path, name, body):
 def test_a_failing_rank_fails_the_launch_with_its_rank_named(tmp_path):
     env = write_module(tmp_path, "failing_rank", """
         import os, sys, time
-        from trainer_core.distributed import run_rank_main
+        from trainer_core.run.distributed import run_rank_main
         def main():
             if os.environ["RANK"] == "1":
                 raise ValueError("bad shard on purpose")
@@ -99,7 +99,7 @@ def test_a_single_node_launch_listens_on_loopback_only(tmp_path):
         time.sleep(6)
         dist.destroy_process_group()
     """)
-    from infra.processes import descendant_pids
+    from infra.launch.processes import descendant_pids
     seen: list[str] = []
 
     def look() -> None:
@@ -116,7 +116,7 @@ def test_killing_the_parent_leaves_no_launch_process(tmp_path):
     pid_file = tmp_path / "pids"
     env = write_module(tmp_path, "long_rank", f"""
         import os, time
-        from trainer_core.distributed import run_rank_main
+        from trainer_core.run.distributed import run_rank_main
         def main():
             with open({str(pid_file)!r}, "a") as f:
                 f.write(f"{{os.getpid()}} {{os.getppid()}}\\n")
@@ -124,7 +124,7 @@ def test_killing_the_parent_leaves_no_launch_process(tmp_path):
         run_rank_main(main)
     """)
     parent = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from infra.launcher import launch; "
+        [sys.executable, "-c", "import sys; from infra.launch.launcher import launch; "
          "launch('long_rank', [], nproc_per_node=2, timeout_s=600, on_line=lambda _: None)"],
         env={**os.environ, **env}, start_new_session=True,
     )

@@ -1,4 +1,4 @@
-"""A lost lease is never a code error (infra/failures.py, tasks/retry_policy.py).
+"""A lost lease is never a code error (infra/launch/failures.py, tasks/retry_policy.py).
 
 A lost run lease is `lease_lost`, never retried; a lost finalizer lease alone
 is `finalizer_lost`, retried (the run lease still holds, so the next try takes
@@ -17,10 +17,10 @@ import time
 import pytest
 from prefect.states import Failed
 
-from infra.failures import classify_error, classify_exception
+from infra.launch.failures import classify_error, classify_exception
 from infra.store.lease import Lease, LeaseHeldError, LeaseLostError
-from infra.run_lease import RunLeaseLost
-from infra.run_state import manifest_path, publish_bundle
+from infra.runs.run_lease import RunLeaseLost
+from infra.runs.run_state import manifest_path, publish_bundle
 from infra.store.base import open_store
 from tasks.failure_report import failure_of
 from tasks.retry_policy import retry_if_retriable, retry_unless_fenced, retry_unless_final

@@ -18,9 +18,9 @@ import pytest
 import infra.store.conditional as conditional
 import infra.store.local as local_store
 import infra.store.lease as lease_module
-from infra.finalizer import FinalizerSettings, finalizer
+from infra.publication.finalizer import FinalizerSettings, finalizer
 from infra.store.lease import Lease, LeaseLostError, LeaseRecord
-from infra.run_lease import acquire_run_lease, run_lease_path
+from infra.runs.run_lease import acquire_run_lease, run_lease_path
 from infra.store.base import open_store
 
 RUN = "lost-answer-run"

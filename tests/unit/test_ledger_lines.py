@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import ledger
+from infra.runs import ledger
 
 
 def test_a_short_write_then_enospc_leaves_the_file_as_it_was(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from infra import ledger
+from infra.runs import ledger
 
 
 def test_a_fresh_workers_ledger_is_merged_into_the_stored_one_in_time_order(tmp_path):

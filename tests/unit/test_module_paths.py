@@ -181,7 +181,7 @@ def test_every_module_named_on_a_command_line_resolves():
     missing = {name: where for name, where in named.items() if importlib.util.find_spec(name) is None}
     assert missing == {}
     # The scan sees the strings that matter most: the rank entry points and the torchrun wrapper.
-    entry_points = {"trainer_core.segment_main", "trainer_core.export_main", "infra.loopback_torchrun", "flows.cli"}
+    entry_points = {"trainer_core.run.segment_main", "trainer_core.run.export_main", "infra.launch.loopback_torchrun", "flows.cli"}
     assert entry_points <= set(named)
 
 

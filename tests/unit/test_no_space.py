@@ -11,9 +11,9 @@ import errno
 import os
 from pathlib import Path
 
-from infra.failures import Failure, FailureClass, classify_error, classify_exception
-from infra.launcher import LaunchError, LaunchResult
-from infra.no_space import describe_no_space
+from infra.launch.failures import Failure, FailureClass, classify_error, classify_exception
+from infra.launch.launcher import LaunchError, LaunchResult
+from infra.launch.no_space import describe_no_space
 from tasks.failure_report import failure_of, report_failure
 from tasks.retry_policy import retry_if_retriable, retry_unless_fenced
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from infra.failures import Failure, FailureClass
-from infra.launcher import LaunchError, _child_env, torchrun_command
-from infra.rendezvous import STORE_HOST_ENV, NodeRendezvous, rendezvous_id
+from infra.launch.failures import Failure, FailureClass
+from infra.launch.launcher import LaunchError, _child_env, torchrun_command
+from infra.launch.rendezvous import STORE_HOST_ENV, NodeRendezvous, rendezvous_id
 from tasks.nodes.failure import NodeFailed, failure_from_message, node_failure
 from tasks.nodes.local import _first_cause
 from trainer_core.node_topology import check_nodes, split_endpoint
-from trainer_core.process_boot import BOOT_SCRIPT
+from trainer_core.run.process_boot import BOOT_SCRIPT
 
 
 def test_node_zero_hosts_the_rendezvous_and_the_others_join_it(tmp_path):
@@ -23,7 +23,7 @@ def test_node_zero_hosts_the_rendezvous_and_the_others_join_it(tmp_path):
         assert "--rdzv-backend=c10d" in command and "--rdzv-endpoint=127.0.0.1:29400" in command
         assert f"--rdzv-id={rdzv}" in command and "--local-addr=127.0.0.1" in command
         assert f"--rdzv-conf=is_host={int(node_rank == 0)},join_timeout=300" in command
-        # Each rank runs the module through the boot script that arms its death signal first (trainer_core.process_boot).
+        # Each rank runs the module through the boot script that arms its death signal first (trainer_core.run.process_boot).
         assert command[command.index(str(BOOT_SCRIPT), 3):] == [str(BOOT_SCRIPT), "m", "--x"]
     single = torchrun_command("m", [], 2, tmp_path)
     assert "--nnodes=1" in single and "--rdzv-endpoint=127.0.0.1:0" in single

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import tasks.nodes as nodes
-from infra.run_lease import RunLeaseLost
+from infra.runs.run_lease import RunLeaseLost
 from tasks.outcomes import PlannedRun
 from trainer_core.config import StorageSection, TrainSection
 

@@ -8,14 +8,14 @@ import struct
 from prefect.states import Failed
 
 from flows.run_record import RunRecord
-from infra.failures import Failure, FailureClass, classify_exception, diagnose_launch
-from infra.launcher import LaunchError, LaunchResult, parse_rank_exits
-from infra.loss_curve import write_loss_curve
+from infra.launch.failures import Failure, FailureClass, classify_exception, diagnose_launch
+from infra.launch.launcher import LaunchError, LaunchResult, parse_rank_exits
+from infra.runs.loss_curve import write_loss_curve
 from tasks.outcomes import SegmentOutcome
 from tasks.retry_policy import retry_if_retriable
 from tasks.watchdog import SETUP_GRACE_S, SegmentWatch
 from trainer_core.data import DataError
-from trainer_core.progress import ProgressReader, ProgressWriter
+from trainer_core.run.progress import ProgressReader, ProgressWriter
 
 
 def test_progress_records_are_read_whole_and_a_restart_is_followed(tmp_path):
@@ -82,7 +82,7 @@ def test_diagnosis_names_the_killed_rank_not_the_peer_that_lost_it():
     stopped = diagnose_launch(_result(stalled="no progress for 12 s", stopped_ranks=(1,)), "segment")
     assert (stopped.cause, stopped.rank) == (FailureClass.RANK_STALLED, 1)
     stacks = {0: ('  File "/x/torch/distributed/distributed_c10d.py", line 1 in all_reduce',),
-              1: ('  File "/x/trainer_core/faults.py", line 9 in _fail_once',)}
+              1: ('  File "/x/trainer_core/run/faults.py", line 9 in _fail_once',)}
     hung_in_step = diagnose_launch(_result(stalled="no progress", rank_tails=stacks), "segment")
     assert (hung_in_step.cause, hung_in_step.rank) == (FailureClass.RANK_STALLED, 1)
 

@@ -10,7 +10,7 @@ import torch
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.data import pipeline
 from trainer_core.config import config_from_dict
-from trainer_core.plan import build_plan, read_plan, run_dir_for, write_plan
+from trainer_core.run.plan import build_plan, read_plan, run_dir_for, write_plan
 
 
 def test_same_inputs_same_plan_and_digest(tiny_config):

@@ -6,7 +6,7 @@ import torch
 
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
-from trainer_core.plan import plan_digest, segment_bounds
+from trainer_core.run.plan import plan_digest, segment_bounds
 
 
 def _config(tmp_path, **train):

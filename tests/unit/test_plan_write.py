@@ -15,12 +15,12 @@ from prefect import flow
 
 import flows.pipeline
 from flows.pipeline import RunFailed, train_flow
-from infra import ledger
-from infra.run_state import PLAN_BUNDLE, stored_bundle
+from infra.runs import ledger
+from infra.runs.run_state import PLAN_BUNDLE, stored_bundle
 from infra.store.base import open_store
 from tasks import plan as plan_stage
 from tasks.plan import compute_plan_fn, write_plan_task
-from tests.flows.prefect_queries import task_runs_of
+from tests.e2e.flows.prefect_queries import task_runs_of
 
 
 def _fail_first(calls: list, real):

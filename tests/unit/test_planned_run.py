@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from infra.publication import PublishSettings
-from infra.run_state import StateSettings
+from infra.publication.commit import PublishSettings
+from infra.runs.run_state import StateSettings
 from tasks.fencing import fenced_settings
 from tasks.outcomes import PlannedRun
 from tasks.plan import _planned
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
-from trainer_core.plan import Plan, SegmentPlan
+from trainer_core.run.plan import Plan, SegmentPlan
 
 
 def _plan_like(steps: list[tuple[int, int]]) -> Plan:

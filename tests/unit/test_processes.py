@@ -1,4 +1,4 @@
-"""The process table as the launcher reads it (`infra.processes`, through psutil), on real child processes."""
+"""The process table as the launcher reads it (`infra.launch.processes`, through psutil), on real child processes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import psutil
 import pytest
 
-from infra.processes import child_pids, descendant_pids, is_alive, is_stopped, rank_pids, wait_gone
-from trainer_core.plan_size import available_memory_bytes
+from infra.launch.processes import child_pids, descendant_pids, is_alive, is_stopped, rank_pids, wait_gone
+from trainer_core.run.plan_size import available_memory_bytes
 
 
 def _until(condition, timeout_s: float = 10.0) -> bool:

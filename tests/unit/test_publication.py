@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
-from infra.publication import PublishSettings, cleanup_staging, commit_checkpoint, read_latest
+from infra.publication.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
+from infra.publication.commit import PublishSettings, cleanup_staging, commit_checkpoint, read_latest
 from infra.store import MemoryStore, open_store
 from tests.publication_helpers import fail_after_uploads
-from trainer_core.manifest import write_manifest
+from trainer_core.run.manifest import write_manifest
 
 RUN = "run-abc"
 

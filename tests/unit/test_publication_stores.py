@@ -16,13 +16,13 @@ import contextlib
 import pytest
 from prefect.states import Failed
 
-from infra.checkpoints import verify_checkpoint
-from infra.journal import Journal, PublicationState, journal_path_for
+from infra.publication.checkpoints import verify_checkpoint
+from infra.publication.journal import Journal, PublicationState, journal_path_for
 from infra.store.lease import LeaseLostError
-from infra.local_records import store_key
-from infra.manifests import ManifestError
-from infra.publication import EXPORT_AGAIN, CheckpointDoesNotVerify, cleanup_staging, commit_checkpoint
-from infra.run_lease import RunLeaseLost
+from infra.runs.local_records import store_key
+from infra.publication.manifests import ManifestError
+from infra.publication.commit import EXPORT_AGAIN, CheckpointDoesNotVerify, cleanup_staging, commit_checkpoint
+from infra.runs.run_lease import RunLeaseLost
 from infra.store import MemoryStore
 from infra.store.base import StorageTimeoutError, open_store
 from tasks.retry_policy import retry_unless_final

@@ -5,7 +5,7 @@ would silently start every user's run from scratch instead of resuming it."""
 import pytest
 
 from trainer_core.config import load_config
-from trainer_core.plan import build_plan
+from trainer_core.run.plan import build_plan
 from tests.conftest import EXAMPLES
 
 PINNED = {

@@ -11,7 +11,7 @@ import pytest
 from flows.cli import main
 from flows.cli.deploy import parse_job_variables
 from flows.cli.server import asyncpg_url, redact_url
-from infra.postgres import find_postgres_bin
+from infra.services.postgres import find_postgres_bin
 from tests.conftest import tiny_tree
 from trainer_core.errors import ConfigError
 

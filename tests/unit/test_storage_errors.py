@@ -12,7 +12,7 @@ import http.client
 import aiohttp
 import pytest
 
-from infra.failures import FailureClass, classify_exception
+from infra.launch.failures import FailureClass, classify_exception
 from infra.store.base import StoreLocation, StorageTimeoutError, storage_errors
 
 

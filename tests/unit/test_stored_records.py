@@ -13,23 +13,23 @@ from pathlib import Path
 
 import pytest
 
-from infra.finalizer import QueueEntry, earlier_waiters
-from infra.journal import Journal, JournalRecord, PublicationState, UploadedObject, mirror_path_for
-from infra.latest import LatestPointer, latest_path, parse_latest
-from infra.launcher import _read_error_records
-from infra.manifests import (CheckpointManifest, ManifestError, checkpoint_key, checkpoints_dir_key, journal_key,
+from infra.publication.finalizer import QueueEntry, earlier_waiters
+from infra.publication.journal import Journal, JournalRecord, PublicationState, UploadedObject, mirror_path_for
+from infra.publication.latest import LatestPointer, latest_path, parse_latest
+from infra.launch.launcher import _read_error_records
+from infra.publication.manifests import (CheckpointManifest, ManifestError, checkpoint_key, checkpoints_dir_key, journal_key,
                              latest_key, parse_manifest, publications_dir_key, queue_dir_key, queue_key)
-from infra.publication import remote_dir
-from infra.run_lease import run_lease_path
-from infra.run_state import BundleManifest, parse_bundle_manifest
+from infra.publication.commit import remote_dir
+from infra.runs.run_lease import run_lease_path
+from infra.runs.run_state import BundleManifest, parse_bundle_manifest
 from infra.store import open_store
 from infra.store.lease import Lease, LeaseHeldError, LeaseRecord, lease_key, read_lease
-from trainer_core.manifest import verify_staged, write_manifest
-from trainer_core.rank_process import ERRORS_DIR_ENV, RankErrorRecord, record_error
+from trainer_core.run.manifest import verify_staged, write_manifest
+from trainer_core.run.rank_process import ERRORS_DIR_ENV, RankErrorRecord, record_error
 
 RUN = "tiny-sft-0123456789ab"
 
-# trainer_core.manifest.write_manifest before CheckpointManifest: files model.safetensors (b"weights") and
+# trainer_core.run.manifest.write_manifest before CheckpointManifest: files model.safetensors (b"weights") and
 # tok/tokenizer.json (b"{}"), the export's provenance.
 MANIFEST_BYTES = (
     b'{\n  "base_model": "tiny",\n  "files": [\n    {\n      "path": "model.safetensors",\n      "sha256": '
@@ -149,7 +149,7 @@ def test_a_staged_manifest_that_does_not_parse_never_verifies(tmp_path):
 
 # -- run-state bundle manifest ------------------------------------------------------
 
-# infra.run_state.publish_bundle's manifest before BundleManifest (one file).
+# infra.runs.run_state.publish_bundle's manifest before BundleManifest (one file).
 BUNDLE_BYTES = (
     b'{\n  "bundle": "segment-0000",\n  "files": [\n    {\n      "path": "segments/segment-0000.json",\n'
     b'      "sha256": "0000000000000000000000000000000000000000000000000000000000000000",\n      "size": 12\n'
@@ -185,7 +185,7 @@ def test_a_hostile_bundle_manifest_is_refused_with_a_manifest_error(data, messag
 
 # -- publication journal ------------------------------------------------------------
 
-# infra.journal.JournalRecord.to_bytes before the model (a COMMITTED record with one upload and one event).
+# infra.publication.journal.JournalRecord.to_bytes before the model (a COMMITTED record with one upload and one event).
 JOURNAL_BYTES = (
     b'{\n  "error": null,\n  "fingerprint": "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",\n'
     b'  "format": "rankflow-journal/1",\n  "history": [\n    {\n      "host": "node-1",\n      "note": "export '
@@ -299,7 +299,7 @@ def test_a_lease_with_an_unknown_key_still_guards_its_holder(tmp_path):
 # -- LATEST ---------------------------------------------------------------------------
 
 LATEST_BYTES = b'{"checkpoint": "step-00000060", "step": 60}'
-"""infra.latest.advance_latest's record before LatestPointer."""
+"""infra.publication.latest.advance_latest's record before LatestPointer."""
 
 
 def test_latest_written_before_the_model_reads_and_writes_the_same_bytes():
@@ -330,7 +330,7 @@ def test_a_hostile_latest_is_untrustworthy_and_says_why(data, problem):
 # -- finalizer queue entry ---------------------------------------------------------------
 
 QUEUE_BYTES = b'{"waiting_at": 1764600000.5, "owner": "node-1:4242"}'
-"""infra.finalizer's queue entry before QueueEntry."""
+"""infra.publication.finalizer's queue entry before QueueEntry."""
 
 
 def test_a_queue_entry_written_before_the_model_reads_and_writes_the_same_bytes():
@@ -359,7 +359,7 @@ def test_an_unreadable_queue_entry_is_no_live_waiter(tmp_path, changes, alive):
 RANK_ERROR_BYTES = (b'{"rank": 1, "time": 1796146043.1132898, "type": "ValueError", "message": "boom\\nsecond line", '
                     b'"traceback": "Traceback (most recent call last):\\n  File \\"<string>\\", line 5, in <module>\\n'
                     b'ValueError: boom\\nsecond line\\n"}')
-"""trainer_core.rank_process.record_error's file before RankErrorRecord."""
+"""trainer_core.run.rank_process.record_error's file before RankErrorRecord."""
 
 
 def test_a_rank_error_written_before_the_model_reads_and_writes_the_same_bytes(tmp_path):

@@ -18,17 +18,17 @@ from flows.terminal import quiet_tracebacks
 
 RANK_TRACEBACK = """[rank 1] ERROR TypeError: injected fault at step 1 on rank 1: a code error
 [rank 1] Traceback (most recent call last):
-[rank 1]   File "/x/trainer_core/segment_main.py", line 256, in <lambda>
+[rank 1]   File "/x/trainer_core/run/segment_main.py", line 256, in <lambda>
 [rank 1]     run_rank_main(lambda: train_segment(args.run_dir, args.segment))
 [rank 1] TypeError: injected fault at step 1 on rank 1: a code error
 [rank 1] step 2 done
 E1201 10:42:44.589000 6886 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1)
 Traceback (most recent call last):
-  File "/x/infra/loopback_torchrun.py", line 73, in <module>
+  File "/x/infra/launch/loopback_torchrun.py", line 73, in <module>
     main()
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
 ============================================================
-trainer_core.segment_main FAILED
+trainer_core.run.segment_main FAILED
 ------------------------------------------------------------
 Root Cause (first observed failure):
 ============================================================

@@ -33,7 +33,8 @@ class _Item:
 def test_servers_used_through_fixtures_earn_their_markers():
     assert _derived_markers(_Item("tests/unit/test_x.py", ["tmp_path", "prefect_harness"])) == {"flow"}
     assert _derived_markers(_Item("tests/storage/test_x.py", ["s3_env", "s3_server"])) == {"s3"}
-    assert _derived_markers(_Item("tests/deployments/test_x.py", ["postgres_cluster"])) == {"postgres"}
+    assert _derived_markers(_Item("tests/e2e/deployments/test_x.py", ["postgres_cluster"])) == {"e2e", "postgres"}
+    assert _derived_markers(_Item("tests/storage/test_x.py", ["postgres_cluster"])) == {"postgres"}
     assert _derived_markers(_Item("tests/unit/test_x.py", ["tmp_path"])) == set()
 
 

@@ -16,10 +16,10 @@ from tests.bad_input.harness import Assets
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import ConfigError, config_from_dict
 from trainer_core.input_files import open_input
-from trainer_core.plan import build_plan
-from trainer_core.plan_size import PlanSize, _steps_in_memory, check_plan_size, estimate_plan_size
+from trainer_core.run.plan import build_plan
+from trainer_core.run.plan_size import PlanSize, _steps_in_memory, check_plan_size, estimate_plan_size
 from trainer_core.storage_url import check_storage_url
-from trainer_core.validate import validate_inputs
+from trainer_core.run.validate import validate_inputs
 
 
 def test_good_inputs_pass_and_nothing_is_written(tmp_path):

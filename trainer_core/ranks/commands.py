@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from ..faults import maybe_inject_command_fault
+from trainer_core.run.faults import maybe_inject_command_fault
 from ..files import tensors_sha256
-from ..state import load_training_state, save_training_state
+from trainer_core.run.state import load_training_state, save_training_state
 from ..training.checkpoint_io import export_checkpoint_module
 from ..training.graphs import ManagedOutputs
 from .coordination import describe, exchange, reportable

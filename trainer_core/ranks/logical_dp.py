@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..faults import maybe_inject_command_fault
+from trainer_core.run.faults import maybe_inject_command_fault
 from .coordination import coordinated
 from .logical_gradients import LogicalGradients, ReductionMode
 from .reduction import ReduceOp, reduce_over_logical_ranks

@@ -1,6 +1,6 @@
 """Every path under a run directory, in one place: `RunDir(run_dir)`.
 
-    RUN_DIR/plan.json                        the plan, and its shards under plan/ (named by trainer_core.plan)
+    RUN_DIR/plan.json                        the plan, and its shards under plan/ (named by trainer_core.run.plan)
     RUN_DIR/state/segment-NNNN/              segment N's training state (`meta.json` beside one directory per checkpoint)
     RUN_DIR/segments/segment-NNNN.json       segment N's SegmentResult
     RUN_DIR/progress/segment-NNNN.jsonl      segment N's live progress records

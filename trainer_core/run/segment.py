@@ -5,7 +5,7 @@
     saved = run.save_state()                         # rank 0 writes, every rank waits and hears if it failed
     run.write_result(steps, saved)                   # rank 0: the SegmentResult the task reads
 
-The entry point (`trainer_core.segment_main`) runs these in order on every rank.
+The entry point (`trainer_core.run.segment_main`) runs these in order on every rank.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from pathlib import Path
 import torch
 
 from ..config import RunConfig
-from ..distributed import Topology, init_distributed, log
+from trainer_core.run.distributed import Topology, init_distributed, log
 from ..model import build_trainer
 from ..objectives import Objective, objective_for
-from ..plan import Plan, SegmentPlan, load_segment_shard, read_plan
-from ..progress import ProgressWriter, progress_path
+from trainer_core.run.plan import Plan, SegmentPlan, load_segment_shard, read_plan
+from trainer_core.run.progress import ProgressWriter, progress_path
 from ..ranks import LogicalDataParallel, pin_threads, threads_for
 from ..schedule import learning_rate_at
-from ..state import load_training_state, save_training_state, state_dir_for
+from trainer_core.run.state import load_training_state, save_training_state, state_dir_for
 from ..training import Checkpoint, MissReports, Trainer
 from ..training.gradient_reduction import all_reduce_sum_
 from .figures import FigureLayout

@@ -13,8 +13,8 @@ import torch
 
 from ..config import RunConfig
 from ..data.pack import packed_attention_inputs
-from ..distributed import log
-from ..faults import maybe_inject_fault, nonfinite_loss_factor
+from trainer_core.run.distributed import log
+from trainer_core.run.faults import maybe_inject_fault, nonfinite_loss_factor
 from ..objectives import Objective
 from ..ranks import LogicalDataParallel
 from ..training import Trainer

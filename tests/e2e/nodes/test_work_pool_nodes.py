@@ -1,0 +1,165 @@
+"""A multi-node segment through a work pool: two node workers, one rendezvous on 127.0.0.1 (real processes).
+
+A Prefect server on PostgreSQL; `rankflow deploy` with train.nnodes = 2
+registers the training deployment and the per-node deployment next to it;
+three workers, each in a directory of its own, as on three machines: one
+serves the pool's default queue (the training flow runs), one queue `node-0`
+and one `node-1`. The training run starts one per-node flow run per node;
+each runs on the worker of its queue, and the committed weights and losses
+are bitwise those of 1 node × 2 processes. A rank killed on one node fails
+both node runs of that attempt, every process of it is gone before the
+retry's first one starts, and the retried segment ends bitwise equal. The
+nodes share the run's work dir
+(an absolute path, as a shared filesystem would give; the store-backed run
+state makes that unnecessary once it lands). Every worker, torchrun and rank
+is checked gone at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from infra.runs import ledger
+from infra.services.local_process import pick_free_port
+from tests.e2e.deployments.test_work_pool import (  # noqa: F401 - prefect_server is a fixture
+    PREFECT, RANKFLOW, _client_env, _stop_and_check_gone, _wait_for_output, _wait_terminal, _write_config,
+    prefect_server,
+)
+from tests.e2e.flows.test_logical_ranks_flow import committed_weights_sha256
+from trainer_core.run.faults import FAULT_ENV, FAULT_KIND_ENV
+
+pytestmark = [pytest.mark.postgres, pytest.mark.distributed]
+
+_RUN_TIMEOUT_S = 600
+
+
+@contextmanager
+def running_queue_worker(pool: str, queue: str, env: dict[str, str], cwd: Path):
+    """`prefect worker start --pool POOL --work-queue QUEUE` in `cwd`; stopped like Ctrl-C, then checked gone."""
+    import signal
+
+    cwd.mkdir(parents=True, exist_ok=True)
+    log = cwd.parent / f"worker-{queue}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen([PREFECT, "worker", "start", "--pool", pool, "--work-queue", queue],
+                                   stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                   start_new_session=True)
+    try:
+        _wait_for_output(log, "started!", process, 120)
+        yield log
+    finally:
+        _stop_and_check_gone(process, signal.SIGINT, 60, f"the {queue} worker")
+
+
+FAULT_STEP = 3
+"""The node workers carry a one-time SIGKILL of rank 1 at this step: only the 4-step run reaches it."""
+
+
+@dataclass(frozen=True)
+class NodePool:
+    api_url: str
+    env: dict
+    logs: dict
+    fault_marker: Path
+
+
+def _deploy(config_file: Path, name: str, env: dict, cwd: Path) -> dict:
+    deployed_cli = subprocess.run([RANKFLOW, "deploy", str(config_file), "--pool", "nodes-pool", "--name", name],
+                                  env=env, cwd=cwd, capture_output=True, text=True, timeout=180)
+    assert deployed_cli.returncode == 0, deployed_cli.stderr[-3000:]
+    return json.loads(deployed_cli.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def node_pool(prefect_server, tmp_path_factory) -> Iterator[NodePool]:
+    """Three workers of `nodes-pool`, each in its own directory: the default queue, node-0 and node-1."""
+    base = tmp_path_factory.mktemp("node-pool")
+    env = _client_env(prefect_server.api_url, base / "client-home")
+    marker = base / "fault-happened"
+    worker_env = {**env, "PREFECT_WORKER_QUERY_SECONDS": "2", FAULT_ENV: f"{FAULT_STEP}:1:{marker}", FAULT_KIND_ENV: "kill"}
+    with ExitStack() as workers:
+        logs = {queue: workers.enter_context(running_queue_worker("nodes-pool", queue, worker_env, base / queue))
+                for queue in ("default", "node-0", "node-1")}
+        yield NodePool(prefect_server.api_url, env, logs, marker)
+
+
+def _run_deployed(pool: NodePool, tmp_path: Path, steps: int, name: str):
+    """Deploy the tiny job at 2 nodes × 1 process, run it on the workers; returns (flow run, node runs, result)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    train = {"steps": steps, "steps_per_segment": 2, "logical_dp": 2, "nproc_per_node": 1, "nnodes": 2,
+             "rdzv_endpoint": f"127.0.0.1:{pick_free_port()}"}
+    config_file = _write_config(tmp_path, train=train)
+    deployed = _deploy(config_file, name, pool.env, tmp_path)
+    with temporary_settings(updates={PREFECT_API_URL: pool.api_url}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment(deployed["deployment_id"])
+        assert deployment.parameters["config"]["train"]["node_deployment"] == f"rankflow-node/{name}"
+        node_deployment = client.read_deployment_by_name(f"rankflow-node/{name}")
+        assert node_deployment.work_pool_name == "nodes-pool" and node_deployment.global_concurrency_limit is None
+        flow_run = client.create_flow_run_from_deployment(deployment.id)
+        (finished,) = _wait_terminal(client, [flow_run.id], _RUN_TIMEOUT_S).values()
+        assert finished.state.is_completed(), "\n".join(log.read_text()[-4000:] for log in pool.logs.values())
+        node_runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            deployment_id=FlowRunFilterDeploymentId(any_=[node_deployment.id])))
+    work_dir = tmp_path / "work"
+    (run_id,) = [p.name for p in work_dir.iterdir() if p.is_dir() and p.name.startswith("test-")]
+    entries = ledger.read(work_dir / run_id)
+    segments = [e for e in entries if e["stage"] == "segment" and e["status"] == "completed"]
+    result = (run_id, [loss for e in segments for loss in e["losses"]],
+              committed_weights_sha256(str(tmp_path / "store"), run_id, tmp_path / "download"))
+    return config_file, node_runs, entries, result
+
+
+def _reference(pool: NodePool, config_file: Path, base: Path) -> tuple:
+    """The same config on 1 node × 2 processes, run locally (`rankflow run`) against the same server."""
+    local = subprocess.run([RANKFLOW, "run", str(config_file), "--set", "train.nnodes=1",
+                            "--set", "train.nproc_per_node=2", "--set", f"run.work_dir={base / 'work'}",
+                            "--set", f"storage.url={base / 'store'}"],
+                           env=pool.env, cwd=base.parent, capture_output=True, text=True, timeout=_RUN_TIMEOUT_S)
+    assert local.returncode == 0, local.stderr[-3000:]
+    summary = json.loads(local.stdout.strip().splitlines()[-1])
+    return (summary["run_id"], summary["losses"],
+            committed_weights_sha256(str(base / "store"), summary["run_id"], base / "download"))
+
+
+def test_two_node_workers_train_a_segment_bitwise_like_one_node_of_two_processes(node_pool, tmp_path):
+    config_file, node_runs, _, result = _run_deployed(node_pool, tmp_path, steps=2, name="two-nodes")
+    worker_logs = {queue: log.read_text() for queue, log in node_pool.logs.items()}
+    # One run per node, each on its own queue, each run by the worker of that queue only.
+    assert sorted((run.work_queue_name, run.state.type.value) for run in node_runs) == [
+        ("node-0", "COMPLETED"), ("node-1", "COMPLETED")]
+    for run in node_runs:
+        assert str(run.id) in worker_logs[run.work_queue_name]
+        assert all(str(run.id) not in text for queue, text in worker_logs.items() if queue != run.work_queue_name)
+    assert not node_pool.fault_marker.exists()  # 2 steps never reach the fault
+    assert len(result[1]) == 2
+    assert result == _reference(node_pool, config_file, tmp_path / "reference")
+
+
+def test_a_killed_node_fails_both_node_runs_and_the_retried_segment_ends_bitwise_equal(node_pool, tmp_path):
+    from tests.e2e.nodes.test_local_nodes import AttemptSampler
+
+    with AttemptSampler() as sampler:  # the workers are this process's children: their flow runs' torchruns too
+        config_file, node_runs, entries, result = _run_deployed(node_pool, tmp_path, steps=4, name="killed-node")
+    assert node_pool.fault_marker.is_file()
+    # Segment 1's first attempt: both node runs ended (one failed, the other failed or was cancelled); its retry's
+    # two node runs completed. Every process of the failed attempt was gone before the retry's first one started.
+    segment_1 = sorted((run.state.type.value for run in node_runs if "segment-1" in run.name))
+    assert len(segment_1) == 4 and segment_1.count("COMPLETED") == 2, [(r.name, r.state_name) for r in node_runs]
+    assert set(segment_1) - {"COMPLETED"} <= {"FAILED", "CANCELLED", "CRASHED"}
+    assert len(sampler.order) == 2 and len(sampler.pids[sampler.order[0]]) >= 4, sampler.pids
+    assert sampler.overlaps == []
+    failures = [e for e in entries if e["stage"] == "segment" and e["status"] == "failed"]
+    assert len(failures) == 1 and failures[0]["segment"] == 1, failures
+    assert failures[0]["failure"]["cause"] in ("rank_died", "collective_timeout"), failures[0]
+    assert len(result[1]) == 4
+    assert result == _reference(node_pool, config_file, tmp_path / "reference")

@@ -1,0 +1,1 @@
+"""The UI smoke test: `rankflow ui` in headless Chromium."""

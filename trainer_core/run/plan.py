@@ -1,0 +1,247 @@
+"""The plan: a pure, deterministic function of config + data.
+
+`build_plan` validates the data, tokenizes it, orders the sequences with the run
+seed, cuts the run into segments of optimizer steps and lays out, per segment,
+a shard file that every rank reads. The digest covers everything that decides
+the training result, so the same inputs always give the same run id, and a
+re-run of the same config finds (and resumes) the same run directory.
+
+Nothing is written until the whole input has been validated.
+
+The data goes through the stages of `trainer_core.data` (render → tokenize →
+mask → align → pack); the tensors of a shard, and what each means, are the
+contract documented in `trainer_core/data/shards.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+
+from trainer_core.config import RunConfig
+from trainer_core.data import DataOptions, Prepared
+from trainer_core.data.shards import packed_steps, round_up, stack_rows, unpacked_steps
+from trainer_core.files import tensors_sha256, write_text_atomic
+from trainer_core.run.validate import CheckedInputs, validate_inputs
+
+PLAN_FILE = "plan.json"
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    index: int
+    start_step: int
+    """First optimizer step (0-based, inclusive)."""
+    end_step: int
+    """One past the last optimizer step."""
+    shard_file: str
+    """Path of this segment's shard, relative to the run directory."""
+    num_loss_tokens: int
+
+    @property
+    def num_steps(self) -> int:
+        return self.end_step - self.start_step
+
+
+@dataclass(frozen=True)
+class Plan:
+    run_id: str
+    digest: str
+    config: dict
+    num_conversations: int
+    num_truncated: int
+    num_dropped: int
+    num_tokens: int
+    segments: list[SegmentPlan] = field(default_factory=list)
+    data_kind: str = "sft"
+    """`sft`, or `rl` when the data holds trajectories (the shards then carry the RL tensors)."""
+    packed: bool = False
+    """Whether the shards hold packed rows (`position_ids`, `document_ids`)."""
+    num_flat_groups: int = 0
+    """RL: reward groups whose rewards are all equal (advantage 0 throughout)."""
+    stage_digests: dict[str, str] = field(default_factory=dict)
+    """One digest per data stage (render, tokenize, mask, align) over the whole file."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        raw = json.loads(text)
+        raw["segments"] = [SegmentPlan(**s) for s in raw["segments"]]
+        return cls(**raw)
+
+    def run_config(self) -> RunConfig:
+        return RunConfig.model_validate(self.config)
+
+
+def run_dir_for(config: RunConfig, run_id: str) -> Path:
+    return Path(config.run.work_dir) / run_id
+
+
+def _step_order(num_sequences: int, config: RunConfig) -> np.ndarray:
+    """Sequence indices for every optimizer step: epochs of seeded permutations."""
+    needed = config.train.steps * config.train.global_batch_size
+    rng = np.random.default_rng(config.run.seed)
+    epochs = -(-needed // num_sequences)
+    order = np.concatenate([rng.permutation(num_sequences) for _ in range(epochs)])
+    return order[:needed].reshape(config.train.steps, config.train.global_batch_size)
+
+
+def _document_stream(num_documents: int, seed: int) -> Iterator[int]:
+    """Endless epochs of seeded permutations (packing does not know upfront how many it uses)."""
+    rng = np.random.default_rng(seed)
+    while True:
+        yield from (int(i) for i in rng.permutation(num_documents))
+
+
+def segment_bounds(config: RunConfig) -> list[tuple[int, int]]:
+    """(start, end) optimizer steps of each segment, end exclusive: `train.steps` cut every `steps_per_segment`."""
+    span = config.train.steps_per_segment
+    return [(i * span, min((i + 1) * span, config.train.steps)) for i in range(config.train.num_segments)]
+
+
+def _pad_id(tokenizer: Tokenizer) -> int:
+    pad_id = tokenizer.token_to_id("<|endoftext|>")
+    return 0 if pad_id is None else pad_id
+
+
+def _segment_shards(prepared: Prepared, config: RunConfig, options: DataOptions, pad_id: int,
+                    bounds: list[tuple[int, int]]) -> dict[int, dict[str, torch.Tensor]]:
+    documents = prepared.documents
+    if options.pack:
+        stream = _document_stream(len(documents), config.run.seed)
+        row_len = round_up(options.max_seq_len)
+        return {
+            index: stack_rows(packed_steps(documents, stream, end - start, config.train.global_batch_size, row_len, pad_id), packed=True)
+            for index, (start, end) in enumerate(bounds)
+        }
+    order = _step_order(len(documents), config)
+    return {
+        index: stack_rows(unpacked_steps(documents, order[start:end], pad_id), packed=False)
+        for index, (start, end) in enumerate(bounds)
+    }
+
+
+def _objective_of_the_data(config: RunConfig) -> str:
+    from trainer_core.objectives import DEFAULT_FOR_DATA
+
+    return DEFAULT_FOR_DATA[config.data.kind]
+
+
+ADDED_LATER = {("train", "objective"): _objective_of_the_data}
+"""Keys added after run ids were first given out, each with its default for a config: at that default a key leaves the
+digest, so every run planned before the key existed keeps its run id (tests/unit/test_run_ids.py pins them). A new key
+that decides the result joins this table; one that does not is popped below with the other operational keys."""
+
+
+def digest_view(config: RunConfig) -> dict:
+    """The part of the config that decides the training result: what the digest (and so the run id) covers."""
+    training_config = config.model_dump(mode="json")
+    # Where things are stored and how long a launch may take do not change the result.
+    for volatile in ("storage", "export"):
+        training_config.pop(volatile)
+    if config.export.merge_lora:  # the merged weights are part of what the run commits
+        training_config["export"] = {"merge_lora": True}
+    for operational in ("work_dir", "lease_wait_s", "lease_ttl_s"):  # the run lease's settings: how, not what
+        training_config["run"].pop(operational)
+    for operational in ("segment_timeout_s", "stall_timeout_s", "collective_timeout_s", "planner_miss_threshold"):
+        training_config["train"].pop(operational)
+    if config.train.reduction == "deterministic":
+        # The number of processes changes only the speed (trainer_core.ranks): a run
+        # resumed at another nproc_per_node is the same run, under the same id.
+        training_config["train"].pop("nproc_per_node")
+    # Nodes are processes too (trainer_core.node_topology); one node leaves the digest as it was before nnodes.
+    if config.train.reduction == "deterministic" or config.train.nnodes == 1:
+        training_config["train"].pop("nnodes")
+    for where in ("rdzv_endpoint", "node_deployment"):
+        training_config["train"].pop(where)
+    for section in ("model", "tokenizer", "data"):
+        training_config[section].pop("path", None)
+        training_config[section].pop("config", None)
+    for (section, key), default_for in ADDED_LATER.items():
+        if training_config[section].get(key) == default_for(config):
+            training_config[section].pop(key)
+    return training_config
+
+
+def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
+    """Validate, tokenize and lay out the run in memory.
+
+    Everything comes from the config (the data stages from `config.data`), so
+    the digest really names the plan. The inputs are checked first
+    (`validate_inputs`, unless the caller passes what it already checked); the
+    only thing written is the stage cache under `run.work_dir/cache`, and only
+    for inputs that passed every check.
+    """
+    if checked is None:
+        checked = validate_inputs(config)
+    checked.store_cache()
+    bounds = segment_bounds(config)
+    shards = _segment_shards(checked.prepared, config, checked.options, _pad_id(checked.tokenizer), bounds)
+    digest = plan_digest(config, checked.fingerprint, shards)
+    return _plan(config, checked, digest, bounds, shards), shards
+
+
+def plan_digest(config: RunConfig, fingerprint: dict, shards: dict[int, dict[str, torch.Tensor]]) -> str:
+    """What names the plan: the config as the digest sees it (`digest_view`), the inputs and every shard's bytes."""
+    return hashlib.sha256(
+        json.dumps(
+            {"config": digest_view(config), "inputs": fingerprint,
+             "shards": [tensors_sha256(shards[i]) for i in sorted(shards)]},
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()
+
+
+def _plan(config: RunConfig, checked: CheckedInputs, digest: str, bounds: list[tuple[int, int]],
+          shards: dict[int, dict[str, torch.Tensor]]) -> Plan:
+    prepared, options = checked.prepared, checked.options
+    return Plan(
+        run_id=f"{config.run.name}-{digest[:12]}",
+        digest=digest,
+        config=config.model_dump(mode="json"),
+        num_conversations=prepared.num_records,
+        num_truncated=prepared.num_truncated,
+        num_dropped=prepared.num_dropped,
+        num_tokens=int(sum(d.num_tokens for d in prepared.documents)),
+        segments=[
+            SegmentPlan(index=i, start_step=start, end_step=end, shard_file=f"plan/segment-{i:04d}.safetensors",
+                        num_loss_tokens=int(shards[i]["loss_mask"].sum()))
+            for i, (start, end) in enumerate(bounds)
+        ],
+        data_kind="rl" if prepared.is_rl else "sft",
+        packed=options.pack,
+        num_flat_groups=prepared.advantage_stats.num_flat_groups if prepared.advantage_stats else 0,
+        stage_digests=prepared.stage_digests,
+    )
+
+
+def write_plan(plan: Plan, shards: dict[int, dict[str, torch.Tensor]], run_dir: Path) -> Path:
+    """Write shards, then plan.json last (atomically), so a plan file implies its shards."""
+    (run_dir / "plan").mkdir(parents=True, exist_ok=True)
+    for segment in plan.segments:
+        target = run_dir / segment.shard_file
+        tmp = target.with_suffix(".tmp")
+        save_file(shards[segment.index], str(tmp), metadata={"run_id": plan.run_id})
+        os.replace(tmp, target)
+    plan_path = run_dir / PLAN_FILE
+    write_text_atomic(plan_path, plan.to_json())
+    return plan_path
+
+
+def read_plan(run_dir: Path) -> Plan:
+    return Plan.from_json((run_dir / PLAN_FILE).read_text())
+
+
+def load_segment_shard(run_dir: Path, segment: SegmentPlan) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / segment.shard_file))

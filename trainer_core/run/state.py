@@ -1,0 +1,56 @@
+"""Training state between segments: every checkpoint's weights, AdamW state and revision, and the data cursor.
+
+Each checkpoint is saved with `checkpoint_io.save_checkpoint` into one
+directory per checkpoint, beside `meta.json` (the next step). Rank 0 writes the
+whole state into a temporary directory and renames it into place, so a state
+directory either exists whole or not at all; a crashed segment never leaves a
+half-written state for its retry to resume from. Weights are replicated over
+data-parallel ranks, so one copy is enough.
+
+RNG needs no saving: every random draw is seeded from (seed, step, logical
+rank), which also makes dropout independent of the physical world size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from trainer_core.run.layout import RunDir
+from trainer_core.training import Checkpoint, restore_checkpoint, save_checkpoint
+
+META_FILE = "meta.json"
+
+
+def state_dir_for(run_dir: Path, segment_index: int) -> Path:
+    return RunDir(run_dir).state_dir(segment_index)
+
+
+def has_state(state_dir: Path) -> bool:
+    return (state_dir / META_FILE).is_file()
+
+
+def save_training_state(state_dir: Path, checkpoints: Mapping[str, Checkpoint], meta: dict) -> int:
+    """Write the state atomically; returns its size in bytes."""
+    tmp = state_dir.with_name(state_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, checkpoint in checkpoints.items():
+        save_checkpoint(checkpoint, tmp / name)
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    if state_dir.exists():
+        shutil.rmtree(state_dir)
+    os.replace(tmp, state_dir)
+    return sum(p.stat().st_size for p in state_dir.rglob("*") if p.is_file())
+
+
+def load_training_state(state_dir: Path, checkpoints: Mapping[str, Checkpoint], *, with_optimizer: bool = True) -> dict:
+    """Restore every checkpoint (weights, revision, and AdamW state unless told not to); returns meta."""
+    if not has_state(state_dir):
+        raise FileNotFoundError(f"no complete training state at {state_dir}; rerun the segment that writes it")
+    for name, checkpoint in checkpoints.items():
+        restore_checkpoint(checkpoint, state_dir / name, with_optimizer=with_optimizer)
+    return json.loads((state_dir / META_FILE).read_text())

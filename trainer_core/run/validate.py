@@ -1,0 +1,188 @@
+"""Pre-flight: read and check every input of a run without writing anything.
+
+`validate_inputs(config)` is what `rankflow run` calls before the Prefect flow
+starts, and what the plan stage calls first, so bad input fails in seconds,
+with one message, before a cache entry, a run directory or a store object
+exists:
+
+- outputs: `run.work_dir` and a local `storage.url` are (or can become) directories;
+- tokenizer: tokenizer.json, tokenizer_config.json and the chat template read, parse and compile;
+- model: config.json, sizes, a meta-device forward, the vocabulary, the weights (`model_checks`);
+- data: every record (schema, then render → tokenize → mask → align), `data.kind`
+  against the records, the length policy, positions against the model;
+- the plan's size against this machine's memory and disk (`plan_size`).
+
+Every failure is a `BadInputError` (ConfigError or DataError) naming the file
+and line or the config key, and the fix. The staged documents it computes are
+kept in `CheckedInputs`, whose `store_cache()` writes them to the stage cache
+once the caller has decided the inputs are good, so tokenizing happens once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+from transformers import PretrainedConfig
+
+from trainer_core.config import RunConfig
+from trainer_core.data import DataError, DataOptions, Prepared, Record, Staged, finish, load_chat_template, load_tokenizer
+from trainer_core.data import read_records, stage_documents, store_staged
+from trainer_core.data.cache import cache_key
+from trainer_core.data.shards import round_up
+from trainer_core.data.tokenize import tokenizer_file
+from trainer_core.errors import ConfigError
+from trainer_core.files import sha256_file
+from trainer_core.input_files import file_kind
+from trainer_core.model_checks import check_model, quiet_transformers
+from trainer_core.run.plan_size import PlanSize, check_plan_size
+
+
+@dataclass(frozen=True)
+class CheckedInputs:
+    """Everything the plan needs, read and checked; nothing written yet."""
+
+    config: RunConfig
+    records: list[Record]
+    tokenizer: Tokenizer
+    template: str | None
+    model_config: PretrainedConfig
+    options: DataOptions
+    fingerprint: dict
+    """Digests of the inputs that decide the result (see `input_fingerprint`)."""
+    cache_key: str
+    staged: Staged
+    prepared: Prepared
+    plan_size: PlanSize
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path(self.config.run.work_dir) / "cache"
+
+    def store_cache(self) -> None:
+        """Write the staged documents to the stage cache (a no-op when they came from it)."""
+        store_staged(self.staged, self.cache_dir, self.cache_key)
+
+
+def _check_output_dir(path: str, key: str) -> None:
+    """`path` is a directory, or can be created as one by this user."""
+    target = Path(path)
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "a regular file" if existing.is_file() else file_kind(existing.stat().st_mode)
+        where = "" if existing == target else f" (its parent {str(existing)!r} is {what})"
+        raise ConfigError(f"{key}={path!r} cannot be a directory{where or f': it is {what}'}; "
+                          f"point {key} at a directory, or remove that file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={path!r}: {str(existing)!r} is not writable by this user; "
+                          f"point {key} at a writable directory, or change its permissions")
+
+
+def check_outputs(config: RunConfig) -> None:
+    _check_output_dir(config.run.work_dir, "run.work_dir")
+    if "://" not in config.storage.url:
+        _check_output_dir(config.storage.url, "storage.url")
+
+
+def input_fingerprint(config: RunConfig, template: str | None) -> dict:
+    """Digests of the inputs that decide the result (paths themselves do not)."""
+    fingerprint: dict[str, object] = {"data": sha256_file(Path(config.data.path)),
+                   "tokenizer": sha256_file(tokenizer_file(config.tokenizer.path))}
+    if template is not None:  # the tokenizer's own template decides the tokens and the masks
+        fingerprint["chat_template"] = hashlib.sha256(template.encode()).hexdigest()
+    if config.model.config is not None:
+        fingerprint["model_config"] = sha256_file(Path(config.model.config))
+    else:
+        assert config.model.path is not None  # the config holds exactly one of model.config and model.path
+        model_dir = Path(config.model.path)
+        # Hashing multi-GB weights would dominate planning; name + size + config is
+        # enough to notice a different model in the same directory.
+        fingerprint["model_dir"] = sorted(
+            (p.name, p.stat().st_size) for p in model_dir.iterdir() if p.is_file()
+        )
+        fingerprint["model_config"] = sha256_file(model_dir / "config.json")
+    return fingerprint
+
+
+def _check_template(template: str, config: RunConfig) -> None:
+    """Compile the chat template as transformers will, so a syntax error names the template, not every record."""
+    from jinja2 import TemplateError
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:
+        _compile_jinja_template(template)
+    except TemplateError as error:
+        lineno = getattr(error, "lineno", None)  # a TemplateSyntaxError has one; other TemplateErrors do not
+        line = f"line {lineno}: " if lineno else ""
+        raise ConfigError(f"tokenizer.path={config.tokenizer.path!r}: the chat template does not compile "
+                          f"({line}{error}); fix its Jinja syntax, or remove it to train with ChatML") from None
+
+
+def _check_kind(config: RunConfig, staged: Staged) -> None:
+    if config.data.kind == "rl" and not staged.is_rl:
+        raise DataError(f"{config.data.path}: data.kind='rl' but the records carry no reward or advantage; add them "
+                        "(see the README's Data section) or set data.kind='sft'")
+    if config.data.kind == "sft" and staged.is_rl:
+        raise DataError(f"{config.data.path}: the records are RL trajectories (rewards, logprobs) but data.kind='sft'; "
+                        "set data.kind='rl', or drop the RL fields to train SFT on them")
+
+
+def _check_positions(config: RunConfig, prepared: Prepared, model_config: PretrainedConfig) -> None:
+    """Positions past the model's table would index out of it (absolute) or extrapolate untrained (rotary)."""
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if not limit:
+        return
+    longest_index = max(range(len(prepared.documents)), key=lambda i: prepared.documents[i].num_tokens)
+    longest = prepared.documents[longest_index].num_tokens
+    # Unpacked rows run positions 0..T-1 over the padded row; packed rows restart them per document.
+    needed = longest if config.data.pack else round_up(longest)
+    if needed > limit:
+        raise DataError(
+            f"{prepared.wheres[longest_index]}: field messages: {longest} tokens need {needed} positions, more than "
+            f"the model's max_position_embeddings={limit}; set data.max_seq_len to at most {limit - limit % 8} "
+            "(with data.overflow='truncate' or 'drop'), or use a model with more positions"
+        )
+
+
+def validate_inputs(config: RunConfig) -> CheckedInputs:
+    """Every check of the module docstring, cheapest first; writes nothing."""
+    check_outputs(config)
+    tokenizer = load_tokenizer(config.tokenizer.path)
+    template = load_chat_template(config.tokenizer.path)
+    if template is not None:
+        _check_template(template, config)
+    model_config = check_model(config, tokenizer.get_vocab_size())
+    with quiet_transformers():
+        _check_export_tokenizer(config)
+    records = read_records(config.data.path)
+    options = DataOptions.from_config(config.data)
+    fingerprint = input_fingerprint(config, template)
+    key = cache_key(fingerprint["data"], fingerprint["tokenizer"], template, options.advantage_normalization)
+    staged = stage_documents(records, tokenizer, template, options.advantage_normalization,
+                             cache_dir=Path(config.run.work_dir) / "cache", cache_key=key)
+    _check_kind(config, staged)
+    prepared = finish(staged, records, options)
+    _check_positions(config, prepared, model_config)
+    size = check_plan_size(config, prepared)
+    return CheckedInputs(config=config, records=records, tokenizer=tokenizer, template=template,
+                         model_config=model_config, options=options, fingerprint=fingerprint, cache_key=key,
+                         staged=staged, prepared=prepared, plan_size=size)
+
+
+def _check_export_tokenizer(config: RunConfig) -> None:
+    """The export writes the tokenizer after training: a tokenizer_config.json it cannot load must fail now."""
+    from trainer_core.export import build_export_tokenizer
+
+    try:
+        build_export_tokenizer(config)
+    except (ConfigError, DataError):
+        raise
+    except Exception as error:  # noqa: BLE001 - transformers raises many types for a bad tokenizer directory
+        raise ConfigError(f"tokenizer.path={config.tokenizer.path!r}: transformers cannot load it for the export "
+                          f"({type(error).__name__}: {' '.join(str(error).split())[:300]}); fix tokenizer_config.json, "
+                          "or point tokenizer.path at tokenizer.json alone") from None
