@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from bench._models import ModelSpec, make_batch
-from trainer_core.run.distributed import init_distributed, log, run_rank_main
 from trainer_core.ranks import LogicalDataParallel, pin_threads, run_rank_zero
+from trainer_core.run.distributed import init_distributed, log, run_rank_main
 from trainer_core.training import OptimizerConfig, Trainer
 
 

@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from bench._models import ModelSpec
-from trainer_core.run.distributed import init_distributed, run_rank_main
 from trainer_core.ranks import LogicalGradients, Topology, pin_threads
+from trainer_core.run.distributed import init_distributed, run_rank_main
 from trainer_core.training import Trainer
 from trainer_core.training.gradient_reduction import RankSum
 

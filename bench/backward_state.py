@@ -17,8 +17,18 @@ from __future__ import annotations
 import argparse
 
 from bench._models import (
-    Timings, TrainerLoop, add_model_args, emit, fresh_copies, interleave, make_batch, max_abs_delta, model_summary,
-    paired_ratio, side_figures, spec_from_args,
+    Timings,
+    TrainerLoop,
+    add_model_args,
+    emit,
+    fresh_copies,
+    interleave,
+    make_batch,
+    max_abs_delta,
+    model_summary,
+    paired_ratio,
+    side_figures,
+    spec_from_args,
 )
 
 TARGET_SAVED_BYTES_RATIO = 0.10

@@ -18,8 +18,8 @@ import json
 import time
 
 from bench._storage import BUCKET, checkpoint_arguments, median, seaweedfs, stage_checkpoint, staged_bytes
-from infra.publication.journal import journal_path_for
 from infra.publication.commit import commit_checkpoint
+from infra.publication.journal import journal_path_for
 from infra.store import open_store
 from infra.store.s3 import bounded_s3_filesystem
 

@@ -24,7 +24,14 @@ import time
 import torch
 
 from bench._models import (
-    LEARNING_RATE, add_model_args, emit, fresh_copies, median, model_summary, spec_from_args, synchronize,
+    LEARNING_RATE,
+    add_model_args,
+    emit,
+    fresh_copies,
+    median,
+    model_summary,
+    spec_from_args,
+    synchronize,
 )
 
 SHAPES = [(2, 512), (4, 128), (1, 1024), (3, 256), (2, 384), (1, 768), (4, 192), (2, 640)]

@@ -19,9 +19,9 @@ import json
 import time
 
 from bench._storage import BUCKET, checkpoint_arguments, median, seaweedfs, stage_checkpoint, staged_bytes
+from infra.publication.commit import commit_checkpoint
 from infra.publication.journal import journal_path_for
 from infra.publication.manifests import journal_key
-from infra.publication.commit import commit_checkpoint
 from infra.store.base import open_store
 
 RUN = "bench-run"

@@ -18,8 +18,18 @@ from __future__ import annotations
 import argparse
 
 from bench._models import (
-    PlainLoop, TrainerLoop, add_model_args, emit, fresh_copies, interleave, make_batch, max_abs_delta, model_summary,
-    paired_ratio, side_figures, spec_from_args,
+    PlainLoop,
+    TrainerLoop,
+    add_model_args,
+    emit,
+    fresh_copies,
+    interleave,
+    make_batch,
+    max_abs_delta,
+    model_summary,
+    paired_ratio,
+    side_figures,
+    spec_from_args,
 )
 
 TARGET_RATIO = 0.97

@@ -197,7 +197,7 @@ def make_trajectories(tokenizer: Tokenizer, seed: int = RL_SEED) -> list[dict]:
     trajectories = []
     for group in range(NUM_RL_GROUPS):
         prompt, sample = _rl_messages(rng, use_tool=rng.random() < TOOL_GROUP_FRACTION)
-        for member in range(RL_GROUP_SIZE):
+        for _member in range(RL_GROUP_SIZE):
             correct = rng.random() < 0.5
             messages = [dict(m) for m in prompt + sample(correct)]
             for message in messages:

@@ -29,9 +29,9 @@ from collections.abc import Iterator
 
 from prefect.client.schemas.objects import State
 
-from infra.runs import ledger
 from infra.launch.failures import Failure
 from infra.publication.commit import CommitOutcome
+from infra.runs import ledger
 from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease
 from infra.store import open_store
 from infra.store.lease import Lease

@@ -33,20 +33,43 @@ _NAMES_BY_MODULE = {
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _NAMES_BY_MODULE, globals())
 
 if TYPE_CHECKING:
-    from infra.publication.checkpoints import (CheckpointReport, LatestResolution, download_checkpoint, latest_checkpoint, list_checkpoints,
-                              pull_checkpoint, resolve_latest, scan_checkpoints, verify_checkpoint)
-    from .store.verified import StoredObjectCorrupt
     from infra.launch.failures import Failure, FailureClass, classify_exception, diagnose_launch
+    from infra.launch.launcher import LaunchError, LaunchResult, launch, launch_or_raise
+    from infra.publication.checkpoints import (
+        CheckpointReport,
+        LatestResolution,
+        download_checkpoint,
+        latest_checkpoint,
+        list_checkpoints,
+        pull_checkpoint,
+        resolve_latest,
+        scan_checkpoints,
+        verify_checkpoint,
+    )
+    from infra.publication.commit import (
+        CleanupOutcome,
+        CommitOutcome,
+        PublishSettings,
+        StagedFileChanged,
+        abort_publication,
+        cleanup_staging,
+        commit_checkpoint,
+    )
     from infra.publication.finalizer import FinalizerSettings, FinalizerWaitTimeout
     from infra.publication.journal import Journal, PublicationState, TransitionError
-    from infra.launch.launcher import LaunchError, LaunchResult, launch, launch_or_raise
-    from .store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
     from infra.publication.manifests import ManifestError, checkpoint_name
     from infra.publication.orphans import GarbageReport, collect_garbage
-    from .store.preflight import StoreUnavailable, check_store_writable
-    from infra.publication.commit import (CleanupOutcome, CommitOutcome, PublishSettings, StagedFileChanged, abort_publication,
-                              cleanup_staging, commit_checkpoint)
     from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease, check_run_lease
-    from infra.runs.run_state import (BundleManifest, StateSettings, fetch_bundle, publish_bundle, read_bundle_manifest,
-                            stored_bundle)
+    from infra.runs.run_state import (
+        BundleManifest,
+        StateSettings,
+        fetch_bundle,
+        publish_bundle,
+        read_bundle_manifest,
+        stored_bundle,
+    )
+
     from .store.base import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
+    from .store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
+    from .store.preflight import StoreUnavailable, check_store_writable
+    from .store.verified import StoredObjectCorrupt

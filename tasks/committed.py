@@ -18,13 +18,13 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
-from infra.runs import ledger
 from infra.publication.checkpoints import verify_checkpoint
+from infra.publication.commit import CommitOutcome, checkpoint_name
 from infra.publication.journal import Journal, PublicationState, journal_path_for
 from infra.publication.manifests import checkpoint_key
-from infra.publication.commit import CommitOutcome, checkpoint_name
-from infra.store.base import ObjectStore
+from infra.runs import ledger
 from infra.store import open_store
+from infra.store.base import ObjectStore
 
 from .outcomes import PlannedRun
 

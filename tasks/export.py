@@ -23,11 +23,11 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.runs import ledger
 from infra.publication.checkpoints import verify_checkpoint
+from infra.publication.commit import abort_publication, checkpoint_name
 from infra.publication.journal import Journal, PublicationState
 from infra.publication.manifests import MANIFEST_FILE, parse_manifest
-from infra.publication.commit import abort_publication, checkpoint_name
+from infra.runs import ledger
 from infra.runs.run_lease import RunLeaseLost
 from infra.store import open_store
 from trainer_core.run.plan import read_plan
@@ -39,8 +39,8 @@ from ._logging import rank_line_logger
 from .failure_report import reports_failures
 from .fencing import fence, fenced_monitor
 from .outcomes import ExportOutcome, PlannedRun
-from .run_state import fetch_plan_file, fetch_segment_state
 from .retry_policy import retry_unless_fenced
+from .run_state import fetch_plan_file, fetch_segment_state
 from .watchdog import ProgressWatch
 
 

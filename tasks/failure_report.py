@@ -33,9 +33,9 @@ from pathlib import Path
 
 from prefect.context import TaskRunContext
 
-from infra.runs import ledger
 from infra.launch.failures import Failure, FailureClass, classify_exception, no_space_error
 from infra.launch.no_space import describe_no_space, disk_is_full
+from infra.runs import ledger
 from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost
 
 from .live import artifact_key, in_prefect_run, upsert_markdown_artifact
@@ -128,7 +128,7 @@ def report_failure(run_dir: Path | None, run_id: str, stage: str, error: BaseExc
     failure = failure_of(stage, error, run_dir)
     if failure.cause is not classify_exception(error):
         try:
-            setattr(error, "failure", failure)  # the refined diagnosis travels with the error: the retry condition reads it
+            setattr(error, "failure", failure)  # noqa: B010 - typed BaseException has no such attribute; the refined diagnosis travels with the error: the retry condition reads it
         except AttributeError:  # an exception type without a __dict__ keeps its own class
             pass
     failure = dataclasses.replace(failure, **_attempt_truth(error))

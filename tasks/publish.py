@@ -19,9 +19,15 @@ from typing import Protocol, TypeVar
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from infra.publication.commit import (
+    EXPORT_AGAIN,
+    CleanupOutcome,
+    CommitOutcome,
+    PublishSettings,
+    cleanup_staging,
+    commit_checkpoint,
+)
 from infra.runs import ledger
-from infra.publication.commit import (EXPORT_AGAIN, CleanupOutcome, CommitOutcome, PublishSettings, cleanup_staging,
-                               commit_checkpoint)
 from infra.runs.run_lease import RunLeaseLost
 from infra.store import open_store
 
@@ -31,7 +37,6 @@ from .failure_report import reports_failures
 from .fencing import fence, fenced_settings
 from .outcomes import ExportOutcome, PlannedRun
 from .retry_policy import retry_unless_final
-
 
 
 class _Recorded(Protocol):

@@ -16,9 +16,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from infra.publication.commit import CommitOutcome
 from infra.runs import ledger
 from infra.runs.loss_curve import LOSS_CURVE_FILE, write_loss_curve
-from infra.publication.commit import CommitOutcome
 from infra.store import open_store
 from infra.store.base import Deadline, storage_errors
 from infra.store.objects import put_small

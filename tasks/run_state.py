@@ -15,8 +15,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra.runs import ledger
-from infra.runs.run_state import (PLAN_BUNDLE, Observer, StateSettings, fetch_bundle, publish_bundle, segment_bundle,
-                             stored_bundle)
+from infra.runs.run_state import (
+    PLAN_BUNDLE,
+    Observer,
+    StateSettings,
+    fetch_bundle,
+    publish_bundle,
+    segment_bundle,
+    stored_bundle,
+)
 from infra.store import open_store
 from trainer_core.run.plan import PLAN_FILE, read_plan
 from trainer_core.run.records import SegmentResult

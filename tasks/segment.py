@@ -29,9 +29,9 @@ from trainer_core.run.state import has_state, state_dir_for
 
 from ._launch import launch_stage
 from ._logging import rank_line_logger
-from .fencing import fence, fenced_monitor
 from .events import SEGMENT_COMPLETED, emit_run_event, flow_run_url
 from .failure_report import reports_failures
+from .fencing import fence, fenced_monitor
 from .live import LiveArtifacts, in_prefect_run, publisher_for
 from .nodes import launch_segment_nodes
 from .outcomes import PlannedRun, SegmentOutcome

@@ -27,8 +27,9 @@ _NAMES_BY_MODULE = {
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _NAMES_BY_MODULE, globals())
 
 if TYPE_CHECKING:
+    from trainer_core.run.plan import Plan, SegmentPlan, build_plan, read_plan, write_plan
+    from trainer_core.run.validate import CheckedInputs, validate_inputs
+
     from .config import ConfigError, RunConfig, load_config
     from .data import DataError
     from .errors import BadInputError
-    from trainer_core.run.plan import Plan, SegmentPlan, build_plan, read_plan, write_plan
-    from trainer_core.run.validate import CheckedInputs, validate_inputs

@@ -15,9 +15,10 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerFast
 
 from trainer_core.run.checkpoint_layout import write_checkpoint_files
+from trainer_core.run.manifest import write_manifest
+
 from .config import RunConfig
 from .data import CHATML_TEMPLATE, load_tokenizer
-from trainer_core.run.manifest import write_manifest
 from .training import Trainer
 
 

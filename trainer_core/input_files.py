@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import os
 import stat
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 from .config import RunConfig
 from .errors import ConfigError
 from .input_files import open_input, read_input_json_object
-from .model_config import PATH_FIX, one_line, config_source, peft_lora_config, quiet_transformers, read_model_config
+from .model_config import PATH_FIX, config_source, one_line, peft_lora_config, quiet_transformers, read_model_config
 
 __all__ = ["WEIGHT_FILES", "check_model", "quiet_transformers", "read_model_config"]
 

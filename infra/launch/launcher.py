@@ -34,12 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_core.run.process_boot import BOOT_SCRIPT, PARENT_PID_ENV
-from trainer_core.run.rank_process import ERRORS_DIR_ENV, RankErrorRecord
-
 from infra.launch.processes import handles_signal, is_stopped, kill_launch, rank_pids, signal_pids
 from infra.launch.rank_logs import RankLogTail
 from infra.launch.rendezvous import STORE_HOST_ENV, NodeRendezvous
+from trainer_core.run.process_boot import BOOT_SCRIPT, PARENT_PID_ENV
+from trainer_core.run.rank_process import ERRORS_DIR_ENV, RankErrorRecord
 
 STACK_DUMP_WAIT_S = 1.5
 """How long a stalled launch's ranks get to print their stacks before they are killed."""

@@ -26,7 +26,6 @@ import socket
 from datetime import timedelta
 
 
-
 def _loopback_listener(port: int, host: str = "127.0.0.1") -> tuple[int, int]:
     """A listening socket on host:port (0: any free port); returns (fd, port) and gives up the fd."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -60,9 +59,8 @@ def bind_stores_to_loopback(host: str = "127.0.0.1") -> None:
 
 
 def main() -> None:
-    from trainer_core.run.process_boot import PARENT_PID_ENV, die_with_parent
-
     from infra.launch.rendezvous import STORE_HOST_ENV
+    from trainer_core.run.process_boot import PARENT_PID_ENV, die_with_parent
 
     die_with_parent()  # armed already when started through process_boot; `python -m` started, armed here
     # The ranks follow this process: they inherit its environment, with this pid as the parent to die with.

@@ -31,14 +31,22 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.store.conditional import read_versioned
-from infra.store.verified import fetch_verified
-from infra.store.durable import temp_name
 from infra.publication.latest import latest_path, parse_latest
-from infra.publication.manifests import (MANIFEST_FILE, CheckpointManifest, ManifestError, checkpoint_key, checkpoint_name,
-                        checkpoints_dir_key, parse_manifest, step_of)
-from infra.store.objects import confirmed, list_files, object_problem, remote_objects
+from infra.publication.manifests import (
+    MANIFEST_FILE,
+    CheckpointManifest,
+    ManifestError,
+    checkpoint_key,
+    checkpoint_name,
+    checkpoints_dir_key,
+    parse_manifest,
+    step_of,
+)
 from infra.store.base import ObjectStore, storage_errors
+from infra.store.conditional import read_versioned
+from infra.store.durable import temp_name
+from infra.store.objects import confirmed, list_files, object_problem, remote_objects
+from infra.store.verified import fetch_verified
 
 _BLOCK_BYTES = 4 * 2**20
 

@@ -34,13 +34,29 @@ from pathlib import Path
 from infra.publication.checkpoints import verify_checkpoint
 from infra.publication.finalizer import FinalizerSettings, finalizer
 from infra.publication.journal import HAS_OUTCOME, Journal, PublicationState, TransitionError, journal_path_for
-from infra.store.lease import LEASES_DIR
 from infra.publication.latest import advance_latest, read_latest
-from infra.publication.manifests import (LATEST_FILE, MANIFEST_FILE, CheckpointManifest, ManifestError, checkpoint_key,
-                        checkpoint_name, parse_manifest)
-from infra.store.objects import (StagedFileChanged, abort_dangling_uploads, list_files, matches, put_small, remote_objects,
-                      remove_files, remove_left_temporaries, upload_files)
+from infra.publication.manifests import (
+    LATEST_FILE,
+    MANIFEST_FILE,
+    CheckpointManifest,
+    ManifestError,
+    checkpoint_key,
+    checkpoint_name,
+    parse_manifest,
+)
 from infra.store.base import Deadline, ObjectStore, storage_errors
+from infra.store.lease import LEASES_DIR
+from infra.store.objects import (
+    StagedFileChanged,
+    abort_dangling_uploads,
+    list_files,
+    matches,
+    put_small,
+    remote_objects,
+    remove_files,
+    remove_left_temporaries,
+    upload_files,
+)
 
 __all__ = [
     "CheckpointDoesNotVerify", "CommitOutcome", "CleanupOutcome", "EXPORT_AGAIN", "LATEST_FILE", "MANIFEST_FILE",

@@ -31,11 +31,11 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.store.lease import Lease, LeaseHeldError, LeaseRecord
 from infra.publication.manifests import checkpoint_name, queue_dir_key, queue_key, step_of
-from infra.store.objects import put_small
 from infra.runs.run_lease import check_run_lease
 from infra.store.base import ObjectStore, storage_errors
+from infra.store.lease import Lease, LeaseHeldError, LeaseRecord
+from infra.store.objects import put_small
 
 FINALIZER_LEASE = "finalizer"
 

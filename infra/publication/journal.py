@@ -35,10 +35,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, Strict, ValidationError
 
-from infra.store.durable import write_durable
-from infra.runs.local_records import note_store, records_dir
 from infra.publication.manifests import Sha256, checkpoint_name, journal_key, publications_dir_key
+from infra.runs.local_records import note_store, records_dir
 from infra.store.base import ObjectStore, storage_errors
+from infra.store.durable import write_durable
 
 JOURNAL_FORMAT = "rankflow-journal/1"
 

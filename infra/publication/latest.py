@@ -17,9 +17,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from infra.store.conditional import create_if_absent, read_versioned, replace_if_unchanged
-from infra.publication.manifests import MANIFEST_FILE, checkpoint_key, checkpoint_name, checkpoints_dir_key, latest_key, step_of
+from infra.publication.manifests import (
+    MANIFEST_FILE,
+    checkpoint_key,
+    checkpoint_name,
+    checkpoints_dir_key,
+    latest_key,
+    step_of,
+)
 from infra.store.base import ObjectStore, storage_errors
+from infra.store.conditional import create_if_absent, read_versioned, replace_if_unchanged
 
 _MAX_RACES = 50
 

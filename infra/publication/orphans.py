@@ -23,15 +23,20 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from trainer_core.errors import BadInputError
-
 from infra.publication.checkpoints import checkpoint_names, read_manifest
-from infra.store.durable import TEMP_MARKER
 from infra.publication.finalizer import FinalizerSettings, finalizer
 from infra.publication.manifests import MANIFEST_FILE, ManifestError, checkpoint_key
-from infra.store.objects import (abort_dangling_uploads, list_files, list_links, outside_store, remove_empty_directories,
-                      remove_files)
 from infra.store.base import ObjectStore, storage_errors
+from infra.store.durable import TEMP_MARKER
+from infra.store.objects import (
+    abort_dangling_uploads,
+    list_files,
+    list_links,
+    outside_store,
+    remove_empty_directories,
+    remove_files,
+)
+from trainer_core.errors import BadInputError
 
 
 @dataclass

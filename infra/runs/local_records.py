@@ -26,8 +26,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from infra.store.durable import write_durable
 from infra.store.base import ObjectStore
+from infra.store.durable import write_durable
 
 STORE_FILE = "STORE.json"
 

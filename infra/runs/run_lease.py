@@ -29,8 +29,8 @@ import socket
 import time
 from collections.abc import Callable
 
-from infra.store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, lease_key, read_lease
 from infra.store.base import ObjectStore, storage_errors
+from infra.store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, lease_key, read_lease
 
 RUN_LEASE = "run"
 """The lease's name: `RUN_ID/leases/run.json` in the store."""

@@ -35,11 +35,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, model_validator
 
-from infra.store.verified import fetch_verified, local_copy_matches, sha256_of_file
 from infra.publication.finalizer import FinalizerSettings, finalizer
 from infra.publication.manifests import MANIFEST_PROBLEMS, FileEntry, FileList, decode, refusal
-from infra.store.objects import matches, put_small, remote_objects, upload_files
 from infra.store.base import Deadline, ObjectStore, storage_errors
+from infra.store.objects import matches, put_small, remote_objects, upload_files
+from infra.store.verified import fetch_verified, local_copy_matches, sha256_of_file
 
 RUN_STATE_DIR = "run-state"
 STATE_FORMAT = "rankflow-run-state/1"

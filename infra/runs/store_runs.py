@@ -15,12 +15,18 @@ import json
 from dataclasses import asdict, dataclass
 
 from infra.publication.latest import latest_path, parse_latest
+from infra.publication.manifests import (
+    CHECKPOINTS_DIR,
+    LATEST_FILE,
+    MANIFEST_FILE,
+    PUBLICATIONS_DIR,
+    checkpoints_dir_key,
+    step_of,
+)
 from infra.runs.ledger import LEDGER_FILE
-from infra.store.lease import LEASES_DIR
-from infra.publication.manifests import (CHECKPOINTS_DIR, LATEST_FILE, MANIFEST_FILE, PUBLICATIONS_DIR, checkpoints_dir_key,
-                        step_of)
 from infra.runs.run_state import RUN_STATE_DIR
 from infra.store.base import ObjectStore, storage_errors
+from infra.store.lease import LEASES_DIR
 
 _RUN_ENTRIES = frozenset({LATEST_FILE, LEDGER_FILE, CHECKPOINTS_DIR, RUN_STATE_DIR, PUBLICATIONS_DIR, LEASES_DIR})
 _LEDGER_TAIL_BYTES = 64 * 1024

@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from trainer_core.errors import BadInputError
-
 from infra.services.local_process import LOOPBACK, log_tail, pick_free_port, process_is_running, stop_process_group
+from trainer_core.errors import BadInputError
 
 __all__ = ["PostgresCluster", "find_postgres_bin", "start_postgres"]
 

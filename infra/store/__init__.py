@@ -21,11 +21,22 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .base import (Deadline, ObjectInfo, ObjectStore, PutMode, StorageSettings, StorageTimeoutError, StoreLocation,
-                   StoreTimeouts, Upload, Versioned)
+from .base import (
+    Deadline,
+    ObjectInfo,
+    ObjectStore,
+    PutMode,
+    StorageSettings,
+    StorageTimeoutError,
+    StoreLocation,
+    StoreTimeouts,
+    Upload,
+    Versioned,
+)
 from .local import LocalStore
 from .memory import MemoryStore
 from .s3 import S3Store
+
 
 class Backend(Protocol):
     """A backend class: what `open_store` calls to open a store at a URL of its scheme."""

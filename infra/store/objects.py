@@ -23,13 +23,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 from infra.publication.manifests import FileEntry
+
 from .base import Deadline, ObjectStore, Upload, find_files, location_of
 from .local import LocalStore
-from .local_tree import list_links as _local_links, outside_root, remove_empty_directories as \
-    _remove_empty_local, remove_left_temporaries as _remove_local_temporaries, remove_paths
+from .local_tree import list_links as _local_links
+from .local_tree import outside_root, remove_paths
+from .local_tree import remove_empty_directories as _remove_empty_local
+from .local_tree import remove_left_temporaries as _remove_local_temporaries
 from .s3 import S3Store
-from .uploads import (CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_KEY, RemoteObject, StagedFileChanged,
-                      UploadJob, confirmed, matches, object_problem)
+from .uploads import (
+    CHECKSUM_METADATA_KEY,
+    ETAG_METADATA_KEY,
+    SHA256_METADATA_KEY,
+    RemoteObject,
+    StagedFileChanged,
+    UploadJob,
+    confirmed,
+    matches,
+    object_problem,
+)
 
 # -- what is already there ----------------------------------------------------
 

@@ -19,10 +19,24 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from infra.publication.manifests import FileEntry
-from .base import (Deadline, ObjectInfo, PutMode, StorageTimeoutError, StoreLocation, StoreTimeouts, Upload, Versioned,
-                   find_files, read_body, run_async, s3_options_from_env, storage_errors)
-from .preflight import probe_round_trip
+
+from .base import (
+    Deadline,
+    ObjectInfo,
+    PutMode,
+    StorageTimeoutError,
+    StoreLocation,
+    StoreTimeouts,
+    Upload,
+    Versioned,
+    find_files,
+    read_body,
+    run_async,
+    s3_options_from_env,
+    storage_errors,
+)
 from .conditional import create_if_absent, is_precondition_failure, replace_if_unchanged
+from .preflight import probe_round_trip
 from .s3_uploads import server_verifies_checksums, upload_s3
 from .uploads import CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_KEY, RemoteObject, UploadJob
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from infra.publication.manifests import FileEntry
+
 from .base import Upload
 from .uploads import CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_KEY, UploadJob, changed
 

@@ -16,9 +16,10 @@ import os
 from pathlib import Path
 from typing import BinaryIO, cast
 
-from .durable import temp_name
 from infra.publication.manifests import FileEntry
+
 from .base import ObjectStore, location_of
+from .durable import temp_name
 
 BLOCK_BYTES = 4 * 2**20
 """Bytes read (and held) at a time when streaming an object or hashing a file."""

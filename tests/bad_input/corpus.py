@@ -15,7 +15,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from .harness import BAD_DATA, TINY, Assets, Case, copy_model
+from .harness import TINY, Assets, Case, copy_model
 
 MODEL_CONFIG = json.loads((TINY / "model_config.json").read_text())
 GOOD_SFT = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import flows.pipeline  # noqa: F401 - Prefect sets up its console logging at this import: here, outside capsys, so
+
 # that later tests' log lines do not go to this test's closed capture (a RecursionError in Prefect's handler)
 from flows.cli import main
 from infra.publication.checkpoints import latest_checkpoint

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from tests.ranks.loops import LOGICAL_DP, make_trainer, sft_batches, sft_loop
+from trainer_core.ranks import LogicalDataParallel, RankFailure, exchange, pin_threads, run_rank_zero
 from trainer_core.run.distributed import init_distributed, log, run_rank_main
 from trainer_core.run.faults import COMMAND_FAULT_ENV
-from trainer_core.ranks import LogicalDataParallel, RankFailure, exchange, pin_threads, run_rank_zero
 
 COLLECTIVE_TIMEOUT_S = 120
 """Far above what any case may take: a case that waited for a timeout fails the test."""

@@ -16,12 +16,23 @@ import torch
 import torch.distributed as dist
 
 from tests.ranks.loops import (
-    EVEN_ROWS, LOGICAL_DP, UNEVEN_ROWS, digest, make_trainer, rank_zero_shuffled, rl_batches, rl_loop, sft_batches,
-    sft_loop, shuffle_pool, spmd_sft, spmd_shuffled,
+    EVEN_ROWS,
+    LOGICAL_DP,
+    UNEVEN_ROWS,
+    digest,
+    make_trainer,
+    rank_zero_shuffled,
+    rl_batches,
+    rl_loop,
+    sft_batches,
+    sft_loop,
+    shuffle_pool,
+    spmd_sft,
+    spmd_shuffled,
 )
-from trainer_core.run.distributed import init_distributed, log, run_rank_main
 from trainer_core.ranks import Topology, pin_threads, reduce_over_logical_ranks, run_rank_zero
 from trainer_core.ranks.reduction import sharded_ordered_fold, to_shard_layout
+from trainer_core.run.distributed import init_distributed, log, run_rank_main
 
 
 def _partial(logical_rank: int, numel: int = 1001) -> torch.Tensor:

@@ -15,10 +15,10 @@ import json
 
 import pytest
 
+from infra.launch.launcher import launch
 from tests.ranks.logical_worker import fast_scenario, run_scenarios
 from tests.ranks.loops import LOGICAL_DP
 from tests.trainer.ranks import ROOT
-from infra.launch.launcher import launch
 from trainer_core.ranks import Topology, pin_threads
 
 pytestmark = pytest.mark.distributed

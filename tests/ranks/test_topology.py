@@ -12,8 +12,8 @@ from infra.launch.launcher import launch
 from tasks.plan import plan_run_fn
 from tests.conftest import tiny_tree
 from trainer_core.config import ConfigError, config_from_dict
-from trainer_core.run.distributed import init_distributed
 from trainer_core.ranks import Topology, check_topology, logical_row_ranges, step_seed
+from trainer_core.run.distributed import init_distributed
 
 
 def test_each_process_runs_a_contiguous_block_of_logical_ranks_in_order():

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from infra.publication.latest import advance_latest
 from infra.publication.commit import commit_checkpoint
+from infra.publication.latest import advance_latest
 from infra.store.base import open_store
 
 

@@ -11,8 +11,8 @@ import json
 import sys
 import time
 
-from infra.store.lease import Lease
 from infra.store.base import open_store
+from infra.store.lease import Lease
 
 
 def main() -> int:

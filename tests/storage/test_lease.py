@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from infra.store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
 from infra.store.base import open_store
+from infra.store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
 from tests.storage.processes import result, spawn, wait_ready
 
 
@@ -35,7 +35,7 @@ def test_two_processes_never_hold_the_lease_at_once(store_url):
         wait_ready(holder)
     intervals = sorted(tuple(i) for holder in holders for i in result(holder))
     assert len(intervals) == 12
-    for (start, end, generation), (next_start, _, next_generation) in zip(intervals, intervals[1:]):
+    for (_start, end, generation), (next_start, _, next_generation) in zip(intervals, intervals[1:]):
         assert end <= next_start, "two processes held the lease at the same time"
         assert next_generation == generation + 1
 

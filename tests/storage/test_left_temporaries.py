@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from infra.publication.checkpoints import verify_checkpoint
-from infra.store.durable import TEMP_MARKER
 from infra.publication.commit import cleanup_staging, commit_checkpoint
 from infra.runs.run_state import publish_bundle, stored_bundle
 from infra.store.base import open_store
+from infra.store.durable import TEMP_MARKER
 from tests.publication_helpers import RUN, random_files, stage
 from tests.storage.processes import REPO_ROOT
 

@@ -23,11 +23,11 @@ import time
 import pytest
 
 from infra.launch.failures import FailureClass, classify_exception
-from infra.store.lease import LeaseRecord
 from infra.runs.run_lease import acquire_run_lease, check_run_lease
 from infra.runs.run_state import fetch_bundle, manifest_path, publish_bundle
 from infra.services.s3_server import CONFLICTING_AWS_ENV_VARS
 from infra.store.base import open_store
+from infra.store.lease import LeaseRecord
 from tests.storage.cutting_proxy import CuttingProxy
 
 pytestmark = pytest.mark.s3

@@ -14,8 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from infra.store import (BACKENDS, LocalStore, MemoryStore, ObjectInfo, ObjectStore, S3Store, StoreTimeouts, Upload,
-                         open_store)
+from infra.store import (
+    BACKENDS,
+    LocalStore,
+    MemoryStore,
+    ObjectInfo,
+    ObjectStore,
+    S3Store,
+    StoreTimeouts,
+    Upload,
+    open_store,
+)
 from infra.store.base import Versioned, location_of
 from infra.store.conditional import ConditionalWritesUnsupported, check_conditional_writes
 from infra.store.objects import StagedFileChanged

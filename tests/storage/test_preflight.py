@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from infra.store.preflight import PROBE_PREFIX, StoreSettingError, StoreUnavailable, check_store_writable
 from infra.store.base import open_store
+from infra.store.preflight import PROBE_PREFIX, StoreSettingError, StoreUnavailable, check_store_writable
 
 
 def test_a_local_store_is_probed_and_left_clean(tmp_path):

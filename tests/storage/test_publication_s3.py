@@ -14,16 +14,21 @@ import time
 import pytest
 
 from infra.publication.checkpoints import list_checkpoints, verify_checkpoint
-from infra.store.conditional import (ConditionalWritesUnsupported, check_conditional_writes, create_if_absent, read_versioned,
-                               replace_if_unchanged)
+from infra.publication.commit import PublishSettings, StagedFileChanged, cleanup_staging, commit_checkpoint
 from infra.publication.finalizer import FINALIZER_LEASE
 from infra.publication.journal import journal_path_for, read_mirrors
 from infra.publication.latest import read_latest
-from infra.store.lease import Lease
-from infra.store.objects import SHA256_METADATA_KEY
-from infra.publication.commit import PublishSettings, StagedFileChanged, cleanup_staging, commit_checkpoint
 from infra.store import S3Store
 from infra.store.base import open_store
+from infra.store.conditional import (
+    ConditionalWritesUnsupported,
+    check_conditional_writes,
+    create_if_absent,
+    read_versioned,
+    replace_if_unchanged,
+)
+from infra.store.lease import Lease
+from infra.store.objects import SHA256_METADATA_KEY
 from tests.publication_helpers import RUN, random_files, same_size_other_bytes, stage
 from tests.storage.processes import result, spawn, wait_ready
 from trainer_core.run.manifest import write_manifest

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.store.verified import StoredObjectCorrupt
 from infra.runs.run_state import read_bundle_manifest
 from infra.store.base import open_store
+from infra.store.verified import StoredObjectCorrupt
 from tasks import run_state
 from tasks.plan import plan_run_fn
 from tasks.segment import train_segment_fn

@@ -13,15 +13,15 @@ import time
 
 import pytest
 
-from infra.runs import ledger
 from infra.publication.checkpoints import verify_checkpoint
 from infra.publication.commit import PublishSettings, cleanup_staging, commit_checkpoint
+from infra.runs import ledger
 from infra.services.s3_server import start_s3_server
 from infra.store.base import StoreTimeouts, open_store
 from tasks.outcomes import PlannedRun
-from trainer_core.config import StorageSection, TrainSection
 from tasks.report import publish_run_files_fn
 from tests.publication_helpers import RUN, random_files, stage
+from trainer_core.config import StorageSection, TrainSection
 
 pytestmark = pytest.mark.s3
 

@@ -12,9 +12,9 @@ import json
 import pytest
 
 from flows.cli import main
-from infra.store.objects import put_small
 from infra.publication.commit import commit_checkpoint
 from infra.store.base import open_store
+from infra.store.objects import put_small
 from tests.publication_helpers import random_files, stage
 
 RUN_A, RUN_B, EMPTY = "sft-aaaaaaaaaaaa", "rl-bbbbbbbbbbbb", "store-cccccccccccc"

@@ -9,10 +9,10 @@ import torch.distributed as dist
 
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
+from trainer_core.model import build_trainer
 from trainer_core.run.distributed import init_distributed, log, run_rank_main
 from trainer_core.run.export_prepare import ExportPreparationError, prepare_export
 from trainer_core.run.manifest import verify_staged
-from trainer_core.model import build_trainer
 
 
 def main(workdir: Path) -> None:
@@ -29,7 +29,7 @@ def main(workdir: Path) -> None:
         try:
             prepare_export(topology, config, trainer, out_dir, provenance, fail_rank_1)
         except ExportPreparationError as error:
-            assert f"failed on rank 1" in str(error) and f"disk full during {phase}" in str(error), error
+            assert "failed on rank 1" in str(error) and f"disk full during {phase}" in str(error), error
         else:
             raise AssertionError(f"rank {topology.rank}: preparation succeeded although rank 1 failed at {phase}")
         dist.barrier()

@@ -10,8 +10,8 @@ import torch.distributed as dist
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.test_backward_state import sft_loss
 from tests.trainer.test_optimizer_step import DetachedHead
-from trainer_core.training import OptimizerConfig, Trainer
 from trainer_core.run.distributed import init_distributed, log, run_rank_main
+from trainer_core.training import OptimizerConfig, Trainer
 
 
 def digest(module: torch.nn.Module) -> str:

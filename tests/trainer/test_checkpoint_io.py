@@ -12,7 +12,12 @@ from safetensors.torch import load_file
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.test_backward_state import sft_loss
 from trainer_core.training import (
-    OptimizerConfig, StaleGraphError, Trainer, export_checkpoint_module, restore_checkpoint, save_checkpoint,
+    OptimizerConfig,
+    StaleGraphError,
+    Trainer,
+    export_checkpoint_module,
+    restore_checkpoint,
+    save_checkpoint,
 )
 
 

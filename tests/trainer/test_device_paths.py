@@ -18,6 +18,7 @@ from tests.trainer.models import DEVICES, batch, tiny_qwen3
 from tests.trainer.test_backward_state import assert_same_grads, reference_logprobs, sft_loss
 from trainer_core.training import MemoryPlanner, Trainer
 
+
 def on(device: str, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(device) for t in tensors)
 

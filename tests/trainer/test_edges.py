@@ -14,7 +14,12 @@ from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.test_backward_state import sft_loss
 from trainer_core.config import ConfigError, config_from_dict
 from trainer_core.training import (
-    OptimizerConfig, StaleGraphError, StalenessPolicy, Trainer, restore_checkpoint, save_checkpoint,
+    OptimizerConfig,
+    StaleGraphError,
+    StalenessPolicy,
+    Trainer,
+    restore_checkpoint,
+    save_checkpoint,
 )
 
 

@@ -22,8 +22,8 @@ from tests.trainer.test_pipeline_models import run_and_export
 from trainer_core.config import config_from_dict
 from trainer_core.model import build_model
 from trainer_core.model_checks import check_model
-from trainer_core.training import Trainer
 from trainer_core.run.validate import validate_inputs
+from trainer_core.training import Trainer
 
 TOKENIZER_VOCAB = 1024
 

@@ -12,11 +12,20 @@ import torch
 from tasks.live import live_columns, metrics_row
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import ConfigError, config_from_dict
-from trainer_core.objectives import (DEFAULT_FOR_DATA, OBJECTIVES, SFT, ClippedPolicyGradient, clipped_policy_gradient_sum,
-                                     count_documents, objective_for, sft_loss_sum, stale_trajectory_mask)
-from trainer_core.run.plan import digest_view
+from trainer_core.objectives import (
+    DEFAULT_FOR_DATA,
+    OBJECTIVES,
+    SFT,
+    ClippedPolicyGradient,
+    clipped_policy_gradient_sum,
+    count_documents,
+    objective_for,
+    sft_loss_sum,
+    stale_trajectory_mask,
+)
 from trainer_core.ranks.reduction import ordered_fold
 from trainer_core.run.figures import LOOP_FIGURES, FigureLayout
+from trainer_core.run.plan import digest_view
 
 RL_DATA = {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl"}
 

@@ -5,7 +5,13 @@ import torch
 
 from trainer_core.training.graphs import ManagedOutputs
 from trainer_core.training.outputs import (
-    FIELD_OF, FIELDS, HEAD_PREFIX, IMPORTANCE_WEIGHTED, OUTPUT_KINDS, RECORDED, is_leaf_field,
+    FIELD_OF,
+    FIELDS,
+    HEAD_PREFIX,
+    IMPORTANCE_WEIGHTED,
+    OUTPUT_KINDS,
+    RECORDED,
+    is_leaf_field,
 )
 
 

@@ -21,14 +21,14 @@ from transformers import AutoModelForCausalLM
 from tasks.segment import _outcome
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import config_from_dict, load_config
-from trainer_core.run.export_main import export_segment
 from trainer_core.model import build_model, build_trainer
+from trainer_core.run.export_main import export_segment
 from trainer_core.run.plan import build_plan, load_segment_shard, read_plan, run_dir_for, write_plan
 from trainer_core.run.records import SegmentResult
 from trainer_core.run.segment_main import planner_reports_dir, segment_result_path, train_segment
 from trainer_core.run.state import load_training_state, state_dir_for
-from trainer_core.training.memory import SavedBytesModel
 from trainer_core.run.validate import validate_inputs
+from trainer_core.training.memory import SavedBytesModel
 
 RL = {"data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl"},
       "rl": {"sft_coef": 0.1, "initial_policy_version": 3}}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer_core.run.progress import export_progress_path, progress_path
 from trainer_core.run.layout import RunDir
+from trainer_core.run.progress import export_progress_path, progress_path
 from trainer_core.run.records import export_result_path
 from trainer_core.run.segment_main import planner_reports_dir, segment_result_path
 from trainer_core.run.state import state_dir_for

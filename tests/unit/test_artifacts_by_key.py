@@ -20,9 +20,9 @@ from prefect.states import AwaitingRetry
 from tasks.failure_report import report_failure
 from tasks.live import create_live_artifacts, show_steps_done
 from tasks.outcomes import PlannedRun, SegmentOutcome
-from trainer_core.config import TrainSection
 from tasks.report import report
 from tests.e2e.flows.prefect_queries import artifacts_of
+from trainer_core.config import TrainSection
 from trainer_core.run.plan import run_dir_for
 
 RUN_ID = "test-0123456789ab"

@@ -9,7 +9,6 @@ it touches a staged file.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,8 @@ from flows.run_record import RunFailed, RunRecord
 from infra.runs import ledger
 from tasks import publish
 from tasks.outcomes import ExportOutcome, PlannedRun
-from trainer_core.config import TrainSection
 from tests.e2e.flows.prefect_queries import artifacts_of, task_runs_of
+from trainer_core.config import TrainSection
 from trainer_core.run.plan import run_dir_for
 
 RUN_ID = "test-0123456789ab"

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from infra.store.durable import TEMP_MARKER
-from infra.store.objects import remove_files
 from infra.publication.commit import commit_checkpoint
 from infra.store.base import open_store
+from infra.store.durable import TEMP_MARKER
+from infra.store.objects import remove_files
 from tests.publication_helpers import RUN, random_files, stage
 
 

@@ -16,8 +16,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import config_from_dict
-from trainer_core.run.export_main import export_segment
 from trainer_core.model import build_model, build_trainer
+from trainer_core.run.export_main import export_segment
 from trainer_core.run.plan import build_plan, load_segment_shard, run_dir_for, write_plan
 from trainer_core.run.segment_main import train_segment
 from trainer_core.run.state import load_training_state, state_dir_for

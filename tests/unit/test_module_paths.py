@@ -18,8 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("flows", "tasks", "trainer_core", "infra")
 NAMED_IN = ("flows", "tasks", "trainer_core", "infra", "tests", "bench")

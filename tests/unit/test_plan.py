@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.conftest import EXAMPLES, tiny_tree
-from trainer_core.data import pipeline
 from trainer_core.config import config_from_dict
+from trainer_core.data import pipeline
 from trainer_core.run.plan import build_plan, read_plan, run_dir_for, write_plan
 
 

@@ -14,17 +14,35 @@ from pathlib import Path
 
 import pytest
 
-from infra.publication.checkpoints import (download_checkpoint, latest_checkpoint, list_checkpoints, resolve_latest,
-                               scan_checkpoints, verify_checkpoint)
+from infra.publication.checkpoints import (
+    download_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    resolve_latest,
+    scan_checkpoints,
+    verify_checkpoint,
+)
+from infra.publication.commit import (
+    PublishSettings,
+    StagedFileChanged,
+    abort_publication,
+    cleanup_staging,
+    commit_checkpoint,
+    read_latest,
+)
 from infra.publication.journal import Journal, PublicationState, TransitionError, journal_path_for
-from infra.store.lease import Lease, LeaseHeldError
 from infra.publication.manifests import ManifestError
 from infra.publication.orphans import collect_garbage
-from infra.publication.commit import (PublishSettings, StagedFileChanged, abort_publication, cleanup_staging,
-                               commit_checkpoint, read_latest)
 from infra.store import MemoryStore, open_store
-from tests.publication_helpers import (RUN, fail_after_uploads, random_files, rewrite_manifest,
-                                      same_size_other_bytes, stage)
+from infra.store.lease import Lease, LeaseHeldError
+from tests.publication_helpers import (
+    RUN,
+    fail_after_uploads,
+    random_files,
+    rewrite_manifest,
+    same_size_other_bytes,
+    stage,
+)
 from trainer_core.run.manifest import write_manifest
 
 FILES = {"config.json": b"{}", "model-00001-of-00002.safetensors": b"a" * 1000,

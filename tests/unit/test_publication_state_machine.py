@@ -25,10 +25,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from infra.publication.checkpoints import list_checkpoints, verify_checkpoint
+from infra.publication.commit import (
+    PublishSettings,
+    StagedFileChanged,
+    abort_publication,
+    cleanup_staging,
+    commit_checkpoint,
+)
 from infra.publication.journal import ALLOWED, Journal, PublicationState, TransitionError, journal_path_for
-from infra.publication.manifests import checkpoint_name
-from infra.publication.commit import PublishSettings, StagedFileChanged, abort_publication, cleanup_staging, commit_checkpoint
 from infra.publication.latest import read_latest
+from infra.publication.manifests import checkpoint_name
 from infra.store import MemoryStore
 from infra.store.base import open_store
 from trainer_core.run.manifest import write_manifest

@@ -17,14 +17,14 @@ import pytest
 from prefect.states import Failed
 
 from infra.publication.checkpoints import verify_checkpoint
-from infra.publication.journal import Journal, PublicationState, journal_path_for
-from infra.store.lease import LeaseLostError
-from infra.runs.local_records import store_key
-from infra.publication.manifests import ManifestError
 from infra.publication.commit import EXPORT_AGAIN, CheckpointDoesNotVerify, cleanup_staging, commit_checkpoint
+from infra.publication.journal import Journal, PublicationState, journal_path_for
+from infra.publication.manifests import ManifestError
+from infra.runs.local_records import store_key
 from infra.runs.run_lease import RunLeaseLost
 from infra.store import MemoryStore
 from infra.store.base import StorageTimeoutError, open_store
+from infra.store.lease import LeaseLostError
 from tasks.retry_policy import retry_unless_final
 from tests.publication_helpers import RUN, random_files, stage
 

@@ -4,9 +4,9 @@ would silently start every user's run from scratch instead of resuming it."""
 
 import pytest
 
+from tests.conftest import EXAMPLES
 from trainer_core.config import load_config
 from trainer_core.run.plan import build_plan
-from tests.conftest import EXAMPLES
 
 PINNED = {
     "tiny_sft": "tiny-sft-a95ac4635b6a",

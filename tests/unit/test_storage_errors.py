@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from infra.launch.failures import FailureClass, classify_exception
-from infra.store.base import StoreLocation, StorageTimeoutError, storage_errors
+from infra.store.base import StorageTimeoutError, StoreLocation, storage_errors
 
 
 @pytest.fixture

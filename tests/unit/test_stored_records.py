@@ -13,13 +13,23 @@ from pathlib import Path
 
 import pytest
 
+from infra.launch.launcher import _read_error_records
+from infra.publication.commit import remote_dir
 from infra.publication.finalizer import QueueEntry, earlier_waiters
 from infra.publication.journal import Journal, JournalRecord, PublicationState, UploadedObject, mirror_path_for
 from infra.publication.latest import LatestPointer, latest_path, parse_latest
-from infra.launch.launcher import _read_error_records
-from infra.publication.manifests import (CheckpointManifest, ManifestError, checkpoint_key, checkpoints_dir_key, journal_key,
-                             latest_key, parse_manifest, publications_dir_key, queue_dir_key, queue_key)
-from infra.publication.commit import remote_dir
+from infra.publication.manifests import (
+    CheckpointManifest,
+    ManifestError,
+    checkpoint_key,
+    checkpoints_dir_key,
+    journal_key,
+    latest_key,
+    parse_manifest,
+    publications_dir_key,
+    queue_dir_key,
+    queue_key,
+)
 from infra.runs.run_lease import run_lease_path
 from infra.runs.run_state import BundleManifest, parse_bundle_manifest
 from infra.store import open_store

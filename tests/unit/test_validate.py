@@ -18,8 +18,8 @@ from trainer_core.config import ConfigError, config_from_dict
 from trainer_core.input_files import open_input
 from trainer_core.run.plan import build_plan
 from trainer_core.run.plan_size import PlanSize, _steps_in_memory, check_plan_size, estimate_plan_size
-from trainer_core.storage_url import check_storage_url
 from trainer_core.run.validate import validate_inputs
+from trainer_core.storage_url import check_storage_url
 
 
 def test_good_inputs_pass_and_nothing_is_written(tmp_path):

@@ -9,8 +9,13 @@ functions stay importable from here.
 from __future__ import annotations
 
 from .base import LiveColumn, LossSum, Objective
-from .policy_gradient import (ClippedPolicyGradient, PolicyGradientStats, clipped_policy_gradient_sum, count_documents,
-                              stale_trajectory_mask)
+from .policy_gradient import (
+    ClippedPolicyGradient,
+    PolicyGradientStats,
+    clipped_policy_gradient_sum,
+    count_documents,
+    stale_trajectory_mask,
+)
 from .sft import SFT, sft_loss_sum
 
 OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (SFT, ClippedPolicyGradient)}

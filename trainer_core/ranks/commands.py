@@ -28,8 +28,9 @@ from typing import Any
 import torch
 
 from trainer_core.run.faults import maybe_inject_command_fault
-from ..files import tensors_sha256
 from trainer_core.run.state import load_training_state, save_training_state
+
+from ..files import tensors_sha256
 from ..training.checkpoint_io import export_checkpoint_module
 from ..training.graphs import ManagedOutputs
 from .coordination import describe, exchange, reportable

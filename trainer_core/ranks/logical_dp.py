@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trainer_core.run.faults import maybe_inject_command_fault
+
 from .coordination import coordinated
 from .logical_gradients import LogicalGradients, ReductionMode
 from .reduction import ReduceOp, reduce_over_logical_ranks

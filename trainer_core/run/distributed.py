@@ -15,10 +15,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainer_core.run.process_boot import die_with_parent
-from trainer_core.run.rank_process import dump_stacks_on, record_error, write_line
 from trainer_core.ranks.coordination import RankFailure
 from trainer_core.ranks.topology import Topology, check_topology
+from trainer_core.run.process_boot import die_with_parent
+from trainer_core.run.rank_process import dump_stacks_on, record_error, write_line
 
 __all__ = ["Topology", "init_distributed", "log", "run_rank_main", "shutdown_distributed"]
 

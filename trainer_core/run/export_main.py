@@ -22,14 +22,14 @@ from pathlib import Path
 import torch.distributed as dist
 
 from trainer_core.config import RunConfig
+from trainer_core.model import build_trainer
+from trainer_core.ranks import exchange
 from trainer_core.run.distributed import init_distributed, log, run_rank_main
 from trainer_core.run.export_prepare import prepare_export
 from trainer_core.run.faults import maybe_inject_export_fault
 from trainer_core.run.manifest import checkpoint_name
-from trainer_core.model import build_trainer
 from trainer_core.run.plan import Plan, read_plan
 from trainer_core.run.progress import ProgressWriter, export_progress_path
-from trainer_core.ranks import exchange
 from trainer_core.run.records import ExportResult, StateMeta, export_result_path
 from trainer_core.run.state import load_training_state, state_dir_for
 

@@ -33,10 +33,17 @@ import torch.distributed as dist
 from safetensors import safe_open
 
 from trainer_core.config import RunConfig
-from trainer_core.run.distributed import Topology
 from trainer_core.export import write_export_files
 from trainer_core.files import tensors_sha256
-from trainer_core.run.manifest import FileEntry, file_entry, manifest_of, staged_files, verify_staged, write_checkpoint_manifest
+from trainer_core.run.distributed import Topology
+from trainer_core.run.manifest import (
+    FileEntry,
+    file_entry,
+    manifest_of,
+    staged_files,
+    verify_staged,
+    write_checkpoint_manifest,
+)
 from trainer_core.training import Trainer
 
 

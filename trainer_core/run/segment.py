@@ -16,15 +16,16 @@ from pathlib import Path
 
 import torch
 
-from ..config import RunConfig
 from trainer_core.run.distributed import Topology, init_distributed, log
-from ..model import build_trainer
-from ..objectives import Objective, objective_for
 from trainer_core.run.plan import Plan, SegmentPlan, load_segment_shard, read_plan
 from trainer_core.run.progress import ProgressWriter, progress_path
+from trainer_core.run.state import load_training_state, save_training_state, state_dir_for
+
+from ..config import RunConfig
+from ..model import build_trainer
+from ..objectives import Objective, objective_for
 from ..ranks import LogicalDataParallel, pin_threads, threads_for
 from ..schedule import learning_rate_at
-from trainer_core.run.state import load_training_state, save_training_state, state_dir_for
 from ..training import Checkpoint, MissReports, Trainer
 from ..training.gradient_reduction import all_reduce_sum_
 from .figures import FigureLayout

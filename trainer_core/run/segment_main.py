@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainer_core.run.distributed import run_rank_main
 from trainer_core.ranks import step_seed
+from trainer_core.run.distributed import run_rank_main
 from trainer_core.run.segment import SegmentRun, planner_reports_dir, segment_result_path
 
 __all__ = ["main", "planner_reports_dir", "segment_result_path", "step_seed", "train_segment"]

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from ..config import RunConfig
-from ..data.pack import packed_attention_inputs
 from trainer_core.run.distributed import log
 from trainer_core.run.faults import maybe_inject_fault, nonfinite_loss_factor
+
+from ..config import RunConfig
+from ..data.pack import packed_attention_inputs
 from ..objectives import Objective
 from ..ranks import LogicalDataParallel
 from ..training import Trainer

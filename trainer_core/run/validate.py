@@ -29,8 +29,19 @@ from tokenizers import Tokenizer
 from transformers import PretrainedConfig
 
 from trainer_core.config import RunConfig
-from trainer_core.data import DataError, DataOptions, Prepared, Record, Staged, finish, load_chat_template, load_tokenizer
-from trainer_core.data import read_records, stage_documents, store_staged
+from trainer_core.data import (
+    DataError,
+    DataOptions,
+    Prepared,
+    Record,
+    Staged,
+    finish,
+    load_chat_template,
+    load_tokenizer,
+    read_records,
+    stage_documents,
+    store_staged,
+)
 from trainer_core.data.cache import cache_key
 from trainer_core.data.shards import round_up
 from trainer_core.data.tokenize import tokenizer_file

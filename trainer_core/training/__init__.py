@@ -10,7 +10,13 @@ from .checkpoints import Checkpoint, OptimizerConfig, StepReport
 from .graphs import GraphConsumedError, ManagedOutputs
 from .hf_weights import hf_state_dict, save_hf_model
 from .memory import (
-    BACKWARD_STATES, PLANNER, BackwardMode, MemoryPlanner, MissReports, NoGradientPathError, ReplayMismatchError,
+    BACKWARD_STATES,
+    PLANNER,
+    BackwardMode,
+    MemoryPlanner,
+    MissReports,
+    NoGradientPathError,
+    ReplayMismatchError,
 )
 from .staleness import StaleGraphError, StalenessPolicy, importance_weights
 from .trainer import BackwardReport, Trainer

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+
 @dataclass(frozen=True)
 class OutputSpec:
     """One output a forward can give, under both of its names."""

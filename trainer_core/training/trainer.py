@@ -30,10 +30,24 @@ from torch import nn
 from .checkpoints import Checkpoint, StepReport
 from .gradient_reduction import GradientReduction, RankSum
 from .graphs import (
-    Graph, GraphConsumedError, GraphTable, LossLeaves, ManagedOutputs, leaf_tag, loss_leaves, make_leaf,
+    Graph,
+    GraphConsumedError,
+    GraphTable,
+    LossLeaves,
+    ManagedOutputs,
+    leaf_tag,
+    loss_leaves,
+    make_leaf,
 )
 from .memory import (
-    BACKWARD_STATES, BackwardMode, BackwardStateError, Evidence, ForwardRecording, ForwardStart, MemoryPlanner, Rerun,
+    BACKWARD_STATES,
+    BackwardMode,
+    BackwardStateError,
+    Evidence,
+    ForwardRecording,
+    ForwardStart,
+    MemoryPlanner,
+    Rerun,
 )
 from .memory.base import ReplayingState
 from .memory.estimates import GraphShape

@@ -6,7 +6,7 @@ import json
 import time
 
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, FlowRunFilter, TaskRunFilter
+from prefect.client.schemas.filters import ArtifactFilter, FlowRunFilter
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 

@@ -13,15 +13,15 @@ from transformers import AutoModelForCausalLM
 
 from flows.cli import main
 from flows.pipeline import RunFailed, train_flow
-from infra.runs import ledger
 from infra.publication.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.publication.journal import journal_path_for
+from infra.runs import ledger
 from infra.store.base import open_store
 from tests.conftest import tiny_tree
-from trainer_core.config import config_from_dict
 from tests.e2e.flows.prefect_queries import artifacts_of, flow_runs_named, run_events, table_rows, task_runs_of
-from trainer_core.run.faults import EXPORT_FAULT_ENV, FAULT_ENV, FAULT_KIND_ENV
+from trainer_core.config import config_from_dict
 from trainer_core.model import build_trainer
+from trainer_core.run.faults import EXPORT_FAULT_ENV, FAULT_ENV, FAULT_KIND_ENV
 from trainer_core.run.plan import load_segment_shard, read_plan
 from trainer_core.run.state import load_training_state, state_dir_for
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from infra.launch.launcher import LaunchError
 from infra.publication.checkpoints import list_checkpoints, verify_checkpoint
 from infra.publication.journal import journal_path_for
 from infra.publication.latest import read_latest
-from infra.launch.launcher import LaunchError
 from infra.store.base import open_store
 from tasks.export import export_segment_fn
 from tasks.plan import plan_run_fn

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from flows.pipeline import RunFailed, train_flow
-from infra.runs import ledger
 from infra.publication.checkpoints import verify_checkpoint
 from infra.publication.manifests import ManifestError
+from infra.runs import ledger
 from infra.runs.run_state import stored_bundle
 from infra.store import S3Store, open_store
 from infra.store.base import run_async

@@ -29,7 +29,13 @@ import pytest
 from infra.runs import ledger
 from infra.services.local_process import pick_free_port
 from tests.e2e.deployments.test_work_pool import (  # noqa: F401 - prefect_server is a fixture
-    PREFECT, RANKFLOW, _client_env, _stop_and_check_gone, _wait_for_output, _wait_terminal, _write_config,
+    PREFECT,
+    RANKFLOW,
+    _client_env,
+    _stop_and_check_gone,
+    _wait_for_output,
+    _wait_terminal,
+    _write_config,
     prefect_server,
 )
 from tests.e2e.flows.test_logical_ranks_flow import committed_weights_sha256
@@ -78,7 +84,7 @@ def _deploy(config_file: Path, name: str, env: dict, cwd: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def node_pool(prefect_server, tmp_path_factory) -> Iterator[NodePool]:
+def node_pool(prefect_server, tmp_path_factory) -> Iterator[NodePool]:  # noqa: F811 - the fixture, by name
     """Three workers of `nodes-pool`, each in its own directory: the default queue, node-0 and node-1."""
     base = tmp_path_factory.mktemp("node-pool")
     env = _client_env(prefect_server.api_url, base / "client-home")

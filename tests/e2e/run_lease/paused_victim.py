@@ -25,8 +25,8 @@ import tasks.publish as publish_module
 from infra.runs.run_lease import acquire_run_lease
 from infra.store.base import open_store
 from tasks.outcomes import ExportOutcome, PlannedRun
-from trainer_core.config import StorageSection, TrainSection
 from tasks.run_state import publish_segment_state
+from trainer_core.config import StorageSection, TrainSection
 
 
 def main() -> int:

@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from infra.runs import ledger
 from infra.publication.checkpoints import latest_checkpoint
 from infra.publication.manifests import MANIFEST_FILE, checkpoint_key
-from infra.store.lease import LeaseRecord, read_lease
+from infra.runs import ledger
 from infra.runs.run_lease import run_lease_path
 from infra.store.base import open_store
+from infra.store.lease import LeaseRecord, read_lease
 from tasks.plan import compute_plan_fn
 from tests.bad_input.harness import to_toml
 from tests.conftest import tiny_tree
@@ -74,7 +74,8 @@ def finish(process: subprocess.Popen, cwd: Path, timeout_s: float = 600) -> tupl
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        raise AssertionError(f"rankflow did not finish in {timeout_s} s:\n{(cwd / 'stderr.txt').read_text()[-4000:]}")
+        raise AssertionError(
+            f"rankflow did not finish in {timeout_s} s:\n{(cwd / 'stderr.txt').read_text()[-4000:]}") from None
     lines = (cwd / "stdout.txt").read_text().strip().splitlines()
     summary = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
     return code, summary, (cwd / "stderr.txt").read_text()

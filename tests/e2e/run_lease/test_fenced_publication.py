@@ -20,18 +20,18 @@ from pathlib import Path
 import pytest
 
 import tasks.publish as publish_module
-from infra.runs import ledger
-from infra.publication.latest import latest_path
-from infra.store.lease import Lease, LeaseRecord
 from infra.publication.commit import commit_checkpoint, remote_dir
+from infra.publication.latest import latest_path
+from infra.runs import ledger
 from infra.runs.run_lease import RunLeaseLost, acquire_run_lease, run_lease_path
 from infra.runs.run_state import manifest_path
 from infra.store.base import open_store
+from infra.store.lease import Lease, LeaseRecord
 from tasks.outcomes import ExportOutcome, PlannedRun
-from trainer_core.config import StorageSection, TrainSection
 from tasks.publish import cleanup_fn, commit_fn
 from tasks.run_state import publish_segment_state
 from tests.publication_helpers import random_files, stage
+from trainer_core.config import StorageSection, TrainSection
 from trainer_core.run.segment_main import segment_result_path
 from trainer_core.run.state import state_dir_for
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.runs import ledger
-from infra.publication.latest import latest_path
 from infra.publication.commit import remote_dir
+from infra.publication.latest import latest_path
+from infra.runs import ledger
 from infra.runs.run_lease import run_lease_path
 from infra.runs.run_state import manifest_path
 from infra.store.base import open_store

@@ -16,9 +16,8 @@ from infra.runs.run_lease import acquire_run_lease
 from infra.store.base import open_store
 from tasks.plan import compute_plan_fn
 from tests.conftest import tiny_tree
-from trainer_core.config import config_from_dict, load_config
-
 from tests.e2e.run_lease.runs import client_env, start, wait_for, write_config
+from trainer_core.config import config_from_dict, load_config
 
 pytestmark = [pytest.mark.flow]
 

@@ -18,8 +18,19 @@ import time
 
 import pytest
 
-from tests.e2e.run_lease.runs import (client_env, committed_weights, hanging_at, lease_of, raw_lease, run_id_of, start, stepping,
-                   trained_segments, wait_for, write_config)
+from tests.e2e.run_lease.runs import (
+    client_env,
+    committed_weights,
+    hanging_at,
+    lease_of,
+    raw_lease,
+    run_id_of,
+    start,
+    stepping,
+    trained_segments,
+    wait_for,
+    write_config,
+)
 
 pytestmark = [pytest.mark.flow]
 

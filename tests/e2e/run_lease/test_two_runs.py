@@ -18,13 +18,25 @@ from pathlib import Path
 
 import pytest
 
-from infra.runs import ledger
 from infra.publication.checkpoints import latest_checkpoint
+from infra.runs import ledger
 from infra.store.base import open_store
+from tests.e2e.run_lease.runs import (
+    client_env,
+    committed_weights,
+    finish,
+    hanging_at,
+    lease_of,
+    raw_lease,
+    run_id_of,
+    start,
+    steal,
+    stepping,
+    trained_segments,
+    wait_for,
+    write_config,
+)
 from trainer_core.run.state import has_state, state_dir_for
-
-from tests.e2e.run_lease.runs import (client_env, committed_weights, finish, hanging_at, lease_of, raw_lease, run_id_of, start,
-                   stepping, steal, trained_segments, wait_for, write_config)
 
 pytestmark = [pytest.mark.flow]
 

@@ -38,7 +38,13 @@ from torch import nn
 
 from ..outputs import RECORDED, ForwardCall
 from .base import (
-    BackwardStateError, CotangentsFor, ForwardRecording, Gradients, Rerun, differentiable_outputs, gradients,
+    BackwardStateError,
+    CotangentsFor,
+    ForwardRecording,
+    Gradients,
+    Rerun,
+    differentiable_outputs,
+    gradients,
     inplace_error,
 )
 from .costs import Evidence, OffloadTarget, PlanInputs
