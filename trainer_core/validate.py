@@ -24,9 +24,9 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
-from transformers import PretrainedConfig
 
 from .config import RunConfig
 from .data import DataError, DataOptions, Prepared, Record, Staged, finish, load_chat_template, load_tokenizer
@@ -39,6 +39,9 @@ from .files import sha256_file
 from .input_files import file_kind
 from .model_checks import check_model, quiet_transformers
 from .plan_size import PlanSize, check_plan_size
+
+if TYPE_CHECKING:  # transformers (2-3 s) is imported by the checks that use it: importing this module stays light
+    from transformers import PretrainedConfig
 
 
 @dataclass(frozen=True)
