@@ -59,15 +59,26 @@ def tiny_tree(tmp_path: Path, **sections) -> dict:
     return tree
 
 
+SUITE_THREADS = 1
+"""Intra-op threads of torch in the test process. The suite's models are tiny: a second thread saves nothing, and on a
+loaded machine (other processes on the cores) every parallel kernel waits at OpenMP's barrier for a descheduled
+thread, 10-20 times slower (a tiny forward/backward: 0.02 s at 1 thread, 0.1-0.4 s at 2 under load 2). Child
+processes (torchrun ranks, `rankflow`) keep their own counts: OMP_NUM_THREADS is not set here."""
+
+
 @pytest.fixture(autouse=True)
-def _restore_threads():
-    """A segment or worker run in-process pins its threads (trainer_core.ranks.pin_threads); later tests get theirs back."""
+def _one_thread():
+    """Each test starts at SUITE_THREADS; a segment or worker run in-process pins its threads
+    (trainer_core.ranks.pin_threads, OMP_NUM_THREADS included), and later tests get the suite's count and the variable
+    back."""
     import torch
 
-    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    env = os.environ.get("OMP_NUM_THREADS")
+    if torch.get_num_threads() != SUITE_THREADS:
+        torch.set_num_threads(SUITE_THREADS)
     yield
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
+    if torch.get_num_threads() != SUITE_THREADS:
+        torch.set_num_threads(SUITE_THREADS)
     if env is None:
         os.environ.pop("OMP_NUM_THREADS", None)
     else:

@@ -9,19 +9,23 @@ weights exist, are readable and hold every tensor the model needs at the right
 shape (transformers' own loader, on the meta device: no tensor data is read).
 With `[model.lora]`, the adapter is injected into a meta-device model as
 training will inject it, so a target module the model lacks fails here.
+torch and transformers are imported by the checks that use them, so that
+importing this module (through `validate` and `plan`) costs nothing.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import torch
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from typing import TYPE_CHECKING
 
 from .config import RunConfig
 from .errors import ConfigError
 from .input_files import open_input, read_input_json_object
 from .model_config import PATH_FIX, config_source, one_line, peft_lora_config, quiet_transformers, read_model_config
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
 
 __all__ = ["WEIGHT_FILES", "check_model", "quiet_transformers", "read_model_config"]
 
@@ -62,6 +66,8 @@ def _check_safetensors_header(file: Path, label: str) -> None:
 
 def _check_pretrained_loads(config: RunConfig, label: str) -> None:
     """transformers' own loader, onto the meta device: every tensor present at the right shape."""
+    from transformers import AutoModelForCausalLM
+
     path = config.model.path
     assert path is not None  # check_model calls this only for model.path
     try:
@@ -81,6 +87,9 @@ def _check_pretrained_loads(config: RunConfig, label: str) -> None:
 
 def _check_forward(model_config: PretrainedConfig, file_label: str) -> None:
     """Build the model and run a short forward on the meta device: shapes only, no memory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(model_config)
@@ -94,12 +103,16 @@ def _check_forward(model_config: PretrainedConfig, file_label: str) -> None:
 
 
 def _linear_names(model: torch.nn.Module) -> list[str]:
+    import torch
+
     return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)})
 
 
 def _check_lora(config: RunConfig, model_config: PretrainedConfig) -> None:
     """Inject the adapter into a meta-device copy, as training will: every target must name a module peft can adapt."""
+    import torch
     from peft import inject_adapter_in_model
+    from transformers import AutoModelForCausalLM
 
     lora = config.model.lora
     assert lora is not None  # check_model calls this only when [model.lora] is set

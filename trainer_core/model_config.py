@@ -4,7 +4,8 @@ Both the model builder (`model`) and the pre-flight checks (`model_checks`)
 need these; they live here so that neither imports the other.
 `read_model_config` reads `model.config` or `model.path/config.json` with
 errors that name the file, the key and the fix; `quiet_transformers` keeps
-transformers' warnings out of that one message.
+transformers' warnings out of that one message. transformers is imported
+where it is used: a config whose JSON is wrong is reported without it.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import contextlib
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-
-from transformers import AutoConfig, PretrainedConfig
+from typing import TYPE_CHECKING
 
 from .config import LoraSection, RunConfig
 from .errors import ConfigError
 from .input_files import check_input_dir, read_input_json_object
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # Sizes every causal LM config has (when it has them at all) and that must be positive:
 # zero or a negative count builds an empty or broken model without any error from transformers.
@@ -83,6 +86,8 @@ def read_model_config(config: RunConfig) -> PretrainedConfig:
         raise ConfigError(f"{file}: model_type={model_type!r} is not a model type transformers knows; "
                           "use one such as \"qwen3\" or \"llama\"")
     _check_sizes(raw, file, fix)
+    from transformers import AutoConfig
+
     with quiet_transformers():
         try:
             if config.model.path is not None:

@@ -67,3 +67,10 @@ def test_the_config_offers_exactly_the_registered_backward_modes():
     assert all(BACKWARD_STATES[name].mode == name for name in BACKWARD_MODES)
     choices = list(TrainSection.model_fields["backward_mode"].annotation.__args__)
     assert choices == [*BACKWARD_STATES, PLANNER]
+
+
+def test_importing_the_input_checks_imports_no_transformers(tmp_path):
+    # transformers is imported by the checks that use it, so a process importing trainer_core.run.validate (through
+    # trainer_core.run.plan, the tasks) without checking a model does not pay it. torch comes with the data stages.
+    body = "import trainer_core.run.validate, trainer_core.model_checks, trainer_core.model_config"
+    assert _heavy_modules_after(body, tmp_path) == ["torch"]

@@ -2,8 +2,9 @@
 
 The corpus (corpus.py) runs through the real CLI (`flows.cli.main`) in one
 fresh process with fd-level capture (worker.py), once per session; each case
-is then its own test. A few cases also run as real `rankflow` subprocesses, and
-none of them may start Prefect: bad input is found before the flow.
+is then its own test. A few cases also run as real `rankflow` subprocesses (as
+many at once as there are cores), and none of them may start Prefect: bad input
+is found before the flow.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -102,8 +105,16 @@ def _rankflow() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "flows.cli"]
 
 
-@pytest.mark.parametrize("name", SUBPROCESS_CASES)
-def test_rankflow_command_on_bad_input(tmp_path, name):
+@dataclass(frozen=True)
+class _Ran:
+    """One `rankflow` process on a case: where it ran, what it did, how long it took."""
+
+    tmp_path: Path
+    outcome: Outcome
+    wall_s: float
+
+
+def _run_rankflow(tmp_path: Path, name: str) -> _Ran:
     case = BY_NAME[name]
     case_dir = tmp_path / name
     argv = materialize(case, case_dir, Assets(tmp_path))
@@ -111,13 +122,33 @@ def test_rankflow_command_on_bad_input(tmp_path, name):
     started = time.perf_counter()
     done = subprocess.run([*_rankflow(), *argv], capture_output=True, text=True, cwd=case_dir,
                           env=case_env(case, case_dir, _env(tmp_path)), timeout=120)  # a FIFO read would block: the timeout fails the test
+    wall_s = time.perf_counter() - started
     outcome = Outcome(code=done.returncode, stdout=done.stdout, stderr=done.stderr,
                       written=sorted(set(listing(case_dir)) - set(before)))
-    found = problems(case, outcome, case_dir)
+    return _Ran(tmp_path, outcome, wall_s)
+
+
+@pytest.fixture(scope="module")
+def rankflow_runs(request, tmp_path_factory) -> dict[str, Future]:
+    """The selected cases' processes, as many at once as there are cores (each one mostly imports torch and
+    transformers on one core), each in its own directory with its own Prefect home; a test waits for its own."""
+    selected = [item.callspec.params["name"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_rankflow_command_on_bad_input"]
+    pool = ThreadPoolExecutor(max_workers=max(1, min(len(selected), os.cpu_count() or 1)))
+    runs = {name: pool.submit(_run_rankflow, tmp_path_factory.mktemp(name), name) for name in selected}
+    yield runs
+    pool.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("name", SUBPROCESS_CASES)
+def test_rankflow_command_on_bad_input(rankflow_runs, name):
+    case = BY_NAME[name]
+    ran = rankflow_runs[name].result()
+    found = problems(case, ran.outcome, ran.tmp_path / name)
     assert not found, "\n".join(found)
-    assert time.perf_counter() - started < 60
+    assert ran.wall_s < 60
     if case.command == "run":  # (serve checks its schedule with Prefect's own models: importing Prefect makes its home)
-        assert not (tmp_path / "prefect-home").exists()  # Prefect was never even imported
+        assert not (ran.tmp_path / "prefect-home").exists()  # Prefect was never even imported
 
 
 # Permission cases: the data file mode, the case directory mode.

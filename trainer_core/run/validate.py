@@ -24,9 +24,9 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
-from transformers import PretrainedConfig
 
 from trainer_core.config import RunConfig
 from trainer_core.data import (
@@ -50,6 +50,9 @@ from trainer_core.files import sha256_file
 from trainer_core.input_files import file_kind
 from trainer_core.model_checks import check_model, quiet_transformers
 from trainer_core.run.plan_size import PlanSize, check_plan_size
+
+if TYPE_CHECKING:  # transformers (2-3 s) is imported by the checks that use it: importing this module stays light
+    from transformers import PretrainedConfig
 
 
 @dataclass(frozen=True)
