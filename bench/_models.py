@@ -50,13 +50,22 @@ class ModelSpec:
 
     def build(self, seed: int = 0) -> Qwen3ForCausalLM:
         if self.hidden_size % (self.head_dim * self.num_kv_groups):
-            raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of head_dim*num_kv_groups="
-                             f"{self.head_dim * self.num_kv_groups}; choose another width")
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be a multiple of head_dim*num_kv_groups="
+                f"{self.head_dim * self.num_kv_groups}; choose another width"
+            )
         config = Qwen3Config(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_heads // self.num_kv_groups, head_dim=self.head_dim,
-            max_position_embeddings=16384, tie_word_embeddings=False, use_cache=False, attention_dropout=0.0,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_heads // self.num_kv_groups,
+            head_dim=self.head_dim,
+            max_position_embeddings=16384,
+            tie_word_embeddings=False,
+            use_cache=False,
+            attention_dropout=0.0,
         )
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config).float()
@@ -85,16 +94,27 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
     if args.quick:
         args.seq_len, args.reps, args.warmup = min(args.seq_len, 128), min(args.reps, 2), min(args.warmup, 1)
         return ModelSpec(hidden_size=128, num_layers=2, intermediate_size=384, vocab_size=1024)
-    return ModelSpec(hidden_size=args.hidden_size, num_layers=args.num_layers,
-                     intermediate_size=args.intermediate_size, vocab_size=args.vocab_size)
+    return ModelSpec(
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        intermediate_size=args.intermediate_size,
+        vocab_size=args.vocab_size,
+    )
 
 
 def model_summary(spec: ModelSpec, model: torch.nn.Module) -> dict:
     device = next(model.parameters()).device
-    return {**asdict(spec), "num_heads": spec.num_heads, "num_kv_heads": spec.num_heads // spec.num_kv_groups,
-            "num_params": sum(p.numel() for p in model.parameters()), "dtype": "float32", "attention": "sdpa",
-            "torch_threads": torch.get_num_threads(), "device": str(device),
-            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    return {
+        **asdict(spec),
+        "num_heads": spec.num_heads,
+        "num_kv_heads": spec.num_heads // spec.num_kv_groups,
+        "num_params": sum(p.numel() for p in model.parameters()),
+        "dtype": "float32",
+        "attention": "sdpa",
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -154,8 +174,11 @@ class TrainerLoop:
 
         self.mode = mode
         self.trainer = Trainer(model)
-        self.trainer.add_base_checkpoint(optimizer=OptimizerConfig(
-            learning_rate=LEARNING_RATE, betas=BETAS, eps=EPS, weight_decay=0.0, grad_clip=GRAD_CLIP))
+        self.trainer.add_base_checkpoint(
+            optimizer=OptimizerConfig(
+                learning_rate=LEARNING_RATE, betas=BETAS, eps=EPS, weight_decay=0.0, grad_clip=GRAD_CLIP
+            )
+        )
         self.offloaded_bytes = 0
         self.resident_after_forward_bytes = 0
 
@@ -192,8 +215,14 @@ class Timings:
     """Every step's loss, warm-up included."""
 
 
-def interleave(sides: dict[str, Callable[[Batch], float]], batches: Callable[[int], Batch], *, warmup: int, reps: int,
-               label: str = "") -> dict[str, Timings]:
+def interleave(
+    sides: dict[str, Callable[[Batch], float]],
+    batches: Callable[[int], Batch],
+    *,
+    warmup: int,
+    reps: int,
+    label: str = "",
+) -> dict[str, Timings]:
     """Run every side once per round, in order, `warmup` untimed rounds then `reps` timed ones.
 
     Step i of every side sees the same batch after the same history, so losses compare step by step.
@@ -214,16 +243,24 @@ def interleave(sides: dict[str, Callable[[Batch], float]], batches: Callable[[in
                 timings[name].wall_s.append(elapsed)
                 timings[name].cpu_s.append(cpu)
             tag = "warm-up" if warm else f"rep {round_index - warmup + 1}/{reps}"
-            print(f"{label}{tag} {name}: {elapsed:.2f} s ({cpu:.2f} s CPU), {batch.num_tokens / elapsed:.0f} tokens/s, "
-                  f"loss {loss:.6f}", flush=True)
+            print(
+                f"{label}{tag} {name}: {elapsed:.2f} s ({cpu:.2f} s CPU), {batch.num_tokens / elapsed:.0f} tokens/s, "
+                f"loss {loss:.6f}",
+                flush=True,
+            )
     return timings
 
 
 def side_figures(timings: Timings, num_tokens: int) -> dict:
     step_s = median(timings.wall_s)
-    return {"tokens_per_s": num_tokens / step_s, "step_s_median": step_s, "step_s": timings.wall_s,
-            "cpu_s_median": median(timings.cpu_s), "cpu_s": timings.cpu_s,
-            "tokens_per_cpu_s": num_tokens / median(timings.cpu_s)}
+    return {
+        "tokens_per_s": num_tokens / step_s,
+        "step_s_median": step_s,
+        "step_s": timings.wall_s,
+        "cpu_s_median": median(timings.cpu_s),
+        "cpu_s": timings.cpu_s,
+        "tokens_per_cpu_s": num_tokens / median(timings.cpu_s),
+    }
 
 
 def paired_ratio(baseline: Timings, candidate: Timings) -> float:

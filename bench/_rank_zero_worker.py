@@ -32,8 +32,9 @@ def spmd_step(ldp: LogicalDataParallel, batch, step: int) -> float:
     trainer = ldp.trainer
     num_loss_tokens = float(batch.loss_mask.sum())
     sums = {}
-    for shard in ldp.forward_batches({"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                                      "loss_mask": batch.loss_mask}, step=step):
+    for shard in ldp.forward_batches(
+        {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "loss_mask": batch.loss_mask}, step=step
+    ):
         with shard:
             out = trainer.forward(shard.rows["input_ids"], shard.rows["attention_mask"])
             loss_sum = -(out.logprobs * shard.rows["loss_mask"]).sum()
@@ -90,12 +91,19 @@ def main() -> None:
             if topology.rank == 0:
                 log(f"round {round_index} {side}: {elapsed:.3f} s, loss {loss:.6f}")
     if topology.rank == 0:
-        args.out.write_text(json.dumps({
-            "timings": timings, "losses": losses, "num_tokens": args.batch_size * args.seq_len,
-            "weights_equal": digest(spmd.trainer) == digest(rank_zero_trainer),
-            "num_params": sum(p.numel() for p in model.parameters()), "world_size": topology.world_size,
-            "logical_dp": args.logical_dp,
-        }))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "timings": timings,
+                    "losses": losses,
+                    "num_tokens": args.batch_size * args.seq_len,
+                    "weights_equal": digest(spmd.trainer) == digest(rank_zero_trainer),
+                    "num_params": sum(p.numel() for p in model.parameters()),
+                    "world_size": topology.world_size,
+                    "logical_dp": args.logical_dp,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

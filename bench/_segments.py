@@ -24,8 +24,15 @@ from trainer_core.run.records import SegmentResult
 from trainer_core.run.segment_main import segment_result_path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-MODEL = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 64, "layer_types": ["full_attention"] * 4}
+MODEL = {
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "layer_types": ["full_attention"] * 4,
+}
 """The example's config (vocabulary 1024, the tokenizer's) made wider and deeper: ≈ 3.7M parameters."""
 
 
@@ -53,8 +60,15 @@ def plan_run(work_dir: Path, *, steps: int, logical_dp: int, train: dict, quick:
         "model": {"config": str(work_dir / "model_config.json")},
         "tokenizer": {"path": str(EXAMPLES / "tiny" / "tokenizer.json")},
         "data": {"path": str(EXAMPLES / "tiny" / "sft.jsonl"), "max_seq_len": 128, "pack": True},
-        "train": {"steps": steps, "steps_per_segment": steps, "global_batch_size": 16, "logical_dp": logical_dp,
-                  "learning_rate": 1e-3, "collective_timeout_s": 300, **train},
+        "train": {
+            "steps": steps,
+            "steps_per_segment": steps,
+            "global_batch_size": 16,
+            "logical_dp": logical_dp,
+            "learning_rate": 1e-3,
+            "collective_timeout_s": 300,
+            **train,
+        },
         "storage": {"url": str(work_dir / "store")},
     }
     config = config_from_dict(tree, config_dir=work_dir)
@@ -67,17 +81,27 @@ def plan_run(work_dir: Path, *, steps: int, logical_dp: int, train: dict, quick:
 def run_segment(run_dir: Path, world_size: int, env: dict[str, str] | None = None) -> dict:
     """One launch of segment 0; returns its median tokens/s (steps after the first), losses and threads."""
     lines: list[str] = []
-    result = launch("trainer_core.run.segment_main", ["--run-dir", str(run_dir), "--segment", "0"],
-                    nproc_per_node=world_size, timeout_s=1200, on_line=lines.append, env=env)
+    result = launch(
+        "trainer_core.run.segment_main",
+        ["--run-dir", str(run_dir), "--segment", "0"],
+        nproc_per_node=world_size,
+        timeout_s=1200,
+        on_line=lines.append,
+        env=env,
+    )
     if result.returncode != 0:
         raise RuntimeError("segment launch failed:\n" + "\n".join(lines[-30:]))
     records = [json.loads(line) for line in progress_path(run_dir, 0).read_text().splitlines()]
     steps = [r for r in records if r["event"] == "step"]
     timed = steps[1:] or steps
     segment = SegmentResult.read(segment_result_path(run_dir, 0))
-    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
-            "step_s": [round(r["step_s"], 4) for r in timed], "losses": segment.losses,
-            "threads_per_process": segment.threads_per_process, "world_size": world_size}
+    return {
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
+        "step_s": [round(r["step_s"], 4) for r in timed],
+        "losses": segment.losses,
+        "threads_per_process": segment.threads_per_process,
+        "world_size": world_size,
+    }
 
 
 def machine() -> dict:

@@ -45,8 +45,9 @@ def stage_checkpoint(directory: Path, run_id: str, step: int, num_shards: int, s
     (staged / "model.safetensors.index.json").write_text('{"metadata": {}, "weight_map": {}}')
     (staged / "config.json").write_text('{"model_type": "qwen3"}')
     (staged / "tokenizer.json").write_bytes(os.urandom(2_000_000))
-    write_manifest(staged, {"run_id": run_id, "step": step, "plan_digest": "0" * 64, "parent_checkpoint": None,
-                            "world_size": 1})
+    write_manifest(
+        staged, {"run_id": run_id, "step": step, "plan_digest": "0" * 64, "parent_checkpoint": None, "world_size": 1}
+    )
     return staged
 
 

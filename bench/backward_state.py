@@ -59,8 +59,13 @@ def main(argv: list[str] | None = None) -> dict:
     def batches(index: int):
         return make_batch(index, args.batch_size, args.seq_len, spec.vocab_size, args.device)
 
-    timings = interleave({mode: loop.step for mode, loop in loops.items()}, batches, warmup=args.warmup,
-                         reps=args.reps, label=f"[{args.batch_size}x{args.seq_len}] ")
+    timings = interleave(
+        {mode: loop.step for mode, loop in loops.items()},
+        batches,
+        warmup=args.warmup,
+        reps=args.reps,
+        label=f"[{args.batch_size}x{args.seq_len}] ",
+    )
     num_tokens = args.batch_size * args.seq_len
     sides = {mode: _side(loop, timings[mode], num_tokens) for mode, loop in loops.items()}
     losses = {mode: timings[mode].losses for mode in MODES}
@@ -69,24 +74,39 @@ def main(argv: list[str] | None = None) -> dict:
     tokens_per_s_ratio = candidate["tokens_per_s"] / baseline["tokens_per_s"]
     result = {
         "bench": "backward_state",
-        "baseline": baseline, "candidate": candidate, "offload": offload,
-        "ratio": tokens_per_s_ratio, "higher_is_better": True, "metric": "tokens_per_s (median step)",
+        "baseline": baseline,
+        "candidate": candidate,
+        "offload": offload,
+        "ratio": tokens_per_s_ratio,
+        "higher_is_better": True,
+        "metric": "tokens_per_s (median step)",
         "tokens_per_s_ratio": tokens_per_s_ratio,
         "paired_tokens_per_s_ratio": paired_ratio(timings["retain"], timings["replay"]),
         "cpu_tokens_per_s_ratio": candidate["tokens_per_cpu_s"] / baseline["tokens_per_cpu_s"],
-        "saved_bytes_ratio": saved_bytes_ratio, "saved_bytes_higher_is_better": False,
+        "saved_bytes_ratio": saved_bytes_ratio,
+        "saved_bytes_higher_is_better": False,
         "offload_tokens_per_s_ratio": offload["tokens_per_s"] / baseline["tokens_per_s"],
         "offload_saved_bytes_ratio": offload["peak_saved_bytes"] / baseline["peak_saved_bytes"],
-        "targets": {"saved_bytes_ratio_max": TARGET_SAVED_BYTES_RATIO,
-                    "tokens_per_s_ratio_min": TARGET_TOKENS_PER_S_RATIO},
-        "meets_target": saved_bytes_ratio <= TARGET_SAVED_BYTES_RATIO and tokens_per_s_ratio >= TARGET_TOKENS_PER_S_RATIO,
+        "targets": {
+            "saved_bytes_ratio_max": TARGET_SAVED_BYTES_RATIO,
+            "tokens_per_s_ratio_min": TARGET_TOKENS_PER_S_RATIO,
+        },
+        "meets_target": saved_bytes_ratio <= TARGET_SAVED_BYTES_RATIO
+        and tokens_per_s_ratio >= TARGET_TOKENS_PER_S_RATIO,
         "max_abs_delta_loss_vs_retain": {mode: max_abs_delta(losses["retain"], losses[mode]) for mode in MODES[1:]},
-        "losses": losses, "batch": [args.batch_size, args.seq_len], "reps": args.reps, "warmup": args.warmup,
-        "model": summary, "quick": args.quick,
+        "losses": losses,
+        "batch": [args.batch_size, args.seq_len],
+        "reps": args.reps,
+        "warmup": args.warmup,
+        "model": summary,
+        "quick": args.quick,
     }
-    print(f"replay/retain: saved bytes {saved_bytes_ratio:.4f} (target ≤ {TARGET_SAVED_BYTES_RATIO}), tokens/s "
-          f"{tokens_per_s_ratio:.3f} (target ≥ {TARGET_TOKENS_PER_S_RATIO}); offload/retain tokens/s "
-          f"{result['offload_tokens_per_s_ratio']:.3f}", flush=True)
+    print(
+        f"replay/retain: saved bytes {saved_bytes_ratio:.4f} (target ≤ {TARGET_SAVED_BYTES_RATIO}), tokens/s "
+        f"{tokens_per_s_ratio:.3f} (target ≥ {TARGET_TOKENS_PER_S_RATIO}); offload/retain tokens/s "
+        f"{result['offload_tokens_per_s_ratio']:.3f}",
+        flush=True,
+    )
     emit(result)
     return result
 

@@ -54,17 +54,33 @@ def main(argv: list[str] | None = None) -> None:
     print(f"checkpoint: {megabytes:.0f} MB in {len(files)} files; medians over {args.repeats} repeats")
     print(f"raw s3fs put:       {baseline_s:.2f} s  ({megabytes / baseline_s:.0f} MB/s)")
     print(f"commit_checkpoint:  {candidate_s:.2f} s  ({megabytes / candidate_s:.0f} MB/s)")
-    print(json.dumps({
-        "bench": "commit_throughput",
-        "baseline": {"name": "s3fs put", "wall_s": baseline_s, "mb_per_s": round(megabytes / baseline_s, 1),
-                     "runs_s": times["baseline"]},
-        "candidate": {"name": "commit_checkpoint", "wall_s": candidate_s,
-                      "mb_per_s": round(megabytes / candidate_s, 1), "runs_s": times["candidate"]},
-        "ratio": round(baseline_s / candidate_s, 4), "higher_is_better": True, "target": ">= 0.90",
-        # The same figure per interleaved pair, whose median shrugs off a load spike on a shared machine.
-        "paired_ratio_median": median([b / c for b, c in zip(times["baseline"], times["candidate"])]),
-        "megabytes": round(megabytes, 1), "num_files": len(files), "repeats": args.repeats,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "commit_throughput",
+                "baseline": {
+                    "name": "s3fs put",
+                    "wall_s": baseline_s,
+                    "mb_per_s": round(megabytes / baseline_s, 1),
+                    "runs_s": times["baseline"],
+                },
+                "candidate": {
+                    "name": "commit_checkpoint",
+                    "wall_s": candidate_s,
+                    "mb_per_s": round(megabytes / candidate_s, 1),
+                    "runs_s": times["candidate"],
+                },
+                "ratio": round(baseline_s / candidate_s, 4),
+                "higher_is_better": True,
+                "target": ">= 0.90",
+                # The same figure per interleaved pair, whose median shrugs off a load spike on a shared machine.
+                "paired_ratio_median": median([b / c for b, c in zip(times["baseline"], times["candidate"])]),
+                "megabytes": round(megabytes, 1),
+                "num_files": len(files),
+                "repeats": args.repeats,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

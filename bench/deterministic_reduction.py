@@ -29,14 +29,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _case(figures: dict) -> dict:
     fast, deterministic = (statistics.median(figures["timings"][side]) for side in ("fast", "deterministic"))
-    return {"baseline": {"name": "fast (all-reduce)", "reduce_s_median": fast, "reductions_per_s": 1 / fast},
-            "candidate": {"name": "deterministic (ordered sharded fold)", "reduce_s_median": deterministic,
-                          "reductions_per_s": 1 / deterministic},
-            "ratio": fast / deterministic, "same_bits_every_round": figures["same_bits_every_round"]}
+    return {
+        "baseline": {"name": "fast (all-reduce)", "reduce_s_median": fast, "reductions_per_s": 1 / fast},
+        "candidate": {
+            "name": "deterministic (ordered sharded fold)",
+            "reduce_s_median": deterministic,
+            "reductions_per_s": 1 / deterministic,
+        },
+        "ratio": fast / deterministic,
+        "same_bits_every_round": figures["same_bits_every_round"],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m bench.deterministic_reduction", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.deterministic_reduction", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--reps", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="smoke run: a small gradient, 2 reps")
     args = parser.parse_args(argv)
@@ -45,22 +53,39 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-reduction-") as tmp:
         out = Path(tmp) / "figures.json"
         lines: list[str] = []
-        result = launch("bench._reduction_worker", ["--out", str(out), "--reps", str(reps), "--spec", json.dumps(spec)],
-                        nproc_per_node=2, timeout_s=1800, env={"PYTHONPATH": str(ROOT)}, on_line=lines.append)
+        result = launch(
+            "bench._reduction_worker",
+            ["--out", str(out), "--reps", str(reps), "--spec", json.dumps(spec)],
+            nproc_per_node=2,
+            timeout_s=1800,
+            env={"PYTHONPATH": str(ROOT)},
+            on_line=lines.append,
+        )
         if result.returncode != 0:
             raise RuntimeError("the benchmark launch failed:\n" + "\n".join(lines[-30:]))
         figures = json.loads(out.read_text())
     cases = {f"L={logical_dp}": _case(case) for logical_dp, case in figures["cases"].items()}
     headline = cases["L=4"]
     report = {
-        "bench": "deterministic_reduction", "metric": "gradient reductions per second (median)",
-        "baseline": headline["baseline"], "candidate": headline["candidate"], "ratio": headline["ratio"],
-        "higher_is_better": True, "cases": cases, "num_params": figures["num_params"],
-        "world_size": figures["world_size"], "reps": reps, "quick": args.quick, "machine": machine(),
+        "bench": "deterministic_reduction",
+        "metric": "gradient reductions per second (median)",
+        "baseline": headline["baseline"],
+        "candidate": headline["candidate"],
+        "ratio": headline["ratio"],
+        "higher_is_better": True,
+        "cases": cases,
+        "num_params": figures["num_params"],
+        "world_size": figures["world_size"],
+        "reps": reps,
+        "quick": args.quick,
+        "machine": machine(),
     }
     for name, case in cases.items():
-        print(f"{name}: deterministic {case['candidate']['reduce_s_median'] * 1000:.1f} ms vs fast "
-              f"{case['baseline']['reduce_s_median'] * 1000:.1f} ms per reduction: ratio {case['ratio']:.2f}", flush=True)
+        print(
+            f"{name}: deterministic {case['candidate']['reduce_s_median'] * 1000:.1f} ms vs fast "
+            f"{case['baseline']['reduce_s_median'] * 1000:.1f} ms per reduction: ratio {case['ratio']:.2f}",
+            flush=True,
+        )
     emit(report)
     return report
 

@@ -31,8 +31,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-DEVICE_TESTS = ["tests/trainer/test_device_paths.py",
-                "tests/trainer/test_optimizer_step.py::test_bf16_parameters_train_through_fp32_masters_as_adamw_on_an_fp32_copy"]
+DEVICE_TESTS = [
+    "tests/trainer/test_device_paths.py",
+    "tests/trainer/test_optimizer_step.py::test_bf16_parameters_train_through_fp32_masters_as_adamw_on_an_fp32_copy",
+]
 
 
 def run_tests(device: str) -> dict:
@@ -40,8 +42,19 @@ def run_tests(device: str) -> dict:
     paths = DEVICE_TESTS
     with tempfile.TemporaryDirectory(prefix="rankflow-gpu-suite-") as scratch:
         report = Path(scratch) / "junit.xml"
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                   f"--basetemp={scratch}/tmp", "-k", "not cpu" if device == "cuda" else "not cuda", *paths]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+            f"--basetemp={scratch}/tmp",
+            "-k",
+            "not cpu" if device == "cuda" else "not cuda",
+            *paths,
+        ]
         started = time.perf_counter()
         completed = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         wall_s = time.perf_counter() - started
@@ -52,8 +65,14 @@ def run_tests(device: str) -> dict:
             suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
             counts = {key: int(suite.get(key, 0)) for key in counts}
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    return {"ok": completed.returncode == 0 and passed > 0, "returncode": completed.returncode, "passed": passed,
-            **counts, "wall_s": wall_s, "paths": paths}
+    return {
+        "ok": completed.returncode == 0 and passed > 0,
+        "returncode": completed.returncode,
+        "passed": passed,
+        **counts,
+        "wall_s": wall_s,
+        "paths": paths,
+    }
 
 
 def run_two_ranks(device: str, quick: bool) -> dict:
@@ -66,13 +85,23 @@ def run_two_ranks(device: str, quick: bool) -> dict:
 
     lines: list[str] = []
     started = time.perf_counter()
-    result = launch("tests.trainer.device_rank_worker", ["cuda" if device == "cuda" else "cpu"], nproc_per_node=2,
-                    timeout_s=300, env={"PYTHONPATH": str(ROOT)}, on_line=lines.append)
+    result = launch(
+        "tests.trainer.device_rank_worker",
+        ["cuda" if device == "cuda" else "cpu"],
+        nproc_per_node=2,
+        timeout_s=300,
+        env={"PYTHONPATH": str(ROOT)},
+        on_line=lines.append,
+    )
     agreed = sum("data-parallel steps equal one process" in line for line in lines)
     if result.returncode != 0:
         print("\n".join(lines[-40:]), flush=True)
-    return {"ok": result.returncode == 0 and agreed == 2, "backend": "nccl" if device == "cuda" else "gloo",
-            "ranks_agreeing": agreed, "wall_s": time.perf_counter() - started}
+    return {
+        "ok": result.returncode == 0 and agreed == 2,
+        "backend": "nccl" if device == "cuda" else "gloo",
+        "ranks_agreeing": agreed,
+        "wall_s": time.perf_counter() - started,
+    }
 
 
 def run_benchmarks(device: str, quick: bool) -> dict:
@@ -82,8 +111,11 @@ def run_benchmarks(device: str, quick: bool) -> dict:
     figures = {}
     for name, module, keys in (
         ("trainer_overhead", trainer_overhead, ("ratio", "paired_ratio", "meets_target", "max_abs_delta_loss")),
-        ("backward_state", backward_state, ("ratio", "saved_bytes_ratio", "offload_tokens_per_s_ratio",
-                                            "offload_saved_bytes_ratio", "meets_target")),
+        (
+            "backward_state",
+            backward_state,
+            ("ratio", "saved_bytes_ratio", "offload_tokens_per_s_ratio", "offload_saved_bytes_ratio", "meets_target"),
+        ),
         ("planner_choices", planner_choices, ("ratio", "peak_to_budget", "saved_bytes_ratio")),
     ):
         started = time.perf_counter()
@@ -111,10 +143,16 @@ def main(argv: list[str] | None = None) -> dict:
     ranks = run_two_ranks(args.device, args.quick)
     benchmarks = run_benchmarks(args.device, args.quick)
     result = {
-        "bench": "gpu_suite", "device": args.device,
+        "bench": "gpu_suite",
+        "device": args.device,
         "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-        "num_gpus": torch.cuda.device_count(), "torch": torch.__version__, "quick": args.quick,
-        "tests": tests, "two_ranks": ranks, "benchmarks": benchmarks, "wall_s": time.perf_counter() - started,
+        "num_gpus": torch.cuda.device_count(),
+        "torch": torch.__version__,
+        "quick": args.quick,
+        "tests": tests,
+        "two_ranks": ranks,
+        "benchmarks": benchmarks,
+        "wall_s": time.perf_counter() - started,
     }
     result["ok"] = tests["ok"] and ranks["ok"] and all(b["ok"] for b in benchmarks.values())
     print(json.dumps(result), flush=True)

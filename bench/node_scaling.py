@@ -53,58 +53,98 @@ def _run(run_dir: Path, side: str) -> dict:
     lines: list[str] = []
     started = time.perf_counter()
     if side == SIDES[0]:
-        result = launch("trainer_core.run.segment_main", ["--run-dir", str(run_dir), "--segment", "0"], nproc_per_node=2,
-                        timeout_s=1200, on_line=lines.append)
+        result = launch(
+            "trainer_core.run.segment_main",
+            ["--run-dir", str(run_dir), "--segment", "0"],
+            nproc_per_node=2,
+            timeout_s=1200,
+            on_line=lines.append,
+        )
         if result.returncode != 0:
             raise RuntimeError("segment launch failed:\n" + "\n".join(lines[-30:]))
     else:
         plan = json.loads((run_dir / "plan.json").read_text())
-        train = TrainSection(nnodes=2, nproc_per_node=1, logical_dp=plan["config"]["train"]["logical_dp"],
-                             segment_timeout_s=1200)
-        planned = PlannedRun(run_id=plan["run_id"], digest=plan["digest"], run_dir=str(run_dir),
-                             segment_steps=[(0, plan["config"]["train"]["steps"])], train=train,
-                             storage=StorageSection(url=str(run_dir / "store")))
+        train = TrainSection(
+            nnodes=2, nproc_per_node=1, logical_dp=plan["config"]["train"]["logical_dp"], segment_timeout_s=1200
+        )
+        planned = PlannedRun(
+            run_id=plan["run_id"],
+            digest=plan["digest"],
+            run_dir=str(run_dir),
+            segment_steps=[(0, plan["config"]["train"]["steps"])],
+            train=train,
+            storage=StorageSection(url=str(run_dir / "store")),
+        )
         launch_nodes(planned, 0, lines.append)
     wall_s = time.perf_counter() - started
     records = [json.loads(line) for line in progress_path(run_dir, 0).read_text().splitlines()]
     steps = [r for r in records if r["event"] == "step"]
     segment = SegmentResult.read(segment_result_path(run_dir, 0))
-    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in (steps[1:] or steps)), "launch_wall_s": wall_s,
-            "losses": segment.losses, "state_sha256": _state_sha256(run_dir)}
+    return {
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in (steps[1:] or steps)),
+        "launch_wall_s": wall_s,
+        "losses": segment.losses,
+        "state_sha256": _state_sha256(run_dir),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_segment_args("python -m bench.node_scaling", __doc__, "two launches", argv)
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="bench-node-scaling-") as tmp:
-        run_dir = plan_run(Path(tmp), steps=args.steps, logical_dp=2, quick=args.quick,
-                           train={"reduction": "deterministic", "global_batch_size": 16})
+        run_dir = plan_run(
+            Path(tmp),
+            steps=args.steps,
+            logical_dp=2,
+            quick=args.quick,
+            train={"reduction": "deterministic", "global_batch_size": 16},
+        )
         for round_index in range(args.reps):
             for side in SIDES:
                 figures = _run(run_dir, side)
                 runs[side].append(figures)
-                print(f"round {round_index + 1}/{args.reps} {side}: {figures['tokens_per_s']:.0f} tokens/s, "
-                      f"launch {figures['launch_wall_s']:.1f} s", flush=True)
+                print(
+                    f"round {round_index + 1}/{args.reps} {side}: {figures['tokens_per_s']:.0f} tokens/s, "
+                    f"launch {figures['launch_wall_s']:.1f} s",
+                    flush=True,
+                )
 
     def summary(side: str) -> dict:
         launches = runs[side]
-        return {"name": side, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in launches),
-                "launch_wall_s": statistics.median(r["launch_wall_s"] for r in launches),
-                "losses": launches[0]["losses"], "state_sha256": launches[0]["state_sha256"]}
+        return {
+            "name": side,
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in launches),
+            "launch_wall_s": statistics.median(r["launch_wall_s"] for r in launches),
+            "losses": launches[0]["losses"],
+            "state_sha256": launches[0]["state_sha256"],
+        }
 
     baseline, candidate = summary(SIDES[0]), summary(SIDES[1])
     every = [(r["losses"], r["state_sha256"]) for side in SIDES for r in runs[side]]
     if len(set(json.dumps(item) for item in every)) != 1:
-        raise AssertionError(f"the losses or the saved state differ between node layouts: the guarantee is broken: {every}")
+        raise AssertionError(
+            f"the losses or the saved state differ between node layouts: the guarantee is broken: {every}"
+        )
     result = {
-        "bench": "node_scaling", "metric": "tokens_per_s (median over rounds of each launch's median step)",
-        "baseline": baseline, "candidate": candidate, "ratio": candidate["tokens_per_s"] / baseline["tokens_per_s"],
-        "higher_is_better": True, "launch_wall_ratio": candidate["launch_wall_s"] / baseline["launch_wall_s"],
-        "bitwise_equal": True, "logical_dp": 2, "reps": args.reps, "steps": args.steps, "quick": args.quick,
+        "bench": "node_scaling",
+        "metric": "tokens_per_s (median over rounds of each launch's median step)",
+        "baseline": baseline,
+        "candidate": candidate,
+        "ratio": candidate["tokens_per_s"] / baseline["tokens_per_s"],
+        "higher_is_better": True,
+        "launch_wall_ratio": candidate["launch_wall_s"] / baseline["launch_wall_s"],
+        "bitwise_equal": True,
+        "logical_dp": 2,
+        "reps": args.reps,
+        "steps": args.steps,
+        "quick": args.quick,
         "machine": machine(),
     }
-    print(f"2 nodes x 1 / 1 node x 2: {result['ratio']:.2f}x tokens/s, launch wall {result['launch_wall_ratio']:.2f}x; "
-          "losses and state bitwise equal", flush=True)
+    print(
+        f"2 nodes x 1 / 1 node x 2: {result['ratio']:.2f}x tokens/s, launch wall {result['launch_wall_ratio']:.2f}x; "
+        "losses and state bitwise equal",
+        flush=True,
+    )
     emit(result)
     return result
 

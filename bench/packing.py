@@ -37,9 +37,13 @@ def _measure(config, pack: bool) -> dict[str, float]:
         real += int(attention.sum())
         loss += int(tensors["loss_mask"].sum())
         documents += int(tensors["document_ids"].amax(-1).sum()) if pack else attention.shape[0] * attention.shape[1]
-    return {"pad_fraction": 1 - real / total, "tokens_per_step": real / config.train.steps,
-            "documents_per_step": documents / config.train.steps, "loss_tokens_per_step": loss / config.train.steps,
-            "plan_s": wall_s}
+    return {
+        "pad_fraction": 1 - real / total,
+        "tokens_per_step": real / config.train.steps,
+        "documents_per_step": documents / config.train.steps,
+        "loss_tokens_per_step": loss / config.train.steps,
+        "plan_s": wall_s,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,7 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=5)
     args = parser.parse_args(argv)
     datasets = {"sft": EXAMPLES / "tiny_sft.toml", "rl": EXAMPLES / "tiny_rl.toml"}
-    results: dict[str, dict[str, list[dict[str, float]]]] = {name: {"baseline": [], "candidate": []} for name in datasets}
+    results: dict[str, dict[str, list[dict[str, float]]]] = {
+        name: {"baseline": [], "candidate": []} for name in datasets
+    }
     for seed in range(args.seeds):
         for name, config_file in datasets.items():
             config = load_config(config_file, [f"run.seed={seed}"])
@@ -59,19 +65,32 @@ def main(argv: list[str] | None = None) -> None:
 
     summary = {name: {side: medians(runs) for side, runs in sides.items()} for name, sides in results.items()}
     for name, sides in summary.items():
-        print(f"{name}: padding {sides['baseline']['pad_fraction']:.1%} padded to the longest -> "
-              f"{sides['candidate']['pad_fraction']:.1%} packed; documents per step "
-              f"{sides['baseline']['documents_per_step']:.0f} -> {sides['candidate']['documents_per_step']:.1f}")
-    print(json.dumps({
-        "bench": "packing",
-        "baseline": summary["sft"]["baseline"],
-        "candidate": summary["sft"]["candidate"],
-        "ratio": round(summary["sft"]["candidate"]["pad_fraction"] / summary["sft"]["baseline"]["pad_fraction"], 4),
-        "higher_is_better": False,
-        "metric": "pad_fraction",
-        "rl": {**summary["rl"], "ratio": round(summary["rl"]["candidate"]["pad_fraction"] / summary["rl"]["baseline"]["pad_fraction"], 4)},
-        "seeds": args.seeds,
-    }))
+        print(
+            f"{name}: padding {sides['baseline']['pad_fraction']:.1%} padded to the longest -> "
+            f"{sides['candidate']['pad_fraction']:.1%} packed; documents per step "
+            f"{sides['baseline']['documents_per_step']:.0f} -> {sides['candidate']['documents_per_step']:.1f}"
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "packing",
+                "baseline": summary["sft"]["baseline"],
+                "candidate": summary["sft"]["candidate"],
+                "ratio": round(
+                    summary["sft"]["candidate"]["pad_fraction"] / summary["sft"]["baseline"]["pad_fraction"], 4
+                ),
+                "higher_is_better": False,
+                "metric": "pad_fraction",
+                "rl": {
+                    **summary["rl"],
+                    "ratio": round(
+                        summary["rl"]["candidate"]["pad_fraction"] / summary["rl"]["baseline"]["pad_fraction"], 4
+                    ),
+                },
+                "seeds": args.seeds,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

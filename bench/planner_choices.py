@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench.planner_choices", description=__doc__.splitlines()[0])
     add_model_args(parser)
     parser.add_argument("--per-step", type=int, default=4, help="micro-batches forwarded before each backward")
-    parser.add_argument("--budget-fraction", type=float, default=0.5, help="budget as a fraction of the all-retained peak")
+    parser.add_argument(
+        "--budget-fraction", type=float, default=0.5, help="budget as a fraction of the all-retained peak"
+    )
     parser.set_defaults(reps=4)
     args = parser.parse_args(argv)
     spec = spec_from_args(args)
@@ -89,13 +91,17 @@ def main(argv: list[str] | None = None) -> dict:
     baseline = build(baseline_model, None)
     all_retained_peak = 0
     for step in range(args.warmup + args.reps):
-        outs = [baseline.forward(ids, mask, mode="retain")
-                for ids, mask in micro_batches(step, args.per_step, spec.vocab_size, scale, args.device)]
+        outs = [
+            baseline.forward(ids, mask, mode="retain")
+            for ids, mask in micro_batches(step, args.per_step, spec.vocab_size, scale, args.device)
+        ]
         all_retained_peak = max(all_retained_peak, baseline.resident_bytes())
         del outs
     budget = int(args.budget_fraction * all_retained_peak)
     candidate = build(candidate_model, budget)
-    print(f"all-retained peak {all_retained_peak} bytes; budget {budget} bytes ({args.budget_fraction:.0%})", flush=True)
+    print(
+        f"all-retained peak {all_retained_peak} bytes; budget {budget} bytes ({args.budget_fraction:.0%})", flush=True
+    )
 
     seconds: dict[str, list[float]] = {"baseline": [], "candidate": []}
     losses: dict[str, list[float]] = {"baseline": [], "candidate": []}
@@ -111,26 +117,48 @@ def main(argv: list[str] | None = None) -> dict:
             if timed:
                 seconds[name].append(time.perf_counter() - started)
             losses[name].append(loss)
-        print(f"step {step}{'' if timed else ' (warm-up)'}: loss {losses['baseline'][-1]:.5f} / "
-              f"{losses['candidate'][-1]:.5f}" + (f", baseline {seconds['baseline'][-1]:.2f} s, candidate "
-                                                 f"{seconds['candidate'][-1]:.2f} s" if timed else ""), flush=True)
+        print(
+            f"step {step}{'' if timed else ' (warm-up)'}: loss {losses['baseline'][-1]:.5f} / "
+            f"{losses['candidate'][-1]:.5f}"
+            + (
+                f", baseline {seconds['baseline'][-1]:.2f} s, candidate {seconds['candidate'][-1]:.2f} s"
+                if timed
+                else ""
+            ),
+            flush=True,
+        )
     planner = candidate.planner
     for entry in planner.history:
-        print(f"  [{entry['batch_size']}x{entry['seq_len']}] {entry['choice']:<7} predicted peak "
-              f"{entry['predicted_peak_bytes']:.0f}, observed {entry['observed_peak_bytes']}"
-              f"{'  MISS' if entry['miss'] else ''} — {entry['reason']}", flush=True)
+        print(
+            f"  [{entry['batch_size']}x{entry['seq_len']}] {entry['choice']:<7} predicted peak "
+            f"{entry['predicted_peak_bytes']:.0f}, observed {entry['observed_peak_bytes']}"
+            f"{'  MISS' if entry['miss'] else ''} — {entry['reason']}",
+            flush=True,
+        )
     baseline_tokens_per_s = tokens / median(seconds["baseline"])
     candidate_tokens_per_s = tokens / median(seconds["candidate"])
     result = {
         "bench": "planner_choices",
-        "baseline": {"name": "all_retained", "peak_saved_bytes": baseline.peak_saved_bytes,
-                     "tokens_per_s": baseline_tokens_per_s, "step_s": seconds["baseline"]},
-        "candidate": {"name": "planner", "budget_bytes": budget, "peak_saved_bytes": candidate.peak_saved_bytes,
-                      "tokens_per_s": candidate_tokens_per_s, "step_s": seconds["candidate"],
-                      "choices": dict(planner.choices), "num_misses": planner.num_misses,
-                      "forward_s_per_token": planner.forward_s_per_token, "pack_s_per_byte": planner.pack_s_per_byte,
-                      "restore_s_per_byte": planner.restore_s_per_byte},
-        "ratio": candidate_tokens_per_s / baseline_tokens_per_s, "higher_is_better": True,
+        "baseline": {
+            "name": "all_retained",
+            "peak_saved_bytes": baseline.peak_saved_bytes,
+            "tokens_per_s": baseline_tokens_per_s,
+            "step_s": seconds["baseline"],
+        },
+        "candidate": {
+            "name": "planner",
+            "budget_bytes": budget,
+            "peak_saved_bytes": candidate.peak_saved_bytes,
+            "tokens_per_s": candidate_tokens_per_s,
+            "step_s": seconds["candidate"],
+            "choices": dict(planner.choices),
+            "num_misses": planner.num_misses,
+            "forward_s_per_token": planner.forward_s_per_token,
+            "pack_s_per_byte": planner.pack_s_per_byte,
+            "restore_s_per_byte": planner.restore_s_per_byte,
+        },
+        "ratio": candidate_tokens_per_s / baseline_tokens_per_s,
+        "higher_is_better": True,
         "metric": "tokens_per_s (median step)",
         "peak_to_budget": candidate.peak_saved_bytes / budget,
         "saved_bytes_ratio": candidate.peak_saved_bytes / baseline.peak_saved_bytes,
@@ -138,12 +166,19 @@ def main(argv: list[str] | None = None) -> dict:
         "max_observed_peak_bytes": max(e["observed_peak_bytes"] for e in planner.history),
         "graphs": list(planner.history),
         "max_abs_delta_loss": max(abs(a - b) for a, b in zip(losses["baseline"], losses["candidate"])),
-        "budget_fraction": args.budget_fraction, "per_step": args.per_step, "steps": args.reps, "warmup": args.warmup,
+        "budget_fraction": args.budget_fraction,
+        "per_step": args.per_step,
+        "steps": args.reps,
+        "warmup": args.warmup,
         "model": summary,
-        "offload_target": candidate.offload_target, "quick": args.quick,
+        "offload_target": candidate.offload_target,
+        "quick": args.quick,
     }
-    print(f"choices {dict(planner.choices)}; peak/budget {result['peak_to_budget']:.3f}; misses {planner.num_misses}; "
-          f"tokens/s vs all-retained {result['ratio']:.3f}", flush=True)
+    print(
+        f"choices {dict(planner.choices)}; peak/budget {result['peak_to_budget']:.3f}; misses {planner.num_misses}; "
+        f"tokens/s vs all-retained {result['ratio']:.3f}",
+        flush=True,
+    )
     emit(result)
     return result
 

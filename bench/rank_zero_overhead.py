@@ -36,17 +36,34 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="smoke run: a tiny model, 2 reps")
     args = parser.parse_args(argv)
-    spec, seq_len = (SPEC, 256) if not args.quick else ({"hidden_size": 128, "num_layers": 2, "intermediate_size": 384,
-                                                         "vocab_size": 1024}, 64)
+    spec, seq_len = (
+        (SPEC, 256)
+        if not args.quick
+        else ({"hidden_size": 128, "num_layers": 2, "intermediate_size": 384, "vocab_size": 1024}, 64)
+    )
     reps = 2 if args.quick else args.reps
     with tempfile.TemporaryDirectory(prefix="bench-rank-zero-") as tmp:
         out = Path(tmp) / "figures.json"
         lines: list[str] = []
-        result = launch("bench._rank_zero_worker",
-                        ["--out", str(out), "--reps", str(reps), "--warmup", str(args.warmup), "--seq-len", str(seq_len),
-                         "--spec", json.dumps(spec)],
-                        nproc_per_node=args.world_size, timeout_s=1800, env={"PYTHONPATH": str(ROOT)},
-                        on_line=lambda line: (lines.append(line), print(line, flush=True)))
+        result = launch(
+            "bench._rank_zero_worker",
+            [
+                "--out",
+                str(out),
+                "--reps",
+                str(reps),
+                "--warmup",
+                str(args.warmup),
+                "--seq-len",
+                str(seq_len),
+                "--spec",
+                json.dumps(spec),
+            ],
+            nproc_per_node=args.world_size,
+            timeout_s=1800,
+            env={"PYTHONPATH": str(ROOT)},
+            on_line=lambda line: (lines.append(line), print(line, flush=True)),
+        )
         if result.returncode != 0:
             raise RuntimeError("the benchmark launch failed:\n" + "\n".join(lines[-30:]))
         figures = json.loads(out.read_text())
@@ -54,19 +71,34 @@ def main(argv: list[str] | None = None) -> dict:
 
     def side(name: str) -> dict:
         step_s = statistics.median(figures["timings"][name])
-        return {"name": name, "tokens_per_s": num_tokens / step_s, "step_s_median": step_s,
-                "step_s": [round(s, 4) for s in figures["timings"][name]]}
+        return {
+            "name": name,
+            "tokens_per_s": num_tokens / step_s,
+            "step_s_median": step_s,
+            "step_s": [round(s, 4) for s in figures["timings"][name]],
+        }
 
     baseline, candidate = side("spmd"), side("rank_zero")
     paired = statistics.median(b / c for b, c in zip(figures["timings"]["spmd"], figures["timings"]["rank_zero"]))
     ratio = candidate["tokens_per_s"] / baseline["tokens_per_s"]
     report = {
-        "bench": "rank_zero_overhead", "metric": "tokens_per_s (median step)",
-        "baseline": baseline, "candidate": candidate, "ratio": ratio, "higher_is_better": True,
-        "target_ratio": TARGET_RATIO, "meets_target": ratio >= TARGET_RATIO, "paired_ratio": paired,
-        "weights_equal": figures["weights_equal"], "losses": figures["losses"],
-        "model": {**spec, "num_params": figures["num_params"]}, "batch": [8, seq_len],
-        "world_size": figures["world_size"], "logical_dp": figures["logical_dp"], "reps": reps, "quick": args.quick,
+        "bench": "rank_zero_overhead",
+        "metric": "tokens_per_s (median step)",
+        "baseline": baseline,
+        "candidate": candidate,
+        "ratio": ratio,
+        "higher_is_better": True,
+        "target_ratio": TARGET_RATIO,
+        "meets_target": ratio >= TARGET_RATIO,
+        "paired_ratio": paired,
+        "weights_equal": figures["weights_equal"],
+        "losses": figures["losses"],
+        "model": {**spec, "num_params": figures["num_params"]},
+        "batch": [8, seq_len],
+        "world_size": figures["world_size"],
+        "logical_dp": figures["logical_dp"],
+        "reps": reps,
+        "quick": args.quick,
         "machine": machine(),
     }
     if not figures["weights_equal"]:

@@ -58,15 +58,26 @@ def main(argv: list[str] | None = None) -> None:
     print(f"first commit:                    {baseline_s:.3f} s")
     print(f"recommit, no journal (HEADs):    {candidate_s:.3f} s")
     print(f"recommit, journal says COMMITTED: {median(times['with_journal']):.4f} s")
-    print(json.dumps({
-        "bench": "recommit",
-        "baseline": {"name": "first commit", "wall_s": baseline_s, "runs_s": times["baseline"]},
-        "candidate": {"name": "recommit without a journal", "wall_s": candidate_s, "runs_s": times["candidate"]},
-        "ratio": round(candidate_s / baseline_s, 4), "higher_is_better": False, "target": "<= 0.05",
-        "with_journal_s": median(times["with_journal"]),
-        "with_journal_ratio": round(median(times["with_journal"]) / baseline_s, 5),
-        "megabytes": round(megabytes, 1), "repeats": args.repeats,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "recommit",
+                "baseline": {"name": "first commit", "wall_s": baseline_s, "runs_s": times["baseline"]},
+                "candidate": {
+                    "name": "recommit without a journal",
+                    "wall_s": candidate_s,
+                    "runs_s": times["candidate"],
+                },
+                "ratio": round(candidate_s / baseline_s, 4),
+                "higher_is_better": False,
+                "target": "<= 0.05",
+                "with_journal_s": median(times["with_journal"]),
+                "with_journal_ratio": round(median(times["with_journal"]) / baseline_s, 5),
+                "megabytes": round(megabytes, 1),
+                "repeats": args.repeats,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

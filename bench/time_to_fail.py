@@ -37,8 +37,18 @@ from trainer_core.run.faults import FAULT_ENV, FAULT_KIND_ENV
 
 def _time_to_fail(work: Path, kind: str, stall_timeout_s: float, collective_timeout_s: float, label: str) -> float:
     run = work / label
-    config = config_from_dict(tiny_tree(run, train={"steps": 3, "steps_per_segment": 3, "stall_timeout_s": stall_timeout_s,
-                                                    "collective_timeout_s": collective_timeout_s}), config_dir=run)
+    config = config_from_dict(
+        tiny_tree(
+            run,
+            train={
+                "steps": 3,
+                "steps_per_segment": 3,
+                "stall_timeout_s": stall_timeout_s,
+                "collective_timeout_s": collective_timeout_s,
+            },
+        ),
+        config_dir=run,
+    )
     planned = plan_run_fn(config)
     marker = run / "fault"
     os.environ[FAULT_ENV], os.environ[FAULT_KIND_ENV] = f"1:1:{marker}", kind
@@ -66,13 +76,27 @@ def main(argv: list[str] | None = None) -> None:
         candidate.append(_time_to_fail(work, "stop", args.stall_timeout_s, 600.0, f"candidate-stop-{repetition}"))
         killed.append(_time_to_fail(work, "kill", args.stall_timeout_s, 600.0, f"candidate-kill-{repetition}"))
     base, cand = statistics.median(baseline), statistics.median(candidate)
-    print(json.dumps({
-        "bench": "time_to_fail",
-        "baseline": {"stopped_rank_s": round(base, 2), "watchdog": False, "collective_timeout_s": args.collective_timeout_s},
-        "candidate": {"stopped_rank_s": round(cand, 2), "watchdog": True, "stall_timeout_s": args.stall_timeout_s,
-                      "killed_rank_s": round(statistics.median(killed), 2)},
-        "ratio": round(cand / base, 4), "higher_is_better": False, "repetitions": args.repetitions,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "time_to_fail",
+                "baseline": {
+                    "stopped_rank_s": round(base, 2),
+                    "watchdog": False,
+                    "collective_timeout_s": args.collective_timeout_s,
+                },
+                "candidate": {
+                    "stopped_rank_s": round(cand, 2),
+                    "watchdog": True,
+                    "stall_timeout_s": args.stall_timeout_s,
+                    "killed_rank_s": round(statistics.median(killed), 2),
+                },
+                "ratio": round(cand / base, 4),
+                "higher_is_better": False,
+                "repetitions": args.repetitions,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -57,22 +57,31 @@ def main(argv: list[str] | None = None) -> None:
     summary = {}
     for name, values in times.items():
         median_s = statistics.median(values)
-        summary[name] = {"conversations_per_s": round(len(records) / median_s, 1),
-                         "tokens_per_s": round(num_tokens / median_s, 1), "median_s": round(median_s, 5),
-                         "runs_s": [round(v, 5) for v in values]}
+        summary[name] = {
+            "conversations_per_s": round(len(records) / median_s, 1),
+            "tokens_per_s": round(num_tokens / median_s, 1),
+            "median_s": round(median_s, 5),
+            "runs_s": [round(v, 5) for v in values],
+        }
         print(f"{name:9s}: {summary[name]['conversations_per_s']:>10.1f} conversations/s  (median of {len(values)})")
-    print(json.dumps({
-        "bench": "tokenize",
-        "baseline": summary["baseline"],
-        "candidate": summary["candidate"],
-        "ratio": round(summary["candidate"]["conversations_per_s"] / summary["baseline"]["conversations_per_s"], 3),
-        "higher_is_better": True,
-        "target_ratio": 1.0,
-        "num_conversations": len(records),
-        "num_tokens": num_tokens,
-        "identical_token_ids": same,
-        "repeats": args.repeats,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "tokenize",
+                "baseline": summary["baseline"],
+                "candidate": summary["candidate"],
+                "ratio": round(
+                    summary["candidate"]["conversations_per_s"] / summary["baseline"]["conversations_per_s"], 3
+                ),
+                "higher_is_better": True,
+                "target_ratio": 1.0,
+                "num_conversations": len(records),
+                "num_tokens": num_tokens,
+                "identical_token_ids": same,
+                "repeats": args.repeats,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

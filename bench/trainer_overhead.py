@@ -35,19 +35,37 @@ from bench._models import (
 TARGET_RATIO = 0.97
 
 
-def run_case(plain: PlainLoop, trainer: TrainerLoop, *, batch_size: int, seq_len: int, vocab_size: int, warmup: int,
-             reps: int, first_batch: int, device: str = "cpu") -> dict:
+def run_case(
+    plain: PlainLoop,
+    trainer: TrainerLoop,
+    *,
+    batch_size: int,
+    seq_len: int,
+    vocab_size: int,
+    warmup: int,
+    reps: int,
+    first_batch: int,
+    device: str = "cpu",
+) -> dict:
     def batches(index: int):
         return make_batch(first_batch + index, batch_size, seq_len, vocab_size, device)
 
-    timings = interleave({"plain": plain.step, "trainer": trainer.step}, batches, warmup=warmup, reps=reps,
-                         label=f"[{batch_size}x{seq_len}] ")
+    timings = interleave(
+        {"plain": plain.step, "trainer": trainer.step},
+        batches,
+        warmup=warmup,
+        reps=reps,
+        label=f"[{batch_size}x{seq_len}] ",
+    )
     num_tokens = batch_size * seq_len
     baseline = {"name": "plain_pytorch_loop", **side_figures(timings["plain"], num_tokens)}
     candidate = {"name": "trainer_retain", **side_figures(timings["trainer"], num_tokens)}
     return {
-        "batch": [batch_size, seq_len], "reps": reps, "warmup": warmup,
-        "baseline": baseline, "candidate": candidate,
+        "batch": [batch_size, seq_len],
+        "reps": reps,
+        "warmup": warmup,
+        "baseline": baseline,
+        "candidate": candidate,
         "ratio": candidate["tokens_per_s"] / baseline["tokens_per_s"],
         "paired_ratio": paired_ratio(timings["plain"], timings["trainer"]),
         "cpu_ratio": candidate["tokens_per_cpu_s"] / baseline["tokens_per_cpu_s"],
@@ -71,24 +89,49 @@ def main(argv: list[str] | None = None) -> dict:
     del model
     plain, trainer = PlainLoop(plain_model), TrainerLoop(trainer_model, "retain")
 
-    main_case = run_case(plain, trainer, batch_size=args.batch_size, seq_len=args.seq_len, vocab_size=spec.vocab_size,
-                         warmup=args.warmup, reps=args.reps, first_batch=0, device=args.device)
+    main_case = run_case(
+        plain,
+        trainer,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        vocab_size=spec.vocab_size,
+        warmup=args.warmup,
+        reps=args.reps,
+        first_batch=0,
+        device=args.device,
+    )
     result = {
         "bench": "trainer_overhead",
-        "baseline": main_case["baseline"], "candidate": main_case["candidate"],
-        "ratio": main_case["ratio"], "higher_is_better": True,
-        "metric": "tokens_per_s (median step)", "target_ratio": TARGET_RATIO,
-        "paired_ratio": main_case["paired_ratio"], "cpu_ratio": main_case["cpu_ratio"],
+        "baseline": main_case["baseline"],
+        "candidate": main_case["candidate"],
+        "ratio": main_case["ratio"],
+        "higher_is_better": True,
+        "metric": "tokens_per_s (median step)",
+        "target_ratio": TARGET_RATIO,
+        "paired_ratio": main_case["paired_ratio"],
+        "cpu_ratio": main_case["cpu_ratio"],
         "meets_target": main_case["ratio"] >= TARGET_RATIO,
-        "batch": main_case["batch"], "reps": args.reps, "warmup": args.warmup,
-        "max_abs_delta_loss": main_case["max_abs_delta_loss"], "losses": main_case["losses"],
-        "model": summary, "quick": args.quick,
+        "batch": main_case["batch"],
+        "reps": args.reps,
+        "warmup": args.warmup,
+        "max_abs_delta_loss": main_case["max_abs_delta_loss"],
+        "losses": main_case["losses"],
+        "model": summary,
+        "quick": args.quick,
     }
     if args.long and not args.quick:
         # The first case already warmed kernels and allocator up; a long step costs minutes, so no extra warm-up.
-        long_case = run_case(plain, trainer, batch_size=args.batch_size, seq_len=args.long_seq_len,
-                             vocab_size=spec.vocab_size, warmup=0, reps=args.long_reps, first_batch=10_000,
-                             device=args.device)
+        long_case = run_case(
+            plain,
+            trainer,
+            batch_size=args.batch_size,
+            seq_len=args.long_seq_len,
+            vocab_size=spec.vocab_size,
+            warmup=0,
+            reps=args.long_reps,
+            first_batch=10_000,
+            device=args.device,
+        )
         result["long"] = long_case
     else:
         result["long"] = None
@@ -96,8 +139,11 @@ def main(argv: list[str] | None = None) -> dict:
             f"{args.batch_size}x{args.long_seq_len} fits in memory (≈7 GiB per side) but costs ≈80 s per step per "
             "side on 2 CPU cores (attention is quadratic), past the default run's ≈3 min; pass --long to measure it"
         )
-    print(f"ratio {result['ratio']:.3f} (target ≥ {TARGET_RATIO}; paired {result['paired_ratio']:.3f}, CPU-time "
-          f"{result['cpu_ratio']:.3f}), max |Δloss| {result['max_abs_delta_loss']:.2e}", flush=True)
+    print(
+        f"ratio {result['ratio']:.3f} (target ≥ {TARGET_RATIO}; paired {result['paired_ratio']:.3f}, CPU-time "
+        f"{result['cpu_ratio']:.3f}), max |Δloss| {result['max_abs_delta_loss']:.2e}",
+        flush=True,
+    )
     emit(result)
     return result
 

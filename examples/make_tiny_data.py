@@ -61,13 +61,60 @@ CAPITALS = (
 )
 
 WORDS = (
-    "apple", "river", "stone", "cloud", "green", "table", "music", "light",
-    "tiger", "bread", "chair", "ocean", "paper", "smile", "train", "water",
-    "house", "plant", "queen", "sugar", "night", "horse", "lemon", "glass",
-    "honey", "storm", "cat", "dog", "sun", "moon", "star", "tree", "fish",
-    "bird", "book", "door", "road", "rain", "snow", "wind", "garden", "window",
-    "pencil", "orange", "silver", "forest", "rocket", "button", "planet",
-    "castle", "kitten", "yellow", "summer", "winter",
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "green",
+    "table",
+    "music",
+    "light",
+    "tiger",
+    "bread",
+    "chair",
+    "ocean",
+    "paper",
+    "smile",
+    "train",
+    "water",
+    "house",
+    "plant",
+    "queen",
+    "sugar",
+    "night",
+    "horse",
+    "lemon",
+    "glass",
+    "honey",
+    "storm",
+    "cat",
+    "dog",
+    "sun",
+    "moon",
+    "star",
+    "tree",
+    "fish",
+    "bird",
+    "book",
+    "door",
+    "road",
+    "rain",
+    "snow",
+    "wind",
+    "garden",
+    "window",
+    "pencil",
+    "orange",
+    "silver",
+    "forest",
+    "rocket",
+    "button",
+    "planet",
+    "castle",
+    "kitten",
+    "yellow",
+    "summer",
+    "winter",
 )
 
 # (from unit, to unit, factor): powers of ten keep the answers learnable.
@@ -166,12 +213,21 @@ def _rl_messages(rng: random.Random, use_tool: bool) -> tuple[list[dict], Callab
         def sample(correct: bool) -> list[dict]:
             answer = capital if correct else rng.choice([c for _, c in CAPITALS if c != capital])
             return [
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_0", "type": "function",
-                     "function": {"name": "capital", "arguments": {"country": country}}}]},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_0",
+                            "type": "function",
+                            "function": {"name": "capital", "arguments": {"country": country}},
+                        }
+                    ],
+                },
                 {"role": "tool", "tool_call_id": "call_0", "name": "capital", "content": capital},
                 {"role": "assistant", "content": f"The capital of {country} is {answer}."},
             ]
+
         return prompt, sample
     task = rng.choice(TASKS)
     question, answer = task(rng)
@@ -183,6 +239,7 @@ def _rl_messages(rng: random.Random, use_tool: bool) -> tuple[list[dict], Callab
         while wrong == answer:
             wrong = task(rng)[1]
         return [{"role": "assistant", "content": wrong}]
+
     return [{"role": "user", "content": question}], sample
 
 
@@ -206,10 +263,14 @@ def make_trajectories(tokenizer: Tokenizer, seed: int = RL_SEED) -> list[dict]:
                 ids = tokenizer.encode(_chatml_loss_text(message), add_special_tokens=False).ids
                 message["logprobs"] = [round(-rng.uniform(0.01, 2.5), 4) for _ in ids]
                 message["token_ids"] = ids
-            trajectories.append({
-                "messages": messages, "reward": 1.0 if correct else 0.0,
-                "group_id": f"g{group:03d}", "policy_version": group // 12,
-            })
+            trajectories.append(
+                {
+                    "messages": messages,
+                    "reward": 1.0 if correct else 0.0,
+                    "group_id": f"g{group:03d}",
+                    "policy_version": group // 12,
+                }
+            )
     return trajectories
 
 

@@ -32,8 +32,15 @@ from prefect.workers.process import ProcessWorker
 
 from trainer_core.config import RunConfig
 
-__all__ = ["Deployed", "ONE_RUN_AT_A_TIME", "deploy_flow", "deploy_node_flow", "deploy_training", "ensure_work_pool",
-           "worker_command"]
+__all__ = [
+    "Deployed",
+    "ONE_RUN_AT_A_TIME",
+    "deploy_flow",
+    "deploy_node_flow",
+    "deploy_training",
+    "ensure_work_pool",
+    "worker_command",
+]
 
 ONE_RUN_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 """A run that would start while another run of the same deployment is active is cancelled, not queued.
@@ -61,10 +68,15 @@ class Deployed:
         return worker_command(self.work_pool, self.work_queue)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"deployment_id": self.deployment_id, "deployment": self.full_name, "work_pool": self.work_pool,
-                "work_pool_type": self.work_pool_type, "work_queue": self.work_queue,
-                "worker_command": self.worker_command,
-                "run_command": f"prefect deployment run {shlex.quote(self.full_name)}"}
+        return {
+            "deployment_id": self.deployment_id,
+            "deployment": self.full_name,
+            "work_pool": self.work_pool,
+            "work_pool_type": self.work_pool_type,
+            "work_queue": self.work_queue,
+            "worker_command": self.worker_command,
+            "run_command": f"prefect deployment run {shlex.quote(self.full_name)}",
+        }
 
 
 def worker_command(pool: str, work_queue: str | None = None) -> str:
@@ -91,10 +103,20 @@ def ensure_work_pool(name: str) -> WorkPool:
         return client.create_work_pool(WorkPoolCreate(name=name, type=ProcessWorker.type, base_job_template=template))
 
 
-def deploy_flow(flow: Flow, *, name: str, pool: str, parameters: dict[str, Any], work_queue: str | None = None,
-                job_variables: dict[str, Any] | None = None, cron: str | None = None, interval_s: float | None = None,
-                tags: Iterable[str] = (), description: str | None = None,
-                concurrency_limit: ConcurrencyLimitConfig | None = ONE_RUN_AT_A_TIME) -> Deployed:
+def deploy_flow(
+    flow: Flow,
+    *,
+    name: str,
+    pool: str,
+    parameters: dict[str, Any],
+    work_queue: str | None = None,
+    job_variables: dict[str, Any] | None = None,
+    cron: str | None = None,
+    interval_s: float | None = None,
+    tags: Iterable[str] = (),
+    description: str | None = None,
+    concurrency_limit: ConcurrencyLimitConfig | None = ONE_RUN_AT_A_TIME,
+) -> Deployed:
     """Create or update deployment `name` of `flow` on work pool `pool` (created as a process pool if missing).
 
     Re-deploying the same name updates it in place (parameters, schedule,
@@ -119,8 +141,13 @@ def deploy_flow(flow: Flow, *, name: str, pool: str, parameters: dict[str, Any],
     # runs the sync implementation, so this is the deployment.
     assert isinstance(deployment, RunnerDeployment)
     deployment_id = deployment.apply()
-    return Deployed(deployment_id=str(deployment_id), full_name=f"{flow.name}/{name}", work_pool=work_pool.name,
-                    work_pool_type=work_pool.type, work_queue=work_queue)
+    return Deployed(
+        deployment_id=str(deployment_id),
+        full_name=f"{flow.name}/{name}",
+        work_pool=work_pool.name,
+        work_pool_type=work_pool.type,
+        work_queue=work_queue,
+    )
 
 
 def deploy_node_flow(*, pool: str, name: str, job_variables: dict[str, Any] | None = None) -> Deployed:
@@ -130,14 +157,28 @@ def deploy_node_flow(*, pool: str, name: str, job_variables: dict[str, Any] | No
     """
     from .node import node_flow
 
-    return deploy_flow(node_flow, name=name, pool=pool, parameters={}, job_variables=job_variables,
-                       tags=["rankflow", "rankflow-node"], concurrency_limit=None,
-                       description="one node's torchrun of a multi-node rankflow segment; workers serve queue node-K")
+    return deploy_flow(
+        node_flow,
+        name=name,
+        pool=pool,
+        parameters={},
+        job_variables=job_variables,
+        tags=["rankflow", "rankflow-node"],
+        concurrency_limit=None,
+        description="one node's torchrun of a multi-node rankflow segment; workers serve queue node-K",
+    )
 
 
-def deploy_training(config: RunConfig, *, pool: str, name: str | None = None, work_queue: str | None = None,
-                    job_variables: dict[str, Any] | None = None, cron: str | None = None,
-                    interval_s: float | None = None) -> Deployed:
+def deploy_training(
+    config: RunConfig,
+    *,
+    pool: str,
+    name: str | None = None,
+    work_queue: str | None = None,
+    job_variables: dict[str, Any] | None = None,
+    cron: str | None = None,
+    interval_s: float | None = None,
+) -> Deployed:
     """Deploy the training flow with `config` (paths already absolute) as its parameters.
 
     With train.nnodes > 1 the per-node flow is deployed alongside, under the
@@ -152,9 +193,17 @@ def deploy_training(config: RunConfig, *, pool: str, name: str | None = None, wo
         config.train.node_deployment = node_deployment.full_name  # validated: needs train.rdzv_endpoint
 
     return deploy_flow(
-        train_flow, name=name or config.run.name, pool=pool, parameters={"config": config.model_dump(mode="json")},
-        work_queue=work_queue, job_variables=job_variables, cron=cron, interval_s=interval_s,
+        train_flow,
+        name=name or config.run.name,
+        pool=pool,
+        parameters={"config": config.model_dump(mode="json")},
+        work_queue=work_queue,
+        job_variables=job_variables,
+        cron=cron,
+        interval_s=interval_s,
         tags=["rankflow", f"run:{config.run.name}"],
-        description=(f"rankflow training run {config.run.name}: store {config.storage.url}, "
-                     f"work dir {config.run.work_dir} on the worker"),
+        description=(
+            f"rankflow training run {config.run.name}: store {config.storage.url}, "
+            f"work dir {config.run.work_dir} on the worker"
+        ),
     )

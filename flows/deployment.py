@@ -22,7 +22,9 @@ from .deploy import ONE_RUN_AT_A_TIME
 from .pipeline import train_flow
 
 
-def build_deployment(config: RunConfig, *, name: str | None, cron: str | None, interval_s: float | None) -> RunnerDeployment:
+def build_deployment(
+    config: RunConfig, *, name: str | None, cron: str | None, interval_s: float | None
+) -> RunnerDeployment:
     deployment = train_flow.to_deployment(
         name=name or config.run.name,
         cron=cron,

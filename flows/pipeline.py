@@ -59,6 +59,12 @@ def publish_checkpoint(run: RunRecord, planned: PlannedRun, index: int) -> Commi
     staged = run.exported(export_segment(planned, index))
     committed = commit(planned, staged)
     cleanup(planned, staged)
-    emit_run_event(CHECKPOINT_COMMITTED, planned.run_id, loss=run.segments[-1].losses[-1], step=committed.step,
-                   url=committed.checkpoint_url, flow_run_url=flow_run_url())
+    emit_run_event(
+        CHECKPOINT_COMMITTED,
+        planned.run_id,
+        loss=run.segments[-1].losses[-1],
+        step=committed.step,
+        url=committed.checkpoint_url,
+        flow_run_url=flow_run_url(),
+    )
     return committed

@@ -75,8 +75,13 @@ class RunRecord:
         run = self.config.run
         self.run_id = computed.run_id
         self._name_flow_run(computed.run_id)
-        lease = acquire_run_lease(open_store(self.config.storage), computed.run_id,
-                                  ttl_s=run.lease_ttl_s, wait_s=run.lease_wait_s, on_wait=print)
+        lease = acquire_run_lease(
+            open_store(self.config.storage),
+            computed.run_id,
+            ttl_s=run.lease_ttl_s,
+            wait_s=run.lease_wait_s,
+            on_wait=print,
+        )
         self.lease = lease
         record = lease.record
         assert record is not None  # acquire_run_lease returns the lease acquired, which holds its record
@@ -147,20 +152,36 @@ class RunRecord:
             self.already_active = busy  # nothing was done: `outcome` ends the flow run as Cancelled
         except RunLeaseLost as lost:
             summary = self.summary("failed")  # no ledger entry, no report: the run directory is another run's now
-            summary.update(error=f"{type(lost).__name__}: {lost}", failed_stage="run-lease", failure_cause="lease_lost",
-                           failed_rank=None)
+            summary.update(
+                error=f"{type(lost).__name__}: {lost}",
+                failed_stage="run-lease",
+                failure_cause="lease_lost",
+                failed_rank=None,
+            )
             raise RunFailed(f"run lease lost: {lost}", summary) from lost
         except Exception as error:
             failure = self._report_flow_failure(error)
             summary = self.summary("failed")
-            summary.update(error=f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}",
-                           failed_stage=failure.stage, failure_cause=failure.cause.value, failed_rank=failure.rank,
-                           failure_log=failure.log_file)
+            summary.update(
+                error=f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}",
+                failed_stage=failure.stage,
+                failure_cause=failure.cause.value,
+                failed_rank=failure.rank,
+                failure_log=failure.log_file,
+            )
             if in_prefect_run() and summary["run_id"]:
-                emit_run_event(RUN_FAILED, summary["run_id"], loss=summary["losses"][-1] if summary["losses"] else None,
-                               labels={"rankflow.cause": failure.cause.value}, stage=failure.stage,
-                               cause=failure.cause.value, rank=failure.rank, step=summary["steps"],
-                               error=summary["error"], url=flow_run_url() or self.config.storage.url)
+                emit_run_event(
+                    RUN_FAILED,
+                    summary["run_id"],
+                    loss=summary["losses"][-1] if summary["losses"] else None,
+                    labels={"rankflow.cause": failure.cause.value},
+                    stage=failure.stage,
+                    cause=failure.cause.value,
+                    rank=failure.rank,
+                    step=summary["steps"],
+                    error=summary["error"],
+                    url=flow_run_url() or self.config.storage.url,
+                )
             details = f" (full error and traceback: {failure.log_file})" if failure.log_file else ""
             raise RunFailed(f"{failure.headline()}{details}", summary) from error
         finally:

@@ -98,8 +98,9 @@ def _console_handlers() -> list[logging.Handler]:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     loggers = [logging.getLogger()] + [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
-    handlers = {id(h): h for logger in loggers for h in getattr(logger, "handlers", [])
-                if isinstance(h, PrefectConsoleHandler)}
+    handlers = {
+        id(h): h for logger in loggers for h in getattr(logger, "handlers", []) if isinstance(h, PrefectConsoleHandler)
+    }
     return list(handlers.values())
 
 

@@ -12,8 +12,17 @@ from typing import TYPE_CHECKING
 from trainer_core.lazy_exports import lazy_exports
 
 _NAMES_BY_MODULE = {
-    "publication.checkpoints": ("CheckpointReport", "LatestResolution", "download_checkpoint", "latest_checkpoint",
-                    "list_checkpoints", "pull_checkpoint", "resolve_latest", "scan_checkpoints", "verify_checkpoint"),
+    "publication.checkpoints": (
+        "CheckpointReport",
+        "LatestResolution",
+        "download_checkpoint",
+        "latest_checkpoint",
+        "list_checkpoints",
+        "pull_checkpoint",
+        "resolve_latest",
+        "scan_checkpoints",
+        "verify_checkpoint",
+    ),
     "store.verified": ("StoredObjectCorrupt",),
     "launch.failures": ("Failure", "FailureClass", "classify_exception", "diagnose_launch"),
     "publication.finalizer": ("FinalizerSettings", "FinalizerWaitTimeout"),
@@ -23,11 +32,24 @@ _NAMES_BY_MODULE = {
     "publication.manifests": ("ManifestError", "checkpoint_name"),
     "publication.orphans": ("GarbageReport", "collect_garbage"),
     "store.preflight": ("StoreUnavailable", "check_store_writable"),
-    "publication.commit": ("CleanupOutcome", "CommitOutcome", "PublishSettings", "StagedFileChanged", "abort_publication",
-                    "cleanup_staging", "commit_checkpoint"),
+    "publication.commit": (
+        "CleanupOutcome",
+        "CommitOutcome",
+        "PublishSettings",
+        "StagedFileChanged",
+        "abort_publication",
+        "cleanup_staging",
+        "commit_checkpoint",
+    ),
     "runs.run_lease": ("RunAlreadyActive", "RunLeaseLost", "acquire_run_lease", "check_run_lease"),
-    "runs.run_state": ("BundleManifest", "StateSettings", "fetch_bundle", "publish_bundle", "read_bundle_manifest",
-                  "stored_bundle"),
+    "runs.run_state": (
+        "BundleManifest",
+        "StateSettings",
+        "fetch_bundle",
+        "publish_bundle",
+        "read_bundle_manifest",
+        "stored_bundle",
+    ),
     "store.base": ("StorageTimeoutError", "StoreLocation", "StoreTimeouts", "open_store"),
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _NAMES_BY_MODULE, globals())

@@ -18,14 +18,27 @@ def stage_log_dir(run_dir: Path, stage: str, segment_index: int) -> Path:
     return run_dir / "logs" / f"{stage}-{segment_index:04d}" / time.strftime("%Y%m%dT%H%M%S") / f"{time.monotonic_ns()}"
 
 
-def launch_stage(planned: PlannedRun, stage: str, module: str, segment_index: int, extra_args: list[str],
-                 on_line: Callable[[str], None], *, timeout_s: float,
-                 monitor: Callable[[], str | None] | None = None) -> LaunchResult:
+def launch_stage(
+    planned: PlannedRun,
+    stage: str,
+    module: str,
+    segment_index: int,
+    extra_args: list[str],
+    on_line: Callable[[str], None],
+    *,
+    timeout_s: float,
+    monitor: Callable[[], str | None] | None = None,
+) -> LaunchResult:
     run_dir = Path(planned.run_dir)
     try:
         return launch_or_raise(
-            module, ["--run-dir", str(run_dir), "--segment", str(segment_index), *extra_args], stage=stage,
-            nproc_per_node=planned.train.nproc_per_node, timeout_s=timeout_s, on_line=on_line, monitor=monitor,
+            module,
+            ["--run-dir", str(run_dir), "--segment", str(segment_index), *extra_args],
+            stage=stage,
+            nproc_per_node=planned.train.nproc_per_node,
+            timeout_s=timeout_s,
+            on_line=on_line,
+            monitor=monitor,
             log_dir=stage_log_dir(run_dir, stage, segment_index),
         )
     except RunLeaseLost:

@@ -58,10 +58,25 @@ def already_committed_fn(planned: PlannedRun, segment_index: int) -> CommitOutco
     url = committed_checkpoint_url(store, planned.run_id, step)
     if url is None or _cleanup_pending(planned, store, segment_index):
         return None
-    ledger.record(Path(planned.run_dir), "export", "skipped", step=step, segment=segment_index, checkpoint_url=url,
-                  reason="already committed")
-    return CommitOutcome(checkpoint_url=url, step=step, num_files_uploaded=0, num_files_skipped=0,
-                         bytes_uploaded=0, latest_moved=False, wall_s=0.0, already_committed=True)
+    ledger.record(
+        Path(planned.run_dir),
+        "export",
+        "skipped",
+        step=step,
+        segment=segment_index,
+        checkpoint_url=url,
+        reason="already committed",
+    )
+    return CommitOutcome(
+        checkpoint_url=url,
+        step=step,
+        num_files_uploaded=0,
+        num_files_skipped=0,
+        bytes_uploaded=0,
+        latest_moved=False,
+        wall_s=0.0,
+        already_committed=True,
+    )
 
 
 def _run_name() -> str:
@@ -69,4 +84,6 @@ def _run_name() -> str:
     return f"committed-step-{parameters['planned'].segment_steps[parameters['segment_index']][1]}?"
 
 
-already_committed = task(name="already-committed", task_run_name=_run_name, retries=2, retry_delay_seconds=[2, 5], cache_policy=NO_CACHE)(already_committed_fn)
+already_committed = task(
+    name="already-committed", task_run_name=_run_name, retries=2, retry_delay_seconds=[2, 5], cache_policy=NO_CACHE
+)(already_committed_fn)

@@ -34,8 +34,14 @@ def flow_run_url() -> str | None:
     return flow_run.get_flow_run_ui_url()
 
 
-def emit_run_event(name: str, run_id: str, *, loss: float | None = None, labels: dict[str, str] | None = None, **payload):
-    resource = {"prefect.resource.id": f"rankflow.run.{run_id}", "prefect.resource.name": run_id, "rankflow.run-id": run_id}
+def emit_run_event(
+    name: str, run_id: str, *, loss: float | None = None, labels: dict[str, str] | None = None, **payload
+):
+    resource = {
+        "prefect.resource.id": f"rankflow.run.{run_id}",
+        "prefect.resource.name": run_id,
+        "rankflow.run-id": run_id,
+    }
     if loss is not None:
         resource["rankflow.loss-finite"] = str(math.isfinite(loss)).lower()
     resource.update(labels or {})

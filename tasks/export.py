@@ -71,9 +71,15 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
         report = verify_checkpoint(store, planned.run_id, checkpoint_name(step), confirm=True)
         if report.verified:
             # Committed already (a re-run, a retried flow): never serialize it again.
-            outcome = ExportOutcome(segment=segment_index, step=step, staged_dir=str(out_dir), reused=True,
-                                    num_files=journal.record.num_files + 1, num_bytes=journal.record.num_bytes,
-                                    launch_wall_s=0.0)
+            outcome = ExportOutcome(
+                segment=segment_index,
+                step=step,
+                staged_dir=str(out_dir),
+                reused=True,
+                num_files=journal.record.num_files + 1,
+                num_bytes=journal.record.num_bytes,
+                launch_wall_s=0.0,
+            )
             ledger.record(run_dir, "export", "reused", publication=journal.record.state.value, **outcome.model_dump())
             return outcome
         lost = f"does not verify in the store ({'; '.join(report.problems)})"
@@ -82,11 +88,20 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     journal.begin(fingerprint, outcome_lost=lost)
     progress_file = export_progress_path(run_dir, segment_index)
     progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
-    watch = ProgressWatch(progress_file, planned.train.stall_timeout_s)  # a hung rank: ended at stall_timeout_s, not the collective's
+    watch = ProgressWatch(
+        progress_file, planned.train.stall_timeout_s
+    )  # a hung rank: ended at stall_timeout_s, not the collective's
     try:
-        launched = launch_stage(planned, "export", "trainer_core.run.export_main", segment_index,
-                                ["--out", str(out_dir)], on_line, timeout_s=planned.export.timeout_s,
-                                monitor=fenced_monitor(planned, f"export of segment {segment_index}", watch))
+        launched = launch_stage(
+            planned,
+            "export",
+            "trainer_core.run.export_main",
+            segment_index,
+            ["--out", str(out_dir)],
+            on_line,
+            timeout_s=planned.export.timeout_s,
+            monitor=fenced_monitor(planned, f"export of segment {segment_index}", watch),
+        )
     except RunLeaseLost:
         raise  # the staging belongs to the run that holds the lease now
     except Exception as error:
@@ -98,19 +113,34 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     manifest_bytes = (out_dir / MANIFEST_FILE).read_bytes()
     manifest = parse_manifest(manifest_bytes, str(out_dir / MANIFEST_FILE), run_id=planned.run_id, step=result.step)
     outcome = ExportOutcome(
-        segment=segment_index, step=result.step, staged_dir=str(out_dir), reused=result.reused,
-        num_files=len(manifest.files) + 1, num_bytes=manifest.num_bytes,
+        segment=segment_index,
+        step=result.step,
+        staged_dir=str(out_dir),
+        reused=result.reused,
+        num_files=len(manifest.files) + 1,
+        num_bytes=manifest.num_bytes,
         launch_wall_s=launched.wall_s,
     )
-    journal.transition(PublicationState.PREPARED, note="export staged", mirror_required=False,
-                       manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
-                       num_files=len(manifest.files), num_bytes=outcome.num_bytes)
+    journal.transition(
+        PublicationState.PREPARED,
+        note="export staged",
+        mirror_required=False,
+        manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
+        num_files=len(manifest.files),
+        num_bytes=outcome.num_bytes,
+    )
     ledger.record(run_dir, "export", "completed", weights_sha256=result.weights_sha256, **outcome.model_dump())
     return outcome
 
 
-@task(name="export", task_run_name="export-segment-{segment_index}", retries=2, retry_delay_seconds=[2, 10],
-      retry_condition_fn=retry_unless_fenced, cache_policy=NO_CACHE)
+@task(
+    name="export",
+    task_run_name="export-segment-{segment_index}",
+    retries=2,
+    retry_delay_seconds=[2, 10],
+    retry_condition_fn=retry_unless_fenced,
+    cache_policy=NO_CACHE,
+)
 @reports_failures("export")
 def export_segment(planned: PlannedRun, segment_index: int) -> ExportOutcome:
     return export_segment_fn(planned, segment_index, on_line=rank_line_logger())

@@ -61,8 +61,9 @@ def failure_of(stage: str, error: BaseException, run_dir: Path | None = None) ->
         failure = dataclasses.replace(diagnosed, stage=stage)
     else:
         message = (str(error).splitlines() or [""])[0][:300]
-        failure = Failure(getattr(error, "stage", stage), classify_exception(error), None,
-                          f"{type(error).__name__}: {message}")
+        failure = Failure(
+            getattr(error, "stage", stage), classify_exception(error), None, f"{type(error).__name__}: {message}"
+        )
     if failure.cause in _VAGUE and run_dir is not None and disk_is_full(run_dir):
         failure = dataclasses.replace(failure, cause=FailureClass.NO_SPACE)
     if failure.cause is FailureClass.NO_SPACE:
@@ -114,8 +115,11 @@ def _write_log(run_dir: Path, failure: Failure, error: BaseException, where: dic
     attempt = f"-attempt-{failure.attempt}" if failure.attempt is not None else ""
     path = directory / f"{time.strftime('%Y%m%dT%H%M%S')}-{time.monotonic_ns()}-{failure.stage}{place}{attempt}.log"
     launch_logs = getattr(getattr(error, "result", None), "log_dir", None)
-    text = (f"{failure.headline()}\n\n" + (f"rank logs: {launch_logs}\n\n" if launch_logs else "")
-            + "".join(traceback.format_exception(error)))
+    text = (
+        f"{failure.headline()}\n\n"
+        + (f"rank logs: {launch_logs}\n\n" if launch_logs else "")
+        + "".join(traceback.format_exception(error))
+    )
     path.write_text(text)
     return str(path)
 
@@ -139,7 +143,9 @@ def report_failure(run_dir: Path | None, run_id: str, stage: str, error: BaseExc
         except OSError as unwritten:
             log.warning("the error of %s could not be written under %s: %s", failure.stage, run_dir, unwritten)
         try:
-            ledger.record(run_dir, failure.stage, "failed", error=failure.headline(), failure=failure.to_dict(), **where)
+            ledger.record(
+                run_dir, failure.stage, "failed", error=failure.headline(), failure=failure.to_dict(), **where
+            )
         except OSError as unrecorded:
             log.warning("the failure of %s could not be recorded in %s: %s", failure.stage, run_dir, unrecorded)
     if in_prefect_run():
@@ -176,6 +182,7 @@ def reports_failures(stage: str) -> Callable[[Callable], Callable]:
 
     A lost or taken run lease is not reported: the run directory belongs to the run that holds it now.
     """
+
     def decorate(function: Callable) -> Callable:
         signature = inspect.signature(function)
 

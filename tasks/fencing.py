@@ -47,8 +47,13 @@ def fenced_settings(planned: PlannedRun, kind: type[S]) -> S:
     return kind(timeout_s=planned.storage.timeout_s, finalizer=FinalizerSettings(run_lease_token=planned.lease_token))
 
 
-def fenced_monitor(planned: PlannedRun, stage: str, monitor: Callable[[], str | None] | None,
-                   every_s: float = FENCE_EVERY_S, clock: Callable[[], float] = time.monotonic) -> Callable[[], str | None]:
+def fenced_monitor(
+    planned: PlannedRun,
+    stage: str,
+    monitor: Callable[[], str | None] | None,
+    every_s: float = FENCE_EVERY_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> Callable[[], str | None]:
     """`monitor`, plus a lease check every `every_s`: a lost lease raises RunLeaseLost, which ends the launch."""
     last_check = clock()
 

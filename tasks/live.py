@@ -75,9 +75,12 @@ def flow_run_artifact(key: str):
         return None
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]),
-                                           flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(str(flow_run_id))])),
-            sort=ArtifactSort.CREATED_DESC, limit=1)
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(str(flow_run_id))])
+            ),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=1,
+        )
     return found[0] if found else None
 
 
@@ -112,11 +115,13 @@ def upsert_markdown_artifact(key: str, markdown: str, description: str) -> UUID:
 
 def create_live_artifacts(run_id: str, total_steps: int, steps_done: int) -> LiveArtifacts:
     progress_id = upsert_progress_artifact(
-        artifact_key(run_id, "progress"), 100.0 * steps_done / total_steps,
+        artifact_key(run_id, "progress"),
+        100.0 * steps_done / total_steps,
         f"Run {run_id}: {steps_done} of {total_steps} optimizer steps done",
     )
     metrics_id = upsert_table_artifact(
-        artifact_key(run_id, "metrics"), [{"step": None, "loss": None}],
+        artifact_key(run_id, "metrics"),
+        [{"step": None, "loss": None}],
         f"Run {run_id}: live step metrics (waiting for the first step)",
     )
     return LiveArtifacts(run_id=run_id, progress_id=progress_id, metrics_id=metrics_id, total_steps=total_steps)
@@ -130,9 +135,15 @@ def _figure(value, digits: int):
 
 def metrics_row(record: dict, columns: tuple[LiveColumn, ...] = ()) -> dict:
     """One table row: the loop's figures, then the objective's `columns`."""
-    row = {"step": record["step"], "loss": _figure(record["loss"], 4), "grad_norm": _figure(record["grad_norm"], 4),
-           "learning_rate": f"{record['learning_rate']:.3g}", "tokens_per_s": _figure(record["tokens_per_s"], 0),
-           "step_s": _figure(record["step_s"], 3), "updated": record["stepped"]}
+    row = {
+        "step": record["step"],
+        "loss": _figure(record["loss"], 4),
+        "grad_norm": _figure(record["grad_norm"], 4),
+        "learning_rate": f"{record['learning_rate']:.3g}",
+        "tokens_per_s": _figure(record["tokens_per_s"], 0),
+        "step_s": _figure(record["step_s"], 3),
+        "updated": record["stepped"],
+    }
     row.update({column.column: _figure(record[column.figure], column.digits) for column in columns})
     return row
 
@@ -184,12 +195,18 @@ class LivePublisher:
         total, steps_done = self._live.total_steps, self._steps_done
         assert steps_done is not None  # `flush` updates nothing before the first record
         where = f"segment {self._segment_index}: {steps_done} of {total} optimizer steps done"
-        update_progress_artifact(self._live.progress_id, 100.0 * steps_done / total, description=f"Run {self._live.run_id}, {where}")
+        update_progress_artifact(
+            self._live.progress_id, 100.0 * steps_done / total, description=f"Run {self._live.run_id}, {where}"
+        )
         if self._rows:
             newest = list(reversed(self._rows[-METRIC_ROWS:]))
             with get_client(sync_client=True) as client:
-                client.update_artifact(self._live.metrics_id, ArtifactUpdate(
-                    data=json.dumps(newest), description=f"Run {self._live.run_id}, {where} (newest first)"))
+                client.update_artifact(
+                    self._live.metrics_id,
+                    ArtifactUpdate(
+                        data=json.dumps(newest), description=f"Run {self._live.run_id}, {where} (newest first)"
+                    ),
+                )
 
 
 def publisher_for(live: LiveArtifacts | None, segment_index: int) -> LivePublisher | None:
@@ -201,5 +218,8 @@ def publisher_for(live: LiveArtifacts | None, segment_index: int) -> LivePublish
 
 def show_steps_done(live: LiveArtifacts, steps_done: int) -> None:
     """Move the progress artifact after a segment (a reused one included: its steps are done too)."""
-    update_progress_artifact(live.progress_id, 100.0 * steps_done / live.total_steps,
-                             description=f"Run {live.run_id}: {steps_done} of {live.total_steps} optimizer steps done")
+    update_progress_artifact(
+        live.progress_id,
+        100.0 * steps_done / live.total_steps,
+        description=f"Run {live.run_id}: {steps_done} of {live.total_steps} optimizer steps done",
+    )

@@ -41,9 +41,16 @@ class ComputedPlan:
 
 
 def _planned(plan: Plan, run_dir: Path, config: RunConfig, lease_token: str | None) -> PlannedRun:
-    return PlannedRun(run_id=plan.run_id, digest=plan.digest, run_dir=str(run_dir),
-                      segment_steps=[(s.start_step, s.end_step) for s in plan.segments], lease_token=lease_token,
-                      train=config.train, export=config.export, storage=config.storage)
+    return PlannedRun(
+        run_id=plan.run_id,
+        digest=plan.digest,
+        run_dir=str(run_dir),
+        segment_steps=[(s.start_step, s.end_step) for s in plan.segments],
+        lease_token=lease_token,
+        train=config.train,
+        export=config.export,
+        storage=config.storage,
+    )
 
 
 def compute_plan_fn(config: RunConfig) -> ComputedPlan:
@@ -66,10 +73,20 @@ def write_plan_fn(config: RunConfig, computed: ComputedPlan, lease_token: str | 
     reused = (run_dir / "plan.json").is_file() and read_plan(run_dir).digest == plan.digest
     write_plan(plan, computed.shards, run_dir)
     ledger.record(
-        run_dir, "plan", "reused" if reused else "completed", run_id=plan.run_id, digest=plan.digest,
-        num_conversations=plan.num_conversations, num_tokens=plan.num_tokens, num_truncated=plan.num_truncated,
-        num_dropped=plan.num_dropped, num_segments=len(plan.segments), data_kind=plan.data_kind, packed=plan.packed,
-        num_flat_groups=plan.num_flat_groups, stage_digests=plan.stage_digests,
+        run_dir,
+        "plan",
+        "reused" if reused else "completed",
+        run_id=plan.run_id,
+        digest=plan.digest,
+        num_conversations=plan.num_conversations,
+        num_tokens=plan.num_tokens,
+        num_truncated=plan.num_truncated,
+        num_dropped=plan.num_dropped,
+        num_segments=len(plan.segments),
+        data_kind=plan.data_kind,
+        packed=plan.packed,
+        num_flat_groups=plan.num_flat_groups,
+        stage_digests=plan.stage_digests,
         wall_s=computed.compute_s + time.perf_counter() - started,
     )
     planned = _planned(plan, run_dir, config, lease_token)
@@ -85,5 +102,11 @@ def plan_run_fn(config: RunConfig) -> PlannedRun:
 compute_plan = task(name="plan", task_run_name="plan-{config.run.name}", cache_policy=NO_CACHE)(compute_plan_fn)
 # Writing the plan is idempotent (the same digest, the same bytes; stored objects are skipped when they
 # verify), so a storage hiccup during its upload is retried like any other stage's.
-write_plan_task = task(name="plan-write", task_run_name="plan-write-{computed.run_id}", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 5],
-                       retry_condition_fn=retry_if_retriable)(reports_failures("plan-write")(write_plan_fn))
+write_plan_task = task(
+    name="plan-write",
+    task_run_name="plan-write-{computed.run_id}",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=[2, 5],
+    retry_condition_fn=retry_if_retriable,
+)(reports_failures("plan-write")(write_plan_fn))

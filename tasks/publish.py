@@ -46,21 +46,36 @@ class _Recorded(Protocol):
 T = TypeVar("T", bound=_Recorded)
 
 
-def _recorded(planned: PlannedRun, exported: ExportOutcome, stage: str, action: Callable[..., T],
-              handled: tuple[type[BaseException], ...] = ()) -> T:
+def _recorded(
+    planned: PlannedRun,
+    exported: ExportOutcome,
+    stage: str,
+    action: Callable[..., T],
+    handled: tuple[type[BaseException], ...] = (),
+) -> T:
     """Run one publication stage and record its outcome in the ledger (a failed attempt: `reports_failures`).
 
     An error in `handled` is the caller's to resolve: recorded as resolved by it, not reported as a failure."""
     run_dir = Path(planned.run_dir)
     fence(planned, f"{stage} of step {exported.step}")
     try:
-        outcome = action(Path(exported.staged_dir), open_store(planned.storage), planned.run_id,
-                         settings=fenced_settings(planned, PublishSettings))
+        outcome = action(
+            Path(exported.staged_dir),
+            open_store(planned.storage),
+            planned.run_id,
+            settings=fenced_settings(planned, PublishSettings),
+        )
     except RunLeaseLost:
         raise  # the run directory and its ledger belong to the run that holds the lease now
     except handled as error:
-        ledger.record(run_dir, stage, "failed", step=exported.step, error=f"{type(error).__name__}: {error}",
-                      resolved_by="export again")
+        ledger.record(
+            run_dir,
+            stage,
+            "failed",
+            step=exported.step,
+            error=f"{type(error).__name__}: {error}",
+            resolved_by="export again",
+        )
         raise
     ledger.record(run_dir, stage, "completed", **outcome.to_dict())
     return outcome
@@ -88,9 +103,19 @@ def cleanup_fn(planned: PlannedRun, exported: ExportOutcome) -> CleanupOutcome:
     return _recorded(planned, exported, "cleanup", cleanup_staging)
 
 
-commit = task(name="commit", task_run_name="commit-step-{exported.step}", retries=3,
-              retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_final,
-              cache_policy=NO_CACHE)(reports_failures("commit")(commit_fn))
-cleanup = task(name="cleanup", task_run_name="cleanup-step-{exported.step}", retries=3,
-               retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_unless_final,
-               cache_policy=NO_CACHE)(reports_failures("cleanup")(cleanup_fn))
+commit = task(
+    name="commit",
+    task_run_name="commit-step-{exported.step}",
+    retries=3,
+    retry_delay_seconds=[2, 5, 15],
+    retry_condition_fn=retry_unless_final,
+    cache_policy=NO_CACHE,
+)(reports_failures("commit")(commit_fn))
+cleanup = task(
+    name="cleanup",
+    task_run_name="cleanup-step-{exported.step}",
+    retries=3,
+    retry_delay_seconds=[2, 5, 15],
+    retry_condition_fn=retry_unless_final,
+    cache_policy=NO_CACHE,
+)(reports_failures("cleanup")(cleanup_fn))

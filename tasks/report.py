@@ -59,8 +59,13 @@ def _stored_bytes(store, path: str) -> bytes:
 def write_run_loss_curve(planned: PlannedRun, segments: list[SegmentOutcome]) -> Path:
     steps = [s.start_step + i for s in segments for i in range(len(s.losses))]
     losses = [loss for s in segments for loss in s.losses]
-    return write_loss_curve(Path(planned.run_dir) / LOSS_CURVE_FILE, steps, losses, [s.start_step for s in segments],
-                            title=f"{planned.run_id}: loss per optimizer step")
+    return write_loss_curve(
+        Path(planned.run_dir) / LOSS_CURVE_FILE,
+        steps,
+        losses,
+        [s.start_step for s in segments],
+        title=f"{planned.run_id}: loss per optimizer step",
+    )
 
 
 def _link(url: str) -> str:
@@ -95,20 +100,37 @@ def settle_failure_report(planned: PlannedRun) -> bool:
         return False
     if not str(existing.data).startswith(SETTLED):
         upsert_markdown_artifact(
-            key, f"{SETTLED}\n\nRun `{planned.run_id}` completed; the last failed attempt before it was:\n\n{existing.data}",
-            f"Settled: run {planned.run_id} completed after a failed attempt ({existing.description})")
+            key,
+            f"{SETTLED}\n\nRun `{planned.run_id}` completed; the last failed attempt before it was:\n\n{existing.data}",
+            f"Settled: run {planned.run_id} completed after a failed attempt ({existing.description})",
+        )
     return True
 
 
-@task(name="report", task_run_name="report-{planned.run_id}", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 5], retry_condition_fn=retry_unless_fenced)
+@task(
+    name="report",
+    task_run_name="report-{planned.run_id}",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=[2, 5],
+    retry_condition_fn=retry_unless_fenced,
+)
 @reports_failures("report")
 def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[CommitOutcome]) -> dict[str, str]:
     upsert_table_artifact(
         artifact_key(planned.run_id, "segments"),
         [
-            {"segment": s.segment, "steps": f"{s.start_step}-{s.end_step - 1}", "first_loss": round(s.losses[0], 4),
-             "last_loss": round(s.losses[-1], 4), "tokens": s.num_tokens, "tokens_per_s": round(s.tokens_per_s),
-             "train_s": round(s.train_s, 2), "launch_wall_s": round(s.launch_wall_s, 2), "reused": s.reused}
+            {
+                "segment": s.segment,
+                "steps": f"{s.start_step}-{s.end_step - 1}",
+                "first_loss": round(s.losses[0], 4),
+                "last_loss": round(s.losses[-1], 4),
+                "tokens": s.num_tokens,
+                "tokens_per_s": round(s.tokens_per_s),
+                "train_s": round(s.train_s, 2),
+                "launch_wall_s": round(s.launch_wall_s, 2),
+                "reused": s.reused,
+            }
             for s in segments
         ],
         f"Segment metrics of run {planned.run_id}",
@@ -117,7 +139,8 @@ def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[Co
     curve = write_run_loss_curve(planned, segments)
     locations = publish_run_files_fn(planned)
     upsert_markdown_artifact(
-        artifact_key(planned.run_id, "checkpoint"), summary_markdown(planned, commits, locations, curve),
+        artifact_key(planned.run_id, "checkpoint"),
+        summary_markdown(planned, commits, locations, curve),
         f"Newest checkpoint: {commits[-1].checkpoint_url}" if commits else "No checkpoint committed",
     )
     settle_failure_report(planned)

@@ -48,7 +48,9 @@ def publish_plan(planned: PlannedRun) -> dict:
     run_dir = Path(planned.run_dir)
     plan = read_plan(run_dir)
     paths = [PLAN_FILE, *(segment.shard_file for segment in plan.segments)]
-    figures = publish_bundle(open_store(planned.storage), planned.run_id, run_dir, PLAN_BUNDLE, paths, settings=_settings(planned))
+    figures = publish_bundle(
+        open_store(planned.storage), planned.run_id, run_dir, PLAN_BUNDLE, paths, settings=_settings(planned)
+    )
     ledger.record(run_dir, "run-state", "stored", **figures)
     return figures
 
@@ -62,8 +64,15 @@ def segment_state_files(run_dir: Path, segment_index: int) -> list[str]:
 
 def publish_segment_state(planned: PlannedRun, segment_index: int, observer: Observer | None = None) -> dict:
     run_dir = Path(planned.run_dir)
-    figures = publish_bundle(open_store(planned.storage), planned.run_id, run_dir, segment_bundle(segment_index),
-                             segment_state_files(run_dir, segment_index), settings=_settings(planned), observer=observer)
+    figures = publish_bundle(
+        open_store(planned.storage),
+        planned.run_id,
+        run_dir,
+        segment_bundle(segment_index),
+        segment_state_files(run_dir, segment_index),
+        settings=_settings(planned),
+        observer=observer,
+    )
     ledger.record(run_dir, "run-state", "stored", segment=segment_index, **figures)
     return figures
 

@@ -45,13 +45,22 @@ REUSED = "Reused"
 
 def _outcome(result: SegmentResult, launch_wall_s: float, reused: bool) -> SegmentOutcome:
     return SegmentOutcome(
-        segment=result.segment, start_step=result.start_step, end_step=result.end_step,
-        losses=result.losses, num_tokens=result.num_tokens, tokens_per_s=result.tokens_per_s,
-        train_s=result.train_s, launch_wall_s=launch_wall_s, reused=reused, planner_misses=result.planner_misses,
+        segment=result.segment,
+        start_step=result.start_step,
+        end_step=result.end_step,
+        losses=result.losses,
+        num_tokens=result.num_tokens,
+        tokens_per_s=result.tokens_per_s,
+        train_s=result.train_s,
+        launch_wall_s=launch_wall_s,
+        reused=reused,
+        planner_misses=result.planner_misses,
     )
 
 
-def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, live: LiveArtifacts | None = None) -> SegmentOutcome:
+def train_segment_fn(
+    planned: PlannedRun, segment_index: int, on_line=print, live: LiveArtifacts | None = None
+) -> SegmentOutcome:
     run_dir = Path(planned.run_dir)
     fence(planned, f"segment {segment_index}")
     result_path = segment_result_path(run_dir, segment_index)
@@ -72,8 +81,16 @@ def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, liv
     if planned.train.nnodes > 1:
         launch_wall_s = launch_segment_nodes(planned, segment_index, on_line, monitor)
     else:
-        launch_wall_s = launch_stage(planned, "segment", "trainer_core.run.segment_main", segment_index, [], on_line,
-                                     timeout_s=planned.train.segment_timeout_s, monitor=monitor).wall_s
+        launch_wall_s = launch_stage(
+            planned,
+            "segment",
+            "trainer_core.run.segment_main",
+            segment_index,
+            [],
+            on_line,
+            timeout_s=planned.train.segment_timeout_s,
+            monitor=monitor,
+        ).wall_s
     watch()  # the records written after the last poll
     if publisher is not None:
         publisher.flush()
@@ -81,11 +98,19 @@ def train_segment_fn(planned: PlannedRun, segment_index: int, on_line=print, liv
     result = SegmentResult.read(result_path)
     outcome = _outcome(result, launch_wall_s, reused=False)
     fence(planned, f"segment {segment_index}")
-    ledger.record(run_dir, "segment", "completed", launch_wall_s=launch_wall_s,
-                  **result.model_dump(exclude={"grad_norms"}))
+    ledger.record(
+        run_dir, "segment", "completed", launch_wall_s=launch_wall_s, **result.model_dump(exclude={"grad_norms"})
+    )
     if in_prefect_run():
-        emit_run_event(SEGMENT_COMPLETED, planned.run_id, loss=outcome.losses[-1], segment=segment_index,
-                       step=outcome.end_step, tokens_per_s=outcome.tokens_per_s, url=flow_run_url())
+        emit_run_event(
+            SEGMENT_COMPLETED,
+            planned.run_id,
+            loss=outcome.losses[-1],
+            segment=segment_index,
+            step=outcome.end_step,
+            tokens_per_s=outcome.tokens_per_s,
+            url=flow_run_url(),
+        )
     return outcome
 
 
@@ -95,8 +120,14 @@ def _run_name() -> str:
     return f"segment-{parameters['segment_index']} steps {start}-{end - 1}"
 
 
-@task(name="segment", task_run_name=_run_name, retries=2, retry_delay_seconds=[2, 10],
-      retry_condition_fn=retry_if_retriable, cache_policy=NO_CACHE)
+@task(
+    name="segment",
+    task_run_name=_run_name,
+    retries=2,
+    retry_delay_seconds=[2, 10],
+    retry_condition_fn=retry_if_retriable,
+    cache_policy=NO_CACHE,
+)
 @reports_failures("segment")
 def train_segment(planned: PlannedRun, segment_index: int, live: LiveArtifacts | None = None) -> SegmentOutcome:
     outcome = train_segment_fn(planned, segment_index, on_line=rank_line_logger(), live=live)

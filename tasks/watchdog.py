@@ -31,8 +31,13 @@ SETUP_GRACE_S = 120.0
 
 
 class ProgressWatch:
-    def __init__(self, progress_file: Path, stall_timeout_s: float,
-                 on_records: Callable[[list[dict]], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        progress_file: Path,
+        stall_timeout_s: float,
+        on_records: Callable[[list[dict]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._reader = ProgressReader(progress_file)
         self._stall_timeout_s = stall_timeout_s
         self._on_records = on_records

@@ -50,8 +50,15 @@ def tiny_tree(tmp_path: Path, **sections) -> dict:
         "model": {"config": str(EXAMPLES / "tiny" / "model_config.json")},
         "tokenizer": {"path": str(EXAMPLES / "tiny" / "tokenizer.json")},
         "data": {"path": str(EXAMPLES / "tiny" / "sft.jsonl"), "max_seq_len": 128},
-        "train": {"steps": 6, "steps_per_segment": 3, "global_batch_size": 8, "learning_rate": 3e-3,
-                  "logical_dp": 2, "nproc_per_node": 2, "segment_timeout_s": 300},
+        "train": {
+            "steps": 6,
+            "steps_per_segment": 3,
+            "global_batch_size": 8,
+            "learning_rate": 3e-3,
+            "logical_dp": 2,
+            "nproc_per_node": 2,
+            "segment_timeout_s": 300,
+        },
         "storage": {"url": str(tmp_path / "store")},
     }
     for section, values in sections.items():

@@ -18,8 +18,9 @@ def stage(root: Path, step: int, files: dict[str, bytes], run_id: str = RUN, nam
     for relative, data in files.items():
         (staged / relative).parent.mkdir(parents=True, exist_ok=True)
         (staged / relative).write_bytes(data)
-    write_manifest(staged, {"run_id": run_id, "step": step, "plan_digest": "d" * 64, "parent_checkpoint": None,
-                            "world_size": 1})
+    write_manifest(
+        staged, {"run_id": run_id, "step": step, "plan_digest": "d" * 64, "parent_checkpoint": None, "world_size": 1}
+    )
     return staged
 
 

@@ -35,8 +35,9 @@ class _Section(BaseModel):
     # Unknown keys are errors: a typo must not silently fall back to a default.
     # inf and nan are never a meaningful setting, and nan slips past bounds (nan > 0 is False).
     # Each field's docstring is its description: the UI's form shows it and docs/configuration.md is generated from it.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False,
-                              use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, use_attribute_docstrings=True
+    )
 
 
 class RunSection(_Section):
@@ -72,7 +73,7 @@ class LoraSection(_Section):
     def _some_targets(cls, value: list[str] | str) -> list[str] | str:
         fix = 'list module names such as ["q_proj", "v_proj"], or write "all-linear"'
         if isinstance(value, str) and value != "all-linear":
-            raise ValueError(f"{value!r} is neither a list of module names nor \"all-linear\"; {fix}")
+            raise ValueError(f'{value!r} is neither a list of module names nor "all-linear"; {fix}')
         if isinstance(value, list) and (not value or not all(name.strip() for name in value)):
             raise ValueError(f"target_modules {value!r} is empty or holds an empty name; {fix}")
         return value
@@ -193,8 +194,10 @@ class TrainSection(_Section):
         from .objectives import OBJECTIVES  # the registry, not a copy of its names
 
         if value is not None and value not in OBJECTIVES:
-            raise ValueError(f"must be one of {' or '.join(map(repr, OBJECTIVES))} (got {value!r}); choose one of them, "
-                             "or leave it unset to train the objective of data.kind")
+            raise ValueError(
+                f"must be one of {' or '.join(map(repr, OBJECTIVES))} (got {value!r}); choose one of them, "
+                "or leave it unset to train the objective of data.kind"
+            )
         return value
 
     @model_validator(mode="after")
@@ -265,8 +268,10 @@ class ExportSection(_Section):
         except ValueError:
             size_bytes = None
         if size_bytes is None or size_bytes <= 0:
-            raise ValueError(f"max_shard_size={value!r} is not a positive size; write a whole number and a unit, "
-                             "such as \"2GB\", \"500MB\" or \"1GiB\"")
+            raise ValueError(
+                f"max_shard_size={value!r} is not a positive size; write a whole number and a unit, "
+                'such as "2GB", "500MB" or "1GiB"'
+            )
         return value
 
 
@@ -305,8 +310,10 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _merge_needs_an_adapter(self) -> "RunConfig":
         if self.export.merge_lora and self.model.lora is None:
-            raise ValueError("export.merge_lora = true but there is no [model.lora] adapter to merge; add a [model.lora] "
-                             "section, or set export.merge_lora = false")
+            raise ValueError(
+                "export.merge_lora = true but there is no [model.lora] adapter to merge; add a [model.lora] "
+                "section, or set export.merge_lora = false"
+            )
         return self
 
     @model_validator(mode="after")
@@ -316,12 +323,16 @@ class RunConfig(_Section):
 
         if self.train.objective is None:
             self.train.objective = DEFAULT_FOR_DATA[self.data.kind]
-        carried = UNPACKED_NAMES + (PACKED_NAMES if self.data.pack else ()) + (RL_NAMES if self.data.kind == "rl" else ())
+        carried = (
+            UNPACKED_NAMES + (PACKED_NAMES if self.data.pack else ()) + (RL_NAMES if self.data.kind == "rl" else ())
+        )
         missing = [name for name in OBJECTIVES[self.train.objective].needs if name not in carried]
         if missing:
-            raise ValueError(f"train.objective={self.train.objective!r} needs {', '.join(missing)}, which "
-                             f"data.kind={self.data.kind!r} data do not carry; choose an objective for that data "
-                             f"(e.g. train.objective={DEFAULT_FOR_DATA[self.data.kind]!r}), or give it data that do")
+            raise ValueError(
+                f"train.objective={self.train.objective!r} needs {', '.join(missing)}, which "
+                f"data.kind={self.data.kind!r} data do not carry; choose an objective for that data "
+                f"(e.g. train.objective={DEFAULT_FOR_DATA[self.data.kind]!r}), or give it data that do"
+            )
         return self
 
     def export_after_segment(self, segment_index: int) -> bool:
@@ -338,7 +349,9 @@ def _set_dotted(tree: dict[str, Any], dotted: str, raw_value: str, created: list
     """
     keys = dotted.split(".")
     if not all(keys):
-        raise ConfigError(f"--set {dotted}={raw_value}: empty key segment; write it as section.key=value, e.g. train.steps=10")
+        raise ConfigError(
+            f"--set {dotted}={raw_value}: empty key segment; write it as section.key=value, e.g. train.steps=10"
+        )
     try:
         value = tomllib.loads(f"v = {raw_value}")["v"]
     except tomllib.TOMLDecodeError:
@@ -349,8 +362,10 @@ def _set_dotted(tree: dict[str, Any], dotted: str, raw_value: str, created: list
             created.append(".".join(keys[: depth + 1]))  # a section the file does not have: its errors come from --set
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {dotted}={raw_value}: '{key}' is a value, not a section; "
-                              f"set {'.'.join(keys[:keys.index(key) + 1])} itself, or check the key's spelling")
+            raise ConfigError(
+                f"--set {dotted}={raw_value}: '{key}' is a value, not a section; "
+                f"set {'.'.join(keys[: keys.index(key) + 1])} itself, or check the key's spelling"
+            )
         node = child
     node[keys[-1]] = value
 
@@ -412,18 +427,22 @@ def check_locations_disjoint(work_dir: str, storage_url: str) -> None:
         problem = "are the same directory"
     elif how == "second_inside":
         problem = "overlap: the work directory lies inside the store"
-    elif how == "first_inside" and (_RUN_DIR_NAME.match(first := store.relative_to(work).parts[0])
-                                    or first == "cache"):
-        problem = (f"overlap: the store lies inside {work / first}, which rankflow rewrites and deletes "
-                   "(a run directory with its staged exports, or the data cache)")
+    elif how == "first_inside" and (_RUN_DIR_NAME.match(first := store.relative_to(work).parts[0]) or first == "cache"):
+        problem = (
+            f"overlap: the store lies inside {work / first}, which rankflow rewrites and deletes "
+            "(a run directory with its staged exports, or the data cache)"
+        )
     else:
         return
-    raise ConfigError(f"storage.url={str(store)!r} and run.work_dir={str(work)!r} {problem}; point them at "
-                      "separate directories, e.g. storage.url = \".rankflow/store\" with run.work_dir = \".rankflow\"")
+    raise ConfigError(
+        f"storage.url={str(store)!r} and run.work_dir={str(work)!r} {problem}; point them at "
+        'separate directories, e.g. storage.url = ".rankflow/store" with run.work_dir = ".rankflow"'
+    )
 
 
-def config_from_dict(tree: dict[str, Any], *, config_dir: Path, source: str = "(dict)",
-                     overridden: tuple[str, ...] = ()) -> RunConfig:
+def config_from_dict(
+    tree: dict[str, Any], *, config_dir: Path, source: str = "(dict)", overridden: tuple[str, ...] = ()
+) -> RunConfig:
     """Validate a config tree, resolve its paths and check that its inputs exist.
 
     `overridden` lists the dotted keys set on the command line, so that their

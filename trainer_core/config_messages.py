@@ -17,10 +17,16 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 _TYPE_WORDS = {
-    "int_parsing": "a whole number", "int_type": "a whole number", "int_from_float": "a whole number",
-    "float_parsing": "a number", "float_type": "a number",
-    "bool_parsing": "true or false", "bool_type": "true or false",
-    "string_type": "a string", "list_type": "a list", "tuple_type": "a list",
+    "int_parsing": "a whole number",
+    "int_type": "a whole number",
+    "int_from_float": "a whole number",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "tuple_type": "a list",
 }
 
 
@@ -82,8 +88,12 @@ def _describe(root: type[BaseModel], item: Mapping[str, Any]) -> str:
         name = ".".join(map(str, loc))
         return f"must be a table of keys{got}; write it as a [{name}] section with `key = value` lines under it"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        op, bound = {"greater_than": (">", ctx.get("gt")), "greater_than_equal": (">=", ctx.get("ge")),
-                     "less_than": ("<", ctx.get("lt")), "less_than_equal": ("<=", ctx.get("le"))}[kind]
+        op, bound = {
+            "greater_than": (">", ctx.get("gt")),
+            "greater_than_equal": (">=", ctx.get("ge")),
+            "less_than": ("<", ctx.get("lt")),
+            "less_than_equal": ("<=", ctx.get("le")),
+        }[kind]
         bound = f"{bound:g}" if isinstance(bound, float) else bound
         fix = f"set a value {op} {bound}{example}"
         if loc[-2:-1] == ("betas",) or loc[-1:] == ("betas",):
@@ -100,8 +110,10 @@ def _describe(root: type[BaseModel], item: Mapping[str, Any]) -> str:
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected', '')}{got}; choose one of them"
     if kind == "string_pattern_mismatch":
-        return (f"must start with a letter or digit and hold only letters, digits, '.', '_' or '-'{got}; "
-                "rename it, e.g. 'my-run'")
+        return (
+            f"must start with a letter or digit and hold only letters, digits, '.', '_' or '-'{got}; "
+            "rename it, e.g. 'my-run'"
+        )
     if kind == "too_long" or kind == "too_short":
         return f"{item['msg']}{got}; give a list of the length the README's config reference shows"
     message = item["msg"].removeprefix("Value error, ")
@@ -110,8 +122,9 @@ def _describe(root: type[BaseModel], item: Mapping[str, Any]) -> str:
     return f"{message}{got}; see the README's config reference"
 
 
-def describe_validation_error(error: ValidationError, root: type[BaseModel], source: str,
-                              overridden: Collection[str] = ()) -> str:
+def describe_validation_error(
+    error: ValidationError, root: type[BaseModel], source: str, overridden: Collection[str] = ()
+) -> str:
     """One line per error: `KEY: what is wrong (got VALUE); what to do`.
 
     Keys set by `--set` are marked `(from --set)`, so the user knows to fix the

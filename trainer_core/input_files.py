@@ -83,8 +83,9 @@ def open_input(path: str | Path, label: str, fix: str) -> InputFile:
     except FileNotFoundError:
         raise ConfigError(f"{label}: does not exist; {fix}") from None
     except PermissionError:
-        raise ConfigError(f"{label}: cannot be read (permission denied); make it readable by this user "
-                          f"(e.g. chmod a+r) or {fix}") from None
+        raise ConfigError(
+            f"{label}: cannot be read (permission denied); make it readable by this user (e.g. chmod a+r) or {fix}"
+        ) from None
     except OSError as error:
         raise ConfigError(f"{label}: cannot be opened ({error.strerror}); {fix}") from None
     mode = os.fstat(fd).st_mode
@@ -122,8 +123,9 @@ def parse_json(text: str, path: str | Path, label: str, fix: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
-        raise ConfigError(f"{path}:{error.lineno}:{error.colno}: not valid JSON ({error.msg}) in {label}; "
-                          f"fix the file or {fix}") from None
+        raise ConfigError(
+            f"{path}:{error.lineno}:{error.colno}: not valid JSON ({error.msg}) in {label}; fix the file or {fix}"
+        ) from None
     except RecursionError:
         raise ConfigError(f"{path}: JSON nested too deeply to read in {label}; {fix}") from None
 

@@ -12,8 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_exports(package: str, names_by_module: Mapping[str, tuple[str, ...]],
-                 namespace: dict[str, Any]) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, names_by_module: Mapping[str, tuple[str, ...]], namespace: dict[str, Any]
+) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
     """(`__all__`, `__getattr__`, `__dir__`) for `package`: each name imports its submodule when first read."""
     exports = {name: module for module, names in names_by_module.items() for name in names}
 

@@ -62,20 +62,30 @@ def build_trainer(config: RunConfig, *, miss_reports: MissReports | None = None)
     trainer = Trainer(
         model,
         staleness=StalenessPolicy(max_gradient_staleness=train.max_gradient_staleness),
-        planner=MemoryPlanner(budget_bytes=train.saved_bytes_budget, miss_threshold=train.planner_miss_threshold,
-                              miss_reports=miss_reports),
+        planner=MemoryPlanner(
+            budget_bytes=train.saved_bytes_budget,
+            miss_threshold=train.planner_miss_threshold,
+            miss_reports=miss_reports,
+        ),
         # Non-finite gradients reach the step, whose norm every rank agrees on;
         # the segment runner applies train.nonfinite to the step's report.
         nonfinite="skip",
         vocab_size=true_vocab,
     )
-    optimizer = OptimizerConfig(learning_rate=train.learning_rate, betas=train.betas, eps=train.eps,
-                                weight_decay=train.weight_decay, grad_clip=train.grad_clip)
+    optimizer = OptimizerConfig(
+        learning_rate=train.learning_rate,
+        betas=train.betas,
+        eps=train.eps,
+        weight_decay=train.weight_decay,
+        grad_clip=train.grad_clip,
+    )
     if config.model.lora is None:
         trainer.add_base_checkpoint(BASE_CHECKPOINT, optimizer=optimizer)
     else:
         # peft draws the adapter's initial A matrices from the global RNG: seed it, so every rank agrees.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.run.seed)
-            trainer.add_lora_checkpoint(LORA_CHECKPOINT, peft_lora_config(config, config.model.lora), optimizer=optimizer)
+            trainer.add_lora_checkpoint(
+                LORA_CHECKPOINT, peft_lora_config(config, config.model.lora), optimizer=optimizer
+            )
     return trainer

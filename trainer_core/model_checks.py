@@ -29,14 +29,21 @@ if TYPE_CHECKING:
 
 __all__ = ["WEIGHT_FILES", "check_model", "quiet_transformers", "read_model_config"]
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def _check_weight_files(directory: Path, label: str) -> None:
     present = [name for name in WEIGHT_FILES if (directory / name).exists()]
     if not present:
-        raise ConfigError(f"{label}: the directory has no weights ({', '.join(WEIGHT_FILES[:3])}); {PATH_FIX}, "
-                          "or use model.config to start from random weights")
+        raise ConfigError(
+            f"{label}: the directory has no weights ({', '.join(WEIGHT_FILES[:3])}); {PATH_FIX}, "
+            "or use model.config to start from random weights"
+        )
     for name in present:
         if name.endswith(".index.json"):
             index = read_input_json_object(directory / name, label, PATH_FIX)
@@ -45,8 +52,10 @@ def _check_weight_files(directory: Path, label: str) -> None:
                 raise ConfigError(f"{directory / name}: has no 'weight_map'; re-save the model with save_pretrained")
             for shard in sorted(set(map(str, weight_map.values()))):
                 if not (directory / shard).is_file():
-                    raise ConfigError(f"{directory / name}: names the shard {shard!r}, which is not in the directory; "
-                                      "copy the missing shard or re-save the model with save_pretrained")
+                    raise ConfigError(
+                        f"{directory / name}: names the shard {shard!r}, which is not in the directory; "
+                        "copy the missing shard or re-save the model with save_pretrained"
+                    )
     for file in sorted(directory.glob("*.safetensors")):
         _check_safetensors_header(file, label)
 
@@ -60,8 +69,10 @@ def _check_safetensors_header(file: Path, label: str) -> None:
         with safe_open(str(file), "pt"):
             pass
     except Exception as error:  # noqa: BLE001 - safetensors raises its own SafetensorError
-        raise ConfigError(f"{file}: not a complete safetensors file ({one_line(error)}); the copy is corrupt or "
-                          "truncated: copy it again or re-save the model") from None
+        raise ConfigError(
+            f"{file}: not a complete safetensors file ({one_line(error)}); the copy is corrupt or "
+            "truncated: copy it again or re-save the model"
+        ) from None
 
 
 def _check_pretrained_loads(config: RunConfig, label: str) -> None:
@@ -74,15 +85,20 @@ def _check_pretrained_loads(config: RunConfig, label: str) -> None:
         # transformers types from_pretrained as returning the model alone; with output_loading_info=True it
         # returns (model, loading info).
         _, info = AutoModelForCausalLM.from_pretrained(  # pyright: ignore[reportGeneralTypeIssues]
-            path, local_files_only=True, device_map="meta", output_loading_info=True)
+            path, local_files_only=True, device_map="meta", output_loading_info=True
+        )
     except (OSError, RuntimeError, ValueError) as error:
-        raise ConfigError(f"{label}: the weights do not load ({one_line(error)}); they do not match config.json: "
-                          f"re-save the model, or {PATH_FIX}") from None
+        raise ConfigError(
+            f"{label}: the weights do not load ({one_line(error)}); they do not match config.json: "
+            f"re-save the model, or {PATH_FIX}"
+        ) from None
     problems = sorted(info.get("missing_keys") or ()) + sorted(str(k) for k in info.get("mismatched_keys") or ())
     if problems:
         shown = ", ".join(problems[:3]) + (f" and {len(problems) - 3} more" if len(problems) > 3 else "")
-        raise ConfigError(f"{label}: the weights lack tensors the model needs ({shown}), which would start from "
-                          f"random values; use the weights that belong to this config.json, or {PATH_FIX}")
+        raise ConfigError(
+            f"{label}: the weights lack tensors the model needs ({shown}), which would start from "
+            f"random values; use the weights that belong to this config.json, or {PATH_FIX}"
+        )
 
 
 def _check_forward(model_config: PretrainedConfig, file_label: str) -> None:
@@ -97,15 +113,19 @@ def _check_forward(model_config: PretrainedConfig, file_label: str) -> None:
             # packed sequences in the position ids' values, which a meta tensor does not have. Shapes are the same.
             model(input_ids=torch.zeros(1, 8, dtype=torch.long), use_cache=True)
     except Exception as error:  # noqa: BLE001 - any failure here means the config describes no working model
-        raise ConfigError(f"{file_label}: does not describe a working model ({type(error).__name__}: "
-                          f"{one_line(error)}); fix its sizes (e.g. num_attention_heads must be a multiple of "
-                          "num_key_value_heads)") from None
+        raise ConfigError(
+            f"{file_label}: does not describe a working model ({type(error).__name__}: "
+            f"{one_line(error)}); fix its sizes (e.g. num_attention_heads must be a multiple of "
+            "num_key_value_heads)"
+        ) from None
 
 
 def _linear_names(model: torch.nn.Module) -> list[str]:
     import torch
 
-    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)})
+    return sorted(
+        {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    )
 
 
 def _check_lora(config: RunConfig, model_config: PretrainedConfig) -> None:
@@ -124,21 +144,27 @@ def _check_lora(config: RunConfig, model_config: PretrainedConfig) -> None:
         # peft's matching of a list entry: the module's full name, or its last dotted parts.
         missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
         if missing:
-            raise ConfigError(f"model.lora.target_modules: {missing} match no module of this model; choose among its "
-                              f"linear layers {linear}, or use \"all-linear\"")
+            raise ConfigError(
+                f"model.lora.target_modules: {missing} match no module of this model; choose among its "
+                f'linear layers {linear}, or use "all-linear"'
+            )
     try:
         inject_adapter_in_model(peft_lora_config(config, lora), model, low_cpu_mem_usage=True)
     except (ValueError, TypeError, KeyError) as error:
-        raise ConfigError(f"model.lora.target_modules={lora.target_modules!r} does not fit this model "
-                          f"({one_line(error)}); choose among its linear layers {linear}, or use \"all-linear\"") from None
+        raise ConfigError(
+            f"model.lora.target_modules={lora.target_modules!r} does not fit this model "
+            f'({one_line(error)}); choose among its linear layers {linear}, or use "all-linear"'
+        ) from None
     if config.model.pad_vocab_to_multiple_of is not None:
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         per_token = [m for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None]
         if any(isinstance(m, BaseTunerLayer) for m in per_token):
-            raise ConfigError("model.lora.target_modules adapts the embedding or the output layer, whose rows "
-                              "model.pad_vocab_to_multiple_of pads; leave those layers out of target_modules, or unset "
-                              "model.pad_vocab_to_multiple_of")
+            raise ConfigError(
+                "model.lora.target_modules adapts the embedding or the output layer, whose rows "
+                "model.pad_vocab_to_multiple_of pads; leave those layers out of target_modules, or unset "
+                "model.pad_vocab_to_multiple_of"
+            )
 
 
 def check_model(config: RunConfig, tokenizer_vocab_size: int) -> PretrainedConfig:

@@ -25,10 +25,20 @@ if TYPE_CHECKING:
 
 # Sizes every causal LM config has (when it has them at all) and that must be positive:
 # zero or a negative count builds an empty or broken model without any error from transformers.
-POSITIVE_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "head_dim", "max_position_embeddings")
+POSITIVE_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
 _CONFIG_FIX = "point model.config at a Hugging Face config.json (with model_type) for a random-initialised model"
-PATH_FIX = "point model.path at a Hugging Face model directory (config.json and weights, as save_pretrained writes them)"
+PATH_FIX = (
+    "point model.path at a Hugging Face model directory (config.json and weights, as save_pretrained writes them)"
+)
 
 
 @contextlib.contextmanager
@@ -67,8 +77,9 @@ def _check_sizes(raw: dict, file: Path, fix: str) -> None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"{file}: {key}={value!r} must be a positive whole number; set it to the model's real "
-                              f"{key}, or {fix}")
+            raise ConfigError(
+                f"{file}: {key}={value!r} must be a positive whole number; set it to the model's real {key}, or {fix}"
+            )
 
 
 def read_model_config(config: RunConfig) -> PretrainedConfig:
@@ -79,12 +90,14 @@ def read_model_config(config: RunConfig) -> PretrainedConfig:
     if model_type is None:
         raise ConfigError(f"{file}: has no 'model_type'; add one such as \"qwen3\", or {fix}")
     if not isinstance(model_type, str):
-        raise ConfigError(f"{file}: model_type={model_type!r} must be a string such as \"qwen3\"")
+        raise ConfigError(f'{file}: model_type={model_type!r} must be a string such as "qwen3"')
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:
-        raise ConfigError(f"{file}: model_type={model_type!r} is not a model type transformers knows; "
-                          "use one such as \"qwen3\" or \"llama\"")
+        raise ConfigError(
+            f"{file}: model_type={model_type!r} is not a model type transformers knows; "
+            'use one such as "qwen3" or "llama"'
+        )
     _check_sizes(raw, file, fix)
     from transformers import AutoConfig
 
@@ -94,7 +107,9 @@ def read_model_config(config: RunConfig) -> PretrainedConfig:
                 return AutoConfig.from_pretrained(config.model.path, local_files_only=True)
             return AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
         except Exception as error:  # noqa: BLE001 - configs validate with several exception types
-            raise ConfigError(f"{file}: not a valid {model_type} config ({one_line(error)}); fix it, or {fix}") from None
+            raise ConfigError(
+                f"{file}: not a valid {model_type} config ({one_line(error)}); fix it, or {fix}"
+            ) from None
 
 
 def one_line(error: BaseException) -> str:
@@ -107,6 +122,11 @@ def peft_lora_config(config: RunConfig, lora: LoraSection):
     from peft import LoraConfig
 
     # peft annotates lora_alpha as int, but only divides it by r: a float alpha (what [model.lora] allows) works.
-    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha,  # pyright: ignore[reportArgumentType]
-                      lora_dropout=lora.dropout, target_modules=lora.target_modules,
-                      task_type="CAUSAL_LM", base_model_name_or_path=config.model.path)
+    return LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,  # pyright: ignore[reportArgumentType]
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=config.model.path,
+    )

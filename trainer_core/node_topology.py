@@ -24,8 +24,9 @@ def world_size(nnodes: int, nproc_per_node: int) -> int:
     return nnodes * nproc_per_node
 
 
-def check_nodes(nnodes: int, nproc_per_node: int, logical_dp: int, node_deployment: str | None,
-                rdzv_endpoint: str | None) -> None:
+def check_nodes(
+    nnodes: int, nproc_per_node: int, logical_dp: int, node_deployment: str | None, rdzv_endpoint: str | None
+) -> None:
     """Raise ValueError naming the fix unless the nodes' world size divides logical_dp and a deployed run has an endpoint."""
     # Imported here: trainer_core.ranks loads torch, and this module is imported by light processes
     # (the loopback torchrun agent, `rankflow deploy`) that only need split_endpoint / check_nodes_deployable.
@@ -36,30 +37,38 @@ def check_nodes(nnodes: int, nproc_per_node: int, logical_dp: int, node_deployme
         raise ValueError(
             f"train.logical_dp={logical_dp} is not a multiple of the world size train.nnodes × train.nproc_per_node = "
             f"{nnodes} × {nproc_per_node} = {world}; choose a logical_dp that {world} divides "
-            f"(e.g. {problem.suggestion}), or fewer nodes or processes")
+            f"(e.g. {problem.suggestion}), or fewer nodes or processes"
+        )
     if node_deployment is not None and rdzv_endpoint is None:
         raise ValueError(
             f"train.node_deployment={node_deployment!r} runs the nodes on workers, which need to find each other: "
-            "set train.rdzv_endpoint = \"HOST:PORT\" (node 0's address and a free port on it)")
+            'set train.rdzv_endpoint = "HOST:PORT" (node 0\'s address and a free port on it)'
+        )
     if rdzv_endpoint is not None:
         split_endpoint(rdzv_endpoint)
     if node_deployment is not None and (node_deployment.count("/") != 1 or "" in node_deployment.split("/")):
-        raise ValueError(f"train.node_deployment={node_deployment!r} is not FLOW/DEPLOYMENT; write it as "
-                         "\"rankflow-node/NAME\" (what `rankflow deploy` prints as node_deployment)")
+        raise ValueError(
+            f"train.node_deployment={node_deployment!r} is not FLOW/DEPLOYMENT; write it as "
+            '"rankflow-node/NAME" (what `rankflow deploy` prints as node_deployment)'
+        )
 
 
 def split_endpoint(rdzv_endpoint: str) -> tuple[str, int]:
     """(host, port) of a `HOST:PORT` rendezvous endpoint; ValueError naming the fix otherwise."""
     host, sep, port = rdzv_endpoint.rpartition(":")
     if not sep or not _HOST.match(host) or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"train.rdzv_endpoint={rdzv_endpoint!r} is not HOST:PORT; write node 0's address and a free "
-                         "port on it, e.g. \"10.0.0.5:29400\" (or \"127.0.0.1:29400\" on one machine)")
+        raise ValueError(
+            f"train.rdzv_endpoint={rdzv_endpoint!r} is not HOST:PORT; write node 0's address and a free "
+            'port on it, e.g. "10.0.0.5:29400" (or "127.0.0.1:29400" on one machine)'
+        )
     return host, int(port)
 
 
 def check_nodes_deployable(nnodes: int, rdzv_endpoint: str | None) -> None:
     """A deployment of several nodes runs them on workers, which must be told where node 0 listens."""
     if nnodes > 1 and rdzv_endpoint is None:
-        raise ValueError(f"train.nnodes={nnodes} on a work pool needs train.rdzv_endpoint = \"HOST:PORT\" (the address "
-                         "of the machine whose worker serves queue node-0, and a free port on it); set it in the config "
-                         "or with --set train.rdzv_endpoint=HOST:PORT")
+        raise ValueError(
+            f'train.nnodes={nnodes} on a work pool needs train.rdzv_endpoint = "HOST:PORT" (the address '
+            "of the machine whose worker serves queue node-0, and a free port on it); set it in the config "
+            "or with --set train.rdzv_endpoint=HOST:PORT"
+        )

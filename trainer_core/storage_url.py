@@ -42,12 +42,16 @@ def check_storage_url(url: str) -> str:
     if not bucket:
         raise ValueError(f"storage.url={url!r} names no bucket; write s3://BUCKET/PREFIX, e.g. s3://rankflow/runs")
     if not _BUCKET.match(bucket):
-        raise ValueError(f"storage.url={url!r}: {bucket!r} is not a valid S3 bucket name; bucket names are 3-63 "
-                         "lowercase letters, digits, '.' and '-', starting and ending with a letter or digit")
+        raise ValueError(
+            f"storage.url={url!r}: {bucket!r} is not a valid S3 bucket name; bucket names are 3-63 "
+            "lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"
+        )
     segments = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
     if "" in segments or ".." in segments or "." in segments:
-        raise ValueError(f"storage.url={url!r} has an empty, '.' or '..' path segment; write the prefix as "
-                         "plain names joined by single '/', e.g. s3://rankflow/runs/team-a")
+        raise ValueError(
+            f"storage.url={url!r} has an empty, '.' or '..' path segment; write the prefix as "
+            "plain names joined by single '/', e.g. s3://rankflow/runs/team-a"
+        )
     return url
 
 

@@ -26,8 +26,10 @@ def _store(args: argparse.Namespace):
     from infra.store.base import open_store
 
     if (args.store is None) == (args.config is None):
-        raise ConfigError(f"checkpoints {args.checkpoints_command}: give exactly one of --store URL "
-                          "(a path, file://PATH or s3://BUCKET/PREFIX) or --config TOML (its storage.url)")
+        raise ConfigError(
+            f"checkpoints {args.checkpoints_command}: give exactly one of --store URL "
+            "(a path, file://PATH or s3://BUCKET/PREFIX) or --config TOML (its storage.url)"
+        )
     if args.store is not None:
         return open_store(args.store)
     from trainer_core.config import load_config
@@ -52,8 +54,17 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"rankflow: {resolution.message}", file=sys.stderr)
     reports = scan_checkpoints(store, args.run_id)
     if args.json:
-        print(json.dumps({"run_id": args.run_id, "latest": resolution.checkpoint, "latest_pointer": resolution.pointer,
-                          "note": resolution.message, "checkpoints": [r.to_dict() for r in reports]}))
+        print(
+            json.dumps(
+                {
+                    "run_id": args.run_id,
+                    "latest": resolution.checkpoint,
+                    "latest_pointer": resolution.pointer,
+                    "note": resolution.message,
+                    "checkpoints": [r.to_dict() for r in reports],
+                }
+            )
+        )
         return EXIT_OK
     if not reports:
         print(f"run {args.run_id}: no checkpoints")
@@ -127,8 +138,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     report = collect_garbage(_store(args), args.run_id, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
-    print(f"run {args.run_id}: {verb} {len(report.removed)} objects ({_size(report.removed_bytes)}), "
-          f"aborted {report.aborted_uploads} dangling uploads")
+    print(
+        f"run {args.run_id}: {verb} {len(report.removed)} objects ({_size(report.removed_bytes)}), "
+        f"aborted {report.aborted_uploads} dangling uploads"
+    )
     for path in report.removed:
         print(f"    {path}")
     for kept in report.kept:
@@ -152,16 +165,21 @@ def _reporting_failures(handler):
 
 def add_checkpoint_commands(commands: argparse._SubParsersAction) -> None:
     """Register `rankflow checkpoints …` on the top-level parser's subcommands."""
-    group = commands.add_parser("checkpoints", help="list the runs of a store; list, verify, pull or garbage-collect "
-                                "a run's checkpoints",
-                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = commands.add_parser(
+        "checkpoints",
+        help="list the runs of a store; list, verify, pull or garbage-collect a run's checkpoints",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = group.add_subparsers(dest="checkpoints_command", required=True)
     handlers = {"runs": cmd_runs, "list": cmd_list, "verify": cmd_verify, "pull": cmd_pull, "gc": cmd_gc}
-    helps = {"runs": "list the runs in the store: LATEST, number of checkpoints, last ledger status",
-             "list": "list checkpoints (quick check: sizes and recorded digests)",
-             "verify": "hash every file of every (or one) checkpoint against its manifest",
-             "pull": "download the newest verified checkpoint, or STEP, verifying it",
-             "gc": "remove orphaned objects, temporaries and dangling uploads of the run"}
+    helps = {
+        "runs": "list the runs in the store: LATEST, number of checkpoints, last ledger status",
+        "list": "list checkpoints (quick check: sizes and recorded digests)",
+        "verify": "hash every file of every (or one) checkpoint against its manifest",
+        "pull": "download the newest verified checkpoint, or STEP, verifying it",
+        "gc": "remove orphaned objects, temporaries and dangling uploads of the run",
+    }
     for name, handler in handlers.items():
         command = sub.add_parser(name, help=helps[name])
         if name != "runs":

@@ -27,7 +27,9 @@ EXIT_OK, EXIT_FAILED = 0, 1
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
-def add_deploy_parser(commands: argparse._SubParsersAction, with_config: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_deploy_parser(
+    commands: argparse._SubParsersAction, with_config: Callable[[argparse.ArgumentParser], None]
+) -> None:
     deploy = commands.add_parser("deploy", help="deploy the flow to a work pool of a Prefect server (PREFECT_API_URL)")
     with_config(deploy)
     deploy.add_argument("--pool", required=True, help="work pool; created as a process pool if missing")
@@ -35,9 +37,13 @@ def add_deploy_parser(commands: argparse._SubParsersAction, with_config: Callabl
     deploy.add_argument("--work-queue", default=None, help="work queue of the pool (default: the pool's default queue)")
     deploy.add_argument("--cron", help='cron schedule, e.g. "0 3 * * *" (default: no schedule, runs on demand)')
     deploy.add_argument("--interval", type=float, help="schedule every N seconds")
-    deploy.add_argument("--job-variable", action="append", metavar="KEY=VALUE",
-                        help="override a job variable of the pool's template, e.g. working_dir=/srv/runs "
-                             "(VALUE is parsed as JSON when it can be)")
+    deploy.add_argument(
+        "--job-variable",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a job variable of the pool's template, e.g. working_dir=/srv/runs "
+        "(VALUE is parsed as JSON when it can be)",
+    )
     deploy.set_defaults(handler=cmd_deploy)
 
 
@@ -59,12 +65,21 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from ..deploy import deploy_training
 
     try:
-        deployed = deploy_training(config, pool=args.pool, name=args.name, work_queue=args.work_queue,
-                                   job_variables=job_variables, cron=args.cron, interval_s=args.interval)
+        deployed = deploy_training(
+            config,
+            pool=args.pool,
+            name=args.name,
+            work_queue=args.work_queue,
+            job_variables=job_variables,
+            cron=args.cron,
+            interval_s=args.interval,
+        )
     except Exception as error:  # noqa: BLE001 - the API's answer, reported in one line
-        print(f"rankflow deploy: could not register the deployment with the Prefect API at {api_url}: "
-              f"{type(error).__name__}: {error}. Is the server up (`rankflow server`) and PREFECT_API_URL right?",
-              file=sys.stderr)
+        print(
+            f"rankflow deploy: could not register the deployment with the Prefect API at {api_url}: "
+            f"{type(error).__name__}: {error}. Is the server up (`rankflow server`) and PREFECT_API_URL right?",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     _print_next_steps(config, deployed.as_dict())
     print(json.dumps(deployed.as_dict()))
@@ -87,8 +102,10 @@ def parse_job_variables(pairs: list[str]) -> dict:
 def _check_names(args: argparse.Namespace) -> None:
     for flag, value in (("--pool", args.pool), ("--name", args.name), ("--work-queue", args.work_queue)):
         if value is not None and not _NAME.fullmatch(value):
-            raise ConfigError(f"{flag} {value!r}: use letters, digits, '.', '_' and '-' (at most 100), "
-                              f"starting with a letter or digit, e.g. {flag} nightly-sft")
+            raise ConfigError(
+                f"{flag} {value!r}: use letters, digits, '.', '_' and '-' (at most 100), "
+                f"starting with a letter or digit, e.g. {flag} nightly-sft"
+            )
 
 
 def _check_schedule(cron: str | None, interval_s: float | None) -> None:
@@ -106,18 +123,24 @@ def _require_api_url() -> str:
 
     api_url = get_current_settings().api.url
     if not api_url:
-        raise ConfigError("PREFECT_API_URL is not set, so there is no Prefect server to deploy to; set it to the server's API, e.g. "
-                          "export PREFECT_API_URL=http://127.0.0.1:4200/api (`rankflow server` prints it). Without it "
-                          "the deployment would go to a temporary API that disappears when this command exits")
+        raise ConfigError(
+            "PREFECT_API_URL is not set, so there is no Prefect server to deploy to; set it to the server's API, e.g. "
+            "export PREFECT_API_URL=http://127.0.0.1:4200/api (`rankflow server` prints it). Without it "
+            "the deployment would go to a temporary API that disappears when this command exits"
+        )
     return api_url
 
 
 def _print_next_steps(config: RunConfig, deployed: dict) -> None:
-    print(f"Deployment {deployed['deployment']} ({deployed['deployment_id']}) on work pool "
-          f"{deployed['work_pool']} ({deployed['work_pool_type']}).")
-    print(f"Its runs read the inputs at {config.data.path} (and the model and tokenizer paths of the config), use "
-          f"the work dir {config.run.work_dir} and publish to {config.storage.url}, on the worker's machine: those "
-          "paths must exist there (override with --set run.work_dir=...).")
+    print(
+        f"Deployment {deployed['deployment']} ({deployed['deployment_id']}) on work pool "
+        f"{deployed['work_pool']} ({deployed['work_pool_type']})."
+    )
+    print(
+        f"Its runs read the inputs at {config.data.path} (and the model and tokenizer paths of the config), use "
+        f"the work dir {config.run.work_dir} and publish to {config.storage.url}, on the worker's machine: those "
+        "paths must exist there (override with --set run.work_dir=...)."
+    )
     print("Start a worker (a machine with rankflow installed, PREFECT_API_URL and the store's AWS_* variables set):")
     print(f"  {deployed['worker_command']}")
     print(f"Start a run now: {deployed['run_command']}")

@@ -74,12 +74,16 @@ def cmd_s3_serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .ui import DEFAULT_LOG
 
-    parser = argparse.ArgumentParser(prog="rankflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="rankflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     def with_config(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("config", help="TOML run configuration")
-        sub.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. train.steps=10")
+        sub.add_argument(
+            "--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. train.steps=10"
+        )
 
     run = commands.add_parser("run", help="run the whole pipeline")
     with_config(run)

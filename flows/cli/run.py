@@ -29,8 +29,15 @@ def _load(args: argparse.Namespace) -> RunConfig:
 
 def _summary(result: dict | None, wall_s: float, error: BaseException | None) -> dict:
     if result is None:
-        return {"run_id": None, "status": "failed", "checkpoint_url": None, "steps": 0, "losses": [],
-                "wall_s": round(wall_s, 3), "error": f"{type(error).__name__}: {error}"}
+        return {
+            "run_id": None,
+            "status": "failed",
+            "checkpoint_url": None,
+            "steps": 0,
+            "losses": [],
+            "wall_s": round(wall_s, 3),
+            "error": f"{type(error).__name__}: {error}",
+        }
     # Launches and training time count this invocation's own segments only (see flows/run_record.py).
     summary = {**result, "wall_s": round(wall_s, 3)}
     # Time outside torchrun launches and training: Prefect, planning, commits.
@@ -52,8 +59,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     unavailable = _storage_preflight(config)
     if unavailable is not None:
         print(f"rankflow: run failed: {unavailable}", file=sys.stderr)
-        print(json.dumps({**_summary(None, time.perf_counter() - started, unavailable), "failed_stage": "storage-check",
-                          "failure_cause": "storage_outage", "failed_rank": None}))
+        print(
+            json.dumps(
+                {
+                    **_summary(None, time.perf_counter() - started, unavailable),
+                    "failed_stage": "storage-check",
+                    "failure_cause": "storage_outage",
+                    "failed_rank": None,
+                }
+            )
+        )
         return EXIT_FAILED
     checked.store_cache()
     from infra.runs.run_lease import RunAlreadyActive
@@ -76,13 +91,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunAlreadyActive as busy:  # the flow run ended as Cancelled, having done nothing
         drain_prefect()
         print(f"rankflow: {busy}", file=sys.stderr)
-        print(json.dumps({"run_id": busy.run_id, "status": "already_running", "checkpoint_url": None, "steps": 0,
-                          "losses": [], "wall_s": round(time.perf_counter() - started, 3), "error": str(busy)}))
+        print(
+            json.dumps(
+                {
+                    "run_id": busy.run_id,
+                    "status": "already_running",
+                    "checkpoint_url": None,
+                    "steps": 0,
+                    "losses": [],
+                    "wall_s": round(time.perf_counter() - started, 3),
+                    "error": str(busy),
+                }
+            )
+        )
         return EXIT_ALREADY_RUNNING
     except RunFailed as failure:  # its message is the failed attempt's headline and where its traceback is
         error, result, message = failure, failure.summary, f"rankflow: run failed: {failure}"
     except Exception as failure:  # noqa: BLE001 - reported in the summary line
-        error, message = failure, f"rankflow: run failed: {type(failure).__name__}: {(str(failure).splitlines() or [''])[0]}"
+        error, message = (
+            failure,
+            f"rankflow: run failed: {type(failure).__name__}: {(str(failure).splitlines() or [''])[0]}",
+        )
     drain_prefect()  # the UI gets every log line and event before the result line (see flows/finish.py)
     if message is not None:
         print(message, file=sys.stderr)

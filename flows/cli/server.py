@@ -38,13 +38,21 @@ _STARTUP_TIMEOUT_S = 180.0  # the first start migrates an empty database: about 
 def add_server_parser(commands: argparse._SubParsersAction) -> None:
     server = commands.add_parser("server", help="start a Prefect server on PostgreSQL, for deployments and workers")
     server.add_argument("--port", type=int, default=4200)
-    server.add_argument("--host", default=LOOPBACK, help="address to bind (default 127.0.0.1; 0.0.0.0 lets "
-                                                          "workers on other machines connect)")
+    server.add_argument(
+        "--host",
+        default=LOOPBACK,
+        help="address to bind (default 127.0.0.1; 0.0.0.0 lets workers on other machines connect)",
+    )
     database = server.add_mutually_exclusive_group()
-    database.add_argument("--db", default=None, help="PostgreSQL URL, e.g. postgresql://user:pass@db:5432/prefect "
-                                                     "(default: PREFECT_API_DATABASE_CONNECTION_URL, else --pg-dir)")
-    database.add_argument("--pg-dir", default=None, help="start a local PostgreSQL cluster in this directory "
-                                                         "(default .rankflow/postgres)")
+    database.add_argument(
+        "--db",
+        default=None,
+        help="PostgreSQL URL, e.g. postgresql://user:pass@db:5432/prefect "
+        "(default: PREFECT_API_DATABASE_CONNECTION_URL, else --pg-dir)",
+    )
+    database.add_argument(
+        "--pg-dir", default=None, help="start a local PostgreSQL cluster in this directory (default .rankflow/postgres)"
+    )
     server.add_argument("--log", default=".rankflow/prefect-server.log", help="the server's log file")
     server.set_defaults(handler=cmd_server)
 
@@ -57,16 +65,23 @@ def cmd_server(args: argparse.Namespace) -> int:
     db_url = args.db or _database_url_from_env()
     if db_url is not None:
         db_url = asyncpg_url(db_url)
-    return run_server(port=args.port, host=args.host, db_url=db_url,
-                      pg_dir=Path(args.pg_dir or ".rankflow/postgres"), log_path=Path(args.log))
+    return run_server(
+        port=args.port,
+        host=args.host,
+        db_url=db_url,
+        pg_dir=Path(args.pg_dir or ".rankflow/postgres"),
+        log_path=Path(args.log),
+    )
 
 
 def asyncpg_url(url: str) -> str:
     """`url` with Prefect's async PostgreSQL driver; ConfigError for anything but PostgreSQL."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in _POSTGRES_SCHEMES:
-        raise ConfigError(f"--db {redact_url(url)}: not a PostgreSQL URL; write postgresql://USER:PASSWORD@HOST:PORT/DB "
-                          "(for SQLite on one machine use `rankflow ui`)")
+        raise ConfigError(
+            f"--db {redact_url(url)}: not a PostgreSQL URL; write postgresql://USER:PASSWORD@HOST:PORT/DB "
+            "(for SQLite on one machine use `rankflow ui`)"
+        )
     return f"{_ASYNC_DRIVER}://{rest}"
 
 
@@ -83,7 +98,9 @@ def redact_url(url: str) -> str:
 
 
 def _database_url_from_env() -> str | None:
-    url = os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL") or os.environ.get("PREFECT_SERVER_DATABASE_CONNECTION_URL")
+    url = os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL") or os.environ.get(
+        "PREFECT_SERVER_DATABASE_CONNECTION_URL"
+    )
     return url if url and url.split("://", 1)[0] in _POSTGRES_SCHEMES else None
 
 
@@ -95,7 +112,9 @@ def run_server(*, port: int, host: str, db_url: str | None, pg_dir: Path, log_pa
     # A signal during start-up is honoured once the start-up returns: stopping
     # half-started services from a handler would race the code starting them.
     stop_requested = threading.Event()
-    previous = {signum: signal.signal(signum, lambda *_: stop_requested.set()) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        signum: signal.signal(signum, lambda *_: stop_requested.set()) for signum in (signal.SIGINT, signal.SIGTERM)
+    }
     cluster = server = None
     try:
         if db_url is None:
@@ -107,8 +126,9 @@ def run_server(*, port: int, host: str, db_url: str | None, pg_dir: Path, log_pa
             db_url = cluster.url()
             print(f"PostgreSQL {cluster.redacted_url()} (pid {cluster.pid}; data and log in {cluster.root})")
         try:
-            server = start_prefect_server(db_url, log_path=log_path, port=port, host=host,
-                                          startup_timeout_s=_STARTUP_TIMEOUT_S)
+            server = start_prefect_server(
+                db_url, log_path=log_path, port=port, host=host, startup_timeout_s=_STARTUP_TIMEOUT_S
+            )
         except RuntimeError as error:
             print(f"rankflow server: {error}", file=sys.stderr)
             return EXIT_FAILED
@@ -116,8 +136,7 @@ def run_server(*, port: int, host: str, db_url: str | None, pg_dir: Path, log_pa
         while not stop_requested.wait(timeout=0.5):
             for name, process in (("the Prefect server", server), ("PostgreSQL", cluster)):
                 if process is not None and not process.is_running():
-                    print(f"rankflow server: {name} exited on its own; see {process.log_path}",
-                          file=sys.stderr)
+                    print(f"rankflow server: {name} exited on its own; see {process.log_path}", file=sys.stderr)
                     return EXIT_FAILED
         print("Stopping ...", flush=True)
         return EXIT_OK

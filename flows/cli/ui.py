@@ -48,8 +48,12 @@ def start_server(port: int, log_path: Path, command: Sequence[str] | None = None
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:  # the child keeps its own descriptor
         process = subprocess.Popen(
-            list(command or server_command(port)), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=server_env(port), start_new_session=True,
+            list(command or server_command(port)),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=server_env(port),
+            start_new_session=True,
         )
     return process, f"http://127.0.0.1:{port}/api"
 
@@ -72,8 +76,11 @@ def run_ui(port: int = 4200, startup_timeout_s: float = 90.0, log_path: Path = P
     process, api_url = start_server(port, log_path)
     if not wait_healthy(api_url, startup_timeout_s, process):
         stop_server(process)
-        print(f"rankflow ui: the Prefect server did not start on port {port}; is the port taken? "
-              f"Try --port. Its log ({log_path}) ends with:\n{_log_tail(log_path)}", file=sys.stderr)
+        print(
+            f"rankflow ui: the Prefect server did not start on port {port}; is the port taken? "
+            f"Try --port. Its log ({log_path}) ends with:\n{_log_tail(log_path)}",
+            file=sys.stderr,
+        )
         return 1
     print(f"Prefect UI: http://127.0.0.1:{port}")
     print(f"Server log: {log_path}")

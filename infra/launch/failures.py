@@ -63,8 +63,13 @@ class FailureClass(str, Enum):
 
     @property
     def retriable(self) -> bool:
-        return self not in (FailureClass.BAD_INPUT, FailureClass.CODE_ERROR, FailureClass.OUT_OF_MEMORY,
-                            FailureClass.NO_SPACE, FailureClass.LEASE_LOST)
+        return self not in (
+            FailureClass.BAD_INPUT,
+            FailureClass.CODE_ERROR,
+            FailureClass.OUT_OF_MEMORY,
+            FailureClass.NO_SPACE,
+            FailureClass.LEASE_LOST,
+        )
 
     @property
     def fix(self) -> str:
@@ -72,30 +77,71 @@ class FailureClass(str, Enum):
         if self is FailureClass.LEASE_LOST:
             return "nothing to do: the run's new holder (another run of this run id) resumes the work"
         if self is FailureClass.NO_SPACE:
-            return ("free space on that disk (or point run.work_dir at a larger one), then run the same command again: "
-                    "finished segments are kept")
+            return (
+                "free space on that disk (or point run.work_dir at a larger one), then run the same command again: "
+                "finished segments are kept"
+            )
         if not self.retriable:
             return "fix the cause, then run the same config again"
         return "run the same command again to resume from the last saved state"
 
 
-_BAD_INPUT_TYPES = {"ValueError", "DataError", "ConfigError", "UnicodeDecodeError", "JSONDecodeError",
-                    "NoCredentialsError", "PartialCredentialsError"}
+_BAD_INPUT_TYPES = {
+    "ValueError",
+    "DataError",
+    "ConfigError",
+    "UnicodeDecodeError",
+    "JSONDecodeError",
+    "NoCredentialsError",
+    "PartialCredentialsError",
+}
 _CODE_ERROR_TYPES = {
-    "TypeError", "AttributeError", "NameError", "UnboundLocalError", "ImportError", "ModuleNotFoundError",
-    "AssertionError", "KeyError", "IndexError", "ZeroDivisionError", "NotImplementedError", "SyntaxError",
-    "RecursionError", "FileNotFoundError", "IsADirectoryError", "NotADirectoryError",
+    "TypeError",
+    "AttributeError",
+    "NameError",
+    "UnboundLocalError",
+    "ImportError",
+    "ModuleNotFoundError",
+    "AssertionError",
+    "KeyError",
+    "IndexError",
+    "ZeroDivisionError",
+    "NotImplementedError",
+    "SyntaxError",
+    "RecursionError",
+    "FileNotFoundError",
+    "IsADirectoryError",
+    "NotADirectoryError",
 }
 _OOM_TYPES = {"MemoryError", "OutOfMemoryError"}
 # infra/store/lease.py and infra/runs/run_lease.py: RuntimeErrors, but no bug.
 _LEASE_LOST_TYPES = {"RunLeaseLost"}
 _FINALIZER_LOST_TYPES = {"LeaseLostError"}
-_STORAGE_TYPES = {"ConnectionError", "ConnectionRefusedError", "ConnectionResetError", "TimeoutError",
-                  "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "OSError", "PermissionError"}
+_STORAGE_TYPES = {
+    "ConnectionError",
+    "ConnectionRefusedError",
+    "ConnectionResetError",
+    "TimeoutError",
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "OSError",
+    "PermissionError",
+}
 _COLLECTIVE_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError", "GradientTransactionError"}
 # What gloo, NCCL and the c10d store say when a peer is gone or silent.
-_LOST_PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out",
-                      "timeout", "socket", "nccl", "gloo", "peer", "connection refused")
+_LOST_PEER_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "socket",
+    "nccl",
+    "gloo",
+    "peer",
+    "connection refused",
+)
 _PREEMPTION_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 # How a full disk reads in a rank's error record (os.strerror of ENOSPC and EDQUOT, with or without "[Errno N]").
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -257,12 +303,21 @@ def diagnose_launch(result, stage: str | None = None) -> Failure:
     recorded = {r["rank"] for r in result.error_records}
     signalled = {r: c for r, c in result.rank_exits.items() if c < 0 and r not in recorded}
     records = [(r, classify_error(r["type"], r["message"])) for r in result.error_records]
-    timeouts = [r for r, c in records if c is FailureClass.COLLECTIVE_TIMEOUT
-                and ("timed out" in r["message"].lower() or "timeout" in r["message"].lower())]
-    if timeouts:  # a peer went silent (a hang, a stop): name it; torchrun then ended it, with SIGTERM or, past its grace, SIGKILL
+    timeouts = [
+        r
+        for r, c in records
+        if c is FailureClass.COLLECTIVE_TIMEOUT
+        and ("timed out" in r["message"].lower() or "timeout" in r["message"].lower())
+    ]
+    if (
+        timeouts
+    ):  # a peer went silent (a hang, a stop): name it; torchrun then ended it, with SIGTERM or, past its grace, SIGKILL
         silent = min(signalled) if signalled else timeouts[0]["rank"]
-        return failure(FailureClass.COLLECTIVE_TIMEOUT, silent,
-                       f"rank {timeouts[0]['rank']}'s collective timed out waiting for its peers ({_record_detail(timeouts[0])})")
+        return failure(
+            FailureClass.COLLECTIVE_TIMEOUT,
+            silent,
+            f"rank {timeouts[0]['rank']}'s collective timed out waiting for its peers ({_record_detail(timeouts[0])})",
+        )
     # torchrun ends the surviving ranks with SIGTERM, so a SIGTERM is only the cause when nothing else is.
     hard = {r: c for r, c in signalled.items() if -c not in _PREEMPTION_SIGNALS}
     if hard:

@@ -76,23 +76,39 @@ class LaunchResult:
     """Where each rank's full log is, when the caller asked to keep them."""
 
 
-def torchrun_command(module: str, args: list[str], nproc_per_node: int, log_dir: Path,
-                     node: NodeRendezvous | None = None) -> list[str]:
+def torchrun_command(
+    module: str, args: list[str], nproc_per_node: int, log_dir: Path, node: NodeRendezvous | None = None
+) -> list[str]:
     """torchrun for one node: the whole launch (`node` None), or node `node.node_rank` of a multi-node one.
 
     torchrun and each rank run through `trainer_core.run.process_boot` (by its
     path: the script torchrun runs on every rank), armed to die with their
     parent before they import anything that takes time.
     """
-    rendezvous = node.torchrun_args() if node is not None else [
-        "--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex}",
-        "--local-addr=127.0.0.1"]
+    rendezvous = (
+        node.torchrun_args()
+        if node is not None
+        else [
+            "--nnodes=1",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=127.0.0.1:0",
+            f"--rdzv-id={uuid.uuid4().hex}",
+            "--local-addr=127.0.0.1",
+        ]
+    )
     return [
-        sys.executable, str(BOOT_SCRIPT), "infra.launch.loopback_torchrun",
-        f"--nproc-per-node={nproc_per_node}", *rendezvous,
-        "--max-restarts=0", "--monitor-interval=0.5",
-        f"--log-dir={log_dir}", "--redirects=3",
-        str(BOOT_SCRIPT), module, *args,
+        sys.executable,
+        str(BOOT_SCRIPT),
+        "infra.launch.loopback_torchrun",
+        f"--nproc-per-node={nproc_per_node}",
+        *rendezvous,
+        "--max-restarts=0",
+        "--monitor-interval=0.5",
+        f"--log-dir={log_dir}",
+        "--redirects=3",
+        str(BOOT_SCRIPT),
+        module,
+        *args,
     ]
 
 
@@ -119,8 +135,9 @@ def _read_error_records(directory: Path) -> tuple[dict, ...]:
     return tuple(sorted(records, key=lambda r: r["time"]))
 
 
-def _child_env(env: dict[str, str] | None, nproc_per_node: int, errors_dir: Path,
-               node: NodeRendezvous | None = None) -> dict[str, str]:
+def _child_env(
+    env: dict[str, str] | None, nproc_per_node: int, errors_dir: Path, node: NodeRendezvous | None = None
+) -> dict[str, str]:
     child_env = {**os.environ, **(env or {})}
     child_env.setdefault("OMP_NUM_THREADS", _threads_per_rank(nproc_per_node))
     if node is None or node.is_loopback:
@@ -185,7 +202,8 @@ class _LaunchOutput:
         """Start the two readers: torchrun's pipe, and every rank's files (polled)."""
         self._readers = [
             threading.Thread(target=self._pump_torchrun, args=(process,), name=f"torchrun-log-{module}", daemon=True),
-            threading.Thread(target=self._pump_ranks, name=f"rank-logs-{module}", daemon=True)]
+            threading.Thread(target=self._pump_ranks, name=f"rank-logs-{module}", daemon=True),
+        ]
         for reader in self._readers:
             reader.start()
 
@@ -204,29 +222,48 @@ class _LaunchOutput:
         """The launch's result; a temporary log directory is removed once it is read."""
         rank_logs = self.rank_logs
         result = LaunchResult(
-            process.returncode, wall_s, ending.timed_out, tuple(self.tail), tuple(self.rank_errors),
-            stalled=ending.stalled, rank_tails={r: rank_logs.last_lines(r) for r in sorted(rank_logs.tails)},
-            rank_exits=parse_rank_exits(self.torchrun_lines), error_records=_read_error_records(self.directory),
-            stopped_ranks=ending.stopped_ranks, log_dir=str(self.directory) if self.keep else None,
+            process.returncode,
+            wall_s,
+            ending.timed_out,
+            tuple(self.tail),
+            tuple(self.rank_errors),
+            stalled=ending.stalled,
+            rank_tails={r: rank_logs.last_lines(r) for r in sorted(rank_logs.tails)},
+            rank_exits=parse_rank_exits(self.torchrun_lines),
+            error_records=_read_error_records(self.directory),
+            stopped_ranks=ending.stopped_ranks,
+            log_dir=str(self.directory) if self.keep else None,
         )
         if not self.keep:
             shutil.rmtree(self.directory, ignore_errors=True)
         return result
 
 
-def _start_torchrun(module: str, args: list[str], nproc_per_node: int, log_dir: Path, env: dict[str, str] | None,
-                    node: NodeRendezvous | None) -> subprocess.Popen:
+def _start_torchrun(
+    module: str,
+    args: list[str],
+    nproc_per_node: int,
+    log_dir: Path,
+    env: dict[str, str] | None,
+    node: NodeRendezvous | None,
+) -> subprocess.Popen:
     # The thread that starts torchrun is the one that waits for it: PR_SET_PDEATHSIG
     # follows the thread that forked, so it must outlive the launch.
     return subprocess.Popen(
         torchrun_command(module, args, nproc_per_node, log_dir, node),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        text=True, errors="replace", env=_child_env(env, nproc_per_node, log_dir, node), start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        env=_child_env(env, nproc_per_node, log_dir, node),
+        start_new_session=True,
     )
 
 
-def _watch(process: subprocess.Popen, timeout_s: float, monitor: Callable[[], str | None] | None,
-           poll_s: float) -> _Ending:
+def _watch(
+    process: subprocess.Popen, timeout_s: float, monitor: Callable[[], str | None] | None, poll_s: float
+) -> _Ending:
     """Wait for torchrun, asking `monitor` every `poll_s`; past the timeout or on a stall, end the launch."""
     timed_out, stalled = False, None
     deadline = time.monotonic() + timeout_s
@@ -284,7 +321,9 @@ def _end_launch(process: subprocess.Popen) -> tuple[int, ...]:
     ranks = rank_pids(process.pid)
     stopped = tuple(sorted(r for r, pid in ranks.items() if is_stopped(pid)))
     # Only ranks that installed the stack dump (a rank still importing would die of SIGUSR1).
-    signal_pids([pid for r, pid in ranks.items() if r not in stopped and handles_signal(pid, signal.SIGUSR1)], signal.SIGUSR1)
+    signal_pids(
+        [pid for r, pid in ranks.items() if r not in stopped and handles_signal(pid, signal.SIGUSR1)], signal.SIGUSR1
+    )
     time.sleep(STACK_DUMP_WAIT_S)
     kill_launch(process)
     return stopped
@@ -299,8 +338,10 @@ def launch_or_raise(module: str, args: list[str], *, stage: str = "launch", **kw
         return result
     failure = diagnose_launch(result, stage)
     if result.timed_out:
-        message = (f"{module} ran past its {kwargs.get('timeout_s')} s limit and was killed; "
-                   "raise the stage's timeout or look at the last lines:\n")
+        message = (
+            f"{module} ran past its {kwargs.get('timeout_s')} s limit and was killed; "
+            "raise the stage's timeout or look at the last lines:\n"
+        )
     elif result.stalled:
         message = f"{module} was killed by the stall watchdog: {result.stalled}\n"
     else:

@@ -45,13 +45,31 @@ def bind_stores_to_loopback(host: str = "127.0.0.1") -> None:
     wildcard_store = dist.TCPStore  # pyright: ignore[reportPrivateImportUsage]
 
     class LoopbackTCPStore(wildcard_store):  # type: ignore[misc, valid-type]
-        def __init__(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
-                     timeout: timedelta = timedelta(seconds=300), wait_for_workers: bool = True,
-                     multi_tenant: bool = False, master_listen_fd: int | None = None, use_libuv: bool = True) -> None:
+        def __init__(
+            self,
+            host_name: str,
+            port: int,
+            world_size: int | None = None,
+            is_master: bool = False,
+            timeout: timedelta = timedelta(seconds=300),
+            wait_for_workers: bool = True,
+            multi_tenant: bool = False,
+            master_listen_fd: int | None = None,
+            use_libuv: bool = True,
+        ) -> None:
             if is_master and master_listen_fd is None:
                 master_listen_fd, port = _loopback_listener(port, host)
-            super().__init__(host_name, port, world_size, is_master, timeout, wait_for_workers,
-                             multi_tenant, master_listen_fd, use_libuv)
+            super().__init__(
+                host_name,
+                port,
+                world_size,
+                is_master,
+                timeout,
+                wait_for_workers,
+                multi_tenant,
+                master_listen_fd,
+                use_libuv,
+            )
 
     # Replaced before torch.distributed.run imports the rendezvous modules, which
     # take `TCPStore` from torch.distributed by name.

@@ -31,13 +31,16 @@ def port_is_free(port: int, host: str = LOOPBACK) -> bool:
     return True
 
 
-def pick_free_port(rng: random.Random | None = None, port_range: tuple[int, int] = _DEFAULT_PORT_RANGE,
-                   host: str = LOOPBACK) -> int:
+def pick_free_port(
+    rng: random.Random | None = None, port_range: tuple[int, int] = _DEFAULT_PORT_RANGE, host: str = LOOPBACK
+) -> int:
     """A random port in `[low, high)` that is free on `host` right now."""
     rng = rng or random.SystemRandom()
     for _ in range(_NUM_PORT_DRAWS):
         port = rng.randrange(*port_range)
         if port_is_free(port, host):
             return port
-    raise RuntimeError(f"no free TCP port in {port_range[0]}-{port_range[1]} on {host} after {_NUM_PORT_DRAWS} "
-                       "draws; stop other local servers (`ss -ltn` lists them) and retry")
+    raise RuntimeError(
+        f"no free TCP port in {port_range[0]}-{port_range[1]} on {host} after {_NUM_PORT_DRAWS} "
+        "draws; stop other local servers (`ss -ltn` lists them) and retry"
+    )

@@ -56,9 +56,13 @@ class NodeRendezvous:
         return self.host in LOOPBACK_HOSTS
 
     def torchrun_args(self) -> list[str]:
-        args = [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.rdzv_id}",
-                f"--rdzv-conf=is_host={int(self.node_rank == 0)},join_timeout={int(self.join_timeout_s)}"]
+        args = [
+            f"--nnodes={self.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.endpoint}",
+            f"--rdzv-id={self.rdzv_id}",
+            f"--rdzv-conf=is_host={int(self.node_rank == 0)},join_timeout={int(self.join_timeout_s)}",
+        ]
         if self.is_loopback:
             args.append("--local-addr=127.0.0.1")
         return args

@@ -71,9 +71,16 @@ class CheckpointReport:
 
     def to_dict(self) -> dict:
         provenance = self.manifest.provenance if self.manifest else {}
-        return {"checkpoint": self.name, "step": self.step, "verified": self.verified, "problems": list(self.problems),
-                "num_files": self.num_files, "num_bytes": self.num_bytes, "format": provenance.get("format"),
-                "provenance": {k: v for k, v in provenance.items() if k != "format"}}
+        return {
+            "checkpoint": self.name,
+            "step": self.step,
+            "verified": self.verified,
+            "problems": list(self.problems),
+            "num_files": self.num_files,
+            "num_bytes": self.num_bytes,
+            "format": provenance.get("format"),
+            "provenance": {k: v for k, v in provenance.items() if k != "format"},
+        }
 
 
 @dataclass(frozen=True)
@@ -117,8 +124,9 @@ def _hash_object(store: ObjectStore, path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def verify_checkpoint(store: ObjectStore, run_id: str, name: str, *, full: bool = False,
-                      confirm: bool = False) -> CheckpointReport:
+def verify_checkpoint(
+    store: ObjectStore, run_id: str, name: str, *, full: bool = False, confirm: bool = False
+) -> CheckpointReport:
     """Check one checkpoint: quick, `confirm` (hash what the store's own digests do not confirm) or `full`."""
     step = step_of(name)
     if step is None:
@@ -129,7 +137,9 @@ def verify_checkpoint(store: ObjectStore, run_id: str, name: str, *, full: bool 
         except ManifestError as error:
             return CheckpointReport(name, step, False, (f"manifest refused: {error}",))
         if manifest is None:
-            return CheckpointReport(name, step, False, ("no manifest: not committed (or an orphan of a crashed commit)",))
+            return CheckpointReport(
+                name, step, False, ("no manifest: not committed (or an orphan of a crashed commit)",)
+            )
         base = _base(store, run_id, name)
         problems = []
         found = remote_objects(store, base, list(manifest.files), deadline=None)
@@ -137,7 +147,11 @@ def verify_checkpoint(store: ObjectStore, run_id: str, name: str, *, full: bool 
             there = found.get(entry.path)
             problem = object_problem(there, entry)
             # A local store hashed the file already (`there.hashed`): that is the full check.
-            if problem is None and there is not None and ((full and not there.hashed) or (confirm and not confirmed(there, entry))):
+            if (
+                problem is None
+                and there is not None
+                and ((full and not there.hashed) or (confirm and not confirmed(there, entry)))
+            ):
                 size, digest = _hash_object(store, f"{base}/{entry.path}")
                 if (size, digest) != (entry.size, entry.sha256):
                     problem = f"sha256 {digest} does not match the manifest's {entry.sha256}"
@@ -188,9 +202,15 @@ def resolve_latest(store: ObjectStore, run_id: str, *, full: bool = False) -> La
         message = None if newest is None else f"LATEST is missing; using the newest verified checkpoint {newest}"
     else:
         message = f"LATEST is not usable ({problem}); " + (
-            f"falling back to the newest verified checkpoint {newest}" if newest else "no checkpoint verifies")
-    return LatestResolution(newest, pointer.checkpoint if pointer else None, fell_back=newest is not None and
-                            message is not None, message=message, reports=reports)
+            f"falling back to the newest verified checkpoint {newest}" if newest else "no checkpoint verifies"
+        )
+    return LatestResolution(
+        newest,
+        pointer.checkpoint if pointer else None,
+        fell_back=newest is not None and message is not None,
+        message=message,
+        reports=reports,
+    )
 
 
 def latest_checkpoint(store: ObjectStore, run_id: str) -> str | None:
@@ -207,7 +227,9 @@ def download_checkpoint(store: ObjectStore, run_id: str, name: str, dest: Path) 
     with storage_errors(store, f"download of {name} of run {run_id}"):
         manifest = read_manifest(store, run_id, name)
         if manifest is None:
-            raise FileNotFoundError(f"checkpoint {name} of run {run_id} has no manifest at {store.url}; it is not committed")
+            raise FileNotFoundError(
+                f"checkpoint {name} of run {run_id} has no manifest at {store.url}; it is not committed"
+            )
         base = _base(store, run_id, name)
         dest = Path(dest)
         if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
@@ -234,12 +256,16 @@ def download_checkpoint(store: ObjectStore, run_id: str, name: str, dest: Path) 
     return dest
 
 
-def pull_checkpoint(store: ObjectStore, run_id: str, dest: Path, step: int | None = None) -> tuple[str, Path, str | None]:
+def pull_checkpoint(
+    store: ObjectStore, run_id: str, dest: Path, step: int | None = None
+) -> tuple[str, Path, str | None]:
     """Download checkpoint `step` (default: the newest verified); returns (name, path, note)."""
     if step is not None:
         return checkpoint_name(step), download_checkpoint(store, run_id, checkpoint_name(step), dest), None
     resolution = resolve_latest(store, run_id)
     if resolution.checkpoint is None:
-        raise FileNotFoundError(f"run {run_id} has no checkpoint that verifies at {store.url}"
-                                + (f" ({resolution.message})" if resolution.message else ""))
+        raise FileNotFoundError(
+            f"run {run_id} has no checkpoint that verifies at {store.url}"
+            + (f" ({resolution.message})" if resolution.message else "")
+        )
     return resolution.checkpoint, download_checkpoint(store, run_id, resolution.checkpoint, dest), resolution.message

@@ -59,9 +59,21 @@ from infra.store.objects import (
 )
 
 __all__ = [
-    "CheckpointDoesNotVerify", "CommitOutcome", "CleanupOutcome", "EXPORT_AGAIN", "LATEST_FILE", "MANIFEST_FILE",
-    "PublishSettings", "StagedFileChanged", "StagingMissing", "abort_publication", "checkpoint_name",
-    "cleanup_staging", "commit_checkpoint", "read_latest", "read_staged_manifest",
+    "CheckpointDoesNotVerify",
+    "CommitOutcome",
+    "CleanupOutcome",
+    "EXPORT_AGAIN",
+    "LATEST_FILE",
+    "MANIFEST_FILE",
+    "PublishSettings",
+    "StagedFileChanged",
+    "StagingMissing",
+    "abort_publication",
+    "checkpoint_name",
+    "cleanup_staging",
+    "commit_checkpoint",
+    "read_latest",
+    "read_staged_manifest",
 ]
 
 Observer = Callable[[str], None]
@@ -143,12 +155,15 @@ def remote_dir(store: ObjectStore, run_id: str, step: int) -> str:
 
 # -- the staging ------------------------------------------------------------
 
+
 def read_staged_manifest(staged_dir: Path, run_id: str | None = None) -> tuple[CheckpointManifest, bytes]:
     """The staged manifest, checked: safe paths, and every file a regular file inside the staging with its size."""
     path = staged_dir / MANIFEST_FILE
     if not path.is_file():
-        raise StagingMissing(f"{staged_dir} has no {MANIFEST_FILE} (its export did not finish, or the staging was "
-                             "deleted); the step is exported again")
+        raise StagingMissing(
+            f"{staged_dir} has no {MANIFEST_FILE} (its export did not finish, or the staging was "
+            "deleted); the step is exported again"
+        )
     data = path.read_bytes()
     manifest = parse_manifest(data, str(path), run_id=run_id)
     root = staged_dir.resolve()
@@ -157,8 +172,10 @@ def read_staged_manifest(staged_dir: Path, run_id: str | None = None) -> tuple[C
         if file.is_symlink() or root not in file.resolve().parents:
             raise ManifestError(f"{path}: {entry.path} is a link or leaves the staging; refusing to upload it")
         if not file.is_file() or file.stat().st_size != entry.size:
-            raise StagedFileChanged(f"staged file {file} does not match its manifest entry (missing or another size); "
-                                    "the export is re-done, not uploaded")
+            raise StagedFileChanged(
+                f"staged file {file} does not match its manifest entry (missing or another size); "
+                "the export is re-done, not uploaded"
+            )
     return manifest, data
 
 
@@ -178,17 +195,27 @@ def open_journal(staged_dir: Path, store: ObjectStore, run_id: str, step: int | 
         step = _step_of_staging(staged_dir, run_id, store)
     journal = Journal.for_staging(staged_dir, store, run_id, step)
     staged_manifest = staged_dir / MANIFEST_FILE
-    if journal.from_mirror and journal.record is not None and staged_manifest.is_file() and \
-            journal.record.manifest_sha256 != \
-            hashlib.sha256(staged_manifest.read_bytes()).hexdigest():
+    if (
+        journal.from_mirror
+        and journal.record is not None
+        and staged_manifest.is_file()
+        and journal.record.manifest_sha256 != hashlib.sha256(staged_manifest.read_bytes()).hexdigest()
+    ):
         journal.forget()  # the mirror is another publication of this step; this staging is a new one
     return journal
 
 
 # -- commit -----------------------------------------------------------------
 
-def commit_checkpoint(staged_dir: Path, store: ObjectStore, run_id: str, *,
-                      settings: PublishSettings | None = None, observer: Observer | None = None) -> CommitOutcome:
+
+def commit_checkpoint(
+    staged_dir: Path,
+    store: ObjectStore,
+    run_id: str,
+    *,
+    settings: PublishSettings | None = None,
+    observer: Observer | None = None,
+) -> CommitOutcome:
     """Commit the checkpoint staged at `staged_dir`; see the module docstring."""
     settings = settings or PublishSettings()
     with storage_errors(store, f"commit of {staged_dir.name} for run {run_id}"):
@@ -207,30 +234,46 @@ def _already_committed(journal: Journal, store: ObjectStore, run_id: str, starte
         )
     latest = read_latest(store, run_id)
     return CommitOutcome(
-        checkpoint_url=store.url_of(checkpoint_key(run_id, checkpoint_name(step))), step=step,
-        num_files_uploaded=0, num_files_skipped=record.num_files, bytes_uploaded=0,
-        bytes_skipped=record.num_bytes, latest_moved=False, latest_step=latest["step"] if latest else None,
-        already_committed=True, wall_s=time.perf_counter() - started,
+        checkpoint_url=store.url_of(checkpoint_key(run_id, checkpoint_name(step))),
+        step=step,
+        num_files_uploaded=0,
+        num_files_skipped=record.num_files,
+        bytes_uploaded=0,
+        bytes_skipped=record.num_bytes,
+        latest_moved=False,
+        latest_step=latest["step"] if latest else None,
+        already_committed=True,
+        wall_s=time.perf_counter() - started,
     )
 
 
-def _commit(staged_dir: Path, store: ObjectStore, run_id: str, settings: PublishSettings,
-            observer: Observer | None) -> CommitOutcome:
+def _commit(
+    staged_dir: Path, store: ObjectStore, run_id: str, settings: PublishSettings, observer: Observer | None
+) -> CommitOutcome:
     started = time.perf_counter()
     journal = open_journal(staged_dir, store, run_id)
     if journal.has_outcome:
         return _already_committed(journal, store, run_id, started)  # a retry with an outcome: nothing to redo
     _refuse_unfinished(journal)
     manifest, manifest_bytes = _staged_manifest_of(journal, staged_dir, run_id)
-    target = _Target(store, run_id, manifest, manifest_bytes,
-                     Deadline(settings.timeout_s, f"commit of {checkpoint_name(manifest.step)} for run {run_id}", store))
+    target = _Target(
+        store,
+        run_id,
+        manifest,
+        manifest_bytes,
+        Deadline(settings.timeout_s, f"commit of {checkpoint_name(manifest.step)} for run {run_id}", store),
+    )
     with finalizer(store, run_id, settings.finalizer, step=journal.step) as lease:
         _notify(observer, "lease")
         held = lease.record
         assert held is not None  # the finalizer lease is held
-        journal.transition(S.COMMITTING, note=f"finalizer {lease.owner} gen {held.generation}",
-                           manifest_sha256=target.manifest_sha256, num_files=len(manifest.files),
-                           num_bytes=manifest.num_bytes)
+        journal.transition(
+            S.COMMITTING,
+            note=f"finalizer {lease.owner} gen {held.generation}",
+            manifest_sha256=target.manifest_sha256,
+            num_files=len(manifest.files),
+            num_bytes=manifest.num_bytes,
+        )
         # One listing finds what is there; only objects of the right size need a HEAD for their digest.
         listing = list_files(store, target.base)
         published = _hide_another_commit(target, listing, lease)
@@ -274,22 +317,32 @@ class _Target:
     def outcome(self, todo: list, move, stale: list[str], started: float) -> CommitOutcome:
         manifest = self.manifest
         return CommitOutcome(
-            checkpoint_url=self.store.url_of(checkpoint_key(self.run_id, self.name)), step=self.step,
-            num_files_uploaded=len(todo), num_files_skipped=len(manifest.files) - len(todo),
-            bytes_uploaded=sum(e.size for e in todo), bytes_skipped=manifest.num_bytes - sum(e.size for e in todo),
-            latest_moved=move.moved, latest_step=move.step, stale_objects_removed=len(stale), notes=tuple(self.notes),
-            uploaded=tuple(e.path for e in todo), wall_s=time.perf_counter() - started,
+            checkpoint_url=self.store.url_of(checkpoint_key(self.run_id, self.name)),
+            step=self.step,
+            num_files_uploaded=len(todo),
+            num_files_skipped=len(manifest.files) - len(todo),
+            bytes_uploaded=sum(e.size for e in todo),
+            bytes_skipped=manifest.num_bytes - sum(e.size for e in todo),
+            latest_moved=move.moved,
+            latest_step=move.step,
+            stale_objects_removed=len(stale),
+            notes=tuple(self.notes),
+            uploaded=tuple(e.path for e in todo),
+            wall_s=time.perf_counter() - started,
         )
 
 
 def _refuse_unfinished(journal: Journal) -> None:
     """An aborted publication never finishes; one still PREPARING has no finished export to commit."""
     if journal.state is S.ABORTED and journal.record is not None:  # a state is its record's
-        raise TransitionError(f"publication {journal.name} was ABORTED ({journal.record.error}); it cannot be "
-                              "committed — an aborted publication never finishes: export the step again to publish it")
+        raise TransitionError(
+            f"publication {journal.name} was ABORTED ({journal.record.error}); it cannot be "
+            "committed — an aborted publication never finishes: export the step again to publish it"
+        )
     if journal.state is S.PREPARING:
-        raise TransitionError(f"publication {journal.name} is PREPARING; its export did not finish — rerun the "
-                              "export stage, then commit")
+        raise TransitionError(
+            f"publication {journal.name} is PREPARING; its export did not finish — rerun the export stage, then commit"
+        )
 
 
 def _staged_manifest_of(journal: Journal, staged_dir: Path, run_id: str) -> tuple[CheckpointManifest, bytes]:
@@ -301,12 +354,19 @@ def _staged_manifest_of(journal: Journal, staged_dir: Path, run_id: str) -> tupl
             journal.transition(S.PREPARING, note=f"staging changed: {error}", mirror_required=False)
         raise
     if manifest.step != journal.step:
-        raise ManifestError(f"{staged_dir}: staged manifest of step {manifest.step} under the journal of "
-                            f"step {journal.step}; export the step again")
+        raise ManifestError(
+            f"{staged_dir}: staged manifest of step {manifest.step} under the journal of "
+            f"step {journal.step}; export the step again"
+        )
     if journal.state is None:  # staged outside the export stage: this commit opens the journal
-        journal.transition(S.PREPARED, note="staging found without a journal",
-                           manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
-                           num_files=len(manifest.files), num_bytes=manifest.num_bytes, mirror=False)
+        journal.transition(
+            S.PREPARED,
+            note="staging found without a journal",
+            manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
+            num_files=len(manifest.files),
+            num_bytes=manifest.num_bytes,
+            mirror=False,
+        )
     return manifest, manifest_bytes
 
 
@@ -330,8 +390,15 @@ def _objects_to_upload(target: _Target, listing: dict[str, int]) -> list:
     return [entry for entry in files if not matches(present.get(entry.path), entry)]
 
 
-def _upload(target: _Target, staged_dir: Path, todo: list, journal: Journal, lease, settings: PublishSettings,
-            observer: Observer | None) -> None:
+def _upload(
+    target: _Target,
+    staged_dir: Path,
+    todo: list,
+    journal: Journal,
+    lease,
+    settings: PublishSettings,
+    observer: Observer | None,
+) -> None:
     def on_uploaded(entry) -> None:
         lease.check()  # fencing, between data files: a run whose lease was taken over records nothing more
         journal.record_upload(entry.path, entry.size, entry.sha256)
@@ -379,17 +446,23 @@ def _read_bytes(store: ObjectStore, path: str) -> bytes | None:
 
 # -- cleanup ------------------------------------------------------------------
 
+
 def _local_leftovers(staged_dir: Path) -> list[Path]:
-    return [staged_dir, staged_dir.with_name(staged_dir.name + ".tmp"),
-            staged_dir.with_name(staged_dir.name + ".result.json")]
+    return [
+        staged_dir,
+        staged_dir.with_name(staged_dir.name + ".tmp"),
+        staged_dir.with_name(staged_dir.name + ".result.json"),
+    ]
 
 
 def _check_not_overlapping(staged_dir: Path, store: ObjectStore) -> None:
     """Refuse to delete a staging that contains the store, or lies inside it (defence in depth)."""
     if store.overlaps(staged_dir):  # only a local store can: its root is then a directory
         staging, root = staged_dir.resolve(), Path(store.root).resolve()
-        raise ValueError(f"the staging {staging} and the local store {root} overlap; refusing to delete it — "
-                         "point storage.url and run.work_dir at separate directories")
+        raise ValueError(
+            f"the staging {staging} and the local store {root} overlap; refusing to delete it — "
+            "point storage.url and run.work_dir at separate directories"
+        )
 
 
 def remove_local_staging(staged_dir: Path, store: ObjectStore) -> int:
@@ -406,16 +479,23 @@ def remove_local_staging(staged_dir: Path, store: ObjectStore) -> int:
     return removed
 
 
-def cleanup_staging(staged_dir: Path, store: ObjectStore, run_id: str, *,
-                    settings: PublishSettings | None = None, observer: Observer | None = None) -> CleanupOutcome:
+def cleanup_staging(
+    staged_dir: Path,
+    store: ObjectStore,
+    run_id: str,
+    *,
+    settings: PublishSettings | None = None,
+    observer: Observer | None = None,
+) -> CleanupOutcome:
     """Clean up after a committed (or aborted) publication; never touches a committed checkpoint."""
     settings = settings or PublishSettings()
     with storage_errors(store, f"cleanup of {staged_dir.name} for run {run_id}"):
         return _cleanup(staged_dir, store, run_id, settings, observer)
 
 
-def _cleanup(staged_dir: Path, store: ObjectStore, run_id: str, settings: PublishSettings,
-             observer: Observer | None) -> CleanupOutcome:
+def _cleanup(
+    staged_dir: Path, store: ObjectStore, run_id: str, settings: PublishSettings, observer: Observer | None
+) -> CleanupOutcome:
     if not journal_path_for(staged_dir, store).is_file() and not (staged_dir / MANIFEST_FILE).is_file():
         return CleanupOutcome(step=None, state="nothing staged")
     journal = open_journal(staged_dir, store, run_id)
@@ -423,8 +503,9 @@ def _cleanup(staged_dir: Path, store: ObjectStore, run_id: str, settings: Publis
     if state is S.CLEANED:
         return CleanupOutcome(step=journal.step, state=state.value)  # a retried cleanup that already finished
     if state is S.ABORTED:
-        return CleanupOutcome(step=journal.step, state=state.value,
-                              removed_bytes=remove_local_staging(staged_dir, store))
+        return CleanupOutcome(
+            step=journal.step, state=state.value, removed_bytes=remove_local_staging(staged_dir, store)
+        )
     if state not in HAS_OUTCOME:
         raise TransitionError(
             f"publication {journal.name} is {state.value if state else 'not journaled'}: it is not committed, so "
@@ -452,13 +533,22 @@ def _cleanup(staged_dir: Path, store: ObjectStore, run_id: str, settings: Publis
             remove_files(store, base, stale)
         _notify(observer, "store-cleaned")
         lease.check()  # fencing: no outcome is recorded by a run whose lease was taken over
-        journal.transition(S.CLEANED, note=f"removed {removed} staged bytes, aborted {aborted} uploads, "
-                                            f"removed {len(temporaries)} temporaries")
-    return CleanupOutcome(step=journal.step, state=S.CLEANED.value, removed_bytes=removed, aborted_uploads=aborted,
-                          stale_objects_removed=len(stale), temporaries_removed=len(temporaries))
+        journal.transition(
+            S.CLEANED,
+            note=f"removed {removed} staged bytes, aborted {aborted} uploads, removed {len(temporaries)} temporaries",
+        )
+    return CleanupOutcome(
+        step=journal.step,
+        state=S.CLEANED.value,
+        removed_bytes=removed,
+        aborted_uploads=aborted,
+        stale_objects_removed=len(stale),
+        temporaries_removed=len(temporaries),
+    )
 
 
 # -- abort --------------------------------------------------------------------
+
 
 def abort_publication(staged_dir: Path, store: ObjectStore, run_id: str, step: int, reason: str) -> Journal:
     """End a publication that will not be committed; removes its temporary files (not a verified staging)."""
@@ -466,8 +556,10 @@ def abort_publication(staged_dir: Path, store: ObjectStore, run_id: str, step: i
     if journal.state is S.COMMITTING:
         published = _read_bytes(store, f"{remote_dir(store, run_id, step)}/{MANIFEST_FILE}")
         if published is not None and published == (staged_dir / MANIFEST_FILE).read_bytes():
-            raise TransitionError(f"publication {journal.name} is already visible in the store (its manifest is "
-                                  "there); it cannot be aborted — rerun the commit to finish it")
+            raise TransitionError(
+                f"publication {journal.name} is already visible in the store (its manifest is "
+                "there); it cannot be aborted — rerun the commit to finish it"
+            )
     journal.transition(S.ABORTED, note=reason, error=reason, mirror_required=False)
     for leftover in _local_leftovers(staged_dir)[1:]:
         if leftover.is_dir():

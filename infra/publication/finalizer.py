@@ -126,8 +126,9 @@ def earlier_waiters(store: ObjectStore, run_id: str, step: int, fresh_s: float) 
 
 
 @contextmanager
-def finalizer(store: ObjectStore, run_id: str, settings: FinalizerSettings, *, step: int | None = None,
-              purpose: str | None = None) -> Iterator[HeldFinalizer]:
+def finalizer(
+    store: ObjectStore, run_id: str, settings: FinalizerSettings, *, step: int | None = None, purpose: str | None = None
+) -> Iterator[HeldFinalizer]:
     """Hold the run's finalizer lease (heartbeat running), fenced by the writer's run lease if given.
 
     For the publication of `step`, in step order (FIFO); without a step
@@ -164,8 +165,11 @@ def finalizer(store: ObjectStore, run_id: str, settings: FinalizerSettings, *, s
         if step is not None and (last_touch is None or time.monotonic() - last_touch > settings.ttl_s / 3):
             fence_run()  # a run that lost its lease while it waited does not queue on
             with storage_errors(store, f"finalizer queue of run {run_id}"):
-                put_small(store, _queue_path(store, run_id, step),
-                          QueueEntry(waiting_at=time.time(), owner=lease.owner).to_bytes())
+                put_small(
+                    store,
+                    _queue_path(store, run_id, step),
+                    QueueEntry(waiting_at=time.time(), owner=lease.owner).to_bytes(),
+                )
             last_touch = time.monotonic()
         time.sleep(settings.poll_s)
     try:

@@ -72,19 +72,27 @@ class TransitionError(RuntimeError):
 
 def _why(current: PublicationState | None, target: PublicationState, name: str, error: str | None) -> str:
     if current is S.ABORTED:
-        return (f"publication {name} was ABORTED ({error or 'no reason recorded'}); it cannot become {target.value} — "
-                "an aborted publication never finishes: export the step again to publish it")
+        return (
+            f"publication {name} was ABORTED ({error or 'no reason recorded'}); it cannot become {target.value} — "
+            "an aborted publication never finishes: export the step again to publish it"
+        )
     if current is not None and current in HAS_OUTCOME and target is S.ABORTED:
-        return (f"publication {name} is {current.value}; it cannot be aborted — a committed checkpoint is never "
-                "rolled back (remove it with `rankflow checkpoints` tooling if you really must)")
+        return (
+            f"publication {name} is {current.value}; it cannot be aborted — a committed checkpoint is never "
+            "rolled back (remove it with `rankflow checkpoints` tooling if you really must)"
+        )
     if current is not None and current in TERMINAL:
         return f"publication {name} is {current.value}, a final state; it cannot become {target.value}"
     if current is not None and current in HAS_OUTCOME:
-        return (f"publication {name} is already {current.value}; it cannot become {target.value} — its outcome "
-                "is recorded, only cleanup is left")
+        return (
+            f"publication {name} is already {current.value}; it cannot become {target.value} — its outcome "
+            "is recorded, only cleanup is left"
+        )
     shown = current.value if current else "not started"
-    return f"publication {name} is {shown}; it cannot become {target.value} (allowed: " \
-           f"{', '.join(sorted(s.value for s in ALLOWED[current])) or 'none'})"
+    return (
+        f"publication {name} is {shown}; it cannot become {target.value} (allowed: "
+        f"{', '.join(sorted(s.value for s in ALLOWED[current])) or 'none'})"
+    )
 
 
 # Stored as its name ("COMMITTED"); read from that name (strict mode would want the enum object itself).
@@ -138,8 +146,14 @@ class JournalRecord(BaseModel):
     @classmethod
     def new(cls, run_id: str, step: int, state: PublicationState, fingerprint: str | None = None) -> JournalRecord:
         """A new publication's record (a fresh publication id)."""
-        return cls(run_id=run_id, step=step, publication_id=secrets.token_hex(8), state=state,
-                   fingerprint=fingerprint, format=JOURNAL_FORMAT)
+        return cls(
+            run_id=run_id,
+            step=step,
+            publication_id=secrets.token_hex(8),
+            state=state,
+            fingerprint=fingerprint,
+            format=JOURNAL_FORMAT,
+        )
 
     def to_bytes(self) -> bytes:
         # The bytes of every journal written before this model (sorted keys, indented).
@@ -232,8 +246,9 @@ class Journal:
 
     # -- transitions -------------------------------------------------------
 
-    def begin(self, fingerprint: str | None = None, note: str = "export started", *,
-              outcome_lost: str | None = None) -> None:
+    def begin(
+        self, fingerprint: str | None = None, note: str = "export started", *, outcome_lost: str | None = None
+    ) -> None:
         """Start (or restart) preparing: a new publication after an abort, after a finished one of other bytes,
         or after a finished one whose checkpoint no longer verifies in the store (`outcome_lost`: why).
 
@@ -242,7 +257,11 @@ class Journal:
         `has_outcome` first.
         """
         current = self.state
-        replaced = current in HAS_OUTCOME and self.record is not None and (self.record.fingerprint != fingerprint or outcome_lost is not None)
+        replaced = (
+            current in HAS_OUTCOME
+            and self.record is not None
+            and (self.record.fingerprint != fingerprint or outcome_lost is not None)
+        )
         if current is None or current is S.ABORTED or replaced:
             previous = self.record.publication_id if self.record else None
             why = f", whose checkpoint {outcome_lost}" if outcome_lost and current in HAS_OUTCOME else ""
@@ -253,8 +272,9 @@ class Journal:
             return
         self.transition(S.PREPARING, note=note, fingerprint=fingerprint)
 
-    def transition(self, target: PublicationState, *, note: str = "", mirror_required: bool = True,
-                   mirror: bool = True, **fields) -> None:
+    def transition(
+        self, target: PublicationState, *, note: str = "", mirror_required: bool = True, mirror: bool = True, **fields
+    ) -> None:
         """Move to `target` if the state machine allows it; persist locally (durably), then mirror.
 
         `mirror=False` skips the store (a state the next transition supersedes at once)."""
@@ -282,8 +302,9 @@ class Journal:
         assert self.record is not None  # a transition made or loaded it
         now = time.time()
         self.record.updated_at = now
-        self.record.history.append(JournalEvent(state=state, time=now, host=socket.gethostname(), pid=os.getpid(),
-                                                note=note))
+        self.record.history.append(
+            JournalEvent(state=state, time=now, host=socket.gethostname(), pid=os.getpid(), note=note)
+        )
 
     def _write_local(self, data: bytes) -> None:
         write_durable(self.path, data)

@@ -125,8 +125,7 @@ class LatestMove:
     """What was wrong with the LATEST that was replaced, if anything."""
 
 
-def advance_latest(store: ObjectStore, run_id: str, step: int,
-                   on_read: Callable[[], None] | None = None) -> LatestMove:
+def advance_latest(store: ObjectStore, run_id: str, step: int, on_read: Callable[[], None] | None = None) -> LatestMove:
     """Point LATEST at `step` unless it already points at a committed checkpoint at or past it.
 
     `on_read` runs between reading and writing (tests pause there to race two committers).
@@ -155,6 +154,8 @@ def advance_latest(store: ObjectStore, run_id: str, step: int,
         if won:
             return LatestMove(moved=True, step=target, note=note)
         # Another committer wrote LATEST between our read and our write: decide again.
-    raise RuntimeError(f"LATEST of run {run_id} changed {_MAX_RACES} times while step {step} tried to move it; "
-                       "more committers are racing than the finalizer lease should allow — check for a second "
-                       "writer without a lease, then retry")
+    raise RuntimeError(
+        f"LATEST of run {run_id} changed {_MAX_RACES} times while step {step} tried to move it; "
+        "more committers are racing than the finalizer lease should allow — check for a second "
+        "writer without a lease, then retry"
+    )

@@ -39,10 +39,32 @@ from trainer_core.run.manifest import (
 )
 
 __all__ = [
-    "CHECKPOINTS_DIR", "FORMAT_V1", "FORMAT_V2", "LATEST_FILE", "MANIFEST_FILE", "MANIFEST_PROBLEMS",
-    "PUBLICATIONS_DIR", "QUEUE_DIR", "SUPPORTED_FORMATS", "CheckpointManifest", "FileEntry", "FileList",
-    "ManifestError", "Sha256", "checkpoint_key", "checkpoint_name", "checkpoints_dir_key", "decode", "journal_key",
-    "latest_key", "parse_manifest", "publications_dir_key", "queue_dir_key", "queue_key", "refusal", "step_of",
+    "CHECKPOINTS_DIR",
+    "FORMAT_V1",
+    "FORMAT_V2",
+    "LATEST_FILE",
+    "MANIFEST_FILE",
+    "MANIFEST_PROBLEMS",
+    "PUBLICATIONS_DIR",
+    "QUEUE_DIR",
+    "SUPPORTED_FORMATS",
+    "CheckpointManifest",
+    "FileEntry",
+    "FileList",
+    "ManifestError",
+    "Sha256",
+    "checkpoint_key",
+    "checkpoint_name",
+    "checkpoints_dir_key",
+    "decode",
+    "journal_key",
+    "latest_key",
+    "parse_manifest",
+    "publications_dir_key",
+    "queue_dir_key",
+    "queue_key",
+    "refusal",
+    "step_of",
 ]
 
 LATEST_FILE = "LATEST"

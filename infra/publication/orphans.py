@@ -53,16 +53,19 @@ class GarbageReport:
         return asdict(self)
 
 
-def collect_garbage(store: ObjectStore, run_id: str, *, dry_run: bool = False,
-                    settings: FinalizerSettings | None = None) -> GarbageReport:
+def collect_garbage(
+    store: ObjectStore, run_id: str, *, dry_run: bool = False, settings: FinalizerSettings | None = None
+) -> GarbageReport:
     """Remove the run's orphans (see the module docstring); `dry_run` only reports them."""
     settings = settings or FinalizerSettings(wait_s=60.0)
     report = GarbageReport(run_id=run_id, dry_run=dry_run)
     escaped = outside_store(store, store.path(run_id))
     if escaped is not None:
-        raise BadInputError(f"{store.path(run_id)} is a symbolic link to {escaped}, outside the store {store.root}: "
-                            f"gc never follows a link out of a store; give --store the store that holds run {run_id} "
-                            "itself, or remove the link")
+        raise BadInputError(
+            f"{store.path(run_id)} is a symbolic link to {escaped}, outside the store {store.root}: "
+            f"gc never follows a link out of a store; give --store the store that holds run {run_id} "
+            "itself, or remove the link"
+        )
     with storage_errors(store, f"garbage collection of run {run_id}"):
         with finalizer(store, run_id, settings, purpose=f"garbage collection of run {run_id}"):
             for name in checkpoint_names(store, run_id):
@@ -82,8 +85,10 @@ def collect_garbage(store: ObjectStore, run_id: str, *, dry_run: bool = False,
                     if manifest is None:  # nothing of it is left: its directory must not be listed as a checkpoint
                         remove_empty_directories(store, base, orphans)
             run_root = store.path(run_id)
-            report.kept += [f"{run_root}/{path}: a symbolic link (to {target}); gc never follows or removes links"
-                            for path, target in sorted(list_links(store, run_root).items())]
+            report.kept += [
+                f"{run_root}/{path}: a symbolic link (to {target}); gc never follows or removes links"
+                for path, target in sorted(list_links(store, run_root).items())
+            ]
             temporaries = sorted(path for path in list_files(store, run_root) if TEMP_MARKER in path.rsplit("/", 1)[-1])
             report.removed += [f"{run_root}/{path}" for path in temporaries]
             if not dry_run:

@@ -48,8 +48,10 @@ def describe_holder(holder: LeaseRecord | None, now: float | None = None) -> str
     age_s = max(0.0, now - holder.renewed_at)
     left_s = holder.expires_at - now
     expiry = f"expires in {left_s:.0f} s" if left_s > 0 else f"expired {-left_s:.0f} s ago"
-    return (f"{holder.owner} (host {holder.host or '?'}, pid {holder.pid or '?'}), last heartbeat {age_s:.0f} s ago, "
-            f"lease {expiry} (ttl {holder.ttl_s:g} s, generation {holder.generation})")
+    return (
+        f"{holder.owner} (host {holder.host or '?'}, pid {holder.pid or '?'}), last heartbeat {age_s:.0f} s ago, "
+        f"lease {expiry} (ttl {holder.ttl_s:g} s, generation {holder.generation})"
+    )
 
 
 class RunAlreadyActive(RuntimeError):
@@ -80,8 +82,15 @@ def already_active(run_id: str, holder: LeaseRecord | None, waited_s: float, pat
     )
 
 
-def acquire_run_lease(store: ObjectStore, run_id: str, *, ttl_s: float, wait_s: float, owner: str | None = None,
-                      on_wait: Callable[[str], None] | None = None) -> Lease:
+def acquire_run_lease(
+    store: ObjectStore,
+    run_id: str,
+    *,
+    ttl_s: float,
+    wait_s: float,
+    owner: str | None = None,
+    on_wait: Callable[[str], None] | None = None,
+) -> Lease:
     """Take the run lease (waiting up to `wait_s`) and start its heartbeat; raises RunAlreadyActive.
 
     `on_wait` hears one line when the lease is held and this run starts waiting for it.
@@ -96,8 +105,10 @@ def acquire_run_lease(store: ObjectStore, run_id: str, *, ttl_s: float, wait_s: 
                 if wait_s <= 0:
                     raise
                 if on_wait is not None:
-                    on_wait(f"run {run_id} is already running, held by {describe_holder(held.holder)}; "
-                            f"waiting up to {wait_s:g} s (run.lease_wait_s) for its run lease")
+                    on_wait(
+                        f"run {run_id} is already running, held by {describe_holder(held.holder)}; "
+                        f"waiting up to {wait_s:g} s (run.lease_wait_s) for its run lease"
+                    )
                 lease.acquire(wait_s=wait_s)
     except LeaseHeldError as held:
         raise already_active(run_id, held.holder, time.monotonic() - started, held.path) from None

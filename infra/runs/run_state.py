@@ -112,9 +112,18 @@ def parse_bundle_manifest(data: bytes, where: str, run_id: str, bundle: str) -> 
         found = raw if isinstance(raw, dict) else {}
         other = _stored_as(found.get("run_id"), found.get("bundle"), run_id, bundle)
         not_a_bundle = f"not a {STATE_FORMAT} manifest (a newer rankflow wrote it? upgrade to read it)"
-        raise refusal(error, raw, where, {**MANIFEST_PROBLEMS, "": lambda _: not_a_bundle,
-                                          "format": lambda _: not_a_bundle, "run_id": lambda _: other,
-                                          "bundle": lambda _: other}) from None
+        raise refusal(
+            error,
+            raw,
+            where,
+            {
+                **MANIFEST_PROBLEMS,
+                "": lambda _: not_a_bundle,
+                "format": lambda _: not_a_bundle,
+                "run_id": lambda _: other,
+                "bundle": lambda _: other,
+            },
+        ) from None
 
 
 def read_bundle_manifest(store: ObjectStore, run_id: str, bundle: str) -> BundleManifest | None:
@@ -151,8 +160,16 @@ def _entries(run_dir: Path, paths: Iterable[str]) -> list[FileEntry]:
     return entries
 
 
-def publish_bundle(store: ObjectStore, run_id: str, run_dir: Path, bundle: str, paths: Iterable[str], *,
-                   settings: StateSettings | None = None, observer: Observer | None = None) -> dict:
+def publish_bundle(
+    store: ObjectStore,
+    run_id: str,
+    run_dir: Path,
+    bundle: str,
+    paths: Iterable[str],
+    *,
+    settings: StateSettings | None = None,
+    observer: Observer | None = None,
+) -> dict:
     """Upload the files `paths` (relative to `run_dir`) as `bundle`: data first, manifest last.
 
     Returns figures: files and bytes uploaded and skipped.
@@ -184,12 +201,18 @@ def publish_bundle(store: ObjectStore, run_id: str, run_dir: Path, bundle: str, 
         if published != manifest_bytes:
             put_small(store, manifest_path(store, run_id, bundle), manifest_bytes, deadline)
     uploaded = sum(e.size for e in todo)
-    return {"bundle": bundle, "num_files_uploaded": len(todo), "num_files_skipped": len(entries) - len(todo),
-            "bytes_uploaded": uploaded, "bytes_skipped": sum(e.size for e in entries) - uploaded}
+    return {
+        "bundle": bundle,
+        "num_files_uploaded": len(todo),
+        "num_files_skipped": len(entries) - len(todo),
+        "bytes_uploaded": uploaded,
+        "bytes_skipped": sum(e.size for e in entries) - uploaded,
+    }
 
 
-def fetch_bundle(store: ObjectStore, run_id: str, run_dir: Path, bundle: str, *,
-                 only: Callable[[str], bool] | None = None) -> dict:
+def fetch_bundle(
+    store: ObjectStore, run_id: str, run_dir: Path, bundle: str, *, only: Callable[[str], bool] | None = None
+) -> dict:
     """Make `run_dir` hold the bundle's files (those `only` selects), verified; returns figures.
 
     A local file that matches the manifest is kept; any other is replaced by a
@@ -200,7 +223,8 @@ def fetch_bundle(store: ObjectStore, run_id: str, run_dir: Path, bundle: str, *,
         raise FileNotFoundError(
             f"{_where(store, run_id, bundle)} is missing: the {bundle} state of run {run_id} was never (completely) "
             "stored, so it cannot be resumed from the store — rerun the stage that writes it (a partial upload is "
-            "never used)")
+            "never used)"
+        )
     kept = fetched = fetched_bytes = 0
     with storage_errors(store, f"download of the {bundle} state of run {run_id}"):
         for entry in manifest.files:

@@ -101,6 +101,15 @@ def list_runs(store: ObjectStore) -> list[RunSummary]:
                 continue
             latest, latest_step = _latest(store, run_id)
             last = _last_ledger_line(store, run_id) or {}
-            summaries.append(RunSummary(run_id, latest, latest_step, _num_checkpoints(store, run_id),
-                                        last.get("stage"), last.get("status"), last.get("time")))
+            summaries.append(
+                RunSummary(
+                    run_id,
+                    latest,
+                    latest_step,
+                    _num_checkpoints(store, run_id),
+                    last.get("stage"),
+                    last.get("status"),
+                    last.get("time"),
+                )
+            )
     return summaries

@@ -43,8 +43,9 @@ def process_is_running(pid: int, process: subprocess.Popen | None) -> bool:
     return True
 
 
-def stop_process_group(pid: int, process: subprocess.Popen | None, first_signal: signal.Signals,
-                       timeout_s: float, what: str) -> None:
+def stop_process_group(
+    pid: int, process: subprocess.Popen | None, first_signal: signal.Signals, timeout_s: float, what: str
+) -> None:
     """Send `first_signal` to the group led by `pid`, SIGKILL after `timeout_s`; idempotent.
 
     Checked first: once the leader is reaped its PID may be reused, and
@@ -59,8 +60,10 @@ def stop_process_group(pid: int, process: subprocess.Popen | None, first_signal:
             return
         if _wait_for_exit(pid, process, timeout_s):
             return
-    raise RuntimeError(f"{what} (pid {pid}) survived SIGKILL for {timeout_s}s; "
-                       f"check it with `ps -o pid,stat,cmd -g {pid}` (state D means stuck in I/O)")
+    raise RuntimeError(
+        f"{what} (pid {pid}) survived SIGKILL for {timeout_s}s; "
+        f"check it with `ps -o pid,stat,cmd -g {pid}` (state D means stuck in I/O)"
+    )
 
 
 def _wait_for_exit(pid: int, process: subprocess.Popen | None, timeout_s: float) -> bool:

@@ -98,8 +98,9 @@ class PostgresCluster:
     def __enter__(self) -> PostgresCluster:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.stop()
 
 
@@ -108,17 +109,22 @@ def find_postgres_bin() -> Path:
     on_path = shutil.which("initdb")
     if on_path is not None and shutil.which("postgres"):
         return Path(on_path).resolve().parent  # e.g. /usr/local/bin/initdb -> /usr/lib/postgresql/15/bin
-    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
-                      key=lambda path: int(path.parent.parent.name) if path.parent.parent.name.isdigit() else 0)
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+        key=lambda path: int(path.parent.parent.name) if path.parent.parent.name.isdigit() else 0,
+    )
     if versions:
         return versions[-1].parent
-    raise FileNotFoundError("PostgreSQL's initdb is neither on PATH nor under /usr/lib/postgresql/*/bin; "
-                            "install it (Debian: `apt-get install -y postgresql`), or point "
-                            "`rankflow server --db URL` at an existing PostgreSQL server")
+    raise FileNotFoundError(
+        "PostgreSQL's initdb is neither on PATH nor under /usr/lib/postgresql/*/bin; "
+        "install it (Debian: `apt-get install -y postgresql`), or point "
+        "`rankflow server --db URL` at an existing PostgreSQL server"
+    )
 
 
-def start_postgres(root: Path, *, database: str = "prefect", durable: bool = True,
-                   startup_timeout_s: float = 60.0) -> PostgresCluster:
+def start_postgres(
+    root: Path, *, database: str = "prefect", durable: bool = True, startup_timeout_s: float = 60.0
+) -> PostgresCluster:
     """Start (creating on first use) a cluster under `root` on a free loopback port and wait until it serves.
 
     `durable=False` turns off fsync and full-page writes: for throwaway test
@@ -137,8 +143,16 @@ def start_postgres(root: Path, *, database: str = "prefect", durable: bool = Tru
     for attempt in range(1, _NUM_LAUNCH_ATTEMPTS + 1):
         port = pick_free_port()
         process = _launch(bin_dir, root, port, durable, run_as)
-        cluster = PostgresCluster(host=LOOPBACK, port=port, user=_SUPERUSER, password=password, database=database,
-                                  root=root, pid=process.pid, _process=process)
+        cluster = PostgresCluster(
+            host=LOOPBACK,
+            port=port,
+            user=_SUPERUSER,
+            password=password,
+            database=database,
+            root=root,
+            pid=process.pid,
+            _process=process,
+        )
         try:
             last_error = _wait_until_ready(cluster, process, deadline)
         except BaseException:
@@ -150,8 +164,10 @@ def start_postgres(root: Path, *, database: str = "prefect", durable: bool = Tru
         cluster.stop()
         if exit_code is not None and attempt < _NUM_LAUNCH_ATTEMPTS and time.monotonic() < deadline:
             continue  # most likely a port taken between the probe and the bind
-        raise RuntimeError(f"PostgreSQL did not accept connections on {LOOPBACK}:{port} within {startup_timeout_s}s "
-                           f"({last_error}). Last lines of {cluster.log_path}:\n{log_tail(cluster.log_path)}")
+        raise RuntimeError(
+            f"PostgreSQL did not accept connections on {LOOPBACK}:{port} within {startup_timeout_s}s "
+            f"({last_error}). Last lines of {cluster.log_path}:\n{log_tail(cluster.log_path)}"
+        )
     raise AssertionError("unreachable: the last launch attempt always returns or raises")
 
 
@@ -161,8 +177,10 @@ def _unprivileged_user() -> pwd.struct_passwd:
             return pwd.getpwnam(name)
         except KeyError:
             continue
-    raise RuntimeError("running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as; "
-                       "create one (`useradd --system postgres`) or run rankflow as a non-root user")
+    raise RuntimeError(
+        "running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as; "
+        "create one (`useradd --system postgres`) or run rankflow as a non-root user"
+    )
 
 
 def _prepare_root(root: Path, run_as: pwd.struct_passwd | None) -> None:
@@ -172,7 +190,8 @@ def _prepare_root(root: Path, run_as: pwd.struct_passwd | None) -> None:
             raise BadInputError(
                 f"PostgreSQL directory {root}: its parent {blocked} cannot be entered by user {run_as.pw_name!r}, "
                 "which PostgreSQL runs as when rankflow runs as root; choose a directory under /var/lib or /srv "
-                f"(e.g. --pg-dir /var/lib/rankflow/postgres), or run rankflow as a non-root user")
+                f"(e.g. --pg-dir /var/lib/rankflow/postgres), or run rankflow as a non-root user"
+            )
     root.mkdir(parents=True, exist_ok=True)
     if run_as is not None:
         # The server writes its log and initdb its cluster here; pgdata itself is made by initdb as that user.
@@ -215,41 +234,74 @@ def _initdb_once(bin_dir: Path, root: Path, run_as: pwd.struct_passwd | None) ->
     data_dir = root / _DATA_DIR_NAME
     if (data_dir / "PG_VERSION").is_file():
         if not password_path.is_file():
-            raise BadInputError(f"PostgreSQL directory {root} holds a cluster but no `{_PASSWORD_FILE}` file; "
-                                "it was not made by rankflow: point --db at that server, or choose an empty --pg-dir")
+            raise BadInputError(
+                f"PostgreSQL directory {root} holds a cluster but no `{_PASSWORD_FILE}` file; "
+                "it was not made by rankflow: point --db at that server, or choose an empty --pg-dir"
+            )
         return password_path.read_text().strip()
     if data_dir.exists() and any(data_dir.iterdir()):
-        raise BadInputError(f"PostgreSQL directory {data_dir} is not empty but holds no cluster (no PG_VERSION); "
-                            "remove it or choose another --pg-dir")
+        raise BadInputError(
+            f"PostgreSQL directory {data_dir} is not empty but holds no cluster (no PG_VERSION); "
+            "remove it or choose another --pg-dir"
+        )
     password = secrets.token_hex(16)
     descriptor = os.open(password_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
         handle.write(password + "\n")
     if run_as is not None:
         os.chown(password_path, run_as.pw_uid, run_as.pw_gid)
-    command = [str(bin_dir / "initdb"), "-D", str(data_dir), f"--username={_SUPERUSER}", f"--pwfile={password_path}",
-               "--auth=scram-sha-256", "--encoding=UTF8", "--no-locale"]
+    command = [
+        str(bin_dir / "initdb"),
+        "-D",
+        str(data_dir),
+        f"--username={_SUPERUSER}",
+        f"--pwfile={password_path}",
+        "--auth=scram-sha-256",
+        "--encoding=UTF8",
+        "--no-locale",
+    ]
     with open(root / "initdb.log", "wb") as log:
-        result = subprocess.run(_as_user(command, run_as), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, env=_child_env(), cwd=root, check=False)
+        result = subprocess.run(
+            _as_user(command, run_as),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_child_env(),
+            cwd=root,
+            check=False,
+        )
     if result.returncode != 0:
-        raise RuntimeError(f"initdb failed with code {result.returncode}; see {root / 'initdb.log'}:\n"
-                           f"{log_tail(root / 'initdb.log')}")
+        raise RuntimeError(
+            f"initdb failed with code {result.returncode}; see {root / 'initdb.log'}:\n{log_tail(root / 'initdb.log')}"
+        )
     return password
 
 
-def _launch(bin_dir: Path, root: Path, port: int, durable: bool, run_as: pwd.struct_passwd | None) -> subprocess.Popen[bytes]:
-    settings = [f"listen_addresses={LOOPBACK}", f"port={port}",
-                # No Unix socket: its default directory (/var/run/postgresql) is not writable by an arbitrary user.
-                "unix_socket_directories=", *(() if durable else _NOT_DURABLE_SETTINGS)]
+def _launch(
+    bin_dir: Path, root: Path, port: int, durable: bool, run_as: pwd.struct_passwd | None
+) -> subprocess.Popen[bytes]:
+    settings = [
+        f"listen_addresses={LOOPBACK}",
+        f"port={port}",
+        # No Unix socket: its default directory (/var/run/postgresql) is not writable by an arbitrary user.
+        "unix_socket_directories=",
+        *(() if durable else _NOT_DURABLE_SETTINGS),
+    ]
     command = [str(bin_dir / "postgres"), "-D", str(root / _DATA_DIR_NAME)]
     for setting in settings:
         command += ["-c", setting]
     with open(root / _LOG_NAME, "ab") as log:
         # Own session: stop() signals the postmaster and its backends together, and a
         # terminal's Ctrl-C reaches only the caller, which then stops it in order.
-        return subprocess.Popen(_as_user(command, run_as), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, env=_child_env(), cwd=root, start_new_session=True)
+        return subprocess.Popen(
+            _as_user(command, run_as),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_child_env(),
+            cwd=root,
+            start_new_session=True,
+        )
 
 
 def _wait_until_ready(cluster: PostgresCluster, process: subprocess.Popen[bytes], deadline: float) -> str | None:
@@ -257,8 +309,14 @@ def _wait_until_ready(cluster: PostgresCluster, process: subprocess.Popen[bytes]
     import asyncpg
 
     async def attempt() -> None:
-        connection = await asyncpg.connect(host=cluster.host, port=cluster.port, user=cluster.user,
-                                           password=cluster.password, database="postgres", timeout=5)
+        connection = await asyncpg.connect(
+            host=cluster.host,
+            port=cluster.port,
+            user=cluster.user,
+            password=cluster.password,
+            database="postgres",
+            timeout=5,
+        )
         try:
             exists = await connection.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", cluster.database)
             if not exists:

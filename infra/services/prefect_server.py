@@ -57,12 +57,15 @@ class PrefectServer:
     def __enter__(self) -> PrefectServer:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.stop()
 
 
-def prefect_server_env(database_url: str, *, home: Path | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
+def prefect_server_env(
+    database_url: str, *, home: Path | None = None, base: dict[str, str] | None = None
+) -> dict[str, str]:
     """The environment of a server process on `database_url` (holds the password: never log it)."""
     env = dict(os.environ if base is None else base)
     env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
@@ -74,9 +77,16 @@ def prefect_server_env(database_url: str, *, home: Path | None = None, base: dic
     return env
 
 
-def start_prefect_server(database_url: str, *, log_path: Path, port: int | None = None, host: str = LOOPBACK,
-                         home: Path | None = None, extra_env: dict[str, str] | None = None,
-                         startup_timeout_s: float = 120.0) -> PrefectServer:
+def start_prefect_server(
+    database_url: str,
+    *,
+    log_path: Path,
+    port: int | None = None,
+    host: str = LOOPBACK,
+    home: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    startup_timeout_s: float = 120.0,
+) -> PrefectServer:
     """Start `prefect server start` on `database_url` and wait until its API is healthy.
 
     The first start on an empty database runs Prefect's migrations (tens of
@@ -90,11 +100,13 @@ def start_prefect_server(database_url: str, *, log_path: Path, port: int | None 
     env.update(extra_env or {})
     command = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)]
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     api_host = LOOPBACK if host in ("0.0.0.0", "") else host
-    server = PrefectServer(api_url=f"http://{api_host}:{port}/api", port=port, pid=process.pid, log_path=log_path,
-                           _process=process)
+    server = PrefectServer(
+        api_url=f"http://{api_host}:{port}/api", port=port, pid=process.pid, log_path=log_path, _process=process
+    )
     try:
         healthy = _wait_healthy(server, process, time.monotonic() + startup_timeout_s)
     except BaseException:
@@ -103,10 +115,15 @@ def start_prefect_server(database_url: str, *, log_path: Path, port: int | None 
     if not healthy:
         exit_code = process.poll()
         server.stop()
-        problem = (f"exited with code {exit_code}" if exit_code is not None
-                   else f"did not answer {server.api_url}/health within {startup_timeout_s}s")
-        raise RuntimeError(f"the Prefect server {problem}; is port {port} taken, or the database unreachable? "
-                           f"Last lines of {log_path}:\n{log_tail(log_path)}")
+        problem = (
+            f"exited with code {exit_code}"
+            if exit_code is not None
+            else f"did not answer {server.api_url}/health within {startup_timeout_s}s"
+        )
+        raise RuntimeError(
+            f"the Prefect server {problem}; is port {port} taken, or the database unreachable? "
+            f"Last lines of {log_path}:\n{log_tail(log_path)}"
+        )
     return server
 
 

@@ -46,19 +46,37 @@ def _write_private(path: Path, data: bytes) -> None:
 
 def _certificate(subject: x509.Name, issuer: x509.Name, public_key, signing_key, *, ca: bool) -> x509.Certificate:
     now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
-               .serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + _VALIDITY))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+    )
     if ca:
         builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True).add_extension(
-            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                          key_encipherment=False, data_encipherment=False, key_agreement=False,
-                          encipher_only=False, decipher_only=False), critical=True)
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
     else:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
-        ).add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                        critical=False)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        ).add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
     return builder.sign(signing_key, hashes.SHA256())
 
 
@@ -75,8 +93,10 @@ def write_tls_material(directory: Path) -> dict[str, Path]:
     paths = {"ca": directory / "ca.crt", "cert": directory / "weed.crt", "key": directory / "weed.key"}
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(paths["key"], key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                   serialization.NoEncryption()))
+    _write_private(
+        paths["key"],
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
     return paths
 
 
@@ -92,10 +112,19 @@ def security_toml(tls: dict[str, Path]) -> str:
     for role in _GRPC_ROLES:
         lines += [f"[grpc.{role}]", f"cert = {quoted(tls['cert'])}", f"key = {quoted(tls['key'])}"]
     for role in _HTTPS_ROLES:
-        lines += [f"[https.{role}]", f"cert = {quoted(tls['cert'])}", f"key = {quoted(tls['key'])}",
-                  f"ca = {quoted(tls['ca'])}"]
-    lines += ["[https.client]", "enabled = true", f"cert = {quoted(tls['cert'])}", f"key = {quoted(tls['key'])}",
-              f"ca = {quoted(tls['ca'])}"]
+        lines += [
+            f"[https.{role}]",
+            f"cert = {quoted(tls['cert'])}",
+            f"key = {quoted(tls['key'])}",
+            f"ca = {quoted(tls['ca'])}",
+        ]
+    lines += [
+        "[https.client]",
+        "enabled = true",
+        f"cert = {quoted(tls['cert'])}",
+        f"key = {quoted(tls['key'])}",
+        f"ca = {quoted(tls['ca'])}",
+    ]
     return "\n".join(lines) + "\n"
 
 

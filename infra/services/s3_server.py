@@ -219,9 +219,7 @@ def start_s3_server(data_dir: Path, *, startup_timeout_s: float = 60.0) -> S3Ser
             data_dir=data_dir,
             _process=process,
             internal_ports={role: port for role, port in ports.items() if role != "s3"},
-            _listen_ports=tuple(
-                sorted({*ports.values(), *(port + _GRPC_PORT_OFFSET for port in ports.values())})
-            ),
+            _listen_ports=tuple(sorted({*ports.values(), *(port + _GRPC_PORT_OFFSET for port in ports.values())})),
         )
         try:
             last_error = _wait_until_ready(server, process, deadline)
@@ -284,9 +282,7 @@ def serve_until_interrupted(
             if not server.is_running():
                 print_fn(f"weed (pid {server.pid}) exited on its own; see {server.log_path}")
                 return 1
-        print_fn(
-            f"Stopping the S3 server (pid {server.pid}); this takes up to {_SERVE_STOP_TIMEOUT_S:.0f} s ..."
-        )
+        print_fn(f"Stopping the S3 server (pid {server.pid}); this takes up to {_SERVE_STOP_TIMEOUT_S:.0f} s ...")
     finally:
         try:
             server.stop(timeout_s=_SERVE_STOP_TIMEOUT_S)
@@ -365,9 +361,7 @@ def _pick_free_ports(rng: random.Random) -> dict[str, int]:
     )
 
 
-def _weed_command(
-    weed_binary: Path, data_dir: Path, identities_path: Path, ports: dict[str, int]
-) -> list[str]:
+def _weed_command(weed_binary: Path, data_dir: Path, identities_path: Path, ports: dict[str, int]) -> list[str]:
     return [
         str(weed_binary),
         # Global options go before the subcommand. -logdir moves glog's

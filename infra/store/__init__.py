@@ -66,6 +66,19 @@ def open_store(storage: str | StorageSettings, timeouts: StoreTimeouts | None = 
 
 
 __all__ = [
-    "BACKENDS", "Deadline", "LocalStore", "MemoryStore", "ObjectInfo", "ObjectStore", "PutMode", "S3Store",
-    "StorageSettings", "StorageTimeoutError", "StoreLocation", "StoreTimeouts", "Upload", "Versioned", "open_store",
+    "BACKENDS",
+    "Deadline",
+    "LocalStore",
+    "MemoryStore",
+    "ObjectInfo",
+    "ObjectStore",
+    "PutMode",
+    "S3Store",
+    "StorageSettings",
+    "StorageTimeoutError",
+    "StoreLocation",
+    "StoreTimeouts",
+    "Upload",
+    "Versioned",
+    "open_store",
 ]

@@ -158,8 +158,15 @@ class ObjectStore(Protocol):
         """The object's bytes and tag, or None when it does not exist."""
         ...
 
-    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite", tag: str | None = None,
-            deadline: "Deadline | None" = None) -> str | None:
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        mode: PutMode = "overwrite",
+        tag: str | None = None,
+        deadline: "Deadline | None" = None,
+    ) -> str | None:
         """Write a small object whole and atomically, with its sha256 recorded; the new tag.
 
         `create` writes only when nothing is at `key`, `if_match` only when the
@@ -191,8 +198,14 @@ class ObjectStore(Protocol):
         """The object's bytes as a stream read in blocks (no cache)."""
         ...
 
-    def upload(self, uploads: Sequence[Upload], *, on_uploaded: Callable[[Upload], None], concurrency: int = 8,
-               deadline: "Deadline | None" = None) -> None:
+    def upload(
+        self,
+        uploads: Sequence[Upload],
+        *,
+        on_uploaded: Callable[[Upload], None],
+        concurrency: int = 8,
+        deadline: "Deadline | None" = None,
+    ) -> None:
         """Upload files concurrently, verified: bytes not matching their Upload raise StagedFileChanged."""
         ...
 
@@ -250,8 +263,13 @@ class StoreLocation:
             found = self.fs.ls(base, detail=True)
         except FileNotFoundError:
             return []
-        return sorted({entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in found
-                       if entry["name"].rstrip("/") != base and (not dirs_only or entry.get("type") == "directory")})
+        return sorted(
+            {
+                entry["name"].rstrip("/").rsplit("/", 1)[-1]
+                for entry in found
+                if entry["name"].rstrip("/") != base and (not dirs_only or entry.get("type") == "directory")
+            }
+        )
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         return self.fs.cat_file(self.path(key), start=start, end=end)  # pyright: ignore[reportReturnType] (fsspec infers str | bytes; a file's bytes)
@@ -284,8 +302,11 @@ def find_files(fs: fsspec.AbstractFileSystem, base: str) -> dict[str, int]:
     except FileNotFoundError:
         return {}
     # fsspec's find(detail=True) returns a dict (its inferred type is dict | list).
-    return {path.removeprefix(prefix): int(info.get("size") or 0) for path, info in found.items()  # pyright: ignore[reportAttributeAccessIssue]
-            if path.startswith(prefix) and info.get("type", "file") != "directory" and not info.get("islink")}
+    return {
+        path.removeprefix(prefix): int(info.get("size") or 0)
+        for path, info in found.items()  # pyright: ignore[reportAttributeAccessIssue]
+        if path.startswith(prefix) and info.get("type", "file") != "directory" and not info.get("islink")
+    }
 
 
 def s3_options_from_env(timeouts: StoreTimeouts) -> dict:
@@ -317,8 +338,10 @@ def location_of(store: "ObjectStore") -> StoreLocation:
     Every backend (LocalStore, S3Store, MemoryStore) is a StoreLocation; anything else is refused by name.
     """
     if not isinstance(store, StoreLocation):
-        raise TypeError(f"{type(store).__name__} is no StoreLocation: the path-level helpers need a backend's "
-                        "filesystem (infra/store/)")
+        raise TypeError(
+            f"{type(store).__name__} is no StoreLocation: the path-level helpers need a backend's "
+            "filesystem (infra/store/)"
+        )
     return store
 
 
@@ -389,8 +412,9 @@ async def read_body(timeouts: StoreTimeouts, read: Callable[[], Awaitable[T]]) -
     raise AssertionError("unreachable: the loop returns or raises")
 
 
-def run_async(store: StoreLocation, deadline: Deadline | None, function: Callable[..., Awaitable[T]], *args,
-              **kwargs) -> T:
+def run_async(
+    store: StoreLocation, deadline: Deadline | None, function: Callable[..., Awaitable[T]], *args, **kwargs
+) -> T:
     """Run an s3fs coroutine on the filesystem's event loop, cancelled at the deadline."""
     from fsspec.asyn import sync
     from fsspec.exceptions import FSTimeoutError
@@ -424,16 +448,22 @@ def storage_errors(store: "ObjectStore | StoreLocation", what: str) -> Iterator[
     try:
         yield
     except BotoCoreError as error:
-        raise ConnectionError(f"{what}: object storage at {store.url} is unreachable ({error}); "
-                              "check the endpoint and retry — finished uploads are kept") from error
+        raise ConnectionError(
+            f"{what}: object storage at {store.url} is unreachable ({error}); "
+            "check the endpoint and retry — finished uploads are kept"
+        ) from error
     except FSTimeoutError as error:
         if isinstance(error.__cause__, StorageTimeoutError):  # a request's own limit: its message says more
             raise StorageTimeoutError(f"{what}: {error.__cause__}") from error
-        raise StorageTimeoutError(f"{what}: object storage at {store.url} did not answer in time; "
-                                  "retry when it is back — finished uploads are kept") from error
+        raise StorageTimeoutError(
+            f"{what}: object storage at {store.url} did not answer in time; "
+            "retry when it is back — finished uploads are kept"
+        ) from error
     except OSError:
         raise  # already an OSError (aiohttp's ClientOSError among them): callers see it as it is
     except cut_answer_errors() as error:
-        raise ConnectionError(f"{what}: object storage at {store.url} cut its answer short "
-                              f"({type(error).__name__}: {error}) on every attempt; retry when the connection "
-                              "holds — finished uploads are kept") from error
+        raise ConnectionError(
+            f"{what}: object storage at {store.url} cut its answer short "
+            f"({type(error).__name__}: {error}) on every attempt; retry when the connection "
+            "holds — finished uploads are kept"
+        ) from error

@@ -133,4 +133,3 @@ def check_conditional_writes(store: ObjectStore, probe_prefix: str) -> None:
         )
     with _VERIFIED_LOCK:
         _VERIFIED_STORES.add(identity)
-

@@ -164,9 +164,17 @@ class LeaseLostError(RuntimeError):
 class Lease:
     """A lease on `path` in `store`, for one owner; see the module docstring."""
 
-    def __init__(self, store: ObjectStore, path: str, *, owner: str | None = None, ttl_s: float = 60.0,
-                 heartbeat_s: float | None = None, purpose: str = "lease",
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        store: ObjectStore,
+        path: str,
+        *,
+        owner: str | None = None,
+        ttl_s: float = 60.0,
+        heartbeat_s: float | None = None,
+        purpose: str = "lease",
+        clock: Callable[[], float] = time.time,
+    ):
         if ttl_s <= 0:
             raise ValueError(f"ttl_s={ttl_s} must be positive (seconds a lease outlives its last renewal)")
         self.store, self.path, self.ttl_s = store, path, ttl_s
@@ -218,9 +226,18 @@ class Lease:
 
     def _new_record(self, generation: int) -> LeaseRecord:
         now = self._clock()
-        return LeaseRecord(owner=self.owner, token=secrets.token_hex(16), generation=generation,
-                           acquired_at=now, renewed_at=now, expires_at=now + self.ttl_s, ttl_s=self.ttl_s,
-                           host=socket.gethostname(), pid=os.getpid(), process_start=_process_start(os.getpid()))
+        return LeaseRecord(
+            owner=self.owner,
+            token=secrets.token_hex(16),
+            generation=generation,
+            acquired_at=now,
+            renewed_at=now,
+            expires_at=now + self.ttl_s,
+            ttl_s=self.ttl_s,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            process_start=_process_start(os.getpid()),
+        )
 
     def _try_acquire(self) -> LeaseRecord | None:
         """One attempt; returns the current holder when it fails."""
@@ -233,8 +250,9 @@ class Lease:
             if holder is not None and not holder.expired(self._clock()) and not _holder_is_dead(holder):
                 return holder
             record = self._new_record(generation=(holder.generation + 1) if holder else 1)
-            tag, found = self._write(record, lambda: replace_if_unchanged(self.store, self.path, record.to_bytes(),
-                                                                         current.tag))
+            tag, found = self._write(
+                record, lambda: replace_if_unchanged(self.store, self.path, record.to_bytes(), current.tag)
+            )
         if tag is None:
             return _parse(found.data) if found is not None else None
         with self._mutex:
@@ -279,8 +297,7 @@ class Lease:
             if tag is None:
                 self._lost = True
                 raise LeaseLostError(
-                    f"{self.purpose}: the lease {self.path} of {self.owner} expired and was taken over; "
-                    "stop and retry"
+                    f"{self.purpose}: the lease {self.path} of {self.owner} expired and was taken over; stop and retry"
                 )
             self._record, self._tag = renewed, tag
 

@@ -111,8 +111,12 @@ class LocalStore(StoreLocation):
 
     @classmethod
     def open(cls, url: str, timeouts: StoreTimeouts) -> "LocalStore":
-        return cls(fs=fsspec.filesystem("file", auto_mkdir=True), root=os.path.abspath(url.removeprefix("file://")),
-                   url=url, timeouts=timeouts)
+        return cls(
+            fs=fsspec.filesystem("file", auto_mkdir=True),
+            root=os.path.abspath(url.removeprefix("file://")),
+            url=url,
+            timeouts=timeouts,
+        )
 
     @property
     def identity(self) -> str:
@@ -134,8 +138,15 @@ class LocalStore(StoreLocation):
             return None
         return Versioned(data, hashlib.sha256(data).hexdigest())
 
-    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite", tag: str | None = None,
-            deadline: Deadline | None = None) -> str | None:
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        mode: PutMode = "overwrite",
+        tag: str | None = None,
+        deadline: Deadline | None = None,
+    ) -> str | None:
         path = self.path(key)
         if mode == "create":
             return create_if_absent(self, path, data)
@@ -189,13 +200,25 @@ class LocalStore(StoreLocation):
         with open(self.path(key), "rb") as handle:
             yield handle
 
-    def upload(self, uploads: Sequence[Upload], *, on_uploaded: Callable[[Upload], None], concurrency: int = 8,
-               deadline: Deadline | None = None) -> None:
+    def upload(
+        self,
+        uploads: Sequence[Upload],
+        *,
+        on_uploaded: Callable[[Upload], None],
+        concurrency: int = 8,
+        deadline: Deadline | None = None,
+    ) -> None:
         jobs = [UploadJob(upload, upload.local, self.path(upload.key)) for upload in uploads]
         self.upload_jobs(jobs, deadline, on_uploaded, concurrency)
 
-    def upload_jobs(self, jobs: list[UploadJob], deadline: Deadline | None, on_uploaded: Callable, concurrency: int,
-                    probe_prefix: str | None = None) -> None:
+    def upload_jobs(
+        self,
+        jobs: list[UploadJob],
+        deadline: Deadline | None,
+        on_uploaded: Callable,
+        concurrency: int,
+        probe_prefix: str | None = None,
+    ) -> None:
         """Copy every job into place (a thread pool, largest first); `probe_prefix` is S3's, unused here."""
         if jobs:
             _upload_local(jobs, deadline, on_uploaded, concurrency)

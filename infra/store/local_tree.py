@@ -25,8 +25,11 @@ def list_links(fs: fsspec.AbstractFileSystem, base: str) -> dict[str, str]:
     except FileNotFoundError:
         return {}
     # fsspec's find(detail=True) returns a dict (its inferred type is dict | list).
-    return {path.removeprefix(prefix): os.readlink(path) for path, info in found.items()  # pyright: ignore[reportAttributeAccessIssue]
-            if path.startswith(prefix) and info.get("islink")}
+    return {
+        path.removeprefix(prefix): os.readlink(path)
+        for path, info in found.items()  # pyright: ignore[reportAttributeAccessIssue]
+        if path.startswith(prefix) and info.get("islink")
+    }
 
 
 def outside_root(root: str, path: str) -> str | None:
@@ -39,8 +42,10 @@ def refuse_outside(root: str, path: str, directory: str) -> None:
     """Raise PermissionError when removing `path` (in `directory`) would reach out of `root` through a link."""
     escaped = outside_root(root, directory)
     if escaped is not None:
-        raise PermissionError(f"refusing to remove {path}: through a symbolic link it lies in {escaped}, outside the "
-                              f"store {root}; nothing is removed outside a store — remove the link by hand")
+        raise PermissionError(
+            f"refusing to remove {path}: through a symbolic link it lies in {escaped}, outside the "
+            f"store {root}; nothing is removed outside a store — remove the link by hand"
+        )
 
 
 def remove_paths(root: str, paths: list[str]) -> None:
@@ -51,8 +56,9 @@ def remove_paths(root: str, paths: list[str]) -> None:
         Path(path).unlink(missing_ok=True)
 
 
-def remove_left_temporaries(fs: fsspec.AbstractFileSystem, root: str, prefix: str, *,
-                            skip: tuple[str, ...] = ()) -> list[str]:
+def remove_left_temporaries(
+    fs: fsspec.AbstractFileSystem, root: str, prefix: str, *, skip: tuple[str, ...] = ()
+) -> list[str]:
     """Remove the temporary files interrupted writes left under the full path `prefix/`, but this process's own
     and those under the folders in `skip`; the paths removed."""
     own = f"{TEMP_MARKER}{os.getpid()}-"

@@ -74,8 +74,15 @@ class MemoryStore(StoreLocation):
         data = self._read(key)
         return None if data is None else Versioned(data, _sha256(data))
 
-    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite", tag: str | None = None,
-            deadline: Deadline | None = None) -> str | None:
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        mode: PutMode = "overwrite",
+        tag: str | None = None,
+        deadline: Deadline | None = None,
+    ) -> str | None:
         if deadline is not None:
             deadline.remaining()
         if mode == "if_match" and tag is None:
@@ -110,8 +117,11 @@ class MemoryStore(StoreLocation):
         except FileNotFoundError:
             return {}
         # fsspec's find(detail=True) returns a dict (its inferred type is dict | list).
-        return {path.removeprefix(base): int(info.get("size") or 0) for path, info in found.items()  # pyright: ignore[reportAttributeAccessIssue]
-                if path.startswith(base) and info.get("type") == "file"}
+        return {
+            path.removeprefix(base): int(info.get("size") or 0)
+            for path, info in found.items()  # pyright: ignore[reportAttributeAccessIssue]
+            if path.startswith(base) and info.get("type") == "file"
+        }
 
     def remove(self, keys: Sequence[str]) -> None:
         with self._lock:
@@ -124,8 +134,14 @@ class MemoryStore(StoreLocation):
         with self.fs.open(self.path(key), "rb") as handle:
             yield cast("BinaryIO", handle)  # mode "rb": a binary file (fsspec's inferred type also names a text one)
 
-    def upload(self, uploads: Sequence[Upload], *, on_uploaded: Callable[[Upload], None], concurrency: int = 8,
-               deadline: Deadline | None = None) -> None:
+    def upload(
+        self,
+        uploads: Sequence[Upload],
+        *,
+        on_uploaded: Callable[[Upload], None],
+        concurrency: int = 8,
+        deadline: Deadline | None = None,
+    ) -> None:
         for upload in sorted(uploads, key=lambda u: -u.size):
             if deadline is not None:
                 deadline.remaining()

@@ -45,8 +45,10 @@ from .uploads import (
 
 # -- what is already there ----------------------------------------------------
 
-def remote_objects(store: ObjectStore, base: str, entries: list[FileEntry], deadline: Deadline | None,
-                   concurrency: int = 16) -> dict[str, RemoteObject]:
+
+def remote_objects(
+    store: ObjectStore, base: str, entries: list[FileEntry], deadline: Deadline | None, concurrency: int = 16
+) -> dict[str, RemoteObject]:
     """The entries present under `base`, with their size and recorded digest."""
     if isinstance(store, S3Store):
         return store.remote_objects(base, entries, deadline, concurrency)
@@ -63,15 +65,29 @@ def remote_objects(store: ObjectStore, base: str, entries: list[FileEntry], dead
 
 # -- uploads -----------------------------------------------------------------
 
-def upload_files(store: ObjectStore, staged_dir: Path, base: str, entries: list[FileEntry],
-                 deadline: Deadline | None, on_uploaded: Callable[[FileEntry], None], concurrency: int = 8) -> None:
+
+def upload_files(
+    store: ObjectStore,
+    staged_dir: Path,
+    base: str,
+    entries: list[FileEntry],
+    deadline: Deadline | None,
+    on_uploaded: Callable[[FileEntry], None],
+    concurrency: int = 8,
+) -> None:
     """Upload `entries` from `staged_dir` to `base`, concurrently; `on_uploaded` runs as each one lands."""
     jobs = [UploadJob(entry, staged_dir / entry.path, f"{base.rstrip('/')}/{entry.path}") for entry in entries]
     upload_jobs(store, jobs, deadline, on_uploaded, concurrency, probe_prefix=base)
 
 
-def upload_jobs(store: ObjectStore, jobs: list[UploadJob], deadline: Deadline | None,
-                on_uploaded: Callable, concurrency: int, probe_prefix: str) -> None:
+def upload_jobs(
+    store: ObjectStore,
+    jobs: list[UploadJob],
+    deadline: Deadline | None,
+    on_uploaded: Callable,
+    concurrency: int,
+    probe_prefix: str,
+) -> None:
     """Upload every job concurrently (a thread pool locally, one asyncio batch on S3), largest first."""
     if not jobs:
         return
@@ -80,11 +96,13 @@ def upload_jobs(store: ObjectStore, jobs: list[UploadJob], deadline: Deadline | 
         return
     # any other backend uploads through its own protocol method
     items = {Upload(job.local, store.key_of(job.target), job.item.size, job.item.sha256): job.item for job in jobs}
-    store.upload(list(items), on_uploaded=lambda upload: on_uploaded(items[upload]), concurrency=concurrency,
-                 deadline=deadline)
+    store.upload(
+        list(items), on_uploaded=lambda upload: on_uploaded(items[upload]), concurrency=concurrency, deadline=deadline
+    )
 
 
 # -- small objects, removal, dangling uploads ---------------------------------------
+
 
 def put_small(store: ObjectStore, path: str, data: bytes, deadline: Deadline | None = None) -> None:
     """Write a small object whole (atomically), with its digest recorded like any uploaded file."""
@@ -165,8 +183,24 @@ def abort_dangling_uploads(store: ObjectStore, prefix: str) -> int:
 
 
 __all__ = [
-    "CHECKSUM_METADATA_KEY", "ETAG_METADATA_KEY", "RemoteObject", "SHA256_METADATA_KEY", "StagedFileChanged",
-    "UploadJob", "abort_dangling_uploads", "confirmed", "list_files", "list_links", "matches", "object_problem",
-    "outside_store", "put_small", "remote_objects", "remove_empty_directories", "remove_files",
-    "remove_left_temporaries", "upload_files", "upload_jobs",
+    "CHECKSUM_METADATA_KEY",
+    "ETAG_METADATA_KEY",
+    "RemoteObject",
+    "SHA256_METADATA_KEY",
+    "StagedFileChanged",
+    "UploadJob",
+    "abort_dangling_uploads",
+    "confirmed",
+    "list_files",
+    "list_links",
+    "matches",
+    "object_problem",
+    "outside_store",
+    "put_small",
+    "remote_objects",
+    "remove_empty_directories",
+    "remove_files",
+    "remove_left_temporaries",
+    "upload_files",
+    "upload_jobs",
 ]

@@ -45,8 +45,10 @@ class StoreSettingError(BadInputError):
 _SETTING_ERRORS = (PermissionError, FileNotFoundError, NotADirectoryError, FileExistsError, IsADirectoryError)
 # botocore's errors for credentials it could not find (or found half of): no request was even signed.
 CREDENTIAL_ERRORS = frozenset({"NoCredentialsError", "PartialCredentialsError"})
-CREDENTIALS_FIX = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary "
-                   "credentials) in the environment, or name a configured profile in AWS_PROFILE")
+CREDENTIALS_FIX = (
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary "
+    "credentials) in the environment, or name a configured profile in AWS_PROFILE"
+)
 
 
 def is_credentials_error(error: BaseException) -> bool:
@@ -67,7 +69,11 @@ def endpoint_problem(value: str) -> str | None:
     except ValueError as error:
         return f"it does not parse ({error})"
     if parts.scheme not in ("http", "https"):
-        return "it has no http:// or https:// scheme" if not parts.scheme else f"its scheme {parts.scheme!r} is not http or https"
+        return (
+            "it has no http:// or https:// scheme"
+            if not parts.scheme
+            else f"its scheme {parts.scheme!r} is not http or https"
+        )
     if not parts.hostname:
         return "it names no host"
     if parts.path not in ("", "/"):

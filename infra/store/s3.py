@@ -70,7 +70,8 @@ def _bounded_s3_filesystem(timeouts: StoreTimeouts):
                 raise StorageTimeoutError(
                     f"S3 {method} at {self.endpoint_url} got no answer within {limit_s:g} s (storage.request_timeout_s "
                     "per attempt); the server is stopped or overloaded — retry when it answers, finished uploads "
-                    "are kept") from error
+                    "are kept"
+                ) from error
 
         # s3fs binds its public call_s3 to the base class's _call_s3: bind it to this one.
         call_s3 = sync_wrapper(_call_s3)
@@ -90,7 +91,6 @@ def bounded_s3_filesystem(timeouts: StoreTimeouts):
     return fs
 
 
-
 def _remote_object(response: dict) -> RemoteObject:
     """What a HEAD in checksum mode says of an object: recorded metadata and the store's own digests."""
     metadata = {k.lower(): v for k, v in (response.get("Metadata") or {}).items()}
@@ -103,9 +103,14 @@ def _remote_object(response: dict) -> RemoteObject:
         except ValueError:
             server_sha256 = None
     etag = (response.get("ETag") or "").strip('"') or None
-    return RemoteObject(int(response["ContentLength"]), metadata.get(SHA256_METADATA_KEY), server_sha256=server_sha256,
-                        etag=etag, recorded_etag=metadata.get(ETAG_METADATA_KEY),
-                        checksum_kept=metadata.get(CHECKSUM_METADATA_KEY) == "sha256")
+    return RemoteObject(
+        int(response["ContentLength"]),
+        metadata.get(SHA256_METADATA_KEY),
+        server_sha256=server_sha256,
+        etag=etag,
+        recorded_etag=metadata.get(ETAG_METADATA_KEY),
+        checksum_kept=metadata.get(CHECKSUM_METADATA_KEY) == "sha256",
+    )
 
 
 class S3Store(StoreLocation):
@@ -113,8 +118,9 @@ class S3Store(StoreLocation):
 
     @classmethod
     def open(cls, url: str, timeouts: StoreTimeouts) -> "S3Store":
-        return cls(fs=bounded_s3_filesystem(timeouts), root=url.removeprefix("s3://").rstrip("/"), url=url,
-                   timeouts=timeouts)
+        return cls(
+            fs=bounded_s3_filesystem(timeouts), root=url.removeprefix("s3://").rstrip("/"), url=url, timeouts=timeouts
+        )
 
     @property
     def identity(self) -> str:
@@ -154,8 +160,15 @@ class S3Store(StoreLocation):
         except FileNotFoundError:
             return None
 
-    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite", tag: str | None = None,
-            deadline: Deadline | None = None) -> str | None:
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        mode: PutMode = "overwrite",
+        tag: str | None = None,
+        deadline: Deadline | None = None,
+    ) -> str | None:
         path = self.path(key)
         if mode == "create":
             return create_if_absent(self, path, data)
@@ -164,17 +177,27 @@ class S3Store(StoreLocation):
                 raise ValueError(f"put(mode='if_match') of {key} names no tag")
             return replace_if_unchanged(self, path, data, tag)
         digest = hashlib.sha256(data).hexdigest()
-        metadata = {SHA256_METADATA_KEY: digest, ETAG_METADATA_KEY: hashlib.md5(data, usedforsecurity=False).hexdigest()}
-        response = run_async(self, deadline, self._request, "put_object", **self._location(key), Body=data,
-                             Metadata=metadata, ChecksumSHA256=base64.b64encode(bytes.fromhex(digest)).decode())
+        metadata = {
+            SHA256_METADATA_KEY: digest,
+            ETAG_METADATA_KEY: hashlib.md5(data, usedforsecurity=False).hexdigest(),
+        }
+        response = run_async(
+            self,
+            deadline,
+            self._request,
+            "put_object",
+            **self._location(key),
+            Body=data,
+            Metadata=metadata,
+            ChecksumSHA256=base64.b64encode(bytes.fromhex(digest)).decode(),
+        )
         return response["ETag"]
 
     def conditional_write(self, key: str, data: bytes, tag: str | None) -> str | None:
         """One conditional PutObject, unconfirmed: `If-None-Match: *` when `tag` is None, else `If-Match: tag`."""
         condition = {"IfNoneMatch": "*"} if tag is None else {"IfMatch": tag}
         try:
-            response = run_async(self, None, self._request, "put_object", **self._location(key), Body=data,
-                                 **condition)
+            response = run_async(self, None, self._request, "put_object", **self._location(key), Body=data, **condition)
         except OSError as error:
             if is_precondition_failure(error):
                 return None
@@ -199,8 +222,9 @@ class S3Store(StoreLocation):
 
         return run_async(self, deadline, head_all)
 
-    def remote_objects(self, base: str, entries: list[FileEntry], deadline: Deadline | None,
-                       concurrency: int = 16) -> dict[str, RemoteObject]:
+    def remote_objects(
+        self, base: str, entries: list[FileEntry], deadline: Deadline | None, concurrency: int = 16
+    ) -> dict[str, RemoteObject]:
         """What the store says of each entry present under the full path `base`: one HEAD each, in checksum mode."""
 
         async def head_all() -> dict[str, RemoteObject]:
@@ -247,14 +271,26 @@ class S3Store(StoreLocation):
         with self.fs.open(self.path(key), "rb", block_size=_BLOCK_BYTES, cache_type="none") as handle:
             yield cast("BinaryIO", handle)  # mode "rb": a binary file (fsspec's inferred type also names a text one)
 
-    def upload(self, uploads: Sequence[Upload], *, on_uploaded: Callable[[Upload], None], concurrency: int = 8,
-               deadline: Deadline | None = None) -> None:
+    def upload(
+        self,
+        uploads: Sequence[Upload],
+        *,
+        on_uploaded: Callable[[Upload], None],
+        concurrency: int = 8,
+        deadline: Deadline | None = None,
+    ) -> None:
         jobs = [UploadJob(upload, upload.local, self.path(upload.key)) for upload in uploads]
         probe_prefix = self.path(uploads[0].key).rsplit("/", 1)[0] if uploads else self.root
         self.upload_jobs(jobs, deadline, on_uploaded, concurrency, probe_prefix=probe_prefix)
 
-    def upload_jobs(self, jobs: list[UploadJob], deadline: Deadline | None, on_uploaded: Callable, concurrency: int,
-                    probe_prefix: str) -> None:
+    def upload_jobs(
+        self,
+        jobs: list[UploadJob],
+        deadline: Deadline | None,
+        on_uploaded: Callable,
+        concurrency: int,
+        probe_prefix: str,
+    ) -> None:
         """Upload every job in one asyncio batch on the client's loop, largest first (infra/store/s3_uploads.py)."""
         if not jobs:
             return
@@ -271,7 +307,9 @@ class S3Store(StoreLocation):
             page = self.request("list_multipart_uploads", Bucket=bucket, Prefix=key_prefix, **token)
             for upload in page.get("Uploads", []):
                 if upload["Key"].startswith(key_prefix):
-                    self.request("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                    self.request(
+                        "abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
                     aborted += 1
             if not page.get("IsTruncated"):
                 return aborted

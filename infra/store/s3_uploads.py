@@ -104,8 +104,7 @@ def server_verifies_checksums(store, probe_prefix: str) -> bool:
     return verifies
 
 
-async def upload_s3(store, jobs: list[UploadJob], on_uploaded: Callable, concurrency: int,
-                     hash_locally: bool) -> None:
+async def upload_s3(store, jobs: list[UploadJob], on_uploaded: Callable, concurrency: int, hash_locally: bool) -> None:
     limit = asyncio.Semaphore(concurrency)
     record_lock = asyncio.Lock()
 
@@ -117,10 +116,12 @@ async def upload_s3(store, jobs: list[UploadJob], on_uploaded: Callable, concurr
                 data, md5 = await asyncio.to_thread(_read_verified, local, entry, hash_locally)
                 checksum = base64.b64encode(bytes.fromhex(entry.sha256)).decode()
                 metadata = {SHA256_METADATA_KEY: entry.sha256} | (
-                    {ETAG_METADATA_KEY: md5} if md5 else {CHECKSUM_METADATA_KEY: "sha256"})
+                    {ETAG_METADATA_KEY: md5} if md5 else {CHECKSUM_METADATA_KEY: "sha256"}
+                )
                 try:
-                    await store._request("put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata,
-                                      ChecksumSHA256=checksum)
+                    await store._request(
+                        "put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata, ChecksumSHA256=checksum
+                    )
                 except OSError as error:
                     if _checksum_mismatch(error):  # the server hashed the bytes: not the manifest's
                         raise changed(local, entry, "(refused by the server's sha256 check)", len(data)) from error
@@ -150,9 +151,19 @@ async def _multipart(store, bucket: str, key: str, local: Path, entry: FileEntry
         with local.open("rb") as handle:
             for part_number, part_md5 in enumerate(part_md5s, 1):
                 chunk = await asyncio.to_thread(handle.read, PART_SIZE_BYTES)
-                pending.append(asyncio.ensure_future(store._request(
-                    "upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=part_number, Body=chunk,
-                    ContentMD5=base64.b64encode(part_md5).decode())))
+                pending.append(
+                    asyncio.ensure_future(
+                        store._request(
+                            "upload_part",
+                            Bucket=bucket,
+                            Key=key,
+                            UploadId=upload_id,
+                            PartNumber=part_number,
+                            Body=chunk,
+                            ContentMD5=base64.b64encode(part_md5).decode(),
+                        )
+                    )
+                )
                 if len(pending) >= 4:  # at most four parts of one file in flight
                     await asyncio.gather(*pending)
                     parts.extend(pending)
@@ -161,8 +172,15 @@ async def _multipart(store, bucket: str, key: str, local: Path, entry: FileEntry
             parts.extend(pending)
             if handle.read(1):
                 raise changed(local, entry, "(grew while it was uploaded)", entry.size + 1)
-        await store._request("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={
-            "Parts": [{"PartNumber": i, "ETag": part.result()["ETag"]} for i, part in enumerate(parts, 1)]})
+        await store._request(
+            "complete_multipart_upload",
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload_id,
+            MultipartUpload={
+                "Parts": [{"PartNumber": i, "ETag": part.result()["ETag"]} for i, part in enumerate(parts, 1)]
+            },
+        )
     except OSError as error:
         await _abort(store, bucket, key, upload_id, pending)
         if _checksum_mismatch(error):  # a part's bytes are not the ones hashed: the file changed meanwhile

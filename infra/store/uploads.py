@@ -82,20 +82,27 @@ def object_problem(found: RemoteObject | None, entry: FileEntry) -> str | None:
     if found.size != entry.size:
         return f"size {found.size}, manifest says {entry.size}"
     if found.hashed:
-        return None if found.sha256 == entry.sha256 else \
-            f"sha256 {found.sha256} does not match the manifest's {entry.sha256}"
+        return (
+            None
+            if found.sha256 == entry.sha256
+            else f"sha256 {found.sha256} does not match the manifest's {entry.sha256}"
+        )
     if found.server_sha256 is not None and found.server_sha256 != entry.sha256:
-        return (f"the store's own sha256 of its bytes, {found.server_sha256}, does not match the manifest's "
-                f"{entry.sha256}")
+        return (
+            f"the store's own sha256 of its bytes, {found.server_sha256}, does not match the manifest's {entry.sha256}"
+        )
     if found.sha256 is not None and found.sha256 != entry.sha256:
         return f"recorded sha256 {found.sha256} does not match the manifest's"
     if found.server_sha256 is None and found.checksum_kept:
-        return ("it was uploaded with its sha256 checksum, which the store no longer holds: the object was rewritten "
-                "since")
+        return (
+            "it was uploaded with its sha256 checksum, which the store no longer holds: the object was rewritten since"
+        )
     if found.server_sha256 is None and found.recorded_etag is not None and found.etag != found.recorded_etag:
-        return (f"its ETag {found.etag} is not {found.recorded_etag}, the ETag of the bytes uploaded: the object was "
-                "rewritten since (on a store whose ETags are not MD5s, such as SSE-KMS, large objects cannot be checked "
-                "this way: see the README's \"What the checks trust\")")
+        return (
+            f"its ETag {found.etag} is not {found.recorded_etag}, the ETag of the bytes uploaded: the object was "
+            "rewritten since (on a store whose ETags are not MD5s, such as SSE-KMS, large objects cannot be checked "
+            'this way: see the README\'s "What the checks trust")'
+        )
     return None
 
 

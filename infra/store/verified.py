@@ -62,8 +62,9 @@ def fetch_verified(store: ObjectStore, remote_path: str, target: Path, entry: Fi
     digest, size = hashlib.sha256(), 0
     try:
         # Mode "rb": a binary file (fsspec's inferred type also names a text one).
-        source_file = cast("BinaryIO", location_of(store).fs.open(remote_path, "rb", block_size=BLOCK_BYTES,
-                                                                  cache_type="none"))
+        source_file = cast(
+            "BinaryIO", location_of(store).fs.open(remote_path, "rb", block_size=BLOCK_BYTES, cache_type="none")
+        )
         with source_file as source, tmp.open("wb") as sink:
             while block := source.read(BLOCK_BYTES):
                 digest.update(block)
@@ -73,7 +74,8 @@ def fetch_verified(store: ObjectStore, remote_path: str, target: Path, entry: Fi
             where = store.url_of(store.key_of(remote_path))
             raise StoredObjectCorrupt(
                 f"{where}: {size} bytes with sha256 {digest.hexdigest()} do not match its manifest ({entry.size} "
-                f"bytes, sha256 {entry.sha256}); the stored object is corrupt and was not used")
+                f"bytes, sha256 {entry.sha256}); the stored object is corrupt and was not used"
+            )
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

@@ -41,8 +41,9 @@ from .work_pool import launch_deployed_nodes
 __all__ = ["NodeFailed", "launch_nodes", "launch_segment_nodes", "new_attempt"]
 
 
-def launch_nodes(planned: PlannedRun, segment_index: int, on_line: Callable[[str], None],
-                 tick: Callable[[], object] = lambda: None) -> float:
+def launch_nodes(
+    planned: PlannedRun, segment_index: int, on_line: Callable[[str], None], tick: Callable[[], object] = lambda: None
+) -> float:
     """Run segment `segment_index` on `planned.train.nnodes` nodes; returns the wall time; raises NodeFailed.
 
     `tick` is called about every half second in the calling thread while the nodes run (the live view).
@@ -57,8 +58,9 @@ def launch_nodes(planned: PlannedRun, segment_index: int, on_line: Callable[[str
     return time.perf_counter() - started
 
 
-def launch_segment_nodes(planned: PlannedRun, segment_index: int, on_line: Callable[[str], None],
-                         watch: Callable[[], str | None]) -> float:
+def launch_segment_nodes(
+    planned: PlannedRun, segment_index: int, on_line: Callable[[str], None], watch: Callable[[], str | None]
+) -> float:
     """The segment stage's multi-node launch; a failure is reported once for the segment (ledger, artifact).
 
     `watch` only feeds the live view here: each node's own watchdog ends a stalled node.

@@ -29,13 +29,22 @@ def endpoint_for(planned: PlannedRun) -> str:
 
 def _first_cause(errors: dict[int, BaseException], aborted: set[int]) -> tuple[int, BaseException]:
     """The node whose failure caused the others': not one we stopped, and not a lost peer when another says more."""
-    ranked = sorted(errors.items(), key=lambda item: (item[0] in aborted,
-                                                        classify_exception(item[1]) is FailureClass.COLLECTIVE_TIMEOUT))
+    ranked = sorted(
+        errors.items(),
+        key=lambda item: (item[0] in aborted, classify_exception(item[1]) is FailureClass.COLLECTIVE_TIMEOUT),
+    )
     return ranked[0]
 
 
-def launch_local_nodes(planned: PlannedRun, segment_index: int, endpoint: str, rdzv: str, attempt: str,
-                       on_line: Callable[[str], None], tick: Callable[[], object]) -> None:
+def launch_local_nodes(
+    planned: PlannedRun,
+    segment_index: int,
+    endpoint: str,
+    rdzv: str,
+    attempt: str,
+    on_line: Callable[[str], None],
+    tick: Callable[[], object],
+) -> None:
     failed = threading.Event()
     errors: dict[int, BaseException] = {}
     aborted: set[int] = set()
@@ -51,15 +60,23 @@ def launch_local_nodes(planned: PlannedRun, segment_index: int, endpoint: str, r
             return "another node of the segment failed"
 
         try:
-            launch_node(planned, segment_index, node, lambda line: on_line(f"[node {node_rank}] {line}"),
-                        attempt_dir=attempt, stop=stop)
+            launch_node(
+                planned,
+                segment_index,
+                node,
+                lambda line: on_line(f"[node {node_rank}] {line}"),
+                attempt_dir=attempt,
+                stop=stop,
+            )
         except BaseException as error:  # noqa: BLE001 - every node's failure is reported by the caller
             with lock:
                 errors[node_rank] = error
             failed.set()
 
-    threads = [threading.Thread(target=run, args=(k,), name=f"node-{k}-segment-{segment_index}")
-               for k in range(planned.train.nnodes)]
+    threads = [
+        threading.Thread(target=run, args=(k,), name=f"node-{k}-segment-{segment_index}")
+        for k in range(planned.train.nnodes)
+    ]
     for thread in threads:
         thread.start()
     try:
@@ -76,5 +93,8 @@ def launch_local_nodes(planned: PlannedRun, segment_index: int, endpoint: str, r
     if errors:
         node_rank, error = _first_cause(errors, aborted)
         others = sorted(set(errors) - {node_rank})
-        raise NodeFailed(f"node {node_rank} of {planned.train.nnodes} failed; nodes {others} were stopped with it\n{error}",
-                         node_failure(getattr(error, "failure", None), node_rank, planned.train.nnodes), node_rank) from error
+        raise NodeFailed(
+            f"node {node_rank} of {planned.train.nnodes} failed; nodes {others} were stopped with it\n{error}",
+            node_failure(getattr(error, "failure", None), node_rank, planned.train.nnodes),
+            node_rank,
+        ) from error

@@ -37,8 +37,15 @@ def node_run_dir(planned: PlannedRun, segment_index: int) -> Path:
     return Path(planned.run_dir)
 
 
-def launch_node(planned: PlannedRun, segment_index: int, node: NodeRendezvous, on_line: Callable[[str], None], *,
-                attempt_dir: str, stop: Callable[[], str | None] | None = None) -> LaunchResult:
+def launch_node(
+    planned: PlannedRun,
+    segment_index: int,
+    node: NodeRendezvous,
+    on_line: Callable[[str], None],
+    *,
+    attempt_dir: str,
+    stop: Callable[[], str | None] | None = None,
+) -> LaunchResult:
     """Run this node's ranks of segment `segment_index`; raises LaunchError (with its diagnosis) on failure."""
     run_dir = node_run_dir(planned, segment_index)
     watch = SegmentWatch(progress_path(run_dir, segment_index), planned.train.stall_timeout_s)
@@ -47,8 +54,13 @@ def launch_node(planned: PlannedRun, segment_index: int, node: NodeRendezvous, o
         return (stop() if stop is not None else None) or watch()
 
     return launch_or_raise(
-        SEGMENT_MODULE, ["--run-dir", str(run_dir), "--segment", str(segment_index)], stage="segment",
-        nproc_per_node=planned.train.nproc_per_node, timeout_s=planned.train.segment_timeout_s, on_line=on_line, monitor=monitor,
+        SEGMENT_MODULE,
+        ["--run-dir", str(run_dir), "--segment", str(segment_index)],
+        stage="segment",
+        nproc_per_node=planned.train.nproc_per_node,
+        timeout_s=planned.train.segment_timeout_s,
+        on_line=on_line,
+        monitor=monitor,
         log_dir=run_dir / "logs" / f"segment-{segment_index:04d}" / attempt_dir / f"node-{node.node_rank}",
         node=node,
     )

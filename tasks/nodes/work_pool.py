@@ -29,6 +29,7 @@ START_GRACE_S = 300.0
 CANCEL_WAIT_S = 90.0
 """How long a cancelled node run gets to end (the worker kills its processes) before the segment gives up waiting."""
 
+
 def _start_node_runs(planned: PlannedRun, segment_index: int, rdzv: str, attempt: str) -> dict:
     from prefect.deployments import run_deployment
 
@@ -37,9 +38,16 @@ def _start_node_runs(planned: PlannedRun, segment_index: int, rdzv: str, attempt
     runs = {}
     for node_rank in range(planned.train.nnodes):
         runs[node_rank] = run_deployment(
-            deployment, timeout=0, work_queue_name=NODE_QUEUE.format(node_rank=node_rank),
-            parameters={"planned": planned.model_dump(mode="json"), "segment_index": segment_index,
-                        "node_rank": node_rank, "rdzv_id": rdzv, "attempt": attempt},
+            deployment,
+            timeout=0,
+            work_queue_name=NODE_QUEUE.format(node_rank=node_rank),
+            parameters={
+                "planned": planned.model_dump(mode="json"),
+                "segment_index": segment_index,
+                "node_rank": node_rank,
+                "rdzv_id": rdzv,
+                "attempt": attempt,
+            },
             tags=["rankflow", f"run:{planned.run_id}", f"segment:{segment_index}"],
         )
     return runs
@@ -63,8 +71,9 @@ def _cancel(client, runs: dict, reason: str) -> None:
         time.sleep(POLL_S)
 
 
-def launch_deployed_nodes(planned: PlannedRun, segment_index: int, rdzv: str, attempt: str,
-                          tick: Callable[[], object]) -> None:
+def launch_deployed_nodes(
+    planned: PlannedRun, segment_index: int, rdzv: str, attempt: str, tick: Callable[[], object]
+) -> None:
     from prefect.client.orchestration import get_client
 
     runs: dict = {}
@@ -80,16 +89,20 @@ def launch_deployed_nodes(planned: PlannedRun, segment_index: int, rdzv: str, at
                     reason = f"node {node_rank} of segment {segment_index} ended {state.name}"
                     _cancel(client, runs, reason)
                     runs = {}  # all ended: nothing left to cancel on the way out
-                    raise NodeFailed(f"{reason}: {state.message}",
-                                     node_failure(failure_from_message(state.message), node_rank, planned.train.nnodes),
-                                     node_rank)
+                    raise NodeFailed(
+                        f"{reason}: {state.message}",
+                        node_failure(failure_from_message(state.message), node_rank, planned.train.nnodes),
+                        node_rank,
+                    )
                 if all(s is not None and s.is_completed() for s in states.values()):
                     return
                 if time.monotonic() > deadline:
-                    raise NodeFailed(f"the node runs of segment {segment_index} did not finish within "
-                                     f"train.segment_timeout_s + {START_GRACE_S:g} s; are workers serving every "
-                                     f"node-K queue of the pool?",
-                                     Failure("segment", FailureClass.LAUNCH_TIMEOUT, None, "node runs never finished"))
+                    raise NodeFailed(
+                        f"the node runs of segment {segment_index} did not finish within "
+                        f"train.segment_timeout_s + {START_GRACE_S:g} s; are workers serving every "
+                        f"node-K queue of the pool?",
+                        Failure("segment", FailureClass.LAUNCH_TIMEOUT, None, "node runs never finished"),
+                    )
                 tick()
                 time.sleep(POLL_S)
         except BaseException:

@@ -85,8 +85,15 @@ def base_tree(case_dir: Path) -> dict:
         "model": {"config": str(TINY / "model_config.json")},
         "tokenizer": {"path": str(TINY / "tokenizer.json")},
         "data": {"path": str(TINY / "sft.jsonl"), "max_seq_len": 128},
-        "train": {"steps": 6, "steps_per_segment": 3, "global_batch_size": 8, "learning_rate": 3e-3,
-                  "logical_dp": 2, "nproc_per_node": 2, "segment_timeout_s": 300},
+        "train": {
+            "steps": 6,
+            "steps_per_segment": 3,
+            "global_batch_size": 8,
+            "learning_rate": 3e-3,
+            "logical_dp": 2,
+            "nproc_per_node": 2,
+            "segment_timeout_s": 300,
+        },
         "storage": {"url": str(case_dir / "store")},
     }
 
@@ -236,7 +243,9 @@ def run_case(case: Case, case_dir: Path, assets: Assets) -> Outcome:
     finally:
         os.chdir(cwd)
     after = listing(case_dir)
-    return Outcome(code=code, stdout=output["stdout"], stderr=output["stderr"], written=sorted(set(after) - set(before)))
+    return Outcome(
+        code=code, stdout=output["stdout"], stderr=output["stderr"], written=sorted(set(after) - set(before))
+    )
 
 
 def problems(case: Case, outcome: Outcome, case_dir: Path) -> list[str]:
@@ -263,8 +272,10 @@ def problems(case: Case, outcome: Outcome, case_dir: Path) -> list[str]:
 
 def copy_model(mutate: Callable[[Path], None] | None = None) -> Builder:
     """A builder: the saved tiny model at the target path, then `mutate(target)`."""
+
     def build(target: Path, assets: Assets) -> None:
         shutil.copytree(assets.model_dir(), target)
         if mutate is not None:
             mutate(target)
+
     return build

@@ -27,17 +27,27 @@ print(json.dumps(sorted({{name.split(".")[0] for name in sys.modules}} & {heavy!
 
 
 def _heavy_modules_after(body: str, tmp_path: Path) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", PROBE.format(body=body, heavy=set(HEAVY))], capture_output=True,
-                          text=True, cwd=tmp_path, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                                        "HOME": str(tmp_path), "DO_NOT_TRACK": "1"}, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(body=body, heavy=set(HEAVY))],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DO_NOT_TRACK": "1"},
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("body", [
-    "import flows.cli",
-    "from flows.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass",
-], ids=["import", "help"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "import flows.cli",
+        "from flows.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass",
+    ],
+    ids=["import", "help"],
+)
 def test_the_cli_imports_no_torch_transformers_or_prefect(tmp_path, body):
     assert _heavy_modules_after(body, tmp_path) == []
 
@@ -52,9 +62,7 @@ def test_loading_a_valid_config_imports_no_transformers_or_prefect(tmp_path):
 def test_a_bad_config_is_reported_without_importing_torch(tmp_path):
     # Found by config loading: the whole command runs light (exit 2, the message), no trainer import.
     (tmp_path / "run.toml").write_text("[train]\nbackward_mode = 'nope'\n")
-    body = ("from flows.cli import main\n"
-            f"code = main(['run', {str(tmp_path / 'run.toml')!r}])\n"
-            "assert code == 2, code")
+    body = f"from flows.cli import main\ncode = main(['run', {str(tmp_path / 'run.toml')!r}])\nassert code == 2, code"
     assert _heavy_modules_after(body, tmp_path) == []
 
 

@@ -23,15 +23,27 @@ def test_bad_input_found_inside_the_flow_exits_2_without_credentials(tmp_path, c
 
     def flow_that_finds_a_bad_store(config):
         detail = f" (signed with {secret})" if secret_in_message else ""
-        raise StoreSettingError(f"storage.url='s3://nope/runs': bucket 'nope' does not exist at http://127.0.0.1:9/{detail}; "
-                                "create it or fix storage.url")
+        raise StoreSettingError(
+            f"storage.url='s3://nope/runs': bucket 'nope' does not exist at http://127.0.0.1:9/{detail}; "
+            "create it or fix storage.url"
+        )
 
     monkeypatch.setattr(flows.pipeline, "train_flow", flow_that_finds_a_bad_store)
     monkeypatch.chdir(tmp_path)
-    code = cli.main(["run", str(EXAMPLES / "tiny_sft.toml"), "--set", f"run.work_dir={tmp_path}/work",
-                     "--set", f"storage.url={tmp_path}/store"])
+    code = cli.main(
+        [
+            "run",
+            str(EXAMPLES / "tiny_sft.toml"),
+            "--set",
+            f"run.work_dir={tmp_path}/work",
+            "--set",
+            f"storage.url={tmp_path}/store",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and not out
-    assert err.startswith("rankflow: bad input: storage.url='s3://nope/runs': bucket 'nope' does not exist at http://127.0.0.1:9/")
+    assert err.startswith(
+        "rankflow: bad input: storage.url='s3://nope/runs': bucket 'nope' does not exist at http://127.0.0.1:9/"
+    )
     assert secret not in err and "AKIAIOSFODNN7EXAMPLE" not in err and "Traceback" not in err
     assert ("<AWS_SECRET_ACCESS_KEY>" in err) == secret_in_message

@@ -27,21 +27,52 @@ from .harness import REPO, Assets, Case, Outcome, expand, listing, materialize, 
 
 # What the issue asks the corpus to cover, at least (each name is a case).
 REQUIRED = [
-    "config_not_utf8", "config_malformed_toml", "data_is_directory", "data_is_fifo", "tokenizer_corrupt_json",
-    "tokenizer_empty", "tokenizer_incomplete", "model_config_corrupt", "model_config_empty", "model_config_truncated",
-    "model_path_without_weights", "data_lone_surrogate", "data_token_id_past_int64", "data_deeply_nested",
-    "learning_rate_inf", "betas_one", "betas_negative", "max_shard_size_banana", "model_hidden_size_zero",
-    "model_layers_negative", "model_vocab_smaller_than_tokenizer", "steps_past_memory", "data_kind_rl_on_sft_records",
-    "data_kind_sft_on_rl_records", "s3_no_bucket", "set_unknown_key", "set_bad_value", "section_not_a_table",
-    "serve_bad_cron", "serve_interval_zero",
+    "config_not_utf8",
+    "config_malformed_toml",
+    "data_is_directory",
+    "data_is_fifo",
+    "tokenizer_corrupt_json",
+    "tokenizer_empty",
+    "tokenizer_incomplete",
+    "model_config_corrupt",
+    "model_config_empty",
+    "model_config_truncated",
+    "model_path_without_weights",
+    "data_lone_surrogate",
+    "data_token_id_past_int64",
+    "data_deeply_nested",
+    "learning_rate_inf",
+    "betas_one",
+    "betas_negative",
+    "max_shard_size_banana",
+    "model_hidden_size_zero",
+    "model_layers_negative",
+    "model_vocab_smaller_than_tokenizer",
+    "steps_past_memory",
+    "data_kind_rl_on_sft_records",
+    "data_kind_sft_on_rl_records",
+    "s3_no_bucket",
+    "set_unknown_key",
+    "set_bad_value",
+    "section_not_a_table",
+    "serve_bad_cron",
+    "serve_interval_zero",
     # issue 14: the last two of the corpus, and storage settings no retry can fix
-    "data_read_fails_eio", "s3_no_credentials", "s3_endpoint_not_a_url", "s3_endpoint_with_a_path",
+    "data_read_fails_eio",
+    "s3_no_credentials",
+    "s3_endpoint_not_a_url",
+    "s3_endpoint_with_a_path",
 ]
 
 
 def _env(tmp_path: Path) -> dict:
-    return {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "DO_NOT_TRACK": "1", "PYTHONPATH": str(REPO)}
+    return {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PYTHONPATH": str(REPO),
+    }
 
 
 @pytest.fixture(scope="session")
@@ -49,8 +80,14 @@ def corpus_run(tmp_path_factory) -> dict:
     """The whole corpus through `flows.cli.main`, in one fresh process."""
     root = tmp_path_factory.mktemp("bad-input")
     out = root / "results.json"
-    done = subprocess.run([sys.executable, "-m", "tests.bad_input.worker", str(out), str(root / "cases")],
-                          capture_output=True, text=True, cwd=REPO, env=_env(root), timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.bad_input.worker", str(out), str(root / "cases")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env(root),
+        timeout=900,
+    )
     assert done.returncode == 0 and out.is_file(), f"the worker failed:\n{done.stderr[-4000:]}"
     return {"root": root / "cases", "worker": done, **json.loads(out.read_text())}
 
@@ -58,8 +95,18 @@ def corpus_run(tmp_path_factory) -> dict:
 def test_the_corpus_covers_what_the_issue_lists():
     assert not [name for name in REQUIRED if name not in BY_NAME]
     families = {case.kind for case in CASES}
-    assert families == {"config-file", "config-value", "override", "storage", "model", "tokenizer", "data-file",
-                        "data-record", "plan", "serve"}
+    assert families == {
+        "config-file",
+        "config-value",
+        "override",
+        "storage",
+        "model",
+        "tokenizer",
+        "data-file",
+        "data-record",
+        "plan",
+        "serve",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
@@ -84,9 +131,18 @@ def test_checks_are_fast(corpus_run):
 
 
 # Real `rankflow` processes: the console script, as a user runs it.
-SUBPROCESS_CASES = ["config_not_utf8", "data_is_fifo", "data_lone_surrogate", "model_hidden_size_zero",
-                    "steps_past_memory", "data_kind_rl_on_sft_records", "serve_bad_cron", "data_read_fails_eio",
-                    "s3_no_credentials", "s3_endpoint_with_a_path"]
+SUBPROCESS_CASES = [
+    "config_not_utf8",
+    "data_is_fifo",
+    "data_lone_surrogate",
+    "model_hidden_size_zero",
+    "steps_past_memory",
+    "data_kind_rl_on_sft_records",
+    "serve_bad_cron",
+    "data_read_fails_eio",
+    "s3_no_credentials",
+    "s3_endpoint_with_a_path",
+]
 
 
 def case_env(case: Case, case_dir: Path, base: dict) -> dict:
@@ -120,11 +176,21 @@ def _run_rankflow(tmp_path: Path, name: str) -> _Ran:
     argv = materialize(case, case_dir, Assets(tmp_path))
     before = listing(case_dir)
     started = time.perf_counter()
-    done = subprocess.run([*_rankflow(), *argv], capture_output=True, text=True, cwd=case_dir,
-                          env=case_env(case, case_dir, _env(tmp_path)), timeout=120)  # a FIFO read would block: the timeout fails the test
+    done = subprocess.run(
+        [*_rankflow(), *argv],
+        capture_output=True,
+        text=True,
+        cwd=case_dir,
+        env=case_env(case, case_dir, _env(tmp_path)),
+        timeout=120,
+    )  # a FIFO read would block: the timeout fails the test
     wall_s = time.perf_counter() - started
-    outcome = Outcome(code=done.returncode, stdout=done.stdout, stderr=done.stderr,
-                      written=sorted(set(listing(case_dir)) - set(before)))
+    outcome = Outcome(
+        code=done.returncode,
+        stdout=done.stdout,
+        stderr=done.stderr,
+        written=sorted(set(listing(case_dir)) - set(before)),
+    )
     return _Ran(tmp_path, outcome, wall_s)
 
 
@@ -132,8 +198,11 @@ def _run_rankflow(tmp_path: Path, name: str) -> _Ran:
 def rankflow_runs(request, tmp_path_factory) -> dict[str, Future]:
     """The selected cases' processes, as many at once as there are cores (each one mostly imports torch and
     transformers on one core), each in its own directory with its own Prefect home; a test waits for its own."""
-    selected = [item.callspec.params["name"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_rankflow_command_on_bad_input"]
+    selected = [
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_rankflow_command_on_bad_input"
+    ]
     pool = ThreadPoolExecutor(max_workers=max(1, min(len(selected), os.cpu_count() or 1)))
     runs = {name: pool.submit(_run_rankflow, tmp_path_factory.mktemp(name), name) for name in selected}
     yield runs
@@ -153,12 +222,30 @@ def test_rankflow_command_on_bad_input(rankflow_runs, name):
 
 # Permission cases: the data file mode, the case directory mode.
 PERMISSION_CASES = {
-    "data_unreadable": (Case("data_unreadable", "data-file", r"data\.path='{dir}/data\.jsonl': cannot be read \(permission denied\)",
-                             r"make it readable by this user", files={"data.jsonl": GOOD_SFT},
-                             config={"data": {"path": "{dir}/data.jsonl"}}), 0o000, 0o777),
-    "work_dir_not_writable": (Case("work_dir_not_writable", "storage", r"run\.work_dir='{dir}/work': '{dir}' is not writable by this user",
-                                   r"point run\.work_dir at a writable directory", files={"data.jsonl": GOOD_SFT},
-                                   config={"data": {"path": "{dir}/data.jsonl"}}), 0o644, 0o555),
+    "data_unreadable": (
+        Case(
+            "data_unreadable",
+            "data-file",
+            r"data\.path='{dir}/data\.jsonl': cannot be read \(permission denied\)",
+            r"make it readable by this user",
+            files={"data.jsonl": GOOD_SFT},
+            config={"data": {"path": "{dir}/data.jsonl"}},
+        ),
+        0o000,
+        0o777,
+    ),
+    "work_dir_not_writable": (
+        Case(
+            "work_dir_not_writable",
+            "storage",
+            r"run\.work_dir='{dir}/work': '{dir}' is not writable by this user",
+            r"point run\.work_dir at a writable directory",
+            files={"data.jsonl": GOOD_SFT},
+            config={"data": {"path": "{dir}/data.jsonl"}},
+        ),
+        0o644,
+        0o555,
+    ),
 }
 NOBODY = ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
@@ -188,10 +275,20 @@ def test_permission_denied(name):
         if not prefix and allowed:
             pytest.skip("this user is not bound by file modes")
         before = listing(case_dir)
-        done = subprocess.run([*prefix, *_rankflow(), *argv], capture_output=True, text=True, cwd=case_dir,
-                              env={**_env(root), "HOME": str(root), "HF_HOME": str(root / "hf")}, timeout=120)
-        outcome = Outcome(code=done.returncode, stdout=done.stdout, stderr=done.stderr,
-                          written=sorted(set(listing(case_dir)) - set(before)))
+        done = subprocess.run(
+            [*prefix, *_rankflow(), *argv],
+            capture_output=True,
+            text=True,
+            cwd=case_dir,
+            env={**_env(root), "HOME": str(root), "HF_HOME": str(root / "hf")},
+            timeout=120,
+        )
+        outcome = Outcome(
+            code=done.returncode,
+            stdout=done.stdout,
+            stderr=done.stderr,
+            written=sorted(set(listing(case_dir)) - set(before)),
+        )
         found = problems(case, outcome, case_dir)
         assert not found, "\n".join(found)
     finally:

@@ -30,19 +30,28 @@ def test_an_s3_endpoint_on_a_closed_port_is_one_line_exit_1_and_writes_nothing(t
     argv = materialize(case, case_dir, Assets(tmp_path))
     before = listing(case_dir)
     endpoint = f"http://127.0.0.1:{_closed_port()}"
-    env = {**_env(tmp_path), "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
-           "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}
+    env = {
+        **_env(tmp_path),
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    }
     started = time.perf_counter()
     done = subprocess.run([*_rankflow(), *argv], capture_output=True, text=True, cwd=case_dir, env=env, timeout=120)
     assert time.perf_counter() - started < 60
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"rankflow: run failed: storage.url='s3://rankflow/runs' at {endpoint} "
-                                                  "is not reachable"), done.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"rankflow: run failed: storage.url='s3://rankflow/runs' at {endpoint} is not reachable"
+    ), done.stderr[-3000:]
     assert "then run the same command again" in lines[0] and "wJalrXUtnFEMI" not in lines[0]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(done.stdout.strip().splitlines()) == 1
-    assert (summary["status"], summary["failed_stage"], summary["failure_cause"]) == ("failed", "storage-check", "storage_outage")
+    assert (summary["status"], summary["failed_stage"], summary["failure_cause"]) == (
+        "failed",
+        "storage-check",
+        "storage_outage",
+    )
     assert sorted(set(listing(case_dir)) - set(before)) == []  # no work/cache, no run directory
     assert not (tmp_path / "prefect-home").exists()  # Prefect was never even imported

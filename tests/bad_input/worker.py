@@ -31,6 +31,7 @@ def _guard_the_flow() -> None:
 
         def reached(*_args, _what=function, **_kwargs):
             raise ReachedTheFlow(f"{_what} was called: the input passed every check")
+
         setattr(stub, function, reached)
         sys.modules[module_name] = stub
 

@@ -42,8 +42,9 @@ def small_disk(tmp_path):
         pytest.skip("mounting a tmpfs needs root")
     mount_point = tmp_path / f"disk-{uuid.uuid4().hex[:8]}"
     mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE}", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE}", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
@@ -53,9 +54,12 @@ def small_disk(tmp_path):
 
 
 def _run(tmp_path: Path, name: str, work_dir: Path, store: Path, capsys) -> tuple[int, dict, str]:
-    tree = tiny_tree(tmp_path, run={"work_dir": str(work_dir)}, storage={"url": str(store)},
-                     train={"steps": 2, "steps_per_segment": 2, "global_batch_size": 4, "logical_dp": 1,
-                            "nproc_per_node": 1})
+    tree = tiny_tree(
+        tmp_path,
+        run={"work_dir": str(work_dir)},
+        storage={"url": str(store)},
+        train={"steps": 2, "steps_per_segment": 2, "global_batch_size": 4, "logical_dp": 1, "nproc_per_node": 1},
+    )
     config = tmp_path / f"{name}.toml"
     config.write_text(_toml(tree))
     code = main(["run", str(config)])
@@ -68,8 +72,9 @@ def _weights(store: Path, run_id: str) -> bytes:
     return (store / run_id / "checkpoints" / checkpoint / "model.safetensors").read_bytes()
 
 
-def test_a_full_work_dir_is_named_not_retried_and_the_rerun_with_space_is_bitwise(prefect_harness, small_disk,
-                                                                                 tmp_path, capsys):
+def test_a_full_work_dir_is_named_not_retried_and_the_rerun_with_space_is_bitwise(
+    prefect_harness, small_disk, tmp_path, capsys
+):
     code, full, err = _run(tmp_path, "full", small_disk / "work", tmp_path / "store", capsys)
     assert code == 1 and full["run_id"] is not None, err[-3000:]
     assert full["failure_cause"] == "no_space" and full["failed_stage"] == "segment", full
@@ -86,7 +91,9 @@ def test_a_full_work_dir_is_named_not_retried_and_the_rerun_with_space_is_bitwis
     code, rerun, err = _run(tmp_path, "full", small_disk / "work", tmp_path / "store", capsys)
     assert code == 0 and rerun["run_id"] == full["run_id"], err[-3000:]
 
-    code, reference, err = _run(tmp_path, "reference", tmp_path / "work-reference", tmp_path / "store-reference", capsys)
+    code, reference, err = _run(
+        tmp_path, "reference", tmp_path / "work-reference", tmp_path / "store-reference", capsys
+    )
     assert code == 0 and reference["run_id"] == rerun["run_id"], err[-3000:]
     assert reference["losses"] == rerun["losses"]
     assert _weights(tmp_path / "store", rerun["run_id"]) == _weights(tmp_path / "store-reference", reference["run_id"])

@@ -29,8 +29,10 @@ pytestmark = [pytest.mark.flow, pytest.mark.distributed]  # `rankflow run`: a Pr
 
 
 def _toml(tree: dict) -> str:
-    return "\n".join(f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
-                     for section, values in tree.items())
+    return "\n".join(
+        f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
+        for section, values in tree.items()
+    )
 
 
 def _rankflow() -> list[str]:
@@ -44,13 +46,24 @@ def failed_run(tmp_path_factory) -> dict:
     tree = tiny_tree(root, train={"steps": 2, "steps_per_segment": 2, "global_batch_size": 4})
     config = root / "run.toml"
     config.write_text(_toml(tree))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(root / "prefect-home"), "DO_NOT_TRACK": "1",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", FAULT_ENV: f"1:1:{root / 'fault-happened'}",
-           FAULT_KIND_ENV: "code"}  # rank 1 raises a TypeError at step 1: a retry would fail the same way
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PREFECT_HOME": str(root / "prefect-home"),
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        FAULT_ENV: f"1:1:{root / 'fault-happened'}",
+        FAULT_KIND_ENV: "code",
+    }  # rank 1 raises a TypeError at step 1: a retry would fail the same way
     env.pop("PREFECT_API_URL", None)  # the command's own temporary server, as on a fresh machine
     out = root / "watched.json"
-    subprocess.run([sys.executable, "-m", "tests.cli.watch_exit", str(out), "--", *_rankflow(), "run", str(config)],
-                   cwd=root, env=env, timeout=900, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "tests.cli.watch_exit", str(out), "--", *_rankflow(), "run", str(config)],
+        cwd=root,
+        env=env,
+        timeout=900,
+        check=True,
+    )
     return {"root": root, "tree": tree, **json.loads(out.read_text())}
 
 
@@ -61,19 +74,26 @@ def test_a_failed_run_prints_one_clean_line_naming_stage_rank_and_retries(failed
     ours = [line for line in stderr.splitlines() if line.startswith("rankflow: ")]
     assert len(ours) == 1 and stderr.rstrip("\n").splitlines()[-1] == ours[0], stderr[-3000:]
     line = ours[0]
-    assert line.startswith("rankflow: run failed: segment failed on rank 1: code_error (TypeError: injected fault"), line
+    assert line.startswith("rankflow: run failed: segment failed on rank 1: code_error (TypeError: injected fault"), (
+        line
+    )
     assert "attempt 1 of 3, not retried: a retry cannot help (code_error); fix the cause" in line, line
     log_file = Path(re.search(r"full error and traceback: (\S+)\)$", line)[1])
     assert log_file.is_file() and "Traceback (most recent call last)" in log_file.read_text()  # kept, just not shown
 
     summary = json.loads(failed_run["stdout"].strip().splitlines()[-1])
     assert (summary["status"], summary["failed_stage"], summary["failed_rank"], summary["failure_cause"]) == (
-        "failed", "segment", 1, "code_error")
+        "failed",
+        "segment",
+        1,
+        "code_error",
+    )
     run_dir = Path(failed_run["tree"]["run"]["work_dir"]) / summary["run_id"]
     assert summary["failure_log"] == str(log_file) and log_file.is_relative_to(run_dir / "logs" / "failures")
     failed = [json.loads(entry) for entry in (run_dir / "ledger.jsonl").read_text().splitlines() if '"failed"' in entry]
     assert [(e["stage"], e["failure"]["rank"], e["failure"]["attempt"], e["failure"]["retried"]) for e in failed] == [
-        ("segment", 1, 1, False)]
+        ("segment", 1, 1, False)
+    ]
 
 
 def test_the_command_exits_right_after_its_last_line_and_leaves_no_process(failed_run):

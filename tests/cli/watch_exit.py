@@ -64,13 +64,20 @@ def main(out: Path, command: list[str]) -> None:
         except (ProcessLookupError, ChildProcessError):
             pass
     last_stdout = lines["stdout"][-1][0] if lines["stdout"] else None
-    out.write_text(json.dumps({
-        "returncode": returncode, "wall_s": exited - started,
-        "stdout": "".join(line for _, line in lines["stdout"]), "stderr": "".join(line for _, line in lines["stderr"]),
-        "exit_after_last_stdout_s": None if last_stdout is None else exited - last_stdout, "left_behind": left,
-    }))
+    out.write_text(
+        json.dumps(
+            {
+                "returncode": returncode,
+                "wall_s": exited - started,
+                "stdout": "".join(line for _, line in lines["stdout"]),
+                "stderr": "".join(line for _, line in lines["stderr"]),
+                "exit_after_last_stdout_s": None if last_stdout is None else exited - last_stdout,
+                "left_behind": left,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
     separator = sys.argv.index("--")
-    main(Path(sys.argv[1]), sys.argv[separator + 1:])
+    main(Path(sys.argv[1]), sys.argv[separator + 1 :])

@@ -22,7 +22,10 @@ BAD = Path(__file__).resolve().parent / "bad"
 CORPUS = {
     "malformed_json": (2, r"not valid JSON"),
     "missing_field": (2, r"field messages\.1\.content: Field required"),
-    "unknown_role": (2, r"field messages\.0\.role: Input should be 'system', 'user', 'assistant' or 'tool' \(got 'wizard'\)"),
+    "unknown_role": (
+        2,
+        r"field messages\.0\.role: Input should be 'system', 'user', 'assistant' or 'tool' \(got 'wizard'\)",
+    ),
     "empty_conversation": (2, r"field messages: List should have at least 1 item"),
     "no_assistant": (2, r"field messages: no assistant message"),
     "unknown_field": (2, r"field rewrd: unknown field"),
@@ -72,10 +75,12 @@ def test_too_long_is_a_counted_skip_under_truncate_or_drop(tmp_path):
 
 
 def _write_toml(path: Path, tree: dict) -> Path:
-    path.write_text("\n".join(
-        f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
-        for section, values in tree.items()
-    ))
+    path.write_text(
+        "\n".join(
+            f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
+            for section, values in tree.items()
+        )
+    )
     return path
 
 
@@ -92,8 +97,16 @@ for name, config in json.loads(sys.argv[1]).items():
     results[name] = {"code": code, "stderr": err.getvalue()}
 print("RESULTS " + json.dumps(results))
 """
-CLI_CASES = ["malformed_json", "unknown_role", "empty_conversation", "logprob_count",
-             "token_mismatch", "nonfinite_reward", "too_long", "mixed_kinds"]
+CLI_CASES = [
+    "malformed_json",
+    "unknown_role",
+    "empty_conversation",
+    "logprob_count",
+    "token_mismatch",
+    "nonfinite_reward",
+    "too_long",
+    "mixed_kinds",
+]
 
 
 @pytest.mark.flow
@@ -102,11 +115,23 @@ def test_rankflow_run_exits_2_and_writes_nothing(tmp_path):
     for name in CLI_CASES:
         case_dir = tmp_path / name
         case_dir.mkdir()
-        configs[name] = str(_write_toml(case_dir / "run.toml", tiny_tree(case_dir, data={"path": str(BAD / f"{name}.jsonl")})))
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "DO_NOT_TRACK": "1",
-           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
-    done = subprocess.run([sys.executable, "-c", _CLI_WORKER, json.dumps(configs)], capture_output=True, text=True,
-                          env=env, cwd=Path(__file__).resolve().parents[2], timeout=600)
+        configs[name] = str(
+            _write_toml(case_dir / "run.toml", tiny_tree(case_dir, data={"path": str(BAD / f"{name}.jsonl")}))
+        )
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _CLI_WORKER, json.dumps(configs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=600,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
     assert lines, f"the worker failed:\n{done.stderr[-3000:]}"
     results = json.loads(lines[-1].removeprefix("RESULTS "))
@@ -114,5 +139,8 @@ def test_rankflow_run_exits_2_and_writes_nothing(tmp_path):
         line, message = CORPUS[name]
         path = BAD / f"{name}.jsonl"
         assert results[name]["code"] == 2, (name, results[name])
-        assert re.search(rf"rankflow: bad input: {re.escape(str(path))}:{line}: {message}", results[name]["stderr"]), (name, results[name])
+        assert re.search(rf"rankflow: bad input: {re.escape(str(path))}:{line}: {message}", results[name]["stderr"]), (
+            name,
+            results[name],
+        )
         assert not (tmp_path / name / "work").exists() and not (tmp_path / name / "store").exists()

@@ -52,7 +52,9 @@ def test_the_plan_uses_the_tokenizers_own_template(tmp_path, as_file):
     directory = tokenizer_dir(tmp_path, TEMPLATE, as_file)
     assert load_chat_template(directory) == TEMPLATE
     default_plan, default_shards = build_plan(config_from_dict(tiny_tree(tmp_path), config_dir=tmp_path))
-    plan, shards = build_plan(config_from_dict(tiny_tree(tmp_path, tokenizer={"path": str(directory)}), config_dir=tmp_path))
+    plan, shards = build_plan(
+        config_from_dict(tiny_tree(tmp_path, tokenizer={"path": str(directory)}), config_dir=tmp_path)
+    )
     assert plan.digest != default_plan.digest and plan.stage_digests["render"] != default_plan.stage_digests["render"]
     tokenizer = load_tokenizer(directory)
     first = shards[0]["input_ids"][0, 0]
@@ -70,8 +72,12 @@ def test_masks_match_transformers_assistant_masks():
     rendered = [render_with_template(c, GENERATION_CHATML) for c in conversations]
     for conversation, item, tokenized in zip(conversations, rendered, tokenize(tokenizer, rendered)):
         oracle = hf_tokenizer.apply_chat_template(
-            conversation.template_messages(), chat_template=GENERATION_CHATML, tokenize=True,
-            return_dict=True, return_assistant_tokens_mask=True)
+            conversation.template_messages(),
+            chat_template=GENERATION_CHATML,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
         ours = mask(tokenized, item)
         assert ours.input_ids.tolist() == oracle["input_ids"]
         assert ours.loss_mask.astype(int).tolist() == oracle["assistant_masks"]
@@ -86,9 +92,22 @@ def test_a_template_that_rewrites_earlier_turns_is_an_error(tmp_path):
     )
     directory = tokenizer_dir(tmp_path, rewriting)
     data = tmp_path / "data.jsonl"
-    data.write_text(json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                                             {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}) + "\n")
-    config = config_from_dict(tiny_tree(tmp_path, tokenizer={"path": str(directory)}, data={"path": str(data)}), config_dir=tmp_path)
+    data.write_text(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": "b"},
+                    {"role": "user", "content": "c"},
+                    {"role": "assistant", "content": "d"},
+                ]
+            }
+        )
+        + "\n"
+    )
+    config = config_from_dict(
+        tiny_tree(tmp_path, tokenizer={"path": str(directory)}, data={"path": str(data)}), config_dir=tmp_path
+    )
     with pytest.raises(DataError, match=rf"^{data}:1: field messages\.1: the tokenizer's chat template renders"):
         build_plan(config)
 
@@ -96,6 +115,8 @@ def test_a_template_that_rewrites_earlier_turns_is_an_error(tmp_path):
 def test_a_failing_template_names_the_record(tmp_path):
     directory = tokenizer_dir(tmp_path, "{{ raise_exception('roles must alternate') }}")
     config = config_from_dict(tiny_tree(tmp_path, tokenizer={"path": str(directory)}), config_dir=tmp_path)
-    with pytest.raises(DataError, match=r"sft\.jsonl:1: field messages: the tokenizer's chat template failed .*roles must alternate"):
+    with pytest.raises(
+        DataError, match=r"sft\.jsonl:1: field messages: the tokenizer's chat template failed .*roles must alternate"
+    ):
         build_plan(config)
     assert not (tmp_path / "work").exists()

@@ -28,9 +28,14 @@ def target_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tens
 @pytest.fixture(scope="module")
 def packed_shard(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("packed")
-    config = config_from_dict(tiny_tree(tmp_path, train={"steps": 2, "steps_per_segment": 2, "global_batch_size": 4,
-                                                         "logical_dp": 1, "nproc_per_node": 1},
-                                        data={"pack": True}), config_dir=tmp_path)
+    config = config_from_dict(
+        tiny_tree(
+            tmp_path,
+            train={"steps": 2, "steps_per_segment": 2, "global_batch_size": 4, "logical_dp": 1, "nproc_per_node": 1},
+            data={"pack": True},
+        ),
+        config_dir=tmp_path,
+    )
     plan, shards = build_plan(config)
     assert plan.packed
     return shards[0]
@@ -41,7 +46,8 @@ def packed_shard(tmp_path_factory):
 def test_packed_rows_give_the_unpacked_logprobs(packed_shard, attn_implementation, mode):
     model = tiny_model(attn_implementation)
     input_ids, position_ids, document_ids, loss_mask = (
-        packed_shard[k][0] for k in ("input_ids", "position_ids", "document_ids", "loss_mask"))
+        packed_shard[k][0] for k in ("input_ids", "position_ids", "document_ids", "loss_mask")
+    )
     assert int(document_ids.max()) >= 3, "the rows must hold several documents for this test to mean anything"
     with torch.no_grad():
         packed_logits = model(**packed_attention_inputs(input_ids, position_ids, document_ids, mode=mode)).logits

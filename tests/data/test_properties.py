@@ -47,7 +47,9 @@ def conversations(draw) -> Conversation:
         if calls:
             messages.append({"role": "assistant", "content": draw(st.one_of(st.none(), text)), "tool_calls": calls})
             messages.extend({"role": "tool", "content": draw(text)} for _ in calls)
-        messages.append({"role": "assistant", "content": draw(text), "train": draw(st.sampled_from([None, None, False]))})
+        messages.append(
+            {"role": "assistant", "content": draw(text), "train": draw(st.sampled_from([None, None, False]))}
+        )
     if not any(m.get("train") is not False and m["role"] == "assistant" or m.get("train") for m in messages):
         messages[-1]["train"] = True
     return Conversation.model_validate({"messages": messages})
@@ -87,8 +89,12 @@ def test_masks_select_exactly_the_tokens_of_the_messages_that_carry_loss(convers
         assert expected.endswith("<|im_end|>") and expected.startswith(message.content or "")
         assert _pieces(_tokenizer(), masked.input_ids[masked.message_index == index]) == expected
     # and nothing else: the tokens without loss are exactly the rest of the text
-    rest = "".join(rendered.text[a:b] for a, b in zip([0, *[e for _, e in rendered.loss_spans]],
-                                                      [*[s for s, _ in rendered.loss_spans], len(rendered.text)]))
+    rest = "".join(
+        rendered.text[a:b]
+        for a, b in zip(
+            [0, *[e for _, e in rendered.loss_spans]], [*[s for s, _ in rendered.loss_spans], len(rendered.text)]
+        )
+    )
     assert _pieces(_tokenizer(), masked.input_ids[~masked.loss_mask]) == rest
 
 

@@ -18,7 +18,10 @@ RL_DATA = EXAMPLES / "tiny" / "rl.jsonl"
 
 
 def rl_config(tmp_path, **train):
-    return config_from_dict(tiny_tree(tmp_path, data={"path": str(RL_DATA), "max_seq_len": 160, "kind": "rl"}, train=train), config_dir=tmp_path)
+    return config_from_dict(
+        tiny_tree(tmp_path, data={"path": str(RL_DATA), "max_seq_len": 160, "kind": "rl"}, train=train),
+        config_dir=tmp_path,
+    )
 
 
 def expected_documents() -> dict[tuple[int, ...], list[tuple[np.ndarray, float, int]]]:
@@ -32,7 +35,9 @@ def expected_documents() -> dict[tuple[int, ...], list[tuple[np.ndarray, float, 
         rewards = np.asarray(by_group[record["group_id"]])
         advantage = (record["reward"] - rewards.mean()) / (rewards.std() + 1e-6)
         ids = [t for m in record["messages"] if m["role"] == "assistant" for t in m["token_ids"]]
-        logprobs = np.asarray([x for m in record["messages"] if m["role"] == "assistant" for x in m["logprobs"]], dtype=np.float32)
+        logprobs = np.asarray(
+            [x for m in record["messages"] if m["role"] == "assistant" for x in m["logprobs"]], dtype=np.float32
+        )
         result[tuple(ids)].append((logprobs, advantage, record["policy_version"]))
     return result
 
@@ -71,14 +76,50 @@ def test_example_trajectories_land_in_the_shard_aligned_to_their_tokens(tmp_path
 
 
 def test_given_advantages_are_used_as_they_are_and_per_turn_ones_per_turn():
-    trajectory = parse_record(json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "logprobs": [-0.5]}],
-                                          "advantage": 0.7, "reward": 5.0, "group_id": "g", "policy_version": 1}), "f:1")
-    per_turn = parse_record(json.dumps({"messages": [
-        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "logprobs": [-1.0], "advantage": 2.0},
-        {"role": "user", "content": "q2"}, {"role": "assistant", "content": "b", "logprobs": [-1.0], "reward": 1.0},
-    ], "group_id": "g", "policy_version": 1}), "f:2")
-    other = parse_record(json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "c", "logprobs": [-1.0]}],
-                                     "reward": 3.0, "group_id": "g", "policy_version": 1}), "f:3")
+    trajectory = parse_record(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a", "logprobs": [-0.5]},
+                ],
+                "advantage": 0.7,
+                "reward": 5.0,
+                "group_id": "g",
+                "policy_version": 1,
+            }
+        ),
+        "f:1",
+    )
+    per_turn = parse_record(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a", "logprobs": [-1.0], "advantage": 2.0},
+                    {"role": "user", "content": "q2"},
+                    {"role": "assistant", "content": "b", "logprobs": [-1.0], "reward": 1.0},
+                ],
+                "group_id": "g",
+                "policy_version": 1,
+            }
+        ),
+        "f:2",
+    )
+    other = parse_record(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "c", "logprobs": [-1.0]},
+                ],
+                "reward": 3.0,
+                "group_id": "g",
+                "policy_version": 1,
+            }
+        ),
+        "f:3",
+    )
     advantages, stats = resolve_advantages([trajectory, per_turn, other], ["f:1", "f:2", "f:3"])
     assert advantages[0].tolist() == [0.7, 0.7]
     # the group pools the rewards 1.0 (a turn) and 3.0 (a trajectory): normalised to -1 and +1
@@ -90,14 +131,29 @@ def test_given_advantages_are_used_as_they_are_and_per_turn_ones_per_turn():
 
 
 def test_rewards_on_both_levels_are_an_error():
-    with pytest.raises(DataError, match=r"^f:9: field reward: give rewards/advantages either per trajectory or per assistant turn"):
-        parse_record(json.dumps({"messages": [{"role": "user", "content": "q"},
-                                              {"role": "assistant", "content": "a", "logprobs": [-1.0], "reward": 1.0}],
-                                 "reward": 1.0, "group_id": "g", "policy_version": 0}), "f:9")
+    with pytest.raises(
+        DataError, match=r"^f:9: field reward: give rewards/advantages either per trajectory or per assistant turn"
+    ):
+        parse_record(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": "q"},
+                        {"role": "assistant", "content": "a", "logprobs": [-1.0], "reward": 1.0},
+                    ],
+                    "reward": 1.0,
+                    "group_id": "g",
+                    "policy_version": 0,
+                }
+            ),
+            "f:9",
+        )
 
 
 def test_the_kind_of_data_must_match_data_kind(tmp_path):
-    rl_as_sft = config_from_dict(tiny_tree(tmp_path, data={"path": str(RL_DATA), "max_seq_len": 160}), config_dir=tmp_path)
+    rl_as_sft = config_from_dict(
+        tiny_tree(tmp_path, data={"path": str(RL_DATA), "max_seq_len": 160}), config_dir=tmp_path
+    )
     with pytest.raises(DataError, match=r"rl\.jsonl: the records are RL trajectories .* but data\.kind='sft'"):
         build_plan(rl_as_sft)
     sft_as_rl = config_from_dict(tiny_tree(tmp_path, data={"kind": "rl"}), config_dir=tmp_path)

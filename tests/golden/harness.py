@@ -89,34 +89,63 @@ def stage_outputs(case: Case) -> dict[str, object]:
     tokenized = tokenize(tokenizer, rendered)
     masked = [mask(t, r) for t, r in zip(tokenized, rendered)]
     is_rl = conversations[0].is_trajectory
-    advantages = resolve_advantages(conversations, wheres, case.options.advantage_normalization)[0] if is_rl else [None] * len(records)
+    advantages = (
+        resolve_advantages(conversations, wheres, case.options.advantage_normalization)[0]
+        if is_rl
+        else [None] * len(records)
+    )
     aligned = [align(m, c, a, where=w) for m, c, a, w in zip(masked, conversations, advantages, wheres)]
 
     out: dict[str, object] = {}
     out["render"] = [
-        {"where": w, "text": r.text, "loss_spans": [list(s) for s in r.loss_spans], "span_messages": list(r.span_messages),
-         "loss_text": [r.text[s:e] for s, e in r.loss_spans], "digest": r.digest()}
+        {
+            "where": w,
+            "text": r.text,
+            "loss_spans": [list(s) for s in r.loss_spans],
+            "span_messages": list(r.span_messages),
+            "loss_text": [r.text[s:e] for s, e in r.loss_spans],
+            "digest": r.digest(),
+        }
         for w, r in zip(wheres, rendered)
     ]
     out["tokenize"] = [
-        {"where": w, "input_ids": t.input_ids.tolist(), "tokens": [r.text[s:e] for s, e in t.offsets.tolist()],
-         "offsets": t.offsets.tolist(), "digest": t.digest()}
+        {
+            "where": w,
+            "input_ids": t.input_ids.tolist(),
+            "tokens": [r.text[s:e] for s, e in t.offsets.tolist()],
+            "offsets": t.offsets.tolist(),
+            "digest": t.digest(),
+        }
         for w, t, r in zip(wheres, tokenized, rendered)
     ]
     out["mask"] = [
-        {"where": w, "loss_mask": _bits(m.loss_mask), "message_index": m.message_index.tolist(),
-         "loss_tokens_by_message": {
-             str(i): "".join(r.text[s:e] for (s, e), k in zip(t.offsets.tolist(), m.message_index) if k == i)
-             for i in sorted(set(m.message_index.tolist()) - {-1})},
-         "digest": m.digest()}
+        {
+            "where": w,
+            "loss_mask": _bits(m.loss_mask),
+            "message_index": m.message_index.tolist(),
+            "loss_tokens_by_message": {
+                str(i): "".join(r.text[s:e] for (s, e), k in zip(t.offsets.tolist(), m.message_index) if k == i)
+                for i in sorted(set(m.message_index.tolist()) - {-1})
+            },
+            "digest": m.digest(),
+        }
         for w, m, t, r in zip(wheres, masked, tokenized, rendered)
     ]
     out["align"] = [
-        {"where": w, "rl": a.advantages is not None,
-         **({"policy_version": a.policy_version,
-             "behaviour_logprobs": _floats(a.behaviour_logprobs[a.loss_mask]),
-             "advantages": _floats(a.advantages[a.loss_mask])} if a.advantages is not None else {}),
-         "digest": a.digest()}
+        {
+            "where": w,
+            "rl": a.advantages is not None,
+            **(
+                {
+                    "policy_version": a.policy_version,
+                    "behaviour_logprobs": _floats(a.behaviour_logprobs[a.loss_mask]),
+                    "advantages": _floats(a.advantages[a.loss_mask]),
+                }
+                if a.advantages is not None
+                else {}
+            ),
+            "digest": a.digest(),
+        }
         for w, a in zip(wheres, aligned)
     ]
     documents, kept, truncated, dropped = fit_length(aligned, wheres, case.options.max_seq_len, case.options.overflow)
@@ -127,12 +156,27 @@ def stage_outputs(case: Case) -> dict[str, object]:
         kept = kept[:used]
     arrays = rows.arrays()
     out["pack"] = {
-        "fit": {"max_seq_len": case.options.max_seq_len, "overflow": case.options.overflow,
-                "kept": kept, "num_truncated": truncated, "num_dropped": dropped},
+        "fit": {
+            "max_seq_len": case.options.max_seq_len,
+            "overflow": case.options.overflow,
+            "kept": kept,
+            "num_truncated": truncated,
+            "num_dropped": dropped,
+        },
         "rows": [
-            {"documents": [kept[i] for i in rows.documents[r]],
-             **{name: (_bits(values[r]) if values.dtype == bool else _floats(values[r]) if values.dtype.kind == "f" else values[r].tolist())
-                for name, values in arrays.items()}}
+            {
+                "documents": [kept[i] for i in rows.documents[r]],
+                **{
+                    name: (
+                        _bits(values[r])
+                        if values.dtype == bool
+                        else _floats(values[r])
+                        if values.dtype.kind == "f"
+                        else values[r].tolist()
+                    )
+                    for name, values in arrays.items()
+                },
+            }
             for r in range(len(rows.documents))
         ],
         "digest": rows.digest(),
@@ -146,10 +190,14 @@ def _format(value: object, indent: int = 0) -> str:
     if isinstance(value, dict):
         if not value:
             return "{}"
-        items = [f'{pad}  {json.dumps(k)}: {_format(v, indent + 1)}' for k, v in value.items()]
+        items = [f"{pad}  {json.dumps(k)}: {_format(v, indent + 1)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + f"\n{pad}}}"
-    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value) and not all(
-        isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v) and len(v) <= 2 for v in value
+    if (
+        isinstance(value, list)
+        and any(isinstance(v, (dict, list)) for v in value)
+        and not all(
+            isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v) and len(v) <= 2 for v in value
+        )
     ):
         items = [f"{pad}  {_format(v, indent + 1)}" for v in value]
         return "[\n" + ",\n".join(items) + f"\n{pad}]"

@@ -23,7 +23,9 @@ def test_stage_output_matches_golden_file(case, stage):
     expected, actual = path.read_text(encoding="utf-8"), _generated(case)[stage]
     if actual != expected:
         diff = "".join(difflib.unified_diff(expected.splitlines(True), actual.splitlines(True), "golden", "now", n=1))
-        pytest.fail(f"{case.name}/{stage} differs from {path} (review, then `python -m tests.golden.regenerate`):\n{diff[:4000]}")
+        pytest.fail(
+            f"{case.name}/{stage} differs from {path} (review, then `python -m tests.golden.regenerate`):\n{diff[:4000]}"
+        )
 
 
 def test_cases_are_disjoint_and_all_have_inputs():

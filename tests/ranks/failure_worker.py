@@ -111,31 +111,64 @@ def run_case(topology, case: str, failing: int, cause: str, body, where: str | N
 def rank_zero_cases(topology, workdir: Path) -> None:
     for command in RANK_ZERO_COMMANDS:
         os.environ[COMMAND_FAULT_ENV] = f"{command}:1"
-        run_case(topology, f"rank-zero {command}", 1, f"InjectedFault: injected fault in {command} on rank 1",
-                 lambda: run_rank_zero(make_trainer(), topology, lambda t: every_command(t, workdir)))
+        run_case(
+            topology,
+            f"rank-zero {command}",
+            1,
+            f"InjectedFault: injected fault in {command} on rank 1",
+            lambda: run_rank_zero(make_trainer(), topology, lambda t: every_command(t, workdir)),
+        )
         del os.environ[COMMAND_FAULT_ENV]
     os.environ[COMMAND_FAULT_ENV] = "step:0"
-    run_case(topology, "rank-zero step on rank 0", 0, "InjectedFault: injected fault in step on rank 0",
-             lambda: run_rank_zero(make_trainer(), topology, lambda t: every_command(t, workdir)))
+    run_case(
+        topology,
+        "rank-zero step on rank 0",
+        0,
+        "InjectedFault: injected fault in step on rank 0",
+        lambda: run_rank_zero(make_trainer(), topology, lambda t: every_command(t, workdir)),
+    )
     del os.environ[COMMAND_FAULT_ENV]
     for where in ("forward", "backward", "step"):
+
         def broken_loop(trainer, where=where):
             trainer.call(_break_on_rank, 1, where)
             sft_loop(trainer, sft_batches((8, 8)))
-        run_case(topology, f"rank-zero {where} inside the trainer", 1, f"RuntimeError: {where} broke on rank 1",
-                 lambda: run_rank_zero(make_trainer(), topology, broken_loop))
-    run_case(topology, "rank-zero callback", 1, "ValueError: callback refused its shard on rank 1",
-             lambda: run_rank_zero(make_trainer(), topology, lambda t: t.call(_raise_on_rank, 1)))
+
+        run_case(
+            topology,
+            f"rank-zero {where} inside the trainer",
+            1,
+            f"RuntimeError: {where} broke on rank 1",
+            lambda: run_rank_zero(make_trainer(), topology, broken_loop),
+        )
+    run_case(
+        topology,
+        "rank-zero callback",
+        1,
+        "ValueError: callback refused its shard on rank 1",
+        lambda: run_rank_zero(make_trainer(), topology, lambda t: t.call(_raise_on_rank, 1)),
+    )
 
     for rank in (1, 0):  # a peer interrupted inside a command, and rank 0 (the driver's own rank)
-        run_case(topology, f"rank-zero interrupt on rank {rank}", rank, "KeyboardInterrupt",
-                 lambda: run_rank_zero(make_trainer(), topology, lambda t: t.call(_interrupt_on_rank, rank)))
+        run_case(
+            topology,
+            f"rank-zero interrupt on rank {rank}",
+            rank,
+            "KeyboardInterrupt",
+            lambda: run_rank_zero(make_trainer(), topology, lambda t: t.call(_interrupt_on_rank, rank)),
+        )
 
     def driver_bug(trainer):
         trainer.forward(*[sft_batches((4,))[0][k] for k in ("input_ids", "attention_mask")])
         raise KeyError("the driver's own bug")
-    run_case(topology, "rank-zero driver", 0, "KeyError: \"the driver's own bug\"",
-             lambda: run_rank_zero(make_trainer(), topology, driver_bug))
+
+    run_case(
+        topology,
+        "rank-zero driver",
+        0,
+        'KeyError: "the driver\'s own bug"',
+        lambda: run_rank_zero(make_trainer(), topology, driver_bug),
+    )
 
 
 def logical_dp_cases(topology) -> None:
@@ -154,15 +187,29 @@ def logical_dp_cases(topology) -> None:
         with ldp.command("save"):
             pass
 
-    for where, fault in (("forward", None), ("backward", None), ("step", "step:1"), ("save", "save:1"),
-                         ("logical rank", "logical_rank:1")):
+    for where, fault in (
+        ("forward", None),
+        ("backward", None),
+        ("step", "step:1"),
+        ("save", "save:1"),
+        ("logical rank", "logical_rank:1"),
+    ):
         if fault:
             os.environ[COMMAND_FAULT_ENV] = fault
-        cause = (f"RuntimeError: {where} broke on rank 1" if fault is None
-                 else f"InjectedFault: injected fault in {fault.split(':')[0]} on rank 1")
+        cause = (
+            f"RuntimeError: {where} broke on rank 1"
+            if fault is None
+            else f"InjectedFault: injected fault in {fault.split(':')[0]} on rank 1"
+        )
         in_shard = where in ("forward", "backward", "logical rank")  # the failing logical rank is named
-        run_case(topology, f"logical-dp {where}", 1, cause, lambda: spmd(where),
-                 where=f"logical rank {topology.logical_per_rank}" if in_shard else None)
+        run_case(
+            topology,
+            f"logical-dp {where}",
+            1,
+            cause,
+            lambda: spmd(where),
+            where=f"logical rank {topology.logical_per_rank}" if in_shard else None,
+        )
         os.environ.pop(COMMAND_FAULT_ENV, None)
 
     def interrupted_shard():
@@ -170,8 +217,15 @@ def logical_dp_cases(topology) -> None:
         for shard in LogicalDataParallel(trainer, topology).forward_batches(batch, step=0):
             with shard:
                 _interrupt_on_rank(type("Context", (), {"topology": topology}), 1)
-    run_case(topology, "logical-dp interrupt", 1, "KeyboardInterrupt", interrupted_shard,
-             where=f"logical rank {topology.logical_per_rank}")
+
+    run_case(
+        topology,
+        "logical-dp interrupt",
+        1,
+        "KeyboardInterrupt",
+        interrupted_shard,
+        where=f"logical rank {topology.logical_per_rank}",
+    )
 
 
 def interrupted(topology, where: str) -> None:

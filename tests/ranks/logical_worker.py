@@ -60,7 +60,9 @@ def run_scenarios(topology: Topology) -> dict[str, dict]:
     trainer = make_trainer()
     record("spmd_uneven", trainer, spmd_sft(trainer, topology, sft_batches(UNEVEN_ROWS)))
     trainer = make_trainer()
-    record("spmd_uneven_skipping_empty", trainer, spmd_sft(trainer, topology, sft_batches(UNEVEN_ROWS), yield_empty=False))
+    record(
+        "spmd_uneven_skipping_empty", trainer, spmd_sft(trainer, topology, sft_batches(UNEVEN_ROWS), yield_empty=False)
+    )
     trainer = make_trainer()
     record("rank_zero_sft", trainer, run_rank_zero(trainer, topology, lambda t: sft_loop(t, sft_batches(UNEVEN_ROWS))))
     trainer = make_trainer()
@@ -68,14 +70,18 @@ def run_scenarios(topology: Topology) -> dict[str, dict]:
     trainer = make_trainer()
     record("spmd_shuffled", trainer, spmd_shuffled(trainer, topology, shuffle_pool()))
     trainer = make_trainer()
-    record("rank_zero_shuffled", trainer,
-           run_rank_zero(trainer, topology, lambda t: rank_zero_shuffled(t, shuffle_pool())))
+    record(
+        "rank_zero_shuffled", trainer, run_rank_zero(trainer, topology, lambda t: rank_zero_shuffled(t, shuffle_pool()))
+    )
 
     local = torch.stack([_partial(r) for r in topology.local_logical_ranks])
-    folded = sharded_ordered_fold(to_shard_layout(local, topology.world_size), topology)[:local.shape[1]]
+    folded = sharded_ordered_fold(to_shard_layout(local, topology.world_size), topology)[: local.shape[1]]
     results["fold"] = {"digest": _same_everywhere(folded.numpy().tobytes().hex(), topology)}
-    values = {r: torch.tensor([1e8, 1.0 / (r + 3)], dtype=torch.float32) * (-1) ** r
-              for r in topology.local_logical_ranks if r != 2}  # logical rank 2 has no value
+    values = {
+        r: torch.tensor([1e8, 1.0 / (r + 3)], dtype=torch.float32) * (-1) ** r
+        for r in topology.local_logical_ranks
+        if r != 2
+    }  # logical rank 2 has no value
     reduced = reduce_over_logical_ranks(values, "sum", topology)
     results["reduce"] = {"digest": _same_everywhere(reduced.numpy().tobytes().hex(), topology)}
     return results

@@ -25,8 +25,13 @@ RL_ROWS = (8, 6, 3, 8)
 
 
 def digest(trainer) -> str:
-    return hashlib.sha256(b"".join(p.detach().contiguous().numpy().tobytes()
-                                   for c in trainer.checkpoints.values() for p in c.parameters().values())).hexdigest()
+    return hashlib.sha256(
+        b"".join(
+            p.detach().contiguous().numpy().tobytes()
+            for c in trainer.checkpoints.values()
+            for p in c.parameters().values()
+        )
+    ).hexdigest()
 
 
 def make_trainer(*, dropout: float = 0.1) -> Trainer:
@@ -96,8 +101,11 @@ def rl_loop(trainer, batches) -> list[float]:
     losses = []
     out = trainer.forward(batches[0]["input_ids"], batches[0]["attention_mask"])
     for index, batch in enumerate(batches):
-        upcoming = (trainer.forward(batches[index + 1]["input_ids"], batches[index + 1]["attention_mask"])
-                    if index + 1 < len(batches) else None)
+        upcoming = (
+            trainer.forward(batches[index + 1]["input_ids"], batches[index + 1]["attention_mask"])
+            if index + 1 < len(batches)
+            else None
+        )
         mask = batch["loss_mask"][:, 1:].to(out.logprobs.dtype)
         ratio = torch.exp(out.logprobs - batch["behaviour_logprobs"])
         advantages = batch["advantages"]

@@ -18,19 +18,34 @@ from tests.trainer.ranks import ROOT
 
 pytestmark = pytest.mark.distributed
 
-CASES = ([f"rank-zero {c}" for c in RANK_ZERO_COMMANDS]
-         + ["rank-zero step on rank 0", "rank-zero forward inside the trainer", "rank-zero backward inside the trainer",
-            "rank-zero step inside the trainer", "rank-zero callback", "rank-zero interrupt on rank 1",
-            "rank-zero interrupt on rank 0", "rank-zero driver"]
-         + [f"logical-dp {c}" for c in ("forward", "backward", "step", "save", "logical rank", "interrupt")])
+CASES = (
+    [f"rank-zero {c}" for c in RANK_ZERO_COMMANDS]
+    + [
+        "rank-zero step on rank 0",
+        "rank-zero forward inside the trainer",
+        "rank-zero backward inside the trainer",
+        "rank-zero step inside the trainer",
+        "rank-zero callback",
+        "rank-zero interrupt on rank 1",
+        "rank-zero interrupt on rank 0",
+        "rank-zero driver",
+    ]
+    + [f"logical-dp {c}" for c in ("forward", "backward", "step", "save", "logical rank", "interrupt")]
+)
 PROMPT_S = 10.0
 """How long any rank may take, from the start of a case, to raise (generous for a loaded 2-core machine)."""
 
 
 def test_each_command_failing_on_one_rank_fails_every_rank_promptly_with_the_rank_named():
     lines: list[str] = []
-    result = launch("tests.ranks.failure_worker", [], nproc_per_node=4, timeout_s=400, env={"PYTHONPATH": str(ROOT)},
-                    on_line=lines.append)
+    result = launch(
+        "tests.ranks.failure_worker",
+        [],
+        nproc_per_node=4,
+        timeout_s=400,
+        env={"PYTHONPATH": str(ROOT)},
+        on_line=lines.append,
+    )
     assert result.returncode == 0, "\n".join(lines[-60:])
     done = {}
     for line in lines:
@@ -46,15 +61,23 @@ def test_each_command_failing_on_one_rank_fails_every_rank_promptly_with_the_ran
 @pytest.mark.parametrize("command", ["forward", "step", "export"])
 def test_an_uncaught_failure_on_rank_1_ends_the_launch_in_seconds_and_rank_0_names_it(command):
     lines: list[str] = []
-    result = launch("tests.ranks.failure_worker", ["--exit-on", command], nproc_per_node=2, timeout_s=300,
-                    env={"PYTHONPATH": str(ROOT)}, on_line=lines.append)
+    result = launch(
+        "tests.ranks.failure_worker",
+        ["--exit-on", command],
+        nproc_per_node=2,
+        timeout_s=300,
+        env={"PYTHONPATH": str(ROOT)},
+        on_line=lines.append,
+    )
     ended = time.time()
     assert result.returncode != 0 and not result.timed_out
     (record,) = result.error_records  # only the failing rank records an error; rank 0 stopped because of it
     assert record["rank"] == 1 and record["type"] == "InjectedFault"
     assert ended - record["time"] < PROMPT_S, f"the launch ended {ended - record['time']:.1f} s after rank 1 failed"
-    expected = (f"[rank 0] ERROR RankFailure: {command} failed on rank 1 "
-                f"(rank 1: InjectedFault: injected fault in {command} on rank 1")
+    expected = (
+        f"[rank 0] ERROR RankFailure: {command} failed on rank 1 "
+        f"(rank 1: InjectedFault: injected fault in {command} on rank 1"
+    )
     assert any(line.startswith(expected) for line in lines), "\n".join(lines[-40:])
     failure = diagnose_launch(result, "segment")
     assert failure.rank == 1 and failure.cause is FailureClass.TRANSIENT
@@ -64,8 +87,14 @@ def test_an_uncaught_failure_on_rank_1_ends_the_launch_in_seconds_and_rank_0_nam
 def test_a_keyboard_interrupt_on_rank_1_stops_its_peers_with_a_rank_failure_naming_it(where):
     """Ctrl-C (a real SIGINT) on one rank is reported like any failure: the peers learn it, then it is re-raised."""
     lines: list[str] = []
-    result = launch("tests.ranks.failure_worker", ["--interrupt-in", where], nproc_per_node=2, timeout_s=300,
-                    env={"PYTHONPATH": str(ROOT)}, on_line=lines.append)
+    result = launch(
+        "tests.ranks.failure_worker",
+        ["--interrupt-in", where],
+        nproc_per_node=2,
+        timeout_s=300,
+        env={"PYTHONPATH": str(ROOT)},
+        on_line=lines.append,
+    )
     ended = time.time()
     assert result.returncode != 0 and not result.timed_out
     (record,) = result.error_records  # rank 0 stopped because of rank 1: a RankFailure, not recorded

@@ -148,8 +148,10 @@ def _same_streams(left: list[torch.Tensor], right: list[torch.Tensor]) -> bool:
     return len(left) == len(right) and all(torch.equal(a, b) for a, b in zip(left, right))
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA"))])
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))],
+)
 def test_the_facades_leave_the_callers_random_streams_as_they_were(device):
     """Inside a logical rank the streams are its own seed's; after any facade call the caller's are untouched."""
     batch = {name: tensor.to(device) for name, tensor in sft_batches((6,))[0].items()}

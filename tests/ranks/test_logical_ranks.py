@@ -32,8 +32,14 @@ def one_thread():
 
 def launch_worker(world_size: int, out_dir) -> dict:
     lines: list[str] = []
-    result = launch("tests.ranks.logical_worker", ["--out", str(out_dir)], nproc_per_node=world_size, timeout_s=300,
-                    env={"PYTHONPATH": str(ROOT)}, on_line=lines.append)
+    result = launch(
+        "tests.ranks.logical_worker",
+        ["--out", str(out_dir)],
+        nproc_per_node=world_size,
+        timeout_s=300,
+        env={"PYTHONPATH": str(ROOT)},
+        on_line=lines.append,
+    )
     assert result.returncode == 0, "\n".join(lines[-40:])
     assert sum(f"OK rank {r} of {world_size}" in line for line in lines for r in range(world_size)) == world_size
     return json.loads((out_dir / f"results-w{world_size}.json").read_text())
@@ -41,8 +47,17 @@ def launch_worker(world_size: int, out_dir) -> dict:
 
 def test_every_scenario_is_bitwise_the_same_at_one_two_and_four_processes(tmp_path, one_thread):
     reference = run_scenarios(Topology(0, 1, LOGICAL_DP))
-    assert set(reference) == {"spmd_even", "spmd_uneven", "spmd_uneven_skipping_empty", "rank_zero_sft", "rank_zero_rl",
-                              "spmd_shuffled", "rank_zero_shuffled", "fold", "reduce"}
+    assert set(reference) == {
+        "spmd_even",
+        "spmd_uneven",
+        "spmd_uneven_skipping_empty",
+        "rank_zero_sft",
+        "rank_zero_rl",
+        "spmd_shuffled",
+        "rank_zero_shuffled",
+        "fold",
+        "reduce",
+    }
     for world_size in (2, 4):
         results = launch_worker(world_size, tmp_path)
         for scenario, expected in reference.items():
@@ -55,8 +70,14 @@ def test_the_comparison_is_sensitive_a_fast_reduction_differs_from_w1(tmp_path, 
     """Not a promise, a check on the test: the plain all-reduce's association at W = 4 does change bits."""
     reference = fast_scenario(Topology(0, 1, LOGICAL_DP))  # at W = 1 fast and deterministic add alike
     lines: list[str] = []
-    result = launch("tests.ranks.logical_worker", ["--out", str(tmp_path), "--fast"], nproc_per_node=4, timeout_s=300,
-                    env={"PYTHONPATH": str(ROOT)}, on_line=lines.append)
+    result = launch(
+        "tests.ranks.logical_worker",
+        ["--out", str(tmp_path), "--fast"],
+        nproc_per_node=4,
+        timeout_s=300,
+        env={"PYTHONPATH": str(ROOT)},
+        on_line=lines.append,
+    )
     assert result.returncode == 0, "\n".join(lines[-40:])
     fast = json.loads((tmp_path / "fast.json").read_text())
     assert fast["digest"] != reference["digest"]

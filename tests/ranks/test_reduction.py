@@ -34,12 +34,15 @@ def test_reduce_counts_each_logical_rank_once_in_logical_order():
     assert reduce_over_logical_ranks([torch.tensor(4.0), None, None, None], "mean", topology).item() == 1.0
 
 
-@pytest.mark.parametrize("values, message", [
-    ({5: torch.tensor(1.0)}, "not run by this process"),
-    ([torch.tensor(1.0)], "got 1 values for this process's 4 logical ranks"),
-    ({}, "no logical rank contributed a value"),
-    ({0: torch.zeros(2), 1: torch.zeros(3)}, "different shapes"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({5: torch.tensor(1.0)}, "not run by this process"),
+        ([torch.tensor(1.0)], "got 1 values for this process's 4 logical ranks"),
+        ({}, "no logical rank contributed a value"),
+        ({0: torch.zeros(2), 1: torch.zeros(3)}, "different shapes"),
+    ],
+)
 def test_reduce_refuses_what_it_cannot_sum(values, message):
     with pytest.raises(ValueError, match=message):
         reduce_over_logical_ranks(values, "sum", Topology(0, 1, 4))

@@ -25,8 +25,10 @@ from trainer_core.run.state import state_dir_for
 
 pytestmark = pytest.mark.distributed
 
-RL = {"data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl", "max_seq_len": 160},
-      "rl": {"sft_coef": 0.1, "initial_policy_version": 3, "max_data_staleness": 1}}
+RL = {
+    "data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl", "max_seq_len": 160},
+    "rl": {"sft_coef": 0.1, "initial_policy_version": 3, "max_data_staleness": 1},
+}
 CASES = {  # config sections, and the world sizes of the two segments
     "sft": ({}, (2, 4)),
     "sft_packed": ({"data": {"pack": True}}, (4, 2)),
@@ -36,8 +38,17 @@ CASES = {  # config sections, and the world sizes of the two segments
 
 
 def planned(tmp_path: Path, sections: dict) -> Path:
-    tree = tiny_tree(tmp_path, train={"steps": 4, "steps_per_segment": 2, "global_batch_size": 8, "logical_dp": 4,
-                                      "nproc_per_node": 1, "collective_timeout_s": 120})
+    tree = tiny_tree(
+        tmp_path,
+        train={
+            "steps": 4,
+            "steps_per_segment": 2,
+            "global_batch_size": 8,
+            "logical_dp": 4,
+            "nproc_per_node": 1,
+            "collective_timeout_s": 120,
+        },
+    )
     for section, values in sections.items():
         tree.setdefault(section, {}).update(values)
     config = config_from_dict(tree, config_dir=tmp_path)
@@ -49,8 +60,13 @@ def planned(tmp_path: Path, sections: dict) -> Path:
 
 def launch_segment(run_dir: Path, segment: int, world_size: int) -> None:
     lines: list[str] = []
-    result = launch("trainer_core.run.segment_main", ["--run-dir", str(run_dir), "--segment", str(segment)],
-                    nproc_per_node=world_size, timeout_s=300, on_line=lines.append)
+    result = launch(
+        "trainer_core.run.segment_main",
+        ["--run-dir", str(run_dir), "--segment", str(segment)],
+        nproc_per_node=world_size,
+        timeout_s=300,
+        on_line=lines.append,
+    )
     assert result.returncode == 0, "\n".join(lines[-40:])
 
 
@@ -58,11 +74,15 @@ def outcome(run_dir: Path) -> dict:
     """Losses of both segments, the final weights' bytes and the AdamW state."""
     final = state_dir_for(run_dir, 1) / "base"
     results = [SegmentResult.read(segment_result_path(run_dir, s)) for s in (0, 1)]
-    return {"losses": [r.losses for r in results], "num_tokens": [r.num_tokens for r in results],
-            "stale": [r.num_stale_trajectories for r in results],
-            "weights": (final / "params.safetensors").read_bytes(),
-            "optimizer": torch.load(final / "optimizer.pt", weights_only=True)["state"],
-            "world_sizes": [r.world_size for r in results], "threads": {r.threads_per_process for r in results}}
+    return {
+        "losses": [r.losses for r in results],
+        "num_tokens": [r.num_tokens for r in results],
+        "stale": [r.num_stale_trajectories for r in results],
+        "weights": (final / "params.safetensors").read_bytes(),
+        "optimizer": torch.load(final / "optimizer.pt", weights_only=True)["state"],
+        "world_sizes": [r.world_size for r in results],
+        "threads": {r.threads_per_process for r in results},
+    }
 
 
 def assert_same_run(actual: dict, expected: dict) -> None:

@@ -23,7 +23,9 @@ def test_each_process_runs_a_contiguous_block_of_logical_ranks_in_order():
     assert list(Topology(0, 1, 4).local_logical_ranks) == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("num_rows, sizes", [(8, [2, 2, 2, 2]), (6, [2, 2, 1, 1]), (3, [1, 1, 1, 0]), (0, [0, 0, 0, 0])])
+@pytest.mark.parametrize(
+    "num_rows, sizes", [(8, [2, 2, 2, 2]), (6, [2, 2, 1, 1]), (3, [1, 1, 1, 0]), (0, [0, 0, 0, 0])]
+)
 def test_rows_split_contiguously_the_first_logical_ranks_taking_the_remainder(num_rows, sizes):
     ranges = logical_row_ranges(num_rows, 4)
     assert [len(r) for r in ranges] == sizes
@@ -37,12 +39,15 @@ def test_the_split_and_the_seeds_depend_on_the_logical_rank_only():
     assert step_seed(7, 3, 2) == step_seed(7, 3, 2) != step_seed(7, 3, 1)
 
 
-@pytest.mark.parametrize("world_size, logical_dp, batch, fix", [
-    (3, 4, None, "launch a number of processes that divides train.logical_dp (one of [1, 2, 4])"),
-    (8, 4, None, "not a multiple of world_size=8"),
-    (2, 4, 10, "global_batch_size=10 is not a multiple of logical_dp=4"),
-    (0, 4, None, "must both be at least 1"),
-])
+@pytest.mark.parametrize(
+    "world_size, logical_dp, batch, fix",
+    [
+        (3, 4, None, "launch a number of processes that divides train.logical_dp (one of [1, 2, 4])"),
+        (8, 4, None, "not a multiple of world_size=8"),
+        (2, 4, 10, "global_batch_size=10 is not a multiple of logical_dp=4"),
+        (0, 4, None, "must both be at least 1"),
+    ],
+)
 def test_a_bad_topology_names_the_fix(world_size, logical_dp, batch, fix):
     with pytest.raises(ValueError) as raised:
         check_topology(world_size, logical_dp, batch)
@@ -69,14 +74,29 @@ def test_the_config_refuses_a_bad_topology_before_anything_runs(tmp_path):
 
 @pytest.mark.distributed
 def test_a_launch_at_a_world_size_that_does_not_divide_logical_dp_fails_on_every_rank_at_once(tmp_path):
-    config = config_from_dict(tiny_tree(tmp_path, train={"logical_dp": 4, "nproc_per_node": 4, "steps": 1,
-                                                         "steps_per_segment": 1, "collective_timeout_s": 300}),
-                              config_dir=tmp_path)
+    config = config_from_dict(
+        tiny_tree(
+            tmp_path,
+            train={
+                "logical_dp": 4,
+                "nproc_per_node": 4,
+                "steps": 1,
+                "steps_per_segment": 1,
+                "collective_timeout_s": 300,
+            },
+        ),
+        config_dir=tmp_path,
+    )
     planned = plan_run_fn(config)
     lines: list[str] = []
     started = time.monotonic()
-    result = launch("trainer_core.run.segment_main", ["--run-dir", planned.run_dir, "--segment", "0"], nproc_per_node=3,
-                    timeout_s=120, on_line=lines.append)
+    result = launch(
+        "trainer_core.run.segment_main",
+        ["--run-dir", planned.run_dir, "--segment", "0"],
+        nproc_per_node=3,
+        timeout_s=120,
+        on_line=lines.append,
+    )
     assert result.returncode != 0 and time.monotonic() - started < 60  # never waited on a collective
     refusals = [line for line in lines if "ERROR ValueError: logical_dp=4 is not a multiple of world_size=3" in line]
     assert {line.split("]")[0] for line in refusals} == {"[rank 0", "[rank 1", "[rank 2"}, "\n".join(lines[-30:])

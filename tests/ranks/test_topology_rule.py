@@ -47,8 +47,9 @@ def _accepted(check) -> bool:
 @pytest.mark.parametrize("nnodes", [1, 2, 3])
 def test_the_config_accepts_exactly_the_topologies_a_launch_accepts(nnodes):
     for nproc, logical_dp, batch in itertools.product(range(1, 5), range(1, 9), (4, 6, 12, 16)):
-        by_config = _accepted(lambda: TrainSection(nnodes=nnodes, nproc_per_node=nproc, logical_dp=logical_dp,
-                                                   global_batch_size=batch))
+        by_config = _accepted(
+            lambda: TrainSection(nnodes=nnodes, nproc_per_node=nproc, logical_dp=logical_dp, global_batch_size=batch)
+        )
         by_launch = _accepted(lambda: check_topology(nnodes * nproc, logical_dp, batch))
         assert by_config is by_launch, (nnodes, nproc, logical_dp, batch)
         if nnodes > 1:

@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     if args.latest_only is not None:
         move = advance_latest(store, args.run_id, args.latest_only, on_read=lambda: observe("latest-read"))
-        print(json.dumps({"moved": move.moved, "step": move.step, "started": started, "ended": time.time()}), flush=True)
+        print(
+            json.dumps({"moved": move.moved, "step": move.step, "started": started, "ended": time.time()}), flush=True
+        )
         return 0
     outcome = commit_checkpoint(args.staged, store, args.run_id, observer=observe)
     print(json.dumps({**outcome.to_dict(), "started": started, "ended": time.time()}), flush=True)

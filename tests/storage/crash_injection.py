@@ -95,8 +95,9 @@ def _check_visible(store: StoreLocation, summary: CrashSummary, step: int, label
         summary.failures.append(f"{label}: {checkpoint_name(step)} listed but does not verify")
 
 
-def run_trials(store_url: str, work: Path, num_trials: int, seed: int, env: dict[str, str] | None = None,
-               large: bool = False) -> CrashSummary:
+def run_trials(
+    store_url: str, work: Path, num_trials: int, seed: int, env: dict[str, str] | None = None, large: bool = False
+) -> CrashSummary:
     env = env or {}
     rng = random.Random(seed)
     store = open_store(store_url)
@@ -144,10 +145,13 @@ def run_trials(store_url: str, work: Path, num_trials: int, seed: int, env: dict
         summary.bytes_uploaded_on_retry += outcome.bytes_uploaded
         reuploaded = [path for path in outcome.uploaded if path in complete]
         summary.bytes_reuploaded_complete += sum(complete[path] for path in reuploaded)
-        summary.bytes_landed_after_check += sum(e.size for e in manifest.files
-                                                if e.path not in complete and e.path not in outcome.uploaded)
-        if verify_checkpoint(store, RUN, checkpoint_name(step), full=True).verified and \
-                read_latest(store, RUN) == {"checkpoint": checkpoint_name(step), "step": step}:
+        summary.bytes_landed_after_check += sum(
+            e.size for e in manifest.files if e.path not in complete and e.path not in outcome.uploaded
+        )
+        if verify_checkpoint(store, RUN, checkpoint_name(step), full=True).verified and read_latest(store, RUN) == {
+            "checkpoint": checkpoint_name(step),
+            "step": step,
+        }:
             summary.recovered += 1
         else:
             summary.failures.append(f"{label}: the retry did not leave a verified checkpoint with LATEST on it")

@@ -1,7 +1,7 @@
 """A process that takes a lease repeatedly (or once, then hangs), for lease tests.
 
-    python -m tests.storage.lease_holder STORE_URL NAME --rounds N --hold-s S    prints JSON intervals
-    python -m tests.storage.lease_holder STORE_URL NAME --hang                   prints `held`, then sleeps
+python -m tests.storage.lease_holder STORE_URL NAME --rounds N --hold-s S    prints JSON intervals
+python -m tests.storage.lease_holder STORE_URL NAME --hang                   prints `held`, then sleeps
 """
 
 from __future__ import annotations

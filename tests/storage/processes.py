@@ -14,9 +14,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def spawn(module: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), child_env.get("PYTHONPATH")]))
-    process = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=child_env, cwd=REPO_ROOT,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env,
+        cwd=REPO_ROOT,
+        start_new_session=True,
+    )
     return process
 
 

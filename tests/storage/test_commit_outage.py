@@ -52,8 +52,9 @@ def test_server_stopped_mid_commit_then_retried_after_restart(tmp_path, monkeypa
                     server.stop(timeout_s=3)  # the storage goes away mid-commit
 
         with pytest.raises(ConnectionError, match="object storage at s3://outage/runs is unreachable"):
-            commit_checkpoint(staged, store, RUN, settings=PublishSettings(concurrency=1),
-                              observer=stop_after_two_uploads)
+            commit_checkpoint(
+                staged, store, RUN, settings=PublishSettings(concurrency=1), observer=stop_after_two_uploads
+            )
     finally:
         server.stop(timeout_s=3)
     with start_s3_server(data_dir) as restarted:  # same data, new port and credentials

@@ -23,5 +23,6 @@ def test_forty_random_kills_never_show_a_partial_checkpoint_and_always_recover(s
     assert summary.killed_mid_commit >= 15 and summary.bytes_complete_before_retry > 0
     # Every staged byte was complete before the retry, uploaded by it, or landed late from the killed
     # committer's last request (a write applied whose answer was lost; the full verify above read it).
-    assert summary.bytes_uploaded_on_retry == (summary.bytes_staged - summary.bytes_complete_before_retry
-                                               - summary.bytes_landed_after_check)
+    assert summary.bytes_uploaded_on_retry == (
+        summary.bytes_staged - summary.bytes_complete_before_retry - summary.bytes_landed_after_check
+    )

@@ -38,7 +38,9 @@ def test_an_orphan_emptied_by_gc_is_no_longer_listed(store_url, tmp_path, capsys
     put_small(store, f"{orphan}/model-00000-of-00001.safetensors", b"half an upload" * 10)
     before = _listed(store_url, capsys)
     assert [(c["checkpoint"], c["verified"]) for c in before["checkpoints"]] == [
-        ("step-00000010", True), ("step-00000030", False)]  # an orphan with objects is listed, not verified
+        ("step-00000010", True),
+        ("step-00000030", False),
+    ]  # an orphan with objects is listed, not verified
 
     assert main(["checkpoints", "gc", RUN, "--store", store_url]) == 0
     assert "removed 1 objects" in capsys.readouterr().out
@@ -58,7 +60,8 @@ def test_a_checkpoint_directory_with_no_object_is_not_listed(store_url, tmp_path
     put_small(store, f"{emptied}/shards/model.safetensors", b"gone soon")
     store.fs.rm([f"{emptied}/shards/model.safetensors"])
     store.fs.invalidate_cache()
-    assert "step-00000030" in [e["name"].rstrip("/").rsplit("/", 1)[-1]
-                               for e in store.fs.ls(store.path(RUN, "checkpoints"), detail=True)]
+    assert "step-00000030" in [
+        e["name"].rstrip("/").rsplit("/", 1)[-1] for e in store.fs.ls(store.path(RUN, "checkpoints"), detail=True)
+    ]
     listed = _listed(store_url, capsys)
     assert [c["checkpoint"] for c in listed["checkpoints"]] == ["step-00000010"]

@@ -29,8 +29,9 @@ def store_url(request, tmp_path):
 
 
 def test_two_processes_never_hold_the_lease_at_once(store_url):
-    holders = [spawn("tests.storage.lease_holder", [store_url, "run", "--rounds", "6", "--hold-s", "0.15"])
-               for _ in range(2)]
+    holders = [
+        spawn("tests.storage.lease_holder", [store_url, "run", "--rounds", "6", "--hold-s", "0.15"]) for _ in range(2)
+    ]
     for holder in holders:
         wait_ready(holder)
     intervals = sorted(tuple(i) for holder in holders for i in result(holder))
@@ -60,8 +61,17 @@ def test_another_machines_lease_is_taken_over_only_after_it_expires(store_url):
     store = open_store(store_url)
     path = store.path("lease-run", "leases", "run.json")
     now = time.time()
-    foreign = LeaseRecord(owner="gpu-node-3:77", token="t" * 32, generation=5, acquired_at=now, renewed_at=now,
-                          expires_at=now + 3.0, ttl_s=3.0, host="gpu-node-3", pid=77)
+    foreign = LeaseRecord(
+        owner="gpu-node-3:77",
+        token="t" * 32,
+        generation=5,
+        acquired_at=now,
+        renewed_at=now,
+        expires_at=now + 3.0,
+        ttl_s=3.0,
+        host="gpu-node-3",
+        pid=77,
+    )
     store.fs.pipe_file(path, foreign.to_bytes())
     lease = Lease.for_run(store, "lease-run", "run", ttl_s=30)
     with pytest.raises(LeaseHeldError, match="gpu-node-3:77 .*generation 5"):

@@ -61,8 +61,13 @@ def test_a_killed_uploads_temporaries_are_removed_by_the_rerun_and_lease_writes_
         (run_dir / name).write_bytes(data)
         paths.append(name)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    uploader = subprocess.Popen([sys.executable, "-c", UPLOAD.format(run=RUN), str(run_dir), str(store_dir), *paths],
-                                stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    uploader = subprocess.Popen(
+        [sys.executable, "-c", UPLOAD.format(run=RUN), str(run_dir), str(store_dir), *paths],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     assert uploader.stdout.readline().strip() == "ready"
     left = kill_when_a_temporary_appears(uploader, store_dir / RUN / "state")
     assert uploader.returncode == -signal.SIGKILL and all(p.exists() for p in left)

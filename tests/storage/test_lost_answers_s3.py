@@ -120,8 +120,9 @@ def test_a_body_cut_on_every_attempt_is_a_storage_outage(proxy, s3_bucket_url, t
     store = open_store(s3_bucket_url)
     run_dir = _run_dir(tmp_path)
     publish_bundle(store, RUN, run_dir, "plan", ["plan.json"])
-    proxy.cut_body(lambda request: request.method == "GET" and request.path.endswith("/run-state/plan.json"), 5,
-                   times=100)
+    proxy.cut_body(
+        lambda request: request.method == "GET" and request.path.endswith("/run-state/plan.json"), 5, times=100
+    )
     with pytest.raises(OSError) as caught:  # before: ClientPayloadError, no OSError at all
         publish_bundle(store, RUN, run_dir, "plan", ["plan.json"])
     error = caught.value

@@ -127,7 +127,10 @@ def _start_upload(store, *parts: str) -> str:
 def _open_uploads(store) -> set[str]:
     bucket, _ = store.bucket_and_key(store.root)
     listed = store.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=store.bucket_and_key(store.root + "/")[1])
-    return {upload["Key"].rsplit("/", 2)[-2] + "/" + upload["Key"].rsplit("/", 1)[-1] for upload in listed.get("Uploads", [])}
+    return {
+        upload["Key"].rsplit("/", 2)[-2] + "/" + upload["Key"].rsplit("/", 1)[-1]
+        for upload in listed.get("Uploads", [])
+    }
 
 
 def test_defect_cleanup_aborts_only_this_checkpoints_uploads(store, tmp_path):
@@ -139,8 +142,11 @@ def test_defect_cleanup_aborts_only_this_checkpoints_uploads(store, tmp_path):
     _start_upload(store, RUN + "X", "checkpoints", "step-00000010", "other-run.safetensors")
     outcome = cleanup_staging(staged, store, RUN)
     assert outcome.aborted_uploads == 1
-    assert _open_uploads(store) == {"step-00000020/in-flight.safetensors", "step-000000100/sibling.safetensors",
-                                    "step-00000010/other-run.safetensors"}
+    assert _open_uploads(store) == {
+        "step-00000020/in-flight.safetensors",
+        "step-000000100/sibling.safetensors",
+        "step-00000010/other-run.safetensors",
+    }
 
 
 def test_defect_two_committers_in_two_processes_never_move_latest_back(store, tmp_path, s3_bucket_url):
@@ -162,8 +168,10 @@ def test_defect_latest_compare_and_swap_holds_without_the_lease(store, tmp_path,
     for step in (10, 20):
         commit_checkpoint(stage(tmp_path, step, random_files(1, 1000)), store, RUN)
     store.fs.rm_file(store.path(RUN, "LATEST"))  # both checkpoints exist; LATEST is up for grabs
-    slow = spawn("tests.storage.committer", ["-", RUN, s3_bucket_url, "--latest-only", "10", "--pause",
-                                             "latest-read:3", "--wait-go"])
+    slow = spawn(
+        "tests.storage.committer",
+        ["-", RUN, s3_bucket_url, "--latest-only", "10", "--pause", "latest-read:3", "--wait-go"],
+    )
     fast = spawn("tests.storage.committer", ["-", RUN, s3_bucket_url, "--latest-only", "20", "--wait-go"])
     wait_ready(slow), wait_ready(fast)
     slow.stdin.write("go\n"), slow.stdin.flush()

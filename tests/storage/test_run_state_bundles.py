@@ -23,8 +23,12 @@ from infra.store.verified import BLOCK_BYTES, StoredObjectCorrupt
 from tests.publication_helpers import fail_after_uploads, same_size_other_bytes
 
 RUN = "run-state-test"
-FILES = {"plan.json": b'{"plan": 1}', "plan/segment-0000.safetensors": os.urandom(3000),
-         "state/segment-0000/base/params.safetensors": os.urandom(5000), "segments/segment-0000.json": b"{}"}
+FILES = {
+    "plan.json": b'{"plan": 1}',
+    "plan/segment-0000.safetensors": os.urandom(3000),
+    "state/segment-0000/base/params.safetensors": os.urandom(5000),
+    "segments/segment-0000.json": b"{}",
+}
 
 
 @pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
@@ -50,8 +54,10 @@ def test_a_bundle_published_from_one_work_dir_is_fetched_into_an_empty_one(store
     source = write_run_dir(tmp_path / "worker-a")
     figures = publish_bundle(store, RUN, source, "segment-0000", FILES)
     assert figures["num_files_uploaded"] == len(FILES)
-    assert store.fs.cat_file(store.path(RUN, "state/segment-0000/base/params.safetensors")) == \
-        FILES["state/segment-0000/base/params.safetensors"]
+    assert (
+        store.fs.cat_file(store.path(RUN, "state/segment-0000/base/params.safetensors"))
+        == FILES["state/segment-0000/base/params.safetensors"]
+    )
     fresh = tmp_path / "worker-b"
     fetched = fetch_bundle(store, RUN, fresh, "segment-0000")
     assert read_tree(fresh) == FILES and fetched["num_files_fetched"] == len(FILES)
@@ -87,8 +93,14 @@ def test_a_corrupt_stored_object_is_named_and_never_used(store, tmp_path):
 def test_an_interrupted_upload_is_never_used_and_its_retry_uploads_only_the_rest(store, tmp_path):
     source = write_run_dir(tmp_path / "worker")
     with pytest.raises(ConnectionError, match="injected"):
-        publish_bundle(store, RUN, source, "segment-0000", FILES,
-                       observer=fail_after_uploads(2, ConnectionError("injected storage outage")))
+        publish_bundle(
+            store,
+            RUN,
+            source,
+            "segment-0000",
+            FILES,
+            observer=fail_after_uploads(2, ConnectionError("injected storage outage")),
+        )
     assert read_bundle_manifest(store, RUN, "segment-0000") is None
     assert stored_bundle(store, RUN, "segment-0000") is None
     with pytest.raises(FileNotFoundError, match="run-state/segment-0000.json is missing.*partial upload is never used"):
@@ -106,8 +118,14 @@ def test_a_changed_bundle_hides_its_old_manifest_before_its_objects_change(store
     changed = {**FILES, "segments/segment-0000.json": b'{"retrained": true}'}
     write_run_dir(source, changed)
     with pytest.raises(ConnectionError):
-        publish_bundle(store, RUN, source, "segment-0000", changed,
-                       observer=fail_after_uploads(1, ConnectionError("injected storage outage")))
+        publish_bundle(
+            store,
+            RUN,
+            source,
+            "segment-0000",
+            changed,
+            observer=fail_after_uploads(1, ConnectionError("injected storage outage")),
+        )
     assert read_bundle_manifest(store, RUN, "segment-0000") is None  # neither the old nor a mixed bundle is visible
     publish_bundle(store, RUN, source, "segment-0000", changed)
     fetch_bundle(store, RUN, tmp_path / "fresh", "segment-0000")
@@ -116,8 +134,12 @@ def test_a_changed_bundle_hides_its_old_manifest_before_its_objects_change(store
 
 def test_a_hostile_manifest_cannot_write_outside_the_work_dir(store, tmp_path):
     entry = {"path": "../escaped", "size": 1, "sha256": "0" * 64}
-    store.fs.pipe_file(manifest_path(store, RUN, "segment-0000"), json.dumps(
-        {"format": "rankflow-run-state/1", "run_id": RUN, "bundle": "segment-0000", "files": [entry]}).encode())
+    store.fs.pipe_file(
+        manifest_path(store, RUN, "segment-0000"),
+        json.dumps(
+            {"format": "rankflow-run-state/1", "run_id": RUN, "bundle": "segment-0000", "files": [entry]}
+        ).encode(),
+    )
     with pytest.raises(ManifestError, match="leaves"):
         fetch_bundle(store, RUN, tmp_path / "work", "segment-0000")
     other_run = {"format": "rankflow-run-state/1", "run_id": "another-run", "bundle": "segment-0000", "files": []}

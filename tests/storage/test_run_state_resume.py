@@ -27,9 +27,11 @@ from trainer_core.config import config_from_dict
 pytestmark = [pytest.mark.distributed]
 
 SFT: dict = {"train": {"nproc_per_node": 1}}
-RL: dict = {"train": {"nproc_per_node": 1},
-            "data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl", "pack": True},
-            "rl": {"initial_policy_version": 3, "max_data_staleness": 3, "sft_coef": 0.1}}
+RL: dict = {
+    "train": {"nproc_per_node": 1},
+    "data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl", "pack": True},
+    "rl": {"initial_policy_version": 3, "max_data_staleness": 3, "sft_coef": 0.1},
+}
 QUIET = {"on_line": lambda _: None}
 
 
@@ -98,8 +100,13 @@ def test_a_fresh_worker_with_another_work_dir_resumes_bitwise(reference, tmp_pat
 def test_an_interrupted_state_upload_is_not_used_and_the_retry_completes_it(reference, tmp_path, monkeypatch):
     planned = plan_in(tmp_path, SFT)
     real_publish = run_state.publish_bundle
-    monkeypatch.setattr(run_state, "publish_bundle", lambda *args, **kwargs: real_publish(
-        *args, **{**kwargs, "observer": fail_after_uploads(1, ConnectionError("injected storage outage"))}))
+    monkeypatch.setattr(
+        run_state,
+        "publish_bundle",
+        lambda *args, **kwargs: real_publish(
+            *args, **{**kwargs, "observer": fail_after_uploads(1, ConnectionError("injected storage outage"))}
+        ),
+    )
     with pytest.raises(ConnectionError, match="injected"):
         train_segment_fn(planned, 0, **QUIET)
     monkeypatch.setattr(run_state, "publish_bundle", real_publish)
@@ -133,7 +140,9 @@ def test_a_corrupt_local_state_is_downloaded_again_and_a_corrupt_stored_one_is_n
 
 
 @pytest.mark.s3
-def test_on_s3_a_deleted_work_dir_resumes_training_and_export_from_the_store(reference, tmp_path, s3_env, s3_bucket_url):
+def test_on_s3_a_deleted_work_dir_resumes_training_and_export_from_the_store(
+    reference, tmp_path, s3_env, s3_bucket_url
+):
     from tasks.export import export_segment_fn
 
     planned = plan_in(tmp_path, SFT, storage_url=s3_bucket_url)

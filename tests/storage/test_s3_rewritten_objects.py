@@ -59,8 +59,9 @@ def rewrite_keeping_metadata(store, path: str) -> bytes:
 
 
 @pytest.mark.parametrize("layout", ["single-part", "multipart"])
-def test_an_object_rewritten_with_its_metadata_kept_is_refused_and_a_recommit_repairs_it(store, tmp_path, layout,
-                                                                                        request):
+def test_an_object_rewritten_with_its_metadata_kept_is_refused_and_a_recommit_repairs_it(
+    store, tmp_path, layout, request
+):
     if layout == "multipart":
         request.getfixturevalue("small_parts")
     files = random_files(2, 11 * 2**20 if layout == "multipart" else 300_000)
@@ -89,17 +90,17 @@ def test_a_multipart_object_carries_the_etag_of_its_verified_parts(store, tmp_pa
     files = random_files(1, 11 * 2**20)
     staged = stage(tmp_path, 10, files)
     commit_checkpoint(staged, store, RUN)
-    (name, data), = files.items()
+    ((name, data),) = files.items()
     bucket, key = object_key(store, name)
     head = store.fs.call_s3("head_object", Bucket=bucket, Key=key)
-    parts = [hashlib.md5(data[i:i + 5 * 2**20]).digest() for i in range(0, len(data), 5 * 2**20)]
+    parts = [hashlib.md5(data[i : i + 5 * 2**20]).digest() for i in range(0, len(data), 5 * 2**20)]
     assert len(parts) == 3 and head["ETag"].strip('"') == multipart_etag(parts) == head["Metadata"][ETAG_METADATA_KEY]
 
 
 def test_a_part_whose_bytes_change_after_hashing_is_refused_by_the_server(store, tmp_path, small_parts, monkeypatch):
     files = random_files(1, 11 * 2**20)
     staged = stage(tmp_path, 10, files)
-    (name, _), = files.items()
+    ((name, _),) = files.items()
     real = infra.store.s3_uploads._part_digests
 
     def hash_then_spoil(local, entry):

@@ -30,8 +30,9 @@ GRPC_OFFSET = 10000
 def _request(url: str, method: str, data: bytes | None = None, context: ssl.SSLContext | None = None) -> str:
     """What came back: an HTTP status, or the name of the error that stopped the request."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method), timeout=10,
-                                    context=context) as response:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, data=data, method=method), timeout=10, context=context
+        ) as response:
             return str(response.status)
     except urllib.error.HTTPError as error:
         return str(error.code)
@@ -104,8 +105,13 @@ def test_weed_shell_without_the_certificate_cannot_delete(s3_server, s3_bucket_u
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WEED_"))}, "HOME": str(tmp_path)}
     shell = subprocess.Popen(
         [weed, "shell", f"-master=127.0.0.1:{ports['master']}", f"-filer=127.0.0.1:{ports['filer']}"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path, env=env,
-        start_new_session=True)
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        env=env,
+        start_new_session=True,
+    )
     try:
         output, _ = shell.communicate(f"fs.rm -r /buckets/{TEST_BUCKET}/{prefix}\nexit\n".encode(), timeout=15)
     except subprocess.TimeoutExpired:

@@ -183,9 +183,7 @@ def _install_fake_weed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script_b
     return fake_weed
 
 
-def test_startup_timeout_reports_log_and_kills_the_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_startup_timeout_reports_log_and_kills_the_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A stand-in that never serves makes the timeout deterministic; a real
     # weed may already answer the first poll, deadline or not.
     pid_file = tmp_path / "fake.pid"
@@ -203,9 +201,7 @@ def test_startup_timeout_reports_log_and_kills_the_process(
         os.kill(int(pid_file.read_text()), 0)
 
 
-def test_weed_that_exits_early_is_retried_then_reported(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_weed_that_exits_early_is_retried_then_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _install_fake_weed(tmp_path, monkeypatch, "echo 'fake weed: cannot start' >&2\nexit 3\n")
     with pytest.raises(RuntimeError, match=r"exited with code 3 during startup \(attempt 3\)") as raised:
         start_s3_server(tmp_path / "s3")

@@ -66,9 +66,14 @@ def test_commit_cleanup_and_report_fail_in_bounded_time_then_resume(server, tmp_
     second = stage(tmp_path, 20, random_files(3, 300_000))
     run_dir = tmp_path / "run"
     ledger.record(run_dir, "commit", "completed", step=10)
-    planned = PlannedRun(run_id=RUN, digest="d", run_dir=str(run_dir), segment_steps=[(0, 20)],
-                         train=TrainSection(segment_timeout_s=60),
-                         storage=StorageSection(url="s3://stopped/runs", timeout_s=20, request_timeout_s=2))
+    planned = PlannedRun(
+        run_id=RUN,
+        digest="d",
+        run_dir=str(run_dir),
+        segment_steps=[(0, 20)],
+        train=TrainSection(segment_timeout_s=60),
+        storage=StorageSection(url="s3://stopped/runs", timeout_s=20, request_timeout_s=2),
+    )
 
     os.killpg(server.pid, signal.SIGSTOP)
     try:

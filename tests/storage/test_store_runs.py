@@ -34,8 +34,10 @@ def _fill(store_url, tmp_path) -> None:
         commit_checkpoint(stage(tmp_path / RUN_A, step, random_files(1, 500), run_id=RUN_A), store, RUN_A)
     commit_checkpoint(stage(tmp_path / RUN_B, 5, random_files(1, 500), run_id=RUN_B), store, RUN_B)
     put_small(store, store.path(RUN_B, "checkpoints", "step-00000009", "model.safetensors"), b"died mid-commit")
-    lines = [{"time": 1.0, "stage": "segment", "status": "completed", "segment": 0},
-             {"time": 2.0, "stage": "flow", "status": "failed", "error": "x" * 20000}]  # a long last line
+    lines = [
+        {"time": 1.0, "stage": "segment", "status": "completed", "segment": 0},
+        {"time": 2.0, "stage": "flow", "status": "failed", "error": "x" * 20000},
+    ]  # a long last line
     put_small(store, store.path(RUN_A, "ledger.jsonl"), "".join(json.dumps(line) + "\n" for line in lines).encode())
     put_small(store, store.path("not-a-run", "notes.txt"), b"someone else's file")
 
@@ -46,9 +48,17 @@ def test_runs_lists_every_run_with_its_latest_checkpoints_and_last_ledger_status
     listed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     runs = {run["run_id"]: run for run in listed["runs"]}
     assert sorted(runs) == sorted([RUN_A, RUN_B])
-    assert (runs[RUN_A]["latest"], runs[RUN_A]["latest_step"], runs[RUN_A]["num_checkpoints"]) == ("step-00000020", 20, 2)
+    assert (runs[RUN_A]["latest"], runs[RUN_A]["latest_step"], runs[RUN_A]["num_checkpoints"]) == (
+        "step-00000020",
+        20,
+        2,
+    )
     assert (runs[RUN_A]["last_stage"], runs[RUN_A]["last_status"]) == ("flow", "failed")
-    assert (runs[RUN_B]["latest"], runs[RUN_B]["latest_step"], runs[RUN_B]["num_checkpoints"]) == ("step-00000005", 5, 1)
+    assert (runs[RUN_B]["latest"], runs[RUN_B]["latest_step"], runs[RUN_B]["num_checkpoints"]) == (
+        "step-00000005",
+        5,
+        1,
+    )
     assert runs[RUN_B]["last_status"] is None  # no ledger stored
 
     assert main(["checkpoints", "runs", "--store", store_url]) == 0

@@ -22,6 +22,7 @@ def main(workdir: Path) -> None:
     out_dir = workdir / "export" / "step-00000003"
     provenance = {"run_id": "r", "step": 3, "world_size": topology.world_size}
     for phase in ("weights", "write", "verify", "manifest"):
+
         def fail_rank_1(rank: int, at: str, phase=phase) -> None:
             if rank == 1 and at == phase:
                 raise OSError(f"disk full during {at}")

@@ -15,9 +15,17 @@ DEVICES = [
 
 def tiny_qwen3(seed: int = 0, *, dropout: float = 0.0, dtype=torch.float32, vocab: int = 97) -> Qwen3ForCausalLM:
     config = Qwen3Config(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attention_dropout=dropout,
-        tie_word_embeddings=False, use_cache=False,
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        attention_dropout=dropout,
+        tie_word_embeddings=False,
+        use_cache=False,
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).to(dtype)
@@ -37,8 +45,15 @@ def batch(seed: int = 1, size: int = 3, length: int = 12, vocab: int = 97) -> tu
 def wide_qwen3(hidden: int = 4096, seed: int = 0) -> Qwen3ForCausalLM:
     """One wide layer: a forward costs far more than writing out the activations it saves (~45M parameters)."""
     config = Qwen3Config(
-        vocab_size=97, hidden_size=hidden, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=hidden // 4, max_position_embeddings=128, tie_word_embeddings=False,
+        vocab_size=97,
+        hidden_size=hidden,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=hidden // 4,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
         use_cache=False,
     )
     torch.manual_seed(seed)

@@ -65,8 +65,10 @@ def main() -> None:
     assert same_on_every_rank(head)
     log(f"OK rank {rank} parameter without gradient on any rank left alone")
 
-    for mismatch, kwargs in [("learning_rate", {"learning_rate": 1e-3 * (rank + 1)}),
-                             ("checkpoints", {"names": ["base"] if rank == 0 else ["base", "value"]})]:
+    for mismatch, kwargs in [
+        ("learning_rate", {"learning_rate": 1e-3 * (rank + 1)}),
+        ("checkpoints", {"names": ["base"] if rank == 0 else ["base", "value"]}),
+    ]:
         out = trainer.forward(ids, mask, outputs=("logprobs", "heads"))
         trainer.backward(sft_loss(out.logprobs, mask) + out.heads["value"].pow(2).mean())
         weights = snapshot(trainer.model) + snapshot(head)
@@ -76,7 +78,9 @@ def main() -> None:
             assert f"differ in {mismatch}" in str(error) and "rank 0" in str(error) and "rank 1" in str(error), error
         else:
             raise AssertionError(f"step with a different {mismatch} per rank succeeded")
-        assert all(torch.equal(p, q) for p, q in zip(list(trainer.model.parameters()) + list(head.parameters()), weights))
+        assert all(
+            torch.equal(p, q) for p, q in zip(list(trainer.model.parameters()) + list(head.parameters()), weights)
+        )
         trainer.zero_grad()
         log(f"OK rank {rank} mismatched {mismatch} refused")
 

@@ -27,8 +27,10 @@ def main() -> None:
     before = [p.grad.clone() for p in trainer.model.parameters()]
     out = trainer.forward(ids, mask)
     if topology.rank == 1:
+
         def broken(*args, **kwargs):
             raise RuntimeError("disk full while offloading")
+
         trainer._differentiate = broken
     try:
         trainer.backward(sft_loss(out.logprobs, mask))

@@ -25,8 +25,11 @@ def trained_adapter_and_head():
     base = tiny_qwen3().train()
     pristine = copy.deepcopy(base)
     trainer = Trainer(base)
-    trainer.add_lora_checkpoint("adapter", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-                                optimizer=OptimizerConfig(learning_rate=1e-2))
+    trainer.add_lora_checkpoint(
+        "adapter",
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        optimizer=OptimizerConfig(learning_rate=1e-2),
+    )
     trainer.add_module_checkpoint("value", torch.nn.Linear(32, 1), optimizer=OptimizerConfig(learning_rate=1e-2))
     for seed in range(2):
         ids, mask = batch(seed=seed)

@@ -16,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_one_failing_rank_aborts_export_preparation_on_every_rank(tmp_path):
     lines: list[str] = []
-    result = launch("tests.trainer.export_failure_worker", [str(tmp_path)], nproc_per_node=2, timeout_s=240,
-                    env={"PYTHONPATH": str(ROOT)}, on_line=lines.append)
+    result = launch(
+        "tests.trainer.export_failure_worker",
+        [str(tmp_path)],
+        nproc_per_node=2,
+        timeout_s=240,
+        env={"PYTHONPATH": str(ROOT)},
+        on_line=lines.append,
+    )
     assert result.returncode == 0, "\n".join(lines[-40:])
     for phase in ("weights", "write", "verify", "manifest"):
         for rank in (0, 1):

@@ -12,8 +12,10 @@ from trainer_core.run.export_prepare import _verify_share
 @pytest.fixture
 def own() -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    return {"embed.weight": torch.randn(16, 4, generator=generator),  # 13 true rows padded to 16
-            "mlp.weight": torch.randn(8, 4, generator=generator)}
+    return {
+        "embed.weight": torch.randn(16, 4, generator=generator),  # 13 true rows padded to 16
+        "mlp.weight": torch.randn(8, 4, generator=generator),
+    }
 
 
 def _stage(tmp_path, tensors) -> list:
@@ -39,5 +41,9 @@ def test_a_changed_true_row_is_caught(tmp_path, own):
 def test_a_tensor_cut_short_anywhere_else_is_caught(tmp_path, own, true_vocab):
     files = _stage(tmp_path, {"embed.weight": own["embed.weight"][:13], "mlp.weight": own["mlp.weight"][:6]})
     with pytest.raises(ValueError, match="differs"):
-        _verify_share(tmp_path, files, {**own, "embed.weight": own["embed.weight"][:13]} if true_vocab is None
-                      else own, true_vocab=true_vocab)
+        _verify_share(
+            tmp_path,
+            files,
+            {**own, "embed.weight": own["embed.weight"][:13]} if true_vocab is None else own,
+            true_vocab=true_vocab,
+        )

@@ -81,8 +81,9 @@ def test_an_export_is_the_base_of_the_next_run(tmp_path):
     _, _, _, export = run_and_export(tmp_path / "first", steps=2)
     second = _run_on(tmp_path / "second", export)
     validate_inputs(second)  # the pre-flight forward check included
-    config, _, results, second_export = run_and_export(tmp_path / "second", steps=2,
-                                                       model={"path": str(export), "config": None})
+    config, _, results, second_export = run_and_export(
+        tmp_path / "second", steps=2, model={"path": str(export), "config": None}
+    )
     assert config.model.path == str(export) and len(results) == 1
     # The second run's base is the first run's export, bit for bit; its own export moved on from there and is
     # again an ordinary checkpoint.

@@ -20,8 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_gpu_suite_runs_on_the_cpu_and_prints_one_json_line(tmp_path):
-    completed = subprocess.run([sys.executable, "-m", "bench.gpu_suite", "--device", "cpu", "--quick"], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_suite", "--device", "cpu", "--quick"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     assert completed.returncode == 0 and result["ok"], completed.stdout[-3000:]
     assert result["bench"] == "gpu_suite" and result["device"] == "cpu"

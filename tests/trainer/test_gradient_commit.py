@@ -73,7 +73,9 @@ def assert_accumulators_are_private(trainer: Trainer) -> None:
         for name, param in checkpoint.parameters().items():
             grad = param.grad
             assert grad is not None and grad.is_contiguous() and grad.stride() == param.contiguous().stride(), name
-            assert grad.untyped_storage().nbytes() == grad.numel() * grad.element_size(), f"{name}: a view into a larger buffer"
+            assert grad.untyped_storage().nbytes() == grad.numel() * grad.element_size(), (
+                f"{name}: a view into a larger buffer"
+            )
             assert grad.untyped_storage().data_ptr() not in seen, f"{name}: shares its storage"
             seen.add(grad.untyped_storage().data_ptr())
 

@@ -36,8 +36,9 @@ def base_and_lora():
 
 
 def adamw(params, config):
-    return torch.optim.AdamW(params, lr=config.learning_rate, betas=config.betas, eps=config.eps,
-                             weight_decay=config.weight_decay)
+    return torch.optim.AdamW(
+        params, lr=config.learning_rate, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
+    )
 
 
 def test_registration_keeps_the_base_trainable_and_ownership_by_identity():
@@ -57,8 +58,10 @@ def test_base_and_lora_train_as_plain_autograd_on_a_peft_model(hold_a_graph_acro
     names = [n for n, _ in reference.named_parameters()]
     reference_base = [p for n, p in reference.named_parameters() if "lora_" not in n]
     reference_lora = [p for n, p in reference.named_parameters() if "lora_" in n]
-    optimizers = [(reference_base, adamw(reference_base, BASE_OPTIMIZER), BASE_OPTIMIZER.grad_clip),
-                  (reference_lora, adamw(reference_lora, LORA_OPTIMIZER), LORA_OPTIMIZER.grad_clip)]
+    optimizers = [
+        (reference_base, adamw(reference_base, BASE_OPTIMIZER), BASE_OPTIMIZER.grad_clip),
+        (reference_lora, adamw(reference_lora, LORA_OPTIMIZER), LORA_OPTIMIZER.grad_clip),
+    ]
     held = None
     for step in range(3):
         ids, mask = batch(seed=step)
@@ -81,8 +84,12 @@ def test_base_and_lora_train_as_plain_autograd_on_a_peft_model(hold_a_graph_acro
         torch.testing.assert_close(live[name], expected, rtol=1e-5, atol=1e-6, msg=name)
     ids, mask = batch(seed=9)
     with torch.no_grad():  # the forward reads the stepped weights
-        torch.testing.assert_close(trainer.model(input_ids=ids, attention_mask=mask).logits,
-                                   reference(input_ids=ids, attention_mask=mask).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            trainer.model(input_ids=ids, attention_mask=mask).logits,
+            reference(input_ids=ids, attention_mask=mask).logits,
+            rtol=1e-5,
+            atol=1e-5,
+        )
 
 
 @pytest.mark.parametrize("mode", ["retain", "replay"])

@@ -63,8 +63,11 @@ def test_a_checkpoint_parameter_used_directly_in_the_loss_gets_its_gradient():
     trainer.backward(sft_loss(out.logprobs, mask) + head(out.hidden_states).pow(2).mean() + head.weight.pow(2).sum())
     result = reference_model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
     logprobs = torch.log_softmax(result.logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    (sft_loss(logprobs, mask) + reference_head(result.hidden_states[-1]).pow(2).mean()
-     + reference_head.weight.pow(2).sum()).backward()
+    (
+        sft_loss(logprobs, mask)
+        + reference_head(result.hidden_states[-1]).pow(2).mean()
+        + reference_head.weight.pow(2).sum()
+    ).backward()
     assert_same_grads(trainer.model, reference_model)
     assert_same_grads(head, reference_head)
 

@@ -91,8 +91,13 @@ def _failed_transaction(trainer, ids, mask, mode):
         trainer.backward(sft_loss(first.logprobs, mask) + second.logprobs.sum() * float("inf"))
 
 
-PATTERNS = {"dropped": _drop, "single_backward": _single, "two_graph_backward": _two_graphs,
-            "retain_graph": _retain_graph, "failed_transaction": _failed_transaction}
+PATTERNS = {
+    "dropped": _drop,
+    "single_backward": _single,
+    "two_graph_backward": _two_graphs,
+    "retain_graph": _retain_graph,
+    "failed_transaction": _failed_transaction,
+}
 
 
 @pytest.mark.parametrize("pattern", list(PATTERNS))

@@ -73,8 +73,11 @@ def test_the_merged_export_gives_peft_merge_and_unload_logits(tmp_path, variant)
 def test_a_variant_peft_cannot_merge_is_refused_before_anything_is_written(tmp_path):
     trainer = Trainer(tiny_qwen3().train())
     trainer.add_lora_checkpoint("adapter", LoraConfig(r=4, target_modules=["q_proj"], alora_invocation_tokens=[5, 6]))
-    with pytest.raises(ValueError, match=r"adapter 'adapter' cannot be merged into the base weights .*aLoRA.*export it "
-                                         r"unmerged"):
+    with pytest.raises(
+        ValueError,
+        match=r"adapter 'adapter' cannot be merged into the base weights .*aLoRA.*export it "
+        r"unmerged",
+    ):
         save_hf_model(trainer.model, tmp_path / "merged", merge_adapter="adapter")
     assert not (tmp_path / "merged").exists()
 

@@ -58,11 +58,17 @@ def test_a_config_without_a_train_section_gets_its_own_objective():
 
 
 def test_an_unknown_objective_and_one_the_data_cannot_feed_are_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match=r"train\.objective: must be one of 'sft' or 'clipped_policy_gradient' "
-                                          r"\(got 'dpo'\); choose one of them"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train\.objective: must be one of 'sft' or 'clipped_policy_gradient' "
+        r"\(got 'dpo'\); choose one of them",
+    ):
         config(tmp_path, train={"objective": "dpo"})
-    with pytest.raises(ConfigError, match=r"train\.objective='clipped_policy_gradient' needs behaviour_logprobs, "
-                                          r"advantages, policy_version, which data\.kind='sft' data do not carry"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train\.objective='clipped_policy_gradient' needs behaviour_logprobs, "
+        r"advantages, policy_version, which data\.kind='sft' data do not carry",
+    ):
         config(tmp_path, train={"objective": "clipped_policy_gradient"})
 
 
@@ -105,13 +111,19 @@ def _old_micro_batch_loss_sum(rl, kind, logprobs, rows, version, rl_sums):
     mask = loss_mask
     if rl.max_data_staleness is not None:
         keep, num_stale_tokens = stale_trajectory_mask(
-            rows["policy_version"][:, 1:], version, rl.max_data_staleness, rl.stale_trajectories, valid=loss_mask)
+            rows["policy_version"][:, 1:], version, rl.max_data_staleness, rl.stale_trajectories, valid=loss_mask
+        )
         if num_stale_tokens:
             num_stale = count_documents(loss_mask & ~keep, rows)
             mask = loss_mask & keep
     loss, stats = clipped_policy_gradient_sum(
-        logprobs, rows["behaviour_logprobs"][:, 1:], rows["advantages"][:, 1:], mask,
-        clip_low=rl.clip_low, clip_high=rl.clip_high)
+        logprobs,
+        rows["behaviour_logprobs"][:, 1:],
+        rows["advantages"][:, 1:],
+        mask,
+        clip_low=rl.clip_low,
+        clip_high=rl.clip_high,
+    )
     num_tokens = float(mask.sum())
     rl_sums += torch.tensor([stats.clipped_fraction * num_tokens, stats.mean_ratio * num_tokens, num_tokens])
     if rl.sft_coef:
@@ -140,8 +152,9 @@ def test_each_objective_gives_the_old_loop_s_loss_and_figures_bit_for_bit(tmp_pa
         logprobs, rows = _rows(seed)
         revision = seed  # policy versions 3..6 against versions 0..5: some trajectories are stale
         old_sums = torch.zeros(3)
-        old_loss, old_stale = _old_micro_batch_loss_sum(rl_config.rl, "rl", logprobs, rows,
-                                                        rl_config.rl.initial_policy_version + revision, old_sums)
+        old_loss, old_stale = _old_micro_batch_loss_sum(
+            rl_config.rl, "rl", logprobs, rows, rl_config.rl.initial_policy_version + revision, old_sums
+        )
         new = objective_for(rl_config).loss_sum(logprobs, rows, revision=revision)
         assert torch.equal(new.loss, old_loss) and new.num_dropped == old_stale
         assert torch.equal(torch.tensor(list(new.figures.values()), dtype=torch.float64), old_sums.double())
@@ -151,20 +164,44 @@ def test_each_objective_gives_the_old_loop_s_loss_and_figures_bit_for_bit(tmp_pa
 
 
 def test_the_step_figures_keep_their_flattened_keys():
-    sums = {"loss_sum": 3.0, "input_tokens": 10.0, "stale_trajectories": 2.0, "clipped_tokens": 1.0,
-            "ratio_sum": 4.0, "kept_tokens": 4.0}
-    objective = ClippedPolicyGradient(clip_low=0.2, clip_high=0.28, sft_coef=0.0, initial_policy_version=0,
-                                      max_data_staleness=None, stale_trajectories="drop")
-    assert objective.step_figures(sums) == {"stale_trajectories_dropped": 2, "clip_fraction": 0.25,
-                                            "mean_importance_ratio": 1.0}
+    sums = {
+        "loss_sum": 3.0,
+        "input_tokens": 10.0,
+        "stale_trajectories": 2.0,
+        "clipped_tokens": 1.0,
+        "ratio_sum": 4.0,
+        "kept_tokens": 4.0,
+    }
+    objective = ClippedPolicyGradient(
+        clip_low=0.2,
+        clip_high=0.28,
+        sft_coef=0.0,
+        initial_policy_version=0,
+        max_data_staleness=None,
+        stale_trajectories="drop",
+    )
+    assert objective.step_figures(sums) == {
+        "stale_trajectories_dropped": 2,
+        "clip_fraction": 0.25,
+        "mean_importance_ratio": 1.0,
+    }
     assert objective.step_figures({**sums, "kept_tokens": 0.0})["clip_fraction"] is None  # every token stale
     assert SFT().step_figures(sums) == {}
 
 
 def test_the_live_table_shows_the_objective_s_columns_named_by_the_ready_record():
-    record = {"step": 0, "loss": 1.23456, "grad_norm": 0.5, "learning_rate": 1e-3, "stepped": True,
-              "tokens_per_s": 12.3, "step_s": 0.1, "stale_trajectories_dropped": 1, "clip_fraction": 0.123456,
-              "mean_importance_ratio": float("nan")}
+    record = {
+        "step": 0,
+        "loss": 1.23456,
+        "grad_norm": 0.5,
+        "learning_rate": 1e-3,
+        "stepped": True,
+        "tokens_per_s": 12.3,
+        "step_s": 0.1,
+        "stale_trajectories_dropped": 1,
+        "clip_fraction": 0.123456,
+        "mean_importance_ratio": float("nan"),
+    }
     rl_columns = live_columns({"event": "ready", "objective": "clipped_policy_gradient"})
     row = metrics_row(record, rl_columns)
     assert list(row)[-3:] == ["stale_dropped", "clip_fraction", "importance_ratio"]

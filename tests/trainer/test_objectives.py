@@ -47,7 +47,10 @@ def test_stale_trajectories_are_dropped_and_counted_or_rejected():
     versions = torch.tensor([10, 7, 9, 4])
     keep, num_stale = stale_trajectory_mask(versions, current_version=10, max_data_staleness=2)
     assert keep.tolist() == [True, False, True, False] and num_stale == 2
-    with pytest.raises(ValueError, match=r"2 trajectory entries \(first at \[\[1\], \[3\]\]\) come from a policy more than max_data_staleness=2"):
+    with pytest.raises(
+        ValueError,
+        match=r"2 trajectory entries \(first at \[\[1\], \[3\]\]\) come from a policy more than max_data_staleness=2",
+    ):
         stale_trajectory_mask(versions, current_version=10, max_data_staleness=2, policy="error")
     per_token = torch.tensor([[10, 10, -1], [3, 3, 9]])
     valid = torch.tensor([[True, True, False], [True, True, True]])
@@ -69,8 +72,9 @@ def test_masked_out_positions_holding_non_finite_values_change_neither_loss_nor_
             if poisoned in (name, "all"):
                 inputs[name][0, 2:] = poison
         leaf = inputs["logprobs"].requires_grad_()
-        loss, stats = clipped_policy_gradient_sum(leaf, inputs["behaviour"], inputs["advantages"], mask,
-                                                  clip_low=0.2, clip_high=0.2)
+        loss, stats = clipped_policy_gradient_sum(
+            leaf, inputs["behaviour"], inputs["advantages"], mask, clip_low=0.2, clip_high=0.2
+        )
         # By hand, tokens 0 and 1 only: r0 = e^0.2 ≈ 1.2214 clipped to 1.2 (A = 1 > 0: min picks 1.2);
         # r1 = e^-0.5 ≈ 0.6065, A = −0.5: min(−0.3033, −0.4) = −0.4 (clipped at 0.8).
         r0, r1 = (float(torch.exp(torch.tensor(x, dtype=torch.float64))) for x in (0.2, -0.5))

@@ -68,8 +68,9 @@ def test_bf16_parameters_train_through_fp32_masters_as_adamw_on_an_fp32_copy(dev
     initial = [p.detach().clone() for p in model.parameters()]
     reference = copy.deepcopy(model)
     masters = [p.detach().float().clone().requires_grad_() for p in reference.parameters()]
-    optimizer = torch.optim.AdamW(masters, lr=config.learning_rate, betas=config.betas, eps=config.eps,
-                                  weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        masters, lr=config.learning_rate, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
+    )
     trainer = Trainer(model)
     trainer.add_base_checkpoint(optimizer=config)
     for step in range(20):
@@ -88,7 +89,9 @@ def test_bf16_parameters_train_through_fp32_masters_as_adamw_on_an_fp32_copy(dev
         assert not torch.equal(kept[name], start.float()), f"{name}: the master did not move"
         # Norm weights sit at 1.0, where bf16's step (2^-7) is wider than 20 updates of 1e-4; every
         # other parameter must have moved in bf16 too.
-        assert "norm" in name or not torch.equal(p, start), f"{name}: a bf16 parameter did not move in 20 steps at lr 1e-4"
+        assert "norm" in name or not torch.equal(p, start), (
+            f"{name}: a bf16 parameter did not move in 20 steps at lr 1e-4"
+        )
 
 
 def test_a_checkpoint_without_gradient_does_not_step_and_missing_parameters_are_skipped():
@@ -98,8 +101,9 @@ def test_a_checkpoint_without_gradient_does_not_step_and_missing_parameters_are_
     trainer = Trainer(model)
     trainer.add_base_checkpoint(optimizer=config)
     trainer.add_module_checkpoint("value", head, optimizer=config)
-    reference_optimizer = torch.optim.AdamW(reference_head.parameters(), lr=1e-2, betas=config.betas, eps=config.eps,
-                                            weight_decay=0.1)
+    reference_optimizer = torch.optim.AdamW(
+        reference_head.parameters(), lr=1e-2, betas=config.betas, eps=config.eps, weight_decay=0.1
+    )
     ids, mask = batch()
     out = trainer.forward(ids, mask, outputs=("logprobs", "heads"))
     trainer.backward(sft_loss(out.logprobs, mask) + out.heads["value"].pow(2).mean())

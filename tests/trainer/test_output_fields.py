@@ -18,7 +18,11 @@ from trainer_core.training.outputs import (
 def test_the_derived_tables_are_the_ones_each_module_wrote_before():
     # The copies that lived in trainer.py, ranks/commands.py, memory/replay.py and outputs.py before issue 15.
     assert {k: f for k, f in FIELD_OF.items() if k != "topk_ids"} == {
-        "logprobs": "logprobs", "topk": "topk_logprobs", "logits": "logits", "hidden": "hidden_states"}
+        "logprobs": "logprobs",
+        "topk": "topk_logprobs",
+        "logits": "logits",
+        "hidden": "hidden_states",
+    }
     assert FIELDS == ("logprobs", "topk_logprobs", "topk_ids", "logits", "hidden_states")
     assert IMPORTANCE_WEIGHTED == {"logprobs", "topk"}
     assert RECORDED == ("logprobs", "topk", "topk_ids")

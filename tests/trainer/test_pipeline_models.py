@@ -30,8 +30,10 @@ from trainer_core.run.state import load_training_state, state_dir_for
 from trainer_core.run.validate import validate_inputs
 from trainer_core.training.memory import SavedBytesModel
 
-RL = {"data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl"},
-      "rl": {"sft_coef": 0.1, "initial_policy_version": 3}}
+RL = {
+    "data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl"},
+    "rl": {"sft_coef": 0.1, "initial_policy_version": 3},
+}
 
 
 def run_and_export(tmp_path: Path, steps: int = 4, **sections) -> tuple:
@@ -71,14 +73,22 @@ def losses(results: list[SegmentResult]) -> list[float]:
 
 def test_lora_trains_the_adapter_alone_and_exports_peft_and_merged_weights(tmp_path):
     lora = {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
-    config, run_dir, results, export = run_and_export(tmp_path, model={"lora": lora}, export={"merge_lora": True},
-                                                      train={"learning_rate": 1e-2})
+    config, run_dir, results, export = run_and_export(
+        tmp_path, model={"lora": lora}, export={"merge_lora": True}, train={"learning_rate": 1e-2}
+    )
     assert losses(results)[-1] < losses(results)[0] - 0.3
     # The training state holds the adapter alone: the base is rebuilt from model.config + run.seed.
     assert sorted(p.name for p in state_dir_for(run_dir, 1).iterdir()) == ["lora", "meta.json"]
     files = {p.relative_to(export).as_posix() for p in export.rglob("*") if p.is_file()}
-    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "MANIFEST.json",
-            "merged/config.json", "merged/model.safetensors", "merged/tokenizer.json"} <= files
+    assert {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "tokenizer.json",
+        "MANIFEST.json",
+        "merged/config.json",
+        "merged/model.safetensors",
+        "merged/tokenizer.json",
+    } <= files
     assert not any(name.startswith("model") for name in files)  # no full weights at the root
     trainer, ids, mask = trained(config, run_dir)
     base, _ = build_model(config)
@@ -131,7 +141,9 @@ def test_planner_misses_are_reported_under_the_run_dir_and_counted_in_the_outcom
     """The plumbing: a segment's rows share one shape, so after its first graph the planner's estimate is exact
     (test_planner.py makes real misses from mixed shapes); here the estimate is doubled to make every retain miss."""
     real_estimate = SavedBytesModel.estimate
-    monkeypatch.setattr(SavedBytesModel, "estimate", lambda self, shape: None if (e := real_estimate(self, shape)) is None else 2 * e)
+    monkeypatch.setattr(
+        SavedBytesModel, "estimate", lambda self, shape: None if (e := real_estimate(self, shape)) is None else 2 * e
+    )
     train = {"backward_mode": "auto", "saved_bytes_budget": 10**10}
     config, run_dir, results, _ = run_and_export(tmp_path, steps=2, train=train)
     (result,) = results
@@ -151,15 +163,22 @@ def test_the_keys_that_change_the_result_change_the_digest(tmp_path):
 
     base = digest()
     lora = {"lora": {"rank": 4}}
-    changed = [digest(model=lora), digest(model={"lora": {"rank": 8}}), digest(train={"dtype": "bfloat16"}),
-               digest(model={"pad_vocab_to_multiple_of": 64}), digest(model=lora, export={"merge_lora": True})]
+    changed = [
+        digest(model=lora),
+        digest(model={"lora": {"rank": 8}}),
+        digest(train={"dtype": "bfloat16"}),
+        digest(model={"pad_vocab_to_multiple_of": 64}),
+        digest(model=lora, export={"merge_lora": True}),
+    ]
     assert len({base, *changed}) == 1 + len(changed)
     assert digest(train={"planner_miss_threshold": 0.5}) == base  # what counts as a miss changes no weight
 
 
 def test_the_lora_example_reads_and_passes_the_pre_flight(tmp_path):
-    config = load_config(EXAMPLES / "tiny_lora.toml", [f"run.work_dir={tmp_path}/work", f"storage.url={tmp_path}/store",
-                                                       "train.dtype=bfloat16"])
+    config = load_config(
+        EXAMPLES / "tiny_lora.toml",
+        [f"run.work_dir={tmp_path}/work", f"storage.url={tmp_path}/store", "train.dtype=bfloat16"],
+    )
     assert config.model.lora.rank == 16 and "down_proj" in config.model.lora.target_modules
     assert config.export.merge_lora and config.train.dtype == "bfloat16"
     validate_inputs(config)  # the targets exist in the model, the data and tokenizer check out

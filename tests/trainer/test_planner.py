@@ -110,7 +110,7 @@ def _workload(trainer: Trainer, steps: int = 3, per_step: int = 4) -> list[dict[
     grads = []
     shapes = MIXED_SHAPES * 2
     for step in range(steps):
-        chunk = mixed_batches(10 + step, shapes[step * per_step:(step + 1) * per_step])
+        chunk = mixed_batches(10 + step, shapes[step * per_step : (step + 1) * per_step])
         outs = [trainer.forward(ids, mask) for ids, mask in chunk]
         trainer.backward(sum(sft_loss(out.logprobs, mask) for out, (_, mask) in zip(outs, chunk)))
         grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
@@ -127,7 +127,9 @@ def test_mixed_lengths_at_half_the_all_retained_bytes_stay_within_budget_with_ex
     planned = trainer_with(model, budget)
     grads = _workload(planned)
     assert planned.peak_saved_bytes <= budget
-    assert planned.planner.choices["retain"] > 0 and planned.planner.choices["retain"] < sum(planned.planner.choices.values())
+    assert planned.planner.choices["retain"] > 0 and planned.planner.choices["retain"] < sum(
+        planned.planner.choices.values()
+    )
     for expected, actual in zip(reference, grads):
         for name in expected:
             torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-7, msg=name)
@@ -165,7 +167,10 @@ def test_host_offload_on_a_cpu_frees_nothing_so_replay_is_chosen():
     assert modes == ["replay", "replay"]
     # The replay's forward in backward is evidence too: the bytes a retained graph would keep.
     retained = trainer.forward(ids, mask, mode="retain")
-    assert trainer.planner.saved.observations(_shape_of(trainer, ids))[0].saved_bytes == graph_of(trainer, retained).saved_bytes
+    assert (
+        trainer.planner.saved.observations(_shape_of(trainer, ids))[0].saved_bytes
+        == graph_of(trainer, retained).saved_bytes
+    )
 
 
 def test_weight_snapshots_count_against_the_budget():
@@ -200,7 +205,9 @@ def test_misses_are_counted_and_reported_within_bounds(tmp_path):
     report = json.loads(reports.written[0].read_text())
     assert report["choice"] == "retain" and report["inputs"]["seq_len"] == MIXED_SHAPES[1][1]
     assert report["relative_error"] > 0.25 and report["observed_peak_bytes"] < report["predicted_peak_bytes"]
-    assert report["inputs"]["observations"] == [{"batch_size": 2, "seq_len": 16, "saved_bytes": report["inputs"]["observations"][0]["saved_bytes"]}]
+    assert report["inputs"]["observations"] == [
+        {"batch_size": 2, "seq_len": 16, "saved_bytes": report["inputs"]["observations"][0]["saved_bytes"]}
+    ]
     trainer.planner.miss_threshold = 1e-9  # every estimate is now off by more: many misses, two files at most
     for ids, mask in mixed_batches(9, MIXED_SHAPES[2:]):
         trainer.backward(sft_loss(trainer.forward(ids, mask).logprobs, mask))
@@ -218,8 +225,12 @@ def test_a_zero_budget_keeps_nothing_resident_in_any_mode(offload_target, stale_
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     model = tiny_qwen3().train()
     reference = copy.deepcopy(model)
-    trainer = trainer_with(model, 0, offload_target=offload_target,
-                           staleness=StalenessPolicy(max_gradient_staleness=1, stale_mode=stale_mode))
+    trainer = trainer_with(
+        model,
+        0,
+        offload_target=offload_target,
+        staleness=StalenessPolicy(max_gradient_staleness=1, stale_mode=stale_mode),
+    )
     batches = mixed_batches(9, MIXED_SHAPES[:4])
     outs = []
     for ids, mask in batches:  # every graph stays live: they all add up

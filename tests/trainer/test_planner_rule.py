@@ -18,15 +18,27 @@ from trainer_core.training.memory import BACKWARD_STATES, MemoryPlanner
 from trainer_core.training.memory.estimates import GraphShape
 
 
-def _frozen_choose(planner, shape, resident_bytes, *, replay_bytes, offload_target, offload_frees,
-                   retained_inputs_bytes=0):
+def _frozen_choose(
+    planner, shape, resident_bytes, *, replay_bytes, offload_target, offload_frees, retained_inputs_bytes=0
+):
     """Today's rule (before issue 15), returning the decision's fields as a tuple."""
+
     def decide(mode, reason, graph_bytes, estimate=None, offload_s=None, replay_s=None, measured=False):
         predicted = None if graph_bytes is None else resident_bytes + graph_bytes
         planner.choices[mode] += 1
         target = (offload_target if offload_frees else "disk") if mode == "offload" else None
-        return (mode, reason, resident_bytes, planner.budget_bytes, estimate, offload_s, replay_s, measured,
-                predicted, target)
+        return (
+            mode,
+            reason,
+            resident_bytes,
+            planner.budget_bytes,
+            estimate,
+            offload_s,
+            replay_s,
+            measured,
+            predicted,
+            target,
+        )
 
     if planner.budget_bytes is None:
         return decide("retain", "no budget", None)
@@ -37,8 +49,9 @@ def _frozen_choose(planner, shape, resident_bytes, *, replay_bytes, offload_targ
         if offload_frees:
             return decide("offload", "no evidence yet: offload keeps nothing and measures the bytes", 0.0)
         if replay_fits:
-            return decide("replay", "no evidence yet: replay keeps only the inputs and measures the bytes",
-                          replay_bytes)
+            return decide(
+                "replay", "no evidence yet: replay keeps only the inputs and measures the bytes", replay_bytes
+            )
         return decide("offload", "no evidence yet: replay's input copies do not fit the budget" + to_disk, 0.0)
     retained_bytes = estimate * (1 + planner.estimate_headroom) + retained_inputs_bytes
     if resident_bytes + retained_bytes <= planner.budget_bytes:
@@ -48,11 +61,11 @@ def _frozen_choose(planner, shape, resident_bytes, *, replay_bytes, offload_targ
     replay_s = planner.forward_s_per_token * shape.padded_tokens if planner.forward_s_per_token else math.inf
     costs = dict(estimate=estimate, offload_s=offload_s, replay_s=replay_s, measured=measured)
     if not offload_frees and replay_fits:
-        return decide("replay", f"over the budget; {offload_target} offload frees no device memory here",
-                      replay_bytes, **costs)
+        return decide(
+            "replay", f"over the budget; {offload_target} offload frees no device memory here", replay_bytes, **costs
+        )
     if not replay_fits:
-        return decide("offload", "over the budget; replay's input copies do not fit it either" + to_disk, 0.0,
-                      **costs)
+        return decide("offload", "over the budget; replay's input copies do not fit it either" + to_disk, 0.0, **costs)
     if offload_s < replay_s:
         return decide("offload", "over the budget; offload is cheaper", 0.0, **costs)
     return decide("replay", "over the budget; replay is cheaper", replay_bytes, **costs)
@@ -80,9 +93,12 @@ def _case(seed: int):
     estimate = None if rng.random() < 0.25 else float(rng.randint(0, 400))
     pack = None if rng.random() < 0.3 else rng.choice([1e-9, 2e-9, 5e-10, rng.random() * 1e-8])
     restore = None if rng.random() < 0.3 else rng.choice([1e-9, 3e-9, rng.random() * 1e-8])
-    planner = MemoryPlanner(budget_bytes=None if rng.random() < 0.1 else rng.randint(0, 600),
-                            estimate_headroom=rng.choice([0.0, 0.05, 0.5]), pack_s_per_byte=pack,
-                            restore_s_per_byte=restore)
+    planner = MemoryPlanner(
+        budget_bytes=None if rng.random() < 0.1 else rng.randint(0, 600),
+        estimate_headroom=rng.choice([0.0, 0.05, 0.5]),
+        pack_s_per_byte=pack,
+        restore_s_per_byte=restore,
+    )
     planner.saved = _FixedEstimate(estimate)
     target, frees = rng.choice(["host", "disk"]), rng.random() < 0.5
     if tie and estimate is not None:
@@ -100,12 +116,22 @@ def _case(seed: int):
 def test_the_rule_over_the_registry_decides_as_the_rule_that_named_the_modes(seed):
     planner, shape, resident, replay_bytes, stale, kwargs = _case(seed)
     old_planner, _, _, _, _, _ = _case(seed)
-    expected = _frozen_choose(old_planner, shape, resident, replay_bytes=replay_bytes, retained_inputs_bytes=stale,
-                              **kwargs)
+    expected = _frozen_choose(
+        old_planner, shape, resident, replay_bytes=replay_bytes, retained_inputs_bytes=stale, **kwargs
+    )
     decision = planner.choose(shape, resident, input_bytes=replay_bytes, stale_input_bytes=stale, **kwargs)
-    got = (decision.mode, decision.reason, decision.resident_bytes, decision.budget_bytes, decision.estimate_bytes,
-           decision.costs["offload_s"], decision.costs["replay_s"], decision.offload_cost_measured,
-           decision.predicted_peak_bytes, decision.offload_target)
+    got = (
+        decision.mode,
+        decision.reason,
+        decision.resident_bytes,
+        decision.budget_bytes,
+        decision.estimate_bytes,
+        decision.costs["offload_s"],
+        decision.costs["replay_s"],
+        decision.offload_cost_measured,
+        decision.predicted_peak_bytes,
+        decision.offload_target,
+    )
     assert got == expected
     # Same types too: the history and the miss reports write these as JSON (0.0 is not 0).
     assert [type(v) for v in got] == [type(v) for v in expected]
@@ -117,8 +143,9 @@ def test_the_cases_cover_every_branch_of_the_rule():
     reasons, ties = Counter(), 0
     for seed in range(300):
         planner, shape, resident, replay_bytes, stale, kwargs = _case(seed)
-        decision = _frozen_choose(planner, shape, resident, replay_bytes=replay_bytes, retained_inputs_bytes=stale,
-                                  **kwargs)
+        decision = _frozen_choose(
+            planner, shape, resident, replay_bytes=replay_bytes, retained_inputs_bytes=stale, **kwargs
+        )
         reasons[decision[1].split("; host")[0].split("; disk")[0]] += 1
         ties += decision[5] is not None and decision[5] == decision[6] and decision[1].endswith("cheaper")
     assert len(reasons) == 9, reasons

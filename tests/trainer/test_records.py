@@ -16,16 +16,45 @@ from pydantic import ValidationError
 from trainer_core.run.records import ExportResult, SegmentResult, StateMeta, export_result_path
 
 OLD_SEGMENT = {
-    "segment": 1, "start_step": 3, "end_step": 6, "losses": [2.5, float("nan"), 2.25], "grad_norms": [1.0, float("inf"), 0.5],
-    "skipped_steps": [4], "num_skipped_steps": 1, "num_stale_trajectories": 2, "num_tokens": 960, "tokens_per_s": 1234.5,
-    "setup_s": 1.25, "train_s": 0.75, "save_s": 0.125, "peak_saved_bytes": 4096, "planner_misses": 3,
-    "planner": {"choices": {"retain": 5, "offload": 1}, "num_misses": 3, "miss_reports": ["segment-0001-rank-0-miss-001.json"],
-                "budget_bytes": None, "forward_s_per_token": 2.5e-06, "pack_s_per_byte": None, "restore_s_per_byte": None},
-    "world_size": 2, "logical_dp": 4, "reduction": "deterministic", "threads_per_process": 1,
-    "state_dir": "/work/run/state/segment-0001", "state_bytes": 123456,
+    "segment": 1,
+    "start_step": 3,
+    "end_step": 6,
+    "losses": [2.5, float("nan"), 2.25],
+    "grad_norms": [1.0, float("inf"), 0.5],
+    "skipped_steps": [4],
+    "num_skipped_steps": 1,
+    "num_stale_trajectories": 2,
+    "num_tokens": 960,
+    "tokens_per_s": 1234.5,
+    "setup_s": 1.25,
+    "train_s": 0.75,
+    "save_s": 0.125,
+    "peak_saved_bytes": 4096,
+    "planner_misses": 3,
+    "planner": {
+        "choices": {"retain": 5, "offload": 1},
+        "num_misses": 3,
+        "miss_reports": ["segment-0001-rank-0-miss-001.json"],
+        "budget_bytes": None,
+        "forward_s_per_token": 2.5e-06,
+        "pack_s_per_byte": None,
+        "restore_s_per_byte": None,
+    },
+    "world_size": 2,
+    "logical_dp": 4,
+    "reduction": "deterministic",
+    "threads_per_process": 1,
+    "state_dir": "/work/run/state/segment-0001",
+    "state_bytes": 123456,
 }
-OLD_EXPORT = {"segment": 1, "step": 6, "out_dir": "/work/run/export/step-00000006", "reused": False,
-              "weights_sha256": "ab" * 32, "export_s": 3.5}
+OLD_EXPORT = {
+    "segment": 1,
+    "step": 6,
+    "out_dir": "/work/run/export/step-00000006",
+    "reused": False,
+    "weights_sha256": "ab" * 32,
+    "export_s": 3.5,
+}
 OLD_META = {"next_step": 6, "segment": 1, "plan_digest": "cd" * 32}
 
 
@@ -53,13 +82,16 @@ def test_a_result_written_before_the_memory_planner_still_reads():
     assert result.planner_misses == 0 and result.planner is None
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"num_tokens": True}, "num_tokens"),            # strict: a bool is not a count
-    ({"num_tokens": 9.5}, "num_tokens"),
-    ({"losses": "2.5"}, "losses"),
-    ({"renamed_field": 1}, "renamed_field"),         # a key one side renamed is refused, not ignored
-    ({"planner": {**OLD_SEGMENT["planner"], "num_misses": "3"}}, "planner.num_misses"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"num_tokens": True}, "num_tokens"),  # strict: a bool is not a count
+        ({"num_tokens": 9.5}, "num_tokens"),
+        ({"losses": "2.5"}, "losses"),
+        ({"renamed_field": 1}, "renamed_field"),  # a key one side renamed is refused, not ignored
+        ({"planner": {**OLD_SEGMENT["planner"], "num_misses": "3"}}, "planner.num_misses"),
+    ],
+)
 def test_a_result_of_another_shape_is_refused_naming_the_field(change, field):
     with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
         SegmentResult.model_validate({**OLD_SEGMENT, **change})

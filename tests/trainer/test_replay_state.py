@@ -61,11 +61,20 @@ def test_a_graph_whose_used_outputs_reach_no_trainable_parameter_is_an_error(mod
 
 # -- module state: dynamic RoPE recomputes the rotary `inv_freq` buffer when a longer row comes -----------------------
 
+
 def dynamic_rope_llama() -> LlamaForCausalLM:
     config = LlamaConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=16,
-        rope_scaling={"rope_type": "dynamic", "factor": 2.0}, tie_word_embeddings=False, use_cache=False,
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=16,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+        tie_word_embeddings=False,
+        use_cache=False,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
@@ -76,8 +85,9 @@ def dynamic_rope_llama() -> LlamaForCausalLM:
 def exact_logprobs(model, ids, mask):
     """The trainer's own formula (fused cross-entropy in float32), so that bitwise equality is the bar."""
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-    return -F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
-                            reduction="none").view(ids.shape[0], -1)
+    return -F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1), reduction="none"
+    ).view(ids.shape[0], -1)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -121,6 +131,7 @@ def test_a_replay_leaves_the_callers_module_state_as_it_found_it():
 
 
 # -- the guard: a replay that computes something else than its forward raises --------------------------------------
+
 
 @pytest.mark.parametrize("outputs", [("logprobs",), ("topk",), ("hidden",)])
 def test_a_replay_that_does_not_reproduce_its_forward_raises_naming_the_graph(outputs):

@@ -60,8 +60,9 @@ def test_an_unknown_policy_is_a_config_error(tmp_path):
 @pytest.mark.distributed
 def test_a_nan_on_one_rank_skips_the_update_on_every_rank(tmp_path):
     run_dir = planned_run(tmp_path, nproc_per_node=2)
-    lines = launch_two_ranks("trainer_core.run.segment_main", ["--run-dir", str(run_dir), "--segment", "0"],
-                             env={NONFINITE_LOSS_ENV: "2:1"})
+    lines = launch_two_ranks(
+        "trainer_core.run.segment_main", ["--run-dir", str(run_dir), "--segment", "0"], env={NONFINITE_LOSS_ENV: "2:1"}
+    )
     outcome = SegmentResult.read(segment_result_path(run_dir, 0))
     assert outcome.skipped_steps == [2] and outcome.num_skipped_steps == 1
     assert sum("step 2: non-finite gradient norm" in line and "skipped on every rank" in line for line in lines) == 2

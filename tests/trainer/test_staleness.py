@@ -17,7 +17,10 @@ OPTIMIZER = OptimizerConfig(learning_rate=1e-2, grad_clip=0.0)
 
 
 def make_trainer(max_staleness: int = 2, stale_mode: str = "snapshot", dtype=torch.float32) -> Trainer:
-    trainer = Trainer(tiny_qwen3(dtype=dtype).train(), staleness=StalenessPolicy(max_gradient_staleness=max_staleness, stale_mode=stale_mode))
+    trainer = Trainer(
+        tiny_qwen3(dtype=dtype).train(),
+        staleness=StalenessPolicy(max_gradient_staleness=max_staleness, stale_mode=stale_mode),
+    )
     trainer.add_base_checkpoint(optimizer=OPTIMIZER)
     return trainer
 
@@ -60,7 +63,9 @@ def test_a_third_step_makes_it_an_error_naming_checkpoint_age_and_bound():
     ids, mask = batch(seed=1)
     out = trainer.forward(ids, mask, mode="retain")
     take_steps(trainer, 3)
-    with pytest.raises(StaleGraphError, match=r"checkpoint 'base': graph is 3 optimizer step\(s\) old, over max_gradient_staleness=2"):
+    with pytest.raises(
+        StaleGraphError, match=r"checkpoint 'base': graph is 3 optimizer step\(s\) old, over max_gradient_staleness=2"
+    ):
         trainer.backward(sft_loss(out.logprobs, mask))
     assert all(p.grad is None for p in trainer.model.parameters())
 
@@ -90,7 +95,9 @@ def test_importance_weight_formula_and_clamps_exactly():
     current = torch.tensor([0.0, -1.0, -3.0, -0.5], dtype=torch.float64)
     recorded = torch.tensor([0.0, -2.0, -1.0, -0.5 - 1e-3], dtype=torch.float64)
     weights = importance_weights(current, recorded, 0.2, 2.0)
-    expected = torch.tensor([1.0, 2.0, 0.2, float(torch.exp(torch.tensor(1e-3, dtype=torch.float64)))], dtype=torch.float64)
+    expected = torch.tensor(
+        [1.0, 2.0, 0.2, float(torch.exp(torch.tensor(1e-3, dtype=torch.float64)))], dtype=torch.float64
+    )
     assert torch.equal(weights, expected)  # e^1 clamps to 2.0, e^-2 to 0.2
     assert not weights.requires_grad
 

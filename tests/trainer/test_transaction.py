@@ -84,8 +84,16 @@ def test_adamw_per_checkpoint_matches_torch_adamw():
     trainer.add_base_checkpoint(optimizer=config)
     trainer.add_module_checkpoint("value", head, optimizer=OptimizerConfig(learning_rate=1e-1, grad_clip=0.0))
     reference_optimizers = [
-        (list(reference.parameters()), torch.optim.AdamW(reference.parameters(), lr=3e-3, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.1), 0.5),
-        (list(reference_head.parameters()), torch.optim.AdamW(reference_head.parameters(), lr=1e-1, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0), None),
+        (
+            list(reference.parameters()),
+            torch.optim.AdamW(reference.parameters(), lr=3e-3, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.1),
+            0.5,
+        ),
+        (
+            list(reference_head.parameters()),
+            torch.optim.AdamW(reference_head.parameters(), lr=1e-1, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0),
+            None,
+        ),
     ]
     for step in range(3):
         ids, mask = batch(seed=step)

@@ -29,8 +29,17 @@ RUN_ID = "test-0123456789ab"
 
 
 def _segment(index: int) -> SegmentOutcome:
-    return SegmentOutcome(segment=index, start_step=3 * index, end_step=3 * index + 3, losses=[2.0 - index, 1.9 - index, 1.8 - index],
-                          num_tokens=100, tokens_per_s=1000.0, train_s=0.1, launch_wall_s=1.0, reused=False)
+    return SegmentOutcome(
+        segment=index,
+        start_step=3 * index,
+        end_step=3 * index + 3,
+        losses=[2.0 - index, 1.9 - index, 1.8 - index],
+        num_tokens=100,
+        tokens_per_s=1000.0,
+        train_s=0.1,
+        launch_wall_s=1.0,
+        reused=False,
+    )
 
 
 @flow(name="retried-in-the-ui")
@@ -39,16 +48,23 @@ def run_once(planned: PlannedRun, marker: str) -> dict:
     show_steps_done(live, 3)
     if not Path(marker).exists():  # the first run fails at segment 1; the retry gets through
         Path(marker).write_text("failed once\n")
-        report_failure(Path(planned.run_dir), planned.run_id, "segment", ConnectionError("object storage went away"),
-                       segment=1)
+        report_failure(
+            Path(planned.run_dir), planned.run_id, "segment", ConnectionError("object storage went away"), segment=1
+        )
         raise RuntimeError("segment 1 failed")
     show_steps_done(live, 6)
     return report(planned, [_segment(0), _segment(1)], [])
 
 
 def test_a_ui_retry_leaves_one_artifact_per_key_and_settles_the_failure_report(prefect_harness, tiny_config, tmp_path):
-    planned = PlannedRun(run_id=RUN_ID, digest="d" * 64, run_dir=str(run_dir_for(tiny_config, RUN_ID)),
-                         segment_steps=[(0, 3), (3, 6)], train=TrainSection(segment_timeout_s=60), storage=tiny_config.storage)
+    planned = PlannedRun(
+        run_id=RUN_ID,
+        digest="d" * 64,
+        run_dir=str(run_dir_for(tiny_config, RUN_ID)),
+        segment_steps=[(0, 3), (3, 6)],
+        train=TrainSection(segment_timeout_s=60),
+        storage=tiny_config.storage,
+    )
     parameters = {"planned": planned, "marker": str(tmp_path / "failed-once")}
     first = run_once(**parameters, return_state=True)
     assert first.is_failed()

@@ -65,9 +65,13 @@ def test_the_store_comes_from_exactly_one_of_store_or_config(store_dir, tmp_path
     assert main(["checkpoints", "list", RUN]) == 2
     assert "exactly one of --store URL" in capsys.readouterr().err
     config = tmp_path / "run.toml"
-    config.write_text((EXAMPLES / "tiny_sft.toml").read_text().replace('"tiny/', f'"{EXAMPLES}/tiny/')
-                      .replace('url = ".rankflow/store"', f'url = "{store_dir}"')
-                      .replace('work_dir = ".rankflow/work"', f'work_dir = "{tmp_path / "work"}"'))
+    config.write_text(
+        (EXAMPLES / "tiny_sft.toml")
+        .read_text()
+        .replace('"tiny/', f'"{EXAMPLES}/tiny/')
+        .replace('url = ".rankflow/store"', f'url = "{store_dir}"')
+        .replace('work_dir = ".rankflow/work"', f'work_dir = "{tmp_path / "work"}"')
+    )
     assert main(["checkpoints", "list", RUN, "--config", str(config), "--store", str(store_dir)]) == 2
     capsys.readouterr()
     assert main(["checkpoints", "list", RUN, "--config", str(config)]) == 0

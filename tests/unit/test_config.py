@@ -33,7 +33,10 @@ def test_set_overrides_parse_toml_values():
     [
         ({"train": {"stepz": 3}}, "train.stepz: unknown key"),
         ({"train": {"steps": "ten"}}, "train.steps: must be a whole number (got 'ten'); write a whole number"),
-        ({"train": {"logical_dp": 3, "nproc_per_node": 2}}, "train.logical_dp=3 is not a multiple of train.nproc_per_node=2"),
+        (
+            {"train": {"logical_dp": 3, "nproc_per_node": 2}},
+            "train.logical_dp=3 is not a multiple of train.nproc_per_node=2",
+        ),
         ({"train": {"global_batch_size": 5}}, "train.global_batch_size=5 is not a multiple of train.logical_dp=2"),
         ({"data": {"kind": "dpo"}}, "data.kind"),
         ({"train": {"reduction": "exact"}}, "train.reduction"),
@@ -54,9 +57,20 @@ def test_missing_data_file_names_the_key(tmp_path):
 def test_cli_bad_config_exits_2_and_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = write_toml(tmp_path / "bad.toml", (EXAMPLES / "tiny_sft.toml").read_text())
-    code = main(["run", str(config), "--set", f"model.config={EXAMPLES}/tiny/model_config.json",
-                 "--set", f"tokenizer.path={EXAMPLES}/tiny/tokenizer.json",
-                 "--set", f"data.path={EXAMPLES}/tiny/sft.jsonl", "--set", "train.logical_dp=3"])
+    code = main(
+        [
+            "run",
+            str(config),
+            "--set",
+            f"model.config={EXAMPLES}/tiny/model_config.json",
+            "--set",
+            f"tokenizer.path={EXAMPLES}/tiny/tokenizer.json",
+            "--set",
+            f"data.path={EXAMPLES}/tiny/sft.jsonl",
+            "--set",
+            "train.logical_dp=3",
+        ]
+    )
     assert code == 2
     assert "train.logical_dp=3 is not a multiple" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [config]

@@ -16,12 +16,15 @@ from tests.conftest import tiny_tree
 from trainer_core.config import ConfigError, config_from_dict
 
 
-@pytest.mark.parametrize(("store", "expected"), [
-    ("work", "are the same directory"),
-    ("work/test-0123456789ab/export", "lies inside .*test-0123456789ab, which rankflow rewrites and deletes"),
-    ("work/cache/store", "lies inside .*cache"),
-    (".", "the work directory lies inside the store"),
-])
+@pytest.mark.parametrize(
+    ("store", "expected"),
+    [
+        ("work", "are the same directory"),
+        ("work/test-0123456789ab/export", "lies inside .*test-0123456789ab, which rankflow rewrites and deletes"),
+        ("work/cache/store", "lies inside .*cache"),
+        (".", "the work directory lies inside the store"),
+    ],
+)
 def test_overlapping_locations_are_refused(tmp_path, store, expected):
     tree = tiny_tree(tmp_path, storage={"url": str(tmp_path / store)})
     with pytest.raises(ConfigError, match=expected):
@@ -40,15 +43,15 @@ def test_the_cli_exits_2_and_writes_nothing(tmp_path, capsys):
     config = tmp_path / "run.toml"
     config.write_text(f"""
 [run]
-work_dir = "{tmp_path / 'same'}"
+work_dir = "{tmp_path / "same"}"
 [model]
-config = "{Path(__file__).resolve().parents[2] / 'examples' / 'tiny' / 'model_config.json'}"
+config = "{Path(__file__).resolve().parents[2] / "examples" / "tiny" / "model_config.json"}"
 [tokenizer]
-path = "{Path(__file__).resolve().parents[2] / 'examples' / 'tiny' / 'tokenizer.json'}"
+path = "{Path(__file__).resolve().parents[2] / "examples" / "tiny" / "tokenizer.json"}"
 [data]
-path = "{Path(__file__).resolve().parents[2] / 'examples' / 'tiny' / 'sft.jsonl'}"
+path = "{Path(__file__).resolve().parents[2] / "examples" / "tiny" / "sft.jsonl"}"
 [storage]
-url = "{tmp_path / 'same'}"
+url = "{tmp_path / "same"}"
 """)
     assert main(["run", str(config)]) == 2
     assert "storage.url" in capsys.readouterr().err and not (tmp_path / "same").exists()

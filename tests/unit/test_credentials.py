@@ -22,8 +22,9 @@ def _no_credentials_error(tmp_path, monkeypatch) -> NoCredentialsError:
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    client = botocore.session.get_session().create_client("s3", region_name="us-east-1",
-                                                          endpoint_url="http://127.0.0.1:9")
+    client = botocore.session.get_session().create_client(
+        "s3", region_name="us-east-1", endpoint_url="http://127.0.0.1:9"
+    )
     with pytest.raises(NoCredentialsError) as raised:
         client.head_bucket(Bucket="rankflow")
     return raised.value

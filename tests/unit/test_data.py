@@ -26,8 +26,14 @@ GOOD = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "ass
         (json.dumps({"messages": []}), r"bad\.jsonl:2: field messages: List should have at least 1 item"),
         (json.dumps({"messages": [{"role": "robot", "content": "x"}]}), r"bad\.jsonl:2: field messages\.0\.role"),
         (json.dumps({"messages": [{"role": "user"}]}), r"bad\.jsonl:2: field messages\.0\.content: Field required"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}]}), r"bad\.jsonl:2: field messages: no assistant message"),
-        (json.dumps({"msgs": []}), r"bad\.jsonl:2: field messages: Field required; add it .*; field msgs: unknown field; remove it"),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "x"}]}),
+            r"bad\.jsonl:2: field messages: no assistant message",
+        ),
+        (
+            json.dumps({"msgs": []}),
+            r"bad\.jsonl:2: field messages: Field required; add it .*; field msgs: unknown field; remove it",
+        ),
         ("[1, 2]", r"bad\.jsonl:2: expected a JSON object"),
     ],
 )
@@ -44,13 +50,17 @@ def test_empty_file_is_an_error(tmp_path):
 
 def test_mask_selects_exactly_the_assistant_replies():
     tokenizer = load_tokenizer(EXAMPLES / "tiny" / "tokenizer.json")
-    conversation = Conversation.model_validate({"messages": [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "What is 2 plus 3?"},
-        {"role": "assistant", "content": "2 plus 3 is 5."},
-        {"role": "user", "content": "And 4 plus 4?"},
-        {"role": "assistant", "content": "4 plus 4 is 8."},
-    ]})
+    conversation = Conversation.model_validate(
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is 2 plus 3?"},
+                {"role": "assistant", "content": "2 plus 3 is 5."},
+                {"role": "user", "content": "And 4 plus 4?"},
+                {"role": "assistant", "content": "4 plus 4 is 8."},
+            ]
+        }
+    )
     rendered = render_chatml(conversation)
     (tokenized,) = tokenize(tokenizer, [rendered])
     seq = mask(tokenized, rendered)

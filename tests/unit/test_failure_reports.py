@@ -26,13 +26,26 @@ RUN_ID = "test-0123456789ab"
 
 
 def _planned(config) -> PlannedRun:
-    return PlannedRun(run_id=RUN_ID, digest="d" * 64, run_dir=str(run_dir_for(config, RUN_ID)), segment_steps=[(0, 3)],
-                      train=TrainSection(segment_timeout_s=60), storage=config.storage)
+    return PlannedRun(
+        run_id=RUN_ID,
+        digest="d" * 64,
+        run_dir=str(run_dir_for(config, RUN_ID)),
+        segment_steps=[(0, 3)],
+        train=TrainSection(segment_timeout_s=60),
+        storage=config.storage,
+    )
 
 
 def _exported(tmp_path: Path) -> ExportOutcome:
-    return ExportOutcome(segment=0, step=3, staged_dir=str(tmp_path / "staged"), reused=False, num_files=1, num_bytes=1,
-                         launch_wall_s=0.0)
+    return ExportOutcome(
+        segment=0,
+        step=3,
+        staged_dir=str(tmp_path / "staged"),
+        reused=False,
+        num_files=1,
+        num_bytes=1,
+        launch_wall_s=0.0,
+    )
 
 
 def _retried_cell(markdown: str) -> str:
@@ -50,8 +63,9 @@ def failing_commit(config, planned: PlannedRun, exported: ExportOutcome) -> dict
     return run.outcome()
 
 
-def test_each_failed_commit_attempt_is_one_ledger_line_and_the_run_names_the_commit(prefect_harness, tiny_config,
-                                                                                   tmp_path, monkeypatch):
+def test_each_failed_commit_attempt_is_one_ledger_line_and_the_run_names_the_commit(
+    prefect_harness, tiny_config, tmp_path, monkeypatch
+):
     calls = []
 
     def store_never_answers(*_args, **_kwargs):
@@ -65,7 +79,11 @@ def test_each_failed_commit_attempt_is_one_ledger_line_and_the_run_names_the_com
     with pytest.raises(RunFailed) as raised:
         state.result()
     summary = raised.value.summary
-    assert (summary["failed_stage"], summary["failure_cause"], summary["run_id"]) == ("commit", "storage_outage", RUN_ID)
+    assert (summary["failed_stage"], summary["failure_cause"], summary["run_id"]) == (
+        "commit",
+        "storage_outage",
+        RUN_ID,
+    )
 
     commit_run = next(t for t in task_runs_of(state.state_details.flow_run_id) if t.name == "commit-step-3")
     attempts = commit_run.run_count
@@ -73,7 +91,8 @@ def test_each_failed_commit_attempt_is_one_ledger_line_and_the_run_names_the_com
 
     failed = [e for e in ledger.read(Path(planned.run_dir)) if e["status"] == "failed"]
     assert [(e["stage"], e["failure"]["attempt"], e["failure"]["retried"]) for e in failed] == (
-        [("commit", n, True) for n in range(1, attempts)] + [("commit", attempts, False)])
+        [("commit", n, True) for n in range(1, attempts)] + [("commit", attempts, False)]
+    )
     assert all(e["step"] == 3 and e["failure"]["max_attempts"] == attempts for e in failed)
     assert f"attempt {attempts} of {attempts}, not retried: no attempts left" in failed[-1]["error"]
     for entry in failed:  # each attempt's whole error is in its own log file
@@ -107,4 +126,3 @@ def test_a_failure_in_the_flow_itself_is_reported_as_not_retried(prefect_harness
     # … but nothing retries a flow run: the report must not say it will be.
     assert _retried_cell(report[0].data).startswith("no: nothing retries the flow itself")
     assert "not retried: nothing retries the flow itself" in str(raised.value)
-

@@ -82,16 +82,23 @@ def test_a_kill_at_a_random_point_of_a_launch_s_first_10_s_leaves_no_process_aft
     (tmp_path / "launcher.py").write_text(textwrap.dedent(_LAUNCHER))
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     rng = random.Random(14)
-    trials = [(window, rng.uniform(0.0, length_s)) for window, length_s in WINDOWS_S.items()
-              for _ in range(NUM_TRIALS_PER_WINDOW)]
+    trials = [
+        (window, rng.uniform(0.0, length_s))
+        for window, length_s in WINDOWS_S.items()
+        for _ in range(NUM_TRIALS_PER_WINDOW)
+    ]
     survivors: dict[str, list[int]] = {}
     try:
         for trial, (window, delay_s) in enumerate(trials):
             token = uuid.uuid4().hex
             started = tmp_path / f"started-{trial}"
-            launcher = subprocess.Popen([sys.executable, str(tmp_path / "launcher.py"), str(started)],
-                                        env={**env, _MARK: token}, start_new_session=True,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            launcher = subprocess.Popen(
+                [sys.executable, str(tmp_path / "launcher.py"), str(started)],
+                env={**env, _MARK: token},
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             deadline = time.monotonic() + 120
             while not started.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -105,8 +112,10 @@ def test_a_kill_at_a_random_point_of_a_launch_s_first_10_s_leaves_no_process_aft
             launcher.wait()
             time.sleep(SURVIVAL_LIMIT_S)
             left = _marked(token)
-            print(f"trial {trial}: killed {delay_s:.1f} s after the {window} started, {len(in_launch)} launch processes "
-                  f"({num_ranks} ranks) then; alive {SURVIVAL_LIMIT_S:g} s later: {left}")
+            print(
+                f"trial {trial}: killed {delay_s:.1f} s after the {window} started, {len(in_launch)} launch processes "
+                f"({num_ranks} ranks) then; alive {SURVIVAL_LIMIT_S:g} s later: {left}"
+            )
             if left:
                 survivors[f"trial {trial} (kill {delay_s:.1f} s after the {window} started)"] = left
                 for pid in left:  # never leave them running, whatever the outcome

@@ -24,7 +24,10 @@ def write_module(tmp_path, name, body):
 
 
 def test_a_failing_rank_fails_the_launch_with_its_rank_named(tmp_path):
-    env = write_module(tmp_path, "failing_rank", """
+    env = write_module(
+        tmp_path,
+        "failing_rank",
+        """
         import os, sys, time
         from trainer_core.run.distributed import run_rank_main
         def main():
@@ -32,7 +35,8 @@ def test_a_failing_rank_fails_the_launch_with_its_rank_named(tmp_path):
                 raise ValueError("bad shard on purpose")
             time.sleep(60)  # rank 0 would wait for its peer forever
         run_rank_main(main)
-    """)
+    """,
+    )
     lines = []
     started = time.monotonic()
     with pytest.raises(LaunchError, match=r"\[rank 1\] ERROR ValueError: bad shard on purpose"):
@@ -42,12 +46,16 @@ def test_a_failing_rank_fails_the_launch_with_its_rank_named(tmp_path):
 
 def test_timeout_kills_the_whole_process_group(tmp_path):
     pid_file = tmp_path / "pids"
-    env = write_module(tmp_path, "sleeping_rank", f"""
+    env = write_module(
+        tmp_path,
+        "sleeping_rank",
+        f"""
         import os, time
         with open({str(pid_file)!r}, "a") as f:
             f.write(f"{{os.getpid()}}\\n")
         time.sleep(600)
-    """)
+    """,
+    )
     result = launch("sleeping_rank", [], nproc_per_node=2, timeout_s=8, env=env, on_line=lambda _: None)
     assert result.timed_out and result.wall_s < 40
     for pid in map(int, pid_file.read_text().split()):
@@ -57,14 +65,18 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
 
 def test_lines_of_several_ranks_never_merge(tmp_path):
     # print() writes the text and the newline separately; 3 ranks print as fast as they can.
-    env = write_module(tmp_path, "chatty_rank", """
+    env = write_module(
+        tmp_path,
+        "chatty_rank",
+        """
         import os, sys
         rank = os.environ["RANK"]
         for i in range(400):
             print(f"rank {rank} line {i} " + "x" * (i % 97))
             sys.stderr.write(f"rank {rank} err {i}")
             sys.stderr.write("\\n")
-    """)
+    """,
+    )
     lines = []
     result = launch("chatty_rank", [], nproc_per_node=3, timeout_s=120, env=env, on_line=lines.append)
     assert result.returncode == 0
@@ -91,21 +103,28 @@ def _listening_sockets(pids) -> list[str]:
 
 
 def test_a_single_node_launch_listens_on_loopback_only(tmp_path):
-    env = write_module(tmp_path, "listening_rank", """
+    env = write_module(
+        tmp_path,
+        "listening_rank",
+        """
         import time, torch.distributed as dist
         from datetime import timedelta
         dist.init_process_group("gloo", timeout=timedelta(seconds=60))
         dist.barrier()
         time.sleep(6)
         dist.destroy_process_group()
-    """)
+    """,
+    )
     from infra.launch.processes import descendant_pids
+
     seen: list[str] = []
 
     def look() -> None:
         seen.extend(_listening_sockets([os.getpid(), *descendant_pids(os.getpid())]))
 
-    result = launch("listening_rank", [], nproc_per_node=2, timeout_s=120, env=env, on_line=lambda _: None, monitor=look)
+    result = launch(
+        "listening_rank", [], nproc_per_node=2, timeout_s=120, env=env, on_line=lambda _: None, monitor=look
+    )
     assert result.returncode == 0
     assert seen, "no listening socket seen during the launch"
     loopback = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
@@ -114,7 +133,10 @@ def test_a_single_node_launch_listens_on_loopback_only(tmp_path):
 
 def test_killing_the_parent_leaves_no_launch_process(tmp_path):
     pid_file = tmp_path / "pids"
-    env = write_module(tmp_path, "long_rank", f"""
+    env = write_module(
+        tmp_path,
+        "long_rank",
+        f"""
         import os, time
         from trainer_core.run.distributed import run_rank_main
         def main():
@@ -122,11 +144,17 @@ def test_killing_the_parent_leaves_no_launch_process(tmp_path):
                 f.write(f"{{os.getpid()}} {{os.getppid()}}\\n")
             time.sleep(600)
         run_rank_main(main)
-    """)
+    """,
+    )
     parent = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from infra.launch.launcher import launch; "
-         "launch('long_rank', [], nproc_per_node=2, timeout_s=600, on_line=lambda _: None)"],
-        env={**os.environ, **env}, start_new_session=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from infra.launch.launcher import launch; "
+            "launch('long_rank', [], nproc_per_node=2, timeout_s=600, on_line=lambda _: None)",
+        ],
+        env={**os.environ, **env},
+        start_new_session=True,
     )
     deadline = time.monotonic() + 90
     while (not pid_file.is_file() or len(pid_file.read_text().split("\n")) < 3) and time.monotonic() < deadline:

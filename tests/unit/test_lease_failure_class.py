@@ -41,8 +41,14 @@ def test_a_state_upload_whose_finalizer_was_taken_over_fails_as_finalizer_lost_a
             thief.acquire()  # sees the uploader's lease expired (its clock is an hour ahead) and takes it over
 
     with pytest.raises(LeaseLostError) as caught:
-        publish_bundle(store, RUN, run_dir, "segment-0000", [f"state/segment-0000/part-{i}.bin" for i in range(3)],
-                       observer=take_over_after_the_first_upload)
+        publish_bundle(
+            store,
+            RUN,
+            run_dir,
+            "segment-0000",
+            [f"state/segment-0000/part-{i}.bin" for i in range(3)],
+            observer=take_over_after_the_first_upload,
+        )
     assert thief.record is not None and not store.fs.exists(manifest_path(store, RUN, "segment-0000"))
     error = caught.value
     assert classify_exception(error).value == "finalizer_lost"  # before: "code_error"

@@ -48,8 +48,8 @@ def retried_after_lost_answer(monkeypatch, name: str, times: int = 1) -> list[st
         if len(lost) >= times:
             return real(store, path, data, *tag)
         lost.append(path)
-        real(store, path, data, *tag)          # the store applied it; its answer was lost on the way back
-        return real(store, path, data, *tag)   # the client's retry of the same request
+        real(store, path, data, *tag)  # the store applied it; its answer was lost on the way back
+        return real(store, path, data, *tag)  # the client's retry of the same request
 
     monkeypatch.setattr(lease_module, name, applied_then_retried)
     return lost
@@ -87,13 +87,14 @@ def cut_off_after_write(monkeypatch, name: str) -> None:
 
 # -- the conditional write itself ------------------------------------------------
 
+
 def test_a_create_retried_after_its_answer_was_lost_returns_the_tag_of_its_bytes(store, monkeypatch):
     path = store.path(RUN, "object.json")
     real = local_store.create_exclusive
 
     def retried(target, data):
-        real(target, data)           # applied; the answer lost
-        return real(target, data)    # the retry finds the object there: refused
+        real(target, data)  # applied; the answer lost
+        return real(target, data)  # the retry finds the object there: refused
 
     monkeypatch.setattr(local_store, "create_exclusive", retried)
     tag = conditional.create_if_absent(store, path, b'{"nonce": "mine"}')
@@ -119,6 +120,7 @@ def test_a_replace_whose_answer_was_lost_returns_the_tag_of_its_bytes(store, mon
 
 # -- renewals ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("lose", [retried_after_lost_answer, applied_then_cut_off])
 def test_a_renewal_whose_answer_was_lost_keeps_the_lease(store, monkeypatch, lose):
     """Before: LeaseLostError ('expired and was taken over') for the retried one, a connection error for the other."""
@@ -143,8 +145,8 @@ def test_a_renewal_whose_answer_was_lost_and_not_confirmed_is_recognised_by_its_
     with pytest.raises(ConnectionResetError):
         lease.renew()  # the heartbeat treats this as an outage and tries again later
     assert stored(store, lease.path).expires_at > before  # but the renewal is in the store
-    lease.check()       # the store holds this holder's token: still held
-    lease.renew()       # and the next renewal replaces the record that is really there
+    lease.check()  # the store holds this holder's token: still held
+    lease.renew()  # and the next renewal replaces the record that is really there
     record = stored(store, lease.path)
     assert record.token == token and record == lease.record
     assert lease.release() and stored(store, lease.path).released
@@ -172,6 +174,7 @@ def test_a_release_whose_answer_was_lost_is_released(store, monkeypatch):
 
 
 # -- first acquisitions ----------------------------------------------------------
+
 
 @pytest.mark.parametrize("lose", [retried_after_lost_answer, applied_then_cut_off])
 def test_a_first_run_lease_write_whose_answer_was_lost_holds_the_lease(store, monkeypatch, lose):
@@ -206,6 +209,7 @@ def test_a_finalizer_write_whose_answer_was_lost_holds_the_lease_at_once(store, 
 
 
 # -- a lapse the store never saw taken over --------------------------------------
+
 
 def test_a_lease_that_lapsed_unrenewed_and_was_not_taken_over_is_renewed_by_check(store):
     """Paused (no heartbeat) past its ttl, nobody took it: the store still holds this holder's token."""

@@ -26,8 +26,10 @@ LORA = {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj", "down_p
 
 
 def _train_and_export(tmp_path: Path, **sections):
-    config = config_from_dict(tiny_tree(tmp_path, train={"steps": 2, "steps_per_segment": 2, "learning_rate": 1e-2},
-                                        **sections), config_dir=tmp_path)
+    config = config_from_dict(
+        tiny_tree(tmp_path, train={"steps": 2, "steps_per_segment": 2, "learning_rate": 1e-2}, **sections),
+        config_dir=tmp_path,
+    )
     plan, shards = build_plan(config)
     run_dir = run_dir_for(config, plan.run_id)
     write_plan(plan, shards, run_dir)
@@ -58,7 +60,9 @@ def test_an_adapter_on_a_base_built_from_a_config_names_a_base_shipped_in_the_ch
     named = _named_base(export_dir)
     assert not Path(named).is_absolute(), "a path of the machine that exported it would not travel with the checkpoint"
     manifest = json.loads((export_dir / "MANIFEST.json").read_text())
-    assert f"{named}/config.json" in {entry["path"] for entry in manifest["files"]}  # committed, pulled, verified with it
+    assert f"{named}/config.json" in {
+        entry["path"] for entry in manifest["files"]
+    }  # committed, pulled, verified with it
     # Following only the checkpoint: the base named relative to the adapter's directory, then the adapter on it.
     base = AutoModelForCausalLM.from_pretrained(str(export_dir / named), local_files_only=True, dtype=torch.float32)
     peft_model = PeftModel.from_pretrained(base, str(export_dir)).eval()
@@ -72,12 +76,16 @@ def test_an_adapter_on_a_base_built_from_a_config_names_a_base_shipped_in_the_ch
 def test_an_adapter_on_a_model_path_names_that_path(tmp_path):
     base_dir = tmp_path / "base-model"  # a Hugging Face model directory, as a user brings one
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(EXAMPLES / "tiny" / "model_config.json"))
-                                     ).save_pretrained(str(base_dir))
+    AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(str(EXAMPLES / "tiny" / "model_config.json"))
+    ).save_pretrained(str(base_dir))
     config, export_dir, ids, mask, expected = _train_and_export(
-        tmp_path, model={"lora": LORA, "path": str(base_dir), "config": None})
+        tmp_path, model={"lora": LORA, "path": str(base_dir), "config": None}
+    )
     assert _named_base(export_dir) == str(base_dir)
     assert not (export_dir / "base").exists()  # the base is where model.path says; not copied
-    auto_model = AutoPeftModelForCausalLM.from_pretrained(str(export_dir), local_files_only=True, dtype=torch.float32).eval()
+    auto_model = AutoPeftModelForCausalLM.from_pretrained(
+        str(export_dir), local_files_only=True, dtype=torch.float32
+    ).eval()
     with torch.no_grad():
         torch.testing.assert_close(auto_model(input_ids=ids, attention_mask=mask).logits, expected, rtol=0, atol=1e-6)

@@ -60,12 +60,13 @@ def test_every_module_imports():
     # A package's `__main__` is the command itself (it runs on import): `find_spec` is its check.
     names = sorted(name for name in _modules() if not name.endswith(".__main__"))
     assert all(importlib.util.find_spec(name) for name in _modules() if name.endswith(".__main__"))
-    script = ("import importlib, sys, traceback\nfailed = []\nfor name in sys.argv[1:]:\n"
-              "    try:\n        importlib.import_module(name)\n"
-              "    except BaseException:\n        failed.append(name + ': ' + traceback.format_exc(limit=2))\n"
-              "print('\\n'.join(failed))\nsys.exit(1 if failed else 0)\n")
-    done = subprocess.run([sys.executable, "-c", script, *names], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    script = (
+        "import importlib, sys, traceback\nfailed = []\nfor name in sys.argv[1:]:\n"
+        "    try:\n        importlib.import_module(name)\n"
+        "    except BaseException:\n        failed.append(name + ': ' + traceback.format_exc(limit=2))\n"
+        "print('\\n'.join(failed))\nsys.exit(1 if failed else 0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, *names], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert len(names) > 100  # the walk found the code, not an empty folder
 
@@ -96,7 +97,8 @@ def _imported_by(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -137,8 +139,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     # A package's __init__ re-exporting its submodules is not a cycle of the code: leave those edges out.
-    return {name: {edge for edge in _imported_by(name, path, modules) if not name.startswith(edge + ".")}
-            for name, path in modules.items()}
+    return {
+        name: {edge for edge in _imported_by(name, path, modules) if not name.startswith(edge + ".")}
+        for name, path in modules.items()
+    }
 
 
 def test_the_cycle_finder_sees_a_function_local_cycle():
@@ -148,8 +152,7 @@ def test_the_cycle_finder_sees_a_function_local_cycle():
 
 def test_an_import_only_for_annotations_is_not_an_edge_but_a_function_local_one_is(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a.b\n"
-                      "def f():\n    import a.c\n")
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a.b\ndef f():\n    import a.c\n")
     assert _imported_by("a.m", module, {"a.b": module, "a.c": module}) == {"a.c"}
 
 
@@ -179,7 +182,12 @@ def test_every_module_named_on_a_command_line_resolves():
     missing = {name: where for name, where in named.items() if importlib.util.find_spec(name) is None}
     assert missing == {}
     # The scan sees the strings that matter most: the rank entry points and the torchrun wrapper.
-    entry_points = {"trainer_core.run.segment_main", "trainer_core.run.export_main", "infra.launch.loopback_torchrun", "flows.cli"}
+    entry_points = {
+        "trainer_core.run.segment_main",
+        "trainer_core.run.export_main",
+        "infra.launch.loopback_torchrun",
+        "flows.cli",
+    }
     assert entry_points <= set(named)
 
 

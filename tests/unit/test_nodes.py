@@ -16,21 +16,23 @@ from trainer_core.run.process_boot import BOOT_SCRIPT
 def test_node_zero_hosts_the_rendezvous_and_the_others_join_it(tmp_path):
     rdzv = rendezvous_id("run-0123456789ab", 3, "A1")
     assert rdzv == "run-0123456789ab-segment-0003-attempt-A1"
-    commands = [torchrun_command("m", ["--x"], 2, tmp_path, NodeRendezvous(2, k, "127.0.0.1:29400", rdzv))
-                for k in (0, 1)]
+    commands = [
+        torchrun_command("m", ["--x"], 2, tmp_path, NodeRendezvous(2, k, "127.0.0.1:29400", rdzv)) for k in (0, 1)
+    ]
     for node_rank, command in enumerate(commands):
         assert "--nnodes=2" in command and "--nproc-per-node=2" in command and "--max-restarts=0" in command
         assert "--rdzv-backend=c10d" in command and "--rdzv-endpoint=127.0.0.1:29400" in command
         assert f"--rdzv-id={rdzv}" in command and "--local-addr=127.0.0.1" in command
         assert f"--rdzv-conf=is_host={int(node_rank == 0)},join_timeout=300" in command
         # Each rank runs the module through the boot script that arms its death signal first (trainer_core.run.process_boot).
-        assert command[command.index(str(BOOT_SCRIPT), 3):] == [str(BOOT_SCRIPT), "m", "--x"]
+        assert command[command.index(str(BOOT_SCRIPT), 3) :] == [str(BOOT_SCRIPT), "m", "--x"]
     single = torchrun_command("m", [], 2, tmp_path)
     assert "--nnodes=1" in single and "--rdzv-endpoint=127.0.0.1:0" in single
 
 
-def test_a_loopback_node_keeps_collectives_on_lo_and_a_remote_one_serves_its_store_at_the_endpoint(tmp_path,
-                                                                                                    monkeypatch):
+def test_a_loopback_node_keeps_collectives_on_lo_and_a_remote_one_serves_its_store_at_the_endpoint(
+    tmp_path, monkeypatch
+):
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.delenv(STORE_HOST_ENV, raising=False)
     loopback = _child_env(None, 1, tmp_path, NodeRendezvous(2, 0, "127.0.0.1:29400", "r"))
@@ -72,8 +74,11 @@ def _launch_error(cause: FailureClass) -> LaunchError:
 
 
 def test_the_node_that_caused_the_failure_is_named_not_the_ones_it_took_down():
-    died, lost_peer, stopped = (_launch_error(FailureClass.RANK_DIED), _launch_error(FailureClass.COLLECTIVE_TIMEOUT),
-                                _launch_error(FailureClass.RANK_STALLED))
+    died, lost_peer, stopped = (
+        _launch_error(FailureClass.RANK_DIED),
+        _launch_error(FailureClass.COLLECTIVE_TIMEOUT),
+        _launch_error(FailureClass.RANK_STALLED),
+    )
     assert _first_cause({0: lost_peer, 1: died}, aborted=set()) == (1, died)
     assert _first_cause({0: stopped, 1: lost_peer}, aborted={0}) == (1, lost_peer)
     assert NodeFailed("m", node_failure(died.failure, 1, 2), 1).failure.cause is FailureClass.RANK_DIED

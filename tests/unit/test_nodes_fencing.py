@@ -14,9 +14,17 @@ from trainer_core.config import StorageSection, TrainSection
 
 
 def _planned(tmp_path) -> PlannedRun:
-    train = TrainSection(nproc_per_node=1, nnodes=2, logical_dp=2, segment_timeout_s=60, rdzv_endpoint="127.0.0.1:29999")
-    return PlannedRun(run_id="run-0123456789ab", digest="d", run_dir=str(tmp_path), segment_steps=[(0, 2)], train=train,
-                      storage=StorageSection(url=str(tmp_path)))
+    train = TrainSection(
+        nproc_per_node=1, nnodes=2, logical_dp=2, segment_timeout_s=60, rdzv_endpoint="127.0.0.1:29999"
+    )
+    return PlannedRun(
+        run_id="run-0123456789ab",
+        digest="d",
+        run_dir=str(tmp_path),
+        segment_steps=[(0, 2)],
+        train=train,
+        storage=StorageSection(url=str(tmp_path)),
+    )
 
 
 def test_a_lost_lease_stops_every_local_node_and_nothing_is_reported(tmp_path, monkeypatch):

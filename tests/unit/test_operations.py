@@ -66,7 +66,12 @@ def _result(**fields) -> LaunchResult:
 
 
 def test_diagnosis_names_the_killed_rank_not_the_peer_that_lost_it():
-    lost_peer = {"rank": 0, "time": 1.0, "type": "RuntimeError", "message": "[pair.cc:553] Connection closed by peer [127.0.0.1]:1"}
+    lost_peer = {
+        "rank": 0,
+        "time": 1.0,
+        "type": "RuntimeError",
+        "message": "[pair.cc:553] Connection closed by peer [127.0.0.1]:1",
+    }
     killed = diagnose_launch(_result(rank_exits={0: -15, 1: -9}, error_records=(lost_peer,)), "segment")
     assert (killed.cause, killed.rank, killed.retriable) == (FailureClass.RANK_DIED, 1, True)
     preempted = diagnose_launch(_result(rank_exits={0: -15, 1: -15}, error_records=(lost_peer,)), "segment")
@@ -78,19 +83,33 @@ def test_diagnosis_names_the_killed_rank_not_the_peer_that_lost_it():
     hung = diagnose_launch(_result(rank_exits={0: 1, 1: -15}, error_records=(timeout,)), "segment")
     assert (hung.cause, hung.rank) == (FailureClass.COLLECTIVE_TIMEOUT, 1)
     escalated = diagnose_launch(_result(rank_exits={0: 1, 1: -9}, error_records=(timeout,)), "segment")
-    assert (escalated.cause, escalated.rank) == (FailureClass.COLLECTIVE_TIMEOUT, 1)  # torchrun's SIGKILL after its grace
+    assert (escalated.cause, escalated.rank) == (
+        FailureClass.COLLECTIVE_TIMEOUT,
+        1,
+    )  # torchrun's SIGKILL after its grace
     stopped = diagnose_launch(_result(stalled="no progress for 12 s", stopped_ranks=(1,)), "segment")
     assert (stopped.cause, stopped.rank) == (FailureClass.RANK_STALLED, 1)
-    stacks = {0: ('  File "/x/torch/distributed/distributed_c10d.py", line 1 in all_reduce',),
-              1: ('  File "/x/trainer_core/run/faults.py", line 9 in _fail_once',)}
+    stacks = {
+        0: ('  File "/x/torch/distributed/distributed_c10d.py", line 1 in all_reduce',),
+        1: ('  File "/x/trainer_core/run/faults.py", line 9 in _fail_once',),
+    }
     hung_in_step = diagnose_launch(_result(stalled="no progress", rank_tails=stacks), "segment")
     assert (hung_in_step.cause, hung_in_step.rank) == (FailureClass.RANK_STALLED, 1)
 
 
 def test_torchrun_failure_summary_is_parsed():
-    lines = ["Failures:", "[1]:", "  time      : x", "  host      : vm", "  rank      : 0 (local_rank: 0)",
-             "  exitcode  : -15 (pid: 9)", "Root Cause (first observed failure):", "[0]:",
-             "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 8)"]
+    lines = [
+        "Failures:",
+        "[1]:",
+        "  time      : x",
+        "  host      : vm",
+        "  rank      : 0 (local_rank: 0)",
+        "  exitcode  : -15 (pid: 9)",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : -9 (pid: 8)",
+    ]
     assert parse_rank_exits(lines) == {0: -15, 1: -9}
 
 
@@ -107,13 +126,25 @@ def test_retry_condition_follows_the_failure_class():
 
 
 def _segment(index: int, reused: bool, train_s: float, launch_wall_s: float) -> SegmentOutcome:
-    return SegmentOutcome(segment=index, start_step=3 * index, end_step=3 * index + 3, losses=[1.0, 0.9, 0.8],
-                          num_tokens=900, tokens_per_s=900 / train_s, train_s=train_s, launch_wall_s=launch_wall_s, reused=reused)
+    return SegmentOutcome(
+        segment=index,
+        start_step=3 * index,
+        end_step=3 * index + 3,
+        losses=[1.0, 0.9, 0.8],
+        num_tokens=900,
+        tokens_per_s=900 / train_s,
+        train_s=train_s,
+        launch_wall_s=launch_wall_s,
+        reused=reused,
+    )
 
 
 def test_a_resumed_run_reports_its_own_figures(tiny_config):
     record = RunRecord(tiny_config)
-    record.segments = [_segment(0, True, train_s=50.0, launch_wall_s=0.0), _segment(1, False, train_s=2.0, launch_wall_s=9.0)]
+    record.segments = [
+        _segment(0, True, train_s=50.0, launch_wall_s=0.0),
+        _segment(1, False, train_s=2.0, launch_wall_s=9.0),
+    ]
     summary = record.summary("completed")
     assert summary["tokens"] == 900 and summary["tokens_per_s"] == 450.0  # the reused segment took no time now
     assert summary["launch_wall_s"] - summary["train_s"] == 7.0  # launch overhead of this run, never negative
@@ -140,8 +171,20 @@ def test_a_prefect_api_error_does_not_stop_the_live_view(prefect_harness):
     def publish_to_missing_artifacts() -> bool:
         live = LiveArtifacts(run_id="r", progress_id=uuid4(), metrics_id=uuid4(), total_steps=4)
         publisher = LivePublisher(live, 0, min_interval_s=0)
-        publisher([{"event": "step", "step": 0, "loss": 1.0, "grad_norm": 1.0, "learning_rate": 1e-3, "stepped": True,
-                    "tokens_per_s": 1.0, "step_s": 0.1}])  # the API answers 404: logged, kept for the next poll
+        publisher(
+            [
+                {
+                    "event": "step",
+                    "step": 0,
+                    "loss": 1.0,
+                    "grad_norm": 1.0,
+                    "learning_rate": 1e-3,
+                    "stepped": True,
+                    "tokens_per_s": 1.0,
+                    "step_s": 0.1,
+                }
+            ]
+        )  # the API answers 404: logged, kept for the next poll
         return publisher._pending
 
     assert publish_to_missing_artifacts() is True

@@ -64,12 +64,30 @@ def test_pip_resolves_the_project_offline_without_a_warning_and_pip_check_is_cle
     # Metadata only: the project file and its readme, built without isolation, resolved against what is installed.
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, tmp_path / name)
-    resolved = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
-                               "--disable-pip-version-check", str(tmp_path)],
-                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    resolved = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-index",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     output = resolved.stdout + resolved.stderr
     assert resolved.returncode == 0, output[-3000:]
     assert "WARNING" not in output, [line for line in output.splitlines() if "WARNING" in line]
-    checked = subprocess.run([sys.executable, "-m", "pip", "check", "--disable-pip-version-check"],
-                             capture_output=True, text=True, timeout=120)
+    checked = subprocess.run(
+        [sys.executable, "-m", "pip", "check", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -25,8 +25,12 @@ def test_same_inputs_same_plan_and_digest(tiny_config):
 def test_digest_changes_with_what_decides_the_result_only(tmp_path, tiny_config):
     base, _ = build_plan(tiny_config)
     reseeded, _ = build_plan(config_from_dict(tiny_tree(tmp_path, run={"seed": 8}), config_dir=tmp_path))
-    elsewhere, _ = build_plan(config_from_dict(
-        tiny_tree(tmp_path, storage={"url": "s3://bucket/prefix"}, run={"work_dir": str(tmp_path / "w2")}), config_dir=tmp_path))
+    elsewhere, _ = build_plan(
+        config_from_dict(
+            tiny_tree(tmp_path, storage={"url": "s3://bucket/prefix"}, run={"work_dir": str(tmp_path / "w2")}),
+            config_dir=tmp_path,
+        )
+    )
     assert reseeded.digest != base.digest
     assert elsewhere.digest == base.digest
 
@@ -92,6 +96,8 @@ def test_the_number_of_processes_enters_the_digest_only_when_it_can_change_the_r
     # Deterministic reduction: W changes only the speed, so a run resumed at another W keeps its id.
     assert digest(logical_dp=4, nproc_per_node=1) == digest(logical_dp=4, nproc_per_node=4)
     # A fast reduction's last bits depend on W; the reduction and the thread count decide results too.
-    assert digest(logical_dp=4, nproc_per_node=1, reduction="fast") != digest(logical_dp=4, nproc_per_node=4, reduction="fast")
+    assert digest(logical_dp=4, nproc_per_node=1, reduction="fast") != digest(
+        logical_dp=4, nproc_per_node=4, reduction="fast"
+    )
     assert digest(logical_dp=4, reduction="fast") != digest(logical_dp=4)
     assert digest(logical_dp=4, threads_per_process=2) != digest(logical_dp=4)

@@ -27,4 +27,7 @@ def test_the_digest_names_config_inputs_and_every_shard_byte(tmp_path):
     assert plan_digest(config, {"data": "b"}, shards) != digest
     flipped = {**shards, 1: {"input_ids": torch.tensor([[4, 5, 7]])}}
     assert plan_digest(config, {"data": "a"}, flipped) != digest
-    assert plan_digest(_config(tmp_path, steps=4, steps_per_segment=2, learning_rate=2e-4), {"data": "a"}, shards) != digest
+    assert (
+        plan_digest(_config(tmp_path, steps=4, steps_per_segment=2, learning_rate=2e-4), {"data": "a"}, shards)
+        != digest
+    )

@@ -29,6 +29,7 @@ def _fail_first(calls: list, real):
         if len(calls) == 1:
             raise ConnectionError("object storage at the store is unreachable (the answer to the upload was lost)")
         return real(planned)
+
     return publish
 
 
@@ -37,7 +38,9 @@ def write_the_plan(config):
     return write_plan_task.with_options(retry_delay_seconds=0)(config, compute_plan_fn(config), return_state=True)
 
 
-def test_a_lost_answer_during_the_plan_upload_is_retried_and_the_plan_is_stored(prefect_harness, tiny_config, monkeypatch):
+def test_a_lost_answer_during_the_plan_upload_is_retried_and_the_plan_is_stored(
+    prefect_harness, tiny_config, monkeypatch
+):
     calls: list = []
     monkeypatch.setattr(plan_stage, "publish_plan", _fail_first(calls, plan_stage.publish_plan))
     state = write_the_plan(tiny_config)

@@ -27,8 +27,9 @@ def _until(condition, timeout_s: float = 10.0) -> bool:
 def launcher_like():
     """A shell standing in for torchrun: two children carrying RANK 0 and 1, and one without RANK."""
     env = {k: v for k, v in os.environ.items() if k != "RANK"}
-    shell = subprocess.Popen(["sh", "-c", "RANK=0 sleep 60 & RANK=1 sleep 60 & sleep 60 & wait"], env=env,
-                             start_new_session=True)
+    shell = subprocess.Popen(
+        ["sh", "-c", "RANK=0 sleep 60 & RANK=1 sleep 60 & sleep 60 & wait"], env=env, start_new_session=True
+    )
     # A forked child carries its RANK only once it has exec'd `sleep`: wait for that, not just for the fork.
     assert _until(lambda: len(child_pids(shell.pid)) == 3 and len(rank_pids(shell.pid)) == 2)
     yield shell

@@ -47,7 +47,11 @@ def store(request, tmp_path):
         yield open_store(str(tmp_path / "store"))
 
 
-FILES = {"config.json": b"{}", "model-00001-of-00002.safetensors": b"a" * 1000, "model-00002-of-00002.safetensors": b"b" * 500}
+FILES = {
+    "config.json": b"{}",
+    "model-00001-of-00002.safetensors": b"a" * 1000,
+    "model-00002-of-00002.safetensors": b"b" * 500,
+}
 
 
 def test_commit_then_read_back(store, tmp_path):
@@ -65,7 +69,9 @@ def test_reader_never_sees_a_checkpoint_without_its_manifest(store, tmp_path):
     # Data files reached the store (at least the two before the outage), but no manifest: nothing is visible.
     landed = set(store.children(store.key(RUN, "checkpoints", "step-00000010")))
     assert len(landed) >= 2 and "MANIFEST.json" not in landed
-    assert list_checkpoints(store, RUN) == [] and latest_checkpoint(store, RUN) is None and read_latest(store, RUN) is None
+    assert (
+        list_checkpoints(store, RUN) == [] and latest_checkpoint(store, RUN) is None and read_latest(store, RUN) is None
+    )
     retried = commit_checkpoint(staged, store, RUN)
     assert (retried.num_files_skipped, retried.num_files_uploaded) == (len(landed), 3 - len(landed))
     assert set(retried.uploaded).isdisjoint(landed)  # nothing that had landed is uploaded twice

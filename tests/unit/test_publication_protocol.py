@@ -45,8 +45,11 @@ from tests.publication_helpers import (
 )
 from trainer_core.run.manifest import write_manifest
 
-FILES = {"config.json": b"{}", "model-00001-of-00002.safetensors": b"a" * 1000,
-         "model-00002-of-00002.safetensors": b"b" * 500}
+FILES = {
+    "config.json": b"{}",
+    "model-00001-of-00002.safetensors": b"a" * 1000,
+    "model-00002-of-00002.safetensors": b"b" * 500,
+}
 FAST = PublishSettings(concurrency=1)
 
 
@@ -73,6 +76,7 @@ LOCAL_ONLY = pytest.mark.parametrize("store", ["local"], indirect=True)
 
 
 # -- the state machine ------------------------------------------------------------
+
 
 def test_journal_records_every_transition_durably_and_mirrors_it(tmp_path, store):
     staged = stage(tmp_path, 10, FILES)
@@ -138,6 +142,7 @@ def test_cleanup_refuses_a_publication_that_is_not_committed(tmp_path, store):
 
 # -- verified retries -----------------------------------------------------------------
 
+
 def test_defect_retry_after_reexport_with_same_sizes_reuploads_what_changed(tmp_path, store):
     """Before: a retry skipped objects by size alone and published a manifest over stale bytes."""
     files = random_files(3, 4000)
@@ -177,6 +182,7 @@ def test_a_corruption_of_an_uploaded_file_does_not_reach_the_store(tmp_path, sto
 
 
 # -- hostile manifests --------------------------------------------------------------
+
 
 @LOCAL_ONLY
 @pytest.mark.parametrize("path", ["../../escaped.bin", "/etc/hostname", "a/../../b", "./x", "a//b"])
@@ -228,8 +234,16 @@ def test_a_manifest_of_another_run_or_step_is_refused(tmp_path, store):
 
 # -- hostile or broken LATEST and manifests ---------------------------------------------
 
-@pytest.mark.parametrize("latest", [b'{"checkpoint": "step-x", "step": "ten"}', b"not json",
-                                    b'{"checkpoint": "step-999999999999", "step": 999999999999}', b"{}"])
+
+@pytest.mark.parametrize(
+    "latest",
+    [
+        b'{"checkpoint": "step-x", "step": "ten"}',
+        b"not json",
+        b'{"checkpoint": "step-999999999999", "step": 999999999999}',
+        b"{}",
+    ],
+)
 def test_defect_a_corrupt_or_far_future_latest_never_blocks_commits(tmp_path, store, latest):
     commit_checkpoint(stage(tmp_path, 10, FILES), store, RUN)
     store.put(store.key(RUN, "LATEST"), latest)
@@ -272,16 +286,24 @@ def test_latest_pointing_at_a_missing_checkpoint_falls_back_and_says_so(tmp_path
 @LOCAL_ONLY
 def test_format_1_manifests_stay_readable(tmp_path, store):
     staged = stage(tmp_path, 10, FILES)
-    rewrite_manifest(staged, lambda m: (m.update(format="rankflow-checkpoint/1"),
-                                        [m.pop(k) for k in ("plan_digest", "parent_checkpoint", "world_size")]))
+    rewrite_manifest(
+        staged,
+        lambda m: (
+            m.update(format="rankflow-checkpoint/1"),
+            [m.pop(k) for k in ("plan_digest", "parent_checkpoint", "world_size")],
+        ),
+    )
     commit_checkpoint(staged, store, RUN)
     report = verify_checkpoint(store, RUN, "step-00000010", full=True)
     assert report.verified and report.manifest.format == "rankflow-checkpoint/1"
-    rewrite_manifest(Path(store.path(RUN, "checkpoints", "step-00000010")), lambda m: m.update(format="rankflow-checkpoint/9"))
+    rewrite_manifest(
+        Path(store.path(RUN, "checkpoints", "step-00000010")), lambda m: m.update(format="rankflow-checkpoint/9")
+    )
     assert "unknown format" in verify_checkpoint(store, RUN, "step-00000010").problems[0]
 
 
 # -- order of commits ------------------------------------------------------------------
+
 
 def test_an_older_step_committed_after_a_newer_one_never_moves_latest_back(tmp_path, store):
     commit_checkpoint(stage(tmp_path, 20, FILES), store, RUN)
@@ -291,6 +313,7 @@ def test_an_older_step_committed_after_a_newer_one_never_moves_latest_back(tmp_p
 
 
 # -- stale shards, cleanup failures, garbage -------------------------------------------
+
 
 def test_defect_recommitting_a_step_with_another_layout_removes_the_old_shards(tmp_path, store):
     commit_checkpoint(stage(tmp_path, 10, random_files(4, 2000)), store, RUN)
@@ -324,8 +347,9 @@ def test_gc_removes_orphans_and_never_a_committed_checkpoint_or_another_run(tmp_
     committed = stage(tmp_path, 10, FILES)
     commit_checkpoint(committed, store, RUN)
     with pytest.raises(KeyboardInterrupt):  # a commit that died: objects without a manifest
-        commit_checkpoint(stage(tmp_path, 20, random_files(3, 1000)), store, RUN, settings=FAST,
-                          observer=crash_after_uploads(2))
+        commit_checkpoint(
+            stage(tmp_path, 20, random_files(3, 1000)), store, RUN, settings=FAST, observer=crash_after_uploads(2)
+        )
     base = Path(store.path(RUN))
     (base / "checkpoints" / "step-00000010" / "old-shard.safetensors").write_bytes(b"z" * 77)
     (base / "checkpoints" / "step-00000020" / ".x.rankflow-tmp-1-ab").write_bytes(b"t")
@@ -359,5 +383,7 @@ def test_local_writes_leave_no_temporary_files(tmp_path, store):
     leftovers = [p for p in tmp_path.rglob("*") if "rankflow-tmp" in p.name]
     assert leftovers == []
     assert os.listdir(tmp_path / "staging") == ["journals"]  # the journals, one directory per store
-    assert sorted(p.name for p in journal_path_for(staged, store).parent.iterdir()) == ["STORE.json",
-                                                                                        "step-00000010.json"]
+    assert sorted(p.name for p in journal_path_for(staged, store).parent.iterdir()) == [
+        "STORE.json",
+        "step-00000010.json",
+    ]

@@ -112,13 +112,15 @@ class PublicationMachine(RuleBasedStateMachine):
     def commit(self, step, crash):
         before = self.journal(step).state
         try:
-            outcome = commit_checkpoint(self.staged(step), self.store, RUN, settings=self.settings,
-                                        observer=crash_at(crash))
+            outcome = commit_checkpoint(
+                self.staged(step), self.store, RUN, settings=self.settings, observer=crash_at(crash)
+            )
         except SimulatedCrash as crash_event:
             # Before the lease's COMMITTING it is still what it was (PREPARED, or COMMITTING for the retry of a
             # crashed commit); after the journal's COMMITTED, committed.
-            expected = {"lease": (S.PREPARED, before), "committed": (S.COMMITTED,)}.get(str(crash_event),
-                                                                                       (S.COMMITTING,))
+            expected = {"lease": (S.PREPARED, before), "committed": (S.COMMITTED,)}.get(
+                str(crash_event), (S.COMMITTING,)
+            )
             assert self.journal(step).state in expected, (str(crash_event), self.journal(step).state)
             if str(crash_event) in PAST_THE_MANIFEST:  # the commit point was passed: readers may see it
                 self.published.setdefault(step, []).append(self.contents[step])
@@ -143,8 +145,11 @@ class PublicationMachine(RuleBasedStateMachine):
         try:
             abort_publication(self.staged(step), self.store, RUN, step, reason="test abort")
         except TransitionError:
-            assert before not in (S.PREPARING, S.PREPARED) and before is not S.COMMITTING or \
-                self.visible_manifest_is_staged(step)
+            assert (
+                before not in (S.PREPARING, S.PREPARED)
+                and before is not S.COMMITTING
+                or self.visible_manifest_is_staged(step)
+            )
             return
         except FileNotFoundError:
             assert before is S.COMMITTING  # comparing with a staging that is gone
@@ -206,8 +211,11 @@ class PublicationMachine(RuleBasedStateMachine):
                 assert self.journal(step).state not in (S.COMMITTED, S.CLEANED), (step, self.journal(step).state)
                 continue
             base = self.store.key(RUN, "checkpoints", name)
-            found = {child: self.store.get(self.store.key(base, child)).data for child in self.store.children(base)
-                     if child != "MANIFEST.json"}
+            found = {
+                child: self.store.get(self.store.key(base, child)).data
+                for child in self.store.children(base)
+                if child != "MANIFEST.json"
+            }
             # Only bytes whose commit passed the manifest are ever visible ...
             assert found in self.published.get(step, []), step
             # ... and a committed publication shows its own bytes.
@@ -225,8 +233,9 @@ class PublicationMachine(RuleBasedStateMachine):
 
 
 TestPublicationMachine = PublicationMachine.TestCase
-TestPublicationMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None,
-                                           suppress_health_check=[HealthCheck.too_slow])
+TestPublicationMachine.settings = settings(
+    max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 class MemoryPublicationMachine(PublicationMachine):

@@ -40,6 +40,7 @@ def stored(store, path: str) -> bytes | None:
 def new_store(request, tmp_path):
     """Makes fresh stores of one backend (these tests use a store through its protocol only)."""
     with contextlib.ExitStack() as stack:
+
         def make(name: str):
             if request.param == "memory":
                 return stack.enter_context(MemoryStore())
@@ -94,14 +95,17 @@ def test_a_recorded_outcome_whose_checkpoint_does_not_verify_is_not_reported_com
     assert history == ["PREPARING", "PREPARED", "COMMITTING", "COMMITTED"]  # a new publication, not a revived one
 
 
-@pytest.mark.parametrize(("error", "retried"), [
-    (ManifestError("MANIFEST.json: refused"), False),
-    (FileNotFoundError("gone"), False),
-    (RunLeaseLost("another run holds the run lease"), False),
-    (ConnectionError("the store is unreachable"), True),
-    (StorageTimeoutError("no answer"), True),
-    (CheckpointDoesNotVerify("the store lost bytes"), True),
-    (LeaseLostError("the finalizer lease of run x is not held by me"), True),
-])
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (ManifestError("MANIFEST.json: refused"), False),
+        (FileNotFoundError("gone"), False),
+        (RunLeaseLost("another run holds the run lease"), False),
+        (ConnectionError("the store is unreachable"), True),
+        (StorageTimeoutError("no answer"), True),
+        (CheckpointDoesNotVerify("the store lost bytes"), True),
+        (LeaseLostError("the finalizer lease of run x is not held by me"), True),
+    ],
+)
 def test_publication_stages_retry_only_what_a_retry_can_change(error, retried):
     assert retry_unless_final(None, None, Failed(data=error)) is retried

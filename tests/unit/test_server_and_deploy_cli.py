@@ -18,8 +18,12 @@ from trainer_core.errors import ConfigError
 
 def _config_file(tmp_path, **sections):
     path = tmp_path / "run.toml"
-    path.write_text("\n".join(f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
-                              for section, values in sections.items()))
+    path.write_text(
+        "\n".join(
+            f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
+            for section, values in sections.items()
+        )
+    )
     return path
 
 
@@ -40,17 +44,22 @@ def no_server(tmp_path):
         yield
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--pool", "a/b"], "--pool 'a/b': use letters, digits"),
-    (["--pool", "ok", "--name", "has space"], "--name 'has space'"),
-    (["--pool", "ok", "--cron", "0 3 * * *", "--interval", "60"], "give at most one of them"),
-    (["--pool", "ok", "--cron", "every day"], "--cron 'every day': not a valid cron expression"),
-    (["--pool", "ok", "--interval", "-5"], "--interval -5.0: must be a positive number"),
-    (["--pool", "ok", "--job-variable", "no-equals-sign"], "expected KEY=VALUE"),
-    (["--pool", "ok", "--set", "train.steps=-1"], "train.steps"),
-    (["--pool", "ok", "--set", "train.nnodes=2", "--set", "train.nproc_per_node=1"],
-     "train.nnodes=2 on a work pool needs train.rdzv_endpoint"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--pool", "a/b"], "--pool 'a/b': use letters, digits"),
+        (["--pool", "ok", "--name", "has space"], "--name 'has space'"),
+        (["--pool", "ok", "--cron", "0 3 * * *", "--interval", "60"], "give at most one of them"),
+        (["--pool", "ok", "--cron", "every day"], "--cron 'every day': not a valid cron expression"),
+        (["--pool", "ok", "--interval", "-5"], "--interval -5.0: must be a positive number"),
+        (["--pool", "ok", "--job-variable", "no-equals-sign"], "expected KEY=VALUE"),
+        (["--pool", "ok", "--set", "train.steps=-1"], "train.steps"),
+        (
+            ["--pool", "ok", "--set", "train.nnodes=2", "--set", "train.nproc_per_node=1"],
+            "train.nnodes=2 on a work pool needs train.rdzv_endpoint",
+        ),
+    ],
+)
 def test_deploy_bad_input_exits_2_with_one_message(no_server, config_file, tmp_path, capsys, extra, message):
     assert main(["deploy", str(config_file), *extra]) == 2
     err = capsys.readouterr().err
@@ -81,7 +90,10 @@ def test_deploy_to_an_unreachable_server_fails_with_exit_1(no_server, config_fil
 
 def test_job_variables_parse_json_or_keep_strings():
     assert parse_job_variables(['env={"A": "1"}', "working_dir=/srv/runs", "stream_output=false"]) == {
-        "env": {"A": "1"}, "working_dir": "/srv/runs", "stream_output": False}
+        "env": {"A": "1"},
+        "working_dir": "/srv/runs",
+        "stream_output": False,
+    }
 
 
 def test_database_urls_get_the_async_driver_and_never_show_a_password():

@@ -21,14 +21,18 @@ def s3_store():
     import s3fs
 
     # No request is ever made: only the error translation of a non-local store is under test.
-    return StoreLocation(fs=s3fs.S3FileSystem(anon=True, skip_instance_cache=True), root="bucket/run",
-                         url="s3://bucket/run")
+    return StoreLocation(
+        fs=s3fs.S3FileSystem(anon=True, skip_instance_cache=True), root="bucket/run", url="s3://bucket/run"
+    )
 
 
-@pytest.mark.parametrize("cut", [
-    aiohttp.ClientPayloadError("Response payload is not completed: received 5 of 272 bytes"),
-    http.client.IncompleteRead(b"abc", 10),
-])
+@pytest.mark.parametrize(
+    "cut",
+    [
+        aiohttp.ClientPayloadError("Response payload is not completed: received 5 of 272 bytes"),
+        http.client.IncompleteRead(b"abc", 10),
+    ],
+)
 def test_a_body_cut_short_is_a_storage_outage(s3_store, cut):
     with pytest.raises(ConnectionError) as caught:
         with storage_errors(s3_store, "reading s3://bucket/run/run-state/plan.json"):

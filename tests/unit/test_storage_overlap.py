@@ -18,13 +18,16 @@ def test_only_a_local_url_has_a_local_path(tmp_path, monkeypatch):
     assert local_path("~/store") == tmp_path.resolve() / "store"
 
 
-@pytest.mark.parametrize(("first", "second", "expected"), [
-    ("store", "store", "same"),
-    ("work/store", "work", "first_inside"),
-    ("work", "work/store", "second_inside"),
-    ("store", "work", None),
-    ("store-a", "store", None),  # a common prefix of the names is no overlap
-])
+@pytest.mark.parametrize(
+    ("first", "second", "expected"),
+    [
+        ("store", "store", "same"),
+        ("work/store", "work", "first_inside"),
+        ("work", "work/store", "second_inside"),
+        ("store", "work", None),
+        ("store-a", "store", None),  # a common prefix of the names is no overlap
+    ],
+)
 def test_overlap_names_how_two_directories_meet(tmp_path, first, second, expected):
     assert overlap(tmp_path / first, tmp_path / second) == expected
 

@@ -51,8 +51,16 @@ MANIFEST_BYTES = (
     b'  "step": 60,\n  "weights_sha256": "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee",\n'
     b'  "world_size": 2\n}'
 )
-PROVENANCE = {"run_id": RUN, "step": 60, "plan_digest": "d" * 64, "parent_checkpoint": None, "base_model": "tiny",
-              "world_size": 2, "logical_dp": 4, "weights_sha256": "e" * 64}
+PROVENANCE = {
+    "run_id": RUN,
+    "step": 60,
+    "plan_digest": "d" * 64,
+    "parent_checkpoint": None,
+    "base_model": "tiny",
+    "world_size": 2,
+    "logical_dp": 4,
+    "weights_sha256": "e" * 64,
+}
 DIGEST = "0" * 64
 
 
@@ -105,36 +113,45 @@ def _entry(**changes) -> bytes:
     return json.dumps(raw).encode()
 
 
-@pytest.mark.parametrize("data, message", [
-    (b"{not json", "m: not valid JSON"),
-    (b"[1, 2]", "m: not a JSON object"),
-    (_with(format="rankflow-checkpoint/9"), ("m: unknown format 'rankflow-checkpoint/9'; this reader knows "
-                                             "rankflow-checkpoint/1, rankflow-checkpoint/2 (a newer rankflow")),
-    (_with(format=KeyError), "m: unknown format None"),
-    (_with(step=-1), "m: step -1 is not a non-negative integer"),
-    (_with(step="60"), "m: step '60' is not a non-negative integer"),
-    (_with(step=True), "m: step True is not a non-negative integer"),
-    (_with(step=float("nan")), "m: step nan is not a non-negative integer"),
-    (_with(step=61), "m: manifest of step 61 stored as step 60; refusing it"),
-    (_with(run_id=7), "m: run_id 7 is not a string"),
-    (_with(run_id="someone-else"), "m: manifest of run 'someone-else' stored under run 'tiny-sft-0123456789ab'"),
-    (_with(run_id=KeyError), "m: a rankflow-checkpoint/2 manifest must name its run_id"),
-    (_with(files={"a": 1}), "m: 'files' is not a list"),
-    (_with(files=["model.safetensors"]), "m: files[0] is not an object"),
-    (_entry(path="../../outside.txt"), "m: file path '../../outside.txt' leaves its checkpoint"),
-    (_entry(path="/etc/passwd"), "m: file path '/etc/passwd' is absolute or not a POSIX relative path"),
-    (_entry(path=""), "m: file path '' is not a non-empty string"),
-    (_entry(path=3), "m: file path 3 is not a non-empty string"),
-    (_entry(path="MANIFEST.json"), "m: the manifest lists itself"),
-    (_entry(size=-1), "m: tok/tokenizer.json: size -1 is not a non-negative integer"),
-    (_entry(size=2.0), "m: tok/tokenizer.json: size 2.0 is not a non-negative integer"),
-    (_entry(size=float("nan")), "m: tok/tokenizer.json: size nan is not a non-negative integer"),
-    (_entry(sha256="A" * 64), "m: tok/tokenizer.json: sha256 'AAAA"),
-    (_entry(sha256=None), "m: tok/tokenizer.json: sha256 None is not 64 lowercase hex digits"),
-    (_entry(path="model.safetensors"), "m: model.safetensors is listed twice or is both a file and a directory"),
-    (_entry(path="model.safetensors/x"), "m: model.safetensors/x is listed twice or is both a file and"),
-    (_entry(junk=1), "m: files[1] has an unknown key 'junk'"),
-], ids=lambda value: None)
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"{not json", "m: not valid JSON"),
+        (b"[1, 2]", "m: not a JSON object"),
+        (
+            _with(format="rankflow-checkpoint/9"),
+            (
+                "m: unknown format 'rankflow-checkpoint/9'; this reader knows "
+                "rankflow-checkpoint/1, rankflow-checkpoint/2 (a newer rankflow"
+            ),
+        ),
+        (_with(format=KeyError), "m: unknown format None"),
+        (_with(step=-1), "m: step -1 is not a non-negative integer"),
+        (_with(step="60"), "m: step '60' is not a non-negative integer"),
+        (_with(step=True), "m: step True is not a non-negative integer"),
+        (_with(step=float("nan")), "m: step nan is not a non-negative integer"),
+        (_with(step=61), "m: manifest of step 61 stored as step 60; refusing it"),
+        (_with(run_id=7), "m: run_id 7 is not a string"),
+        (_with(run_id="someone-else"), "m: manifest of run 'someone-else' stored under run 'tiny-sft-0123456789ab'"),
+        (_with(run_id=KeyError), "m: a rankflow-checkpoint/2 manifest must name its run_id"),
+        (_with(files={"a": 1}), "m: 'files' is not a list"),
+        (_with(files=["model.safetensors"]), "m: files[0] is not an object"),
+        (_entry(path="../../outside.txt"), "m: file path '../../outside.txt' leaves its checkpoint"),
+        (_entry(path="/etc/passwd"), "m: file path '/etc/passwd' is absolute or not a POSIX relative path"),
+        (_entry(path=""), "m: file path '' is not a non-empty string"),
+        (_entry(path=3), "m: file path 3 is not a non-empty string"),
+        (_entry(path="MANIFEST.json"), "m: the manifest lists itself"),
+        (_entry(size=-1), "m: tok/tokenizer.json: size -1 is not a non-negative integer"),
+        (_entry(size=2.0), "m: tok/tokenizer.json: size 2.0 is not a non-negative integer"),
+        (_entry(size=float("nan")), "m: tok/tokenizer.json: size nan is not a non-negative integer"),
+        (_entry(sha256="A" * 64), "m: tok/tokenizer.json: sha256 'AAAA"),
+        (_entry(sha256=None), "m: tok/tokenizer.json: sha256 None is not 64 lowercase hex digits"),
+        (_entry(path="model.safetensors"), "m: model.safetensors is listed twice or is both a file and a directory"),
+        (_entry(path="model.safetensors/x"), "m: model.safetensors/x is listed twice or is both a file and"),
+        (_entry(junk=1), "m: files[1] has an unknown key 'junk'"),
+    ],
+    ids=lambda value: None,
+)
 def test_a_hostile_manifest_is_refused_with_a_manifest_error(data, message):
     with pytest.raises(ManifestError) as refused:
         parse_manifest(data, "m", run_id=RUN, step=60)
@@ -170,23 +187,34 @@ BUNDLE_BYTES = (
 def test_a_bundle_manifest_written_before_the_model_reads_and_writes_the_same_bytes():
     bundle = parse_bundle_manifest(BUNDLE_BYTES, "b", RUN, "segment-0000")
     assert bundle.entry("segments/segment-0000.json").size == 12
-    assert BundleManifest(format="rankflow-run-state/1", run_id=RUN, bundle="segment-0000",
-                          files=list(bundle.files)).to_bytes() == BUNDLE_BYTES
+    assert (
+        BundleManifest(
+            format="rankflow-run-state/1", run_id=RUN, bundle="segment-0000", files=list(bundle.files)
+        ).to_bytes()
+        == BUNDLE_BYTES
+    )
 
 
 def _bundle(**changes) -> bytes:
     return json.dumps({**json.loads(BUNDLE_BYTES), **changes}).encode()
 
 
-@pytest.mark.parametrize("data, message", [
-    (b"[]", "b: not a rankflow-run-state/1 manifest"),
-    (_bundle(format="rankflow-run-state/2"), "b: not a rankflow-run-state/1 manifest (a newer rankflow"),
-    (_bundle(run_id="another-run"), "b: manifest of 'another-run'/'segment-0000' stored as 'tiny-sft-0123456789ab'"),
-    (_bundle(bundle=5), "b: manifest of 'tiny-sft-0123456789ab'/5 stored as"),
-    (_bundle(files=[{"path": "../escaped", "size": 1, "sha256": DIGEST}]), "b: file path '../escaped' leaves"),
-    (_bundle(files=[{"path": "a", "size": -1, "sha256": DIGEST}]), "b: a: size -1 is not a non-negative"),
-    (_bundle(extra="junk"), "b: extra"),
-], ids=lambda value: None)
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"[]", "b: not a rankflow-run-state/1 manifest"),
+        (_bundle(format="rankflow-run-state/2"), "b: not a rankflow-run-state/1 manifest (a newer rankflow"),
+        (
+            _bundle(run_id="another-run"),
+            "b: manifest of 'another-run'/'segment-0000' stored as 'tiny-sft-0123456789ab'",
+        ),
+        (_bundle(bundle=5), "b: manifest of 'tiny-sft-0123456789ab'/5 stored as"),
+        (_bundle(files=[{"path": "../escaped", "size": 1, "sha256": DIGEST}]), "b: file path '../escaped' leaves"),
+        (_bundle(files=[{"path": "a", "size": -1, "sha256": DIGEST}]), "b: a: size -1 is not a non-negative"),
+        (_bundle(extra="junk"), "b: extra"),
+    ],
+    ids=lambda value: None,
+)
 def test_a_hostile_bundle_manifest_is_refused_with_a_manifest_error(data, message):
     with pytest.raises(ManifestError) as refused:
         parse_bundle_manifest(data, "b", RUN, "segment-0000")
@@ -222,7 +250,11 @@ def test_the_journal_records_what_it_writes_as_models_and_reads_it_back(tmp_path
     journal.transition(PublicationState.COMMITTING)
     journal.record_upload("model.safetensors", 7, DIGEST)
     again = Journal(journal.path, None, RUN, 10).load().record
-    assert again is not None and again == journal.record and again.uploaded["model.safetensors"] == UploadedObject(size=7, sha256=DIGEST)
+    assert (
+        again is not None
+        and again == journal.record
+        and again.uploaded["model.safetensors"] == UploadedObject(size=7, sha256=DIGEST)
+    )
     assert [event.state for event in again.history] == ["PREPARING", "PREPARED", "COMMITTING"]
     with pytest.raises(ValueError):
         journal.transition(PublicationState.COMMITTED, num_bytes=-1)  # every assignment is validated
@@ -238,13 +270,27 @@ def _journal(**changes) -> bytes:
     return json.dumps(raw).encode()
 
 
-@pytest.mark.parametrize("data", [
-    b"not json", b"[]", _journal(format="rankflow-journal/2"), _journal(format=KeyError), _journal(state="DONE"),
-    _journal(step=-1), _journal(step="60"), _journal(num_bytes=-5), _journal(updated_at=float("nan")),
-    _journal(uploaded={"a": {"size": -1, "sha256": DIGEST}}), _journal(uploaded={"a": {"size": 1, "sha256": "x"}}),
-    _journal(history=[{"state": "PREPARING", "time": float("inf"), "host": "h", "pid": 1, "note": ""}]),
-    _journal(history=["PREPARING"]), _journal(manifest_sha256="not a digest"), _journal(junk=1),
-], ids=lambda value: None)
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"not json",
+        b"[]",
+        _journal(format="rankflow-journal/2"),
+        _journal(format=KeyError),
+        _journal(state="DONE"),
+        _journal(step=-1),
+        _journal(step="60"),
+        _journal(num_bytes=-5),
+        _journal(updated_at=float("nan")),
+        _journal(uploaded={"a": {"size": -1, "sha256": DIGEST}}),
+        _journal(uploaded={"a": {"size": 1, "sha256": "x"}}),
+        _journal(history=[{"state": "PREPARING", "time": float("inf"), "host": "h", "pid": 1, "note": ""}]),
+        _journal(history=["PREPARING"]),
+        _journal(manifest_sha256="not a digest"),
+        _journal(junk=1),
+    ],
+    ids=lambda value: None,
+)
 def test_a_hostile_journal_is_refused_with_a_value_error(data):
     with pytest.raises(ValueError):  # what Journal.load and read_mirrors catch: an unreadable journal
         JournalRecord.from_bytes(data)
@@ -253,9 +299,11 @@ def test_a_hostile_journal_is_refused_with_a_value_error(data):
 # -- lease ----------------------------------------------------------------------------
 
 # infra.store.lease.LeaseRecord.to_bytes before the model.
-LEASE_BYTES = (b'{"acquired_at": 1764600000.0, "expires_at": 1764600070.5, "generation": 3, "host": "node-1", '
-               b'"owner": "node-1:4242", "pid": 4242, "process_start": "123456", "released": false, "renewed_at": '
-               b'1764600010.5, "token": "cccccccccccccccccccccccccccccccc", "ttl_s": 60.0}')
+LEASE_BYTES = (
+    b'{"acquired_at": 1764600000.0, "expires_at": 1764600070.5, "generation": 3, "host": "node-1", '
+    b'"owner": "node-1:4242", "pid": 4242, "process_start": "123456", "released": false, "renewed_at": '
+    b'1764600010.5, "token": "cccccccccccccccccccccccccccccccc", "ttl_s": 60.0}'
+)
 
 
 def test_a_lease_written_before_the_model_reads_and_writes_the_same_bytes():
@@ -276,11 +324,24 @@ def _lease(**changes) -> bytes:
     return json.dumps(raw).encode()
 
 
-@pytest.mark.parametrize("data", [
-    b"garbage", b"[]", _lease(owner=KeyError), _lease(generation="3"), _lease(generation=-1), _lease(generation=3.0),
-    _lease(expires_at=float("nan")), _lease(expires_at=float("inf")), _lease(expires_at="soon"), _lease(pid="4242"),
-    _lease(released="no"), _lease(token=None),
-], ids=lambda value: None)
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"garbage",
+        b"[]",
+        _lease(owner=KeyError),
+        _lease(generation="3"),
+        _lease(generation=-1),
+        _lease(generation=3.0),
+        _lease(expires_at=float("nan")),
+        _lease(expires_at=float("inf")),
+        _lease(expires_at="soon"),
+        _lease(pid="4242"),
+        _lease(released="no"),
+        _lease(token=None),
+    ],
+    ids=lambda value: None,
+)
 def test_a_hostile_lease_is_unreadable_and_taken_over(tmp_path, data):
     with pytest.raises(ValueError):
         LeaseRecord.from_bytes(data)
@@ -297,8 +358,13 @@ def test_a_lease_with_an_unknown_key_still_guards_its_holder(tmp_path):
     store = open_store(str(tmp_path / "store"))
     path = store.path(RUN, "leases", "finalizer.json")
     now = time.time()
-    newer = {**json.loads(LEASE_BYTES), "host": "another-machine", "renewed_at": now, "expires_at": now + 600,
-             "field_of_a_newer_rankflow": 1}
+    newer = {
+        **json.loads(LEASE_BYTES),
+        "host": "another-machine",
+        "renewed_at": now,
+        "expires_at": now + 600,
+        "field_of_a_newer_rankflow": 1,
+    }
     store.put(store.key_of(path), json.dumps(newer).encode())
     holder = read_lease(store, path)
     assert holder is not None and holder.owner == "node-1:4242"
@@ -318,20 +384,24 @@ def test_latest_written_before_the_model_reads_and_writes_the_same_bytes():
     assert parse_latest(b'{"step": 7}')[0] == LatestPointer.at(7)  # the name is derived when absent, as before
 
 
-@pytest.mark.parametrize("data, problem", [
-    (b"not json", "not a LATEST record (JSONDecodeError: "),
-    (b"[]", "not a LATEST record ("),
-    (b"{}", "not a LATEST record (step: "),
-    (b'{"checkpoint": "step-x", "step": "ten"}', "step 'ten' is not a non-negative integer"),
-    (b'{"checkpoint": "step-00000060", "step": -60}', "step -60 is not a non-negative integer"),
-    (b'{"checkpoint": "step-00000060", "step": 60.0}', "step 60.0 is not a non-negative integer"),
-    (b'{"checkpoint": "step-00000060", "step": NaN}', "step nan is not a non-negative integer"),
-    (b'{"checkpoint": "step-00000060", "step": true}', "step True is not a non-negative integer"),
-    (b'{"checkpoint": "step-00000061", "step": 60}', "checkpoint 'step-00000061' does not match step 60"),
-    (b'{"checkpoint": "../other-run", "step": 60}', "checkpoint '../other-run' does not match step 60"),
-    (b'{"checkpoint": 60, "step": 60}', "not a LATEST record (checkpoint: "),
-    (b'{"checkpoint": "step-00000060", "step": 60, "junk": 1}', "not a LATEST record (junk: "),
-], ids=lambda value: None)
+@pytest.mark.parametrize(
+    "data, problem",
+    [
+        (b"not json", "not a LATEST record (JSONDecodeError: "),
+        (b"[]", "not a LATEST record ("),
+        (b"{}", "not a LATEST record (step: "),
+        (b'{"checkpoint": "step-x", "step": "ten"}', "step 'ten' is not a non-negative integer"),
+        (b'{"checkpoint": "step-00000060", "step": -60}', "step -60 is not a non-negative integer"),
+        (b'{"checkpoint": "step-00000060", "step": 60.0}', "step 60.0 is not a non-negative integer"),
+        (b'{"checkpoint": "step-00000060", "step": NaN}', "step nan is not a non-negative integer"),
+        (b'{"checkpoint": "step-00000060", "step": true}', "step True is not a non-negative integer"),
+        (b'{"checkpoint": "step-00000061", "step": 60}', "checkpoint 'step-00000061' does not match step 60"),
+        (b'{"checkpoint": "../other-run", "step": 60}', "checkpoint '../other-run' does not match step 60"),
+        (b'{"checkpoint": 60, "step": 60}', "not a LATEST record (checkpoint: "),
+        (b'{"checkpoint": "step-00000060", "step": 60, "junk": 1}', "not a LATEST record (junk: "),
+    ],
+    ids=lambda value: None,
+)
 def test_a_hostile_latest_is_untrustworthy_and_says_why(data, problem):
     pointer, found = parse_latest(data)
     assert pointer is None and found is not None and found.startswith(problem), found
@@ -348,10 +418,18 @@ def test_a_queue_entry_written_before_the_model_reads_and_writes_the_same_bytes(
     assert entry == QueueEntry(waiting_at=1764600000.5, owner="node-1:4242") and entry.to_bytes() == QUEUE_BYTES
 
 
-@pytest.mark.parametrize("changes, alive", [
-    ({}, True), ({"waiting_at": "now"}, False), ({"waiting_at": float("nan")}, False), ({"waiting_at": KeyError}, False),
-    ({"owner": 7}, False), ({"junk": 1}, False),
-], ids=lambda value: None)
+@pytest.mark.parametrize(
+    "changes, alive",
+    [
+        ({}, True),
+        ({"waiting_at": "now"}, False),
+        ({"waiting_at": float("nan")}, False),
+        ({"waiting_at": KeyError}, False),
+        ({"owner": 7}, False),
+        ({"junk": 1}, False),
+    ],
+    ids=lambda value: None,
+)
 def test_an_unreadable_queue_entry_is_no_live_waiter(tmp_path, changes, alive):
     store = open_store(str(tmp_path / "store"))
     raw = {"waiting_at": time.time(), "owner": "node-1:4242"}
@@ -366,9 +444,11 @@ def test_an_unreadable_queue_entry_is_no_live_waiter(tmp_path, changes, alive):
 
 # -- rank error record ---------------------------------------------------------------------
 
-RANK_ERROR_BYTES = (b'{"rank": 1, "time": 1796146043.1132898, "type": "ValueError", "message": "boom\\nsecond line", '
-                    b'"traceback": "Traceback (most recent call last):\\n  File \\"<string>\\", line 5, in <module>\\n'
-                    b'ValueError: boom\\nsecond line\\n"}')
+RANK_ERROR_BYTES = (
+    b'{"rank": 1, "time": 1796146043.1132898, "type": "ValueError", "message": "boom\\nsecond line", '
+    b'"traceback": "Traceback (most recent call last):\\n  File \\"<string>\\", line 5, in <module>\\n'
+    b'ValueError: boom\\nsecond line\\n"}'
+)
 """trainer_core.run.rank_process.record_error's file before RankErrorRecord."""
 
 
@@ -403,10 +483,14 @@ def test_the_store_keys_spell_the_layout_every_stored_run_has():
     assert checkpoint_key(RUN, "step-00000060") == f"{RUN}/checkpoints/step-00000060"
     assert checkpoint_key(RUN, "step-00000060", "MANIFEST.json") == f"{RUN}/checkpoints/step-00000060/MANIFEST.json"
     assert latest_key(RUN) == f"{RUN}/LATEST"
-    assert (publications_dir_key(RUN), journal_key(RUN, 60)) == (f"{RUN}/publications",
-                                                                  f"{RUN}/publications/step-00000060.json")
-    assert (queue_dir_key(RUN), queue_key(RUN, 60)) == (f"{RUN}/finalizer-queue",
-                                                        f"{RUN}/finalizer-queue/step-00000060.json")
+    assert (publications_dir_key(RUN), journal_key(RUN, 60)) == (
+        f"{RUN}/publications",
+        f"{RUN}/publications/step-00000060.json",
+    )
+    assert (queue_dir_key(RUN), queue_key(RUN, 60)) == (
+        f"{RUN}/finalizer-queue",
+        f"{RUN}/finalizer-queue/step-00000060.json",
+    )
     assert lease_key(RUN, "finalizer") == f"{RUN}/leases/finalizer.json"
 
 

@@ -59,17 +59,19 @@ def test_the_console_shows_one_line_per_record_and_no_traceback(monkeypatch):
     try:
         raise RuntimeError("segment failed\n--- last lines ---\nTraceback (most recent call last):\n  File x")
     except RuntimeError as error:
-        logger.error("Task run failed with exception: %r - Retry 1/2 will start 2 second(s) from now", error,
-                     exc_info=True)
+        logger.error(
+            "Task run failed with exception: %r - Retry 1/2 will start 2 second(s) from now", error, exc_info=True
+        )
     shown = stream.getvalue().splitlines()
     assert "Traceback" not in stream.getvalue() and not any(line.lstrip().startswith("File ") for line in shown)
-    assert shown[:3] == ["INFO [rank 1] ERROR TypeError: injected fault at step 1 on rank 1: a code error",
-                         "INFO [rank 1] step 2 done",
-                         "INFO E1201 10:42:44.589000 6886 torch/distributed/elastic/multiprocessing/api.py:1002] "
-                         "failed (exitcode: 1)"]
+    assert shown[:3] == [
+        "INFO [rank 1] ERROR TypeError: injected fault at step 1 on rank 1: a code error",
+        "INFO [rank 1] step 2 done",
+        "INFO E1201 10:42:44.589000 6886 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1)",
+    ]
     assert shown[3] == "INFO after the launch"
     assert shown[4].startswith("ERROR Task run failed with exception: RuntimeError('segment failed")
     assert shown[4].endswith("… - Retry 1/2 will start 2 second(s) from now") and len(shown) == 5
     # The API handler, after the console, still gets every line and the whole exception.
-    assert [message for message, _ in api.records[:len(RANK_TRACEBACK)]] == RANK_TRACEBACK
+    assert [message for message, _ in api.records[: len(RANK_TRACEBACK)]] == RANK_TRACEBACK
     assert api.records[-1][1] is not None and "--- last lines ---" in api.records[-1][0]

@@ -63,6 +63,8 @@ def test_the_ui_calls_the_api_on_the_port_it_was_given(monkeypatch):
 def test_every_command_sets_the_defaults_before_prefect_loads(monkeypatch):
     monkeypatch.delenv("PREFECT_SERVER_ANALYTICS_ENABLED", raising=False)
     seen = {}
-    monkeypatch.setattr(cli, "cmd_ui", lambda args: seen.setdefault("value", os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED")) and 0)
+    monkeypatch.setattr(
+        cli, "cmd_ui", lambda args: seen.setdefault("value", os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED")) and 0
+    )
     cli.main(["ui", "--port", "1"])
     assert seen["value"] == "false"

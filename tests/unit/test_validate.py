@@ -43,18 +43,35 @@ def test_a_saved_model_directory_passes(tmp_path):
     assert validate_inputs(config).model_config.vocab_size == 1024
 
 
-@pytest.mark.parametrize("url", ["s3://rankflow", "s3://rankflow/runs/team-a", "s3://my.bucket-1/a/", "file:///tmp/x",
-                                 "relative/store", "/abs/store", "file://relative"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "s3://rankflow",
+        "s3://rankflow/runs/team-a",
+        "s3://my.bucket-1/a/",
+        "file:///tmp/x",
+        "relative/store",
+        "/abs/store",
+        "file://relative",
+    ],
+)
 def test_storage_urls_that_are_fine(url):
     assert check_storage_url(url) == url
 
 
 @pytest.mark.parametrize("size", ["2GB", "500MB", "1GiB", "64KB"])
 def test_shard_sizes_that_are_fine(tmp_path, size):
-    assert config_from_dict(tiny_tree(tmp_path, export={"max_shard_size": size}), config_dir=tmp_path).export.max_shard_size == size
+    assert (
+        config_from_dict(
+            tiny_tree(tmp_path, export={"max_shard_size": size}), config_dir=tmp_path
+        ).export.max_shard_size
+        == size
+    )
 
 
-@pytest.mark.parametrize(("cron", "interval"), [("0 3 * * *", None), ("*/15 * * * 1-5", None), (None, 3600.0), (None, 0.5)])
+@pytest.mark.parametrize(
+    ("cron", "interval"), [("0 3 * * *", None), ("*/15 * * * 1-5", None), (None, 3600.0), (None, 0.5)]
+)
 def test_schedules_that_are_fine(cron, interval):
     check_schedule(cron, interval)
 
@@ -74,13 +91,18 @@ def test_permission_denied_names_the_fix(tmp_path, monkeypatch):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(os, "open", refuse)
-    with pytest.raises(ConfigError, match=r"^data: cannot be read \(permission denied\); make it readable by this user"):
+    with pytest.raises(
+        ConfigError, match=r"^data: cannot be read \(permission denied\); make it readable by this user"
+    ):
         open_input(tmp_path / "x.jsonl", "data", "fix")
 
 
 def test_the_estimate_bounds_the_real_shards(tmp_path):
-    for sections in ({}, {"data": {"pack": True}},
-                     {"data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl", "max_seq_len": 160}}):
+    for sections in (
+        {},
+        {"data": {"pack": True}},
+        {"data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl", "max_seq_len": 160}},
+    ):
         config = config_from_dict(tiny_tree(tmp_path, **sections), config_dir=tmp_path)
         size = estimate_plan_size(config, validate_inputs(config).prepared)
         _, shards = build_plan(config)
@@ -90,8 +112,12 @@ def test_the_estimate_bounds_the_real_shards(tmp_path):
 
 
 @settings(max_examples=200, deadline=None)
-@given(steps_per_segment=st.integers(1, 10**6), batch=st.integers(1, 512), bytes_per_row=st.integers(8, 10**5),
-       memory_bytes=st.integers(0, 10**12))
+@given(
+    steps_per_segment=st.integers(1, 10**6),
+    batch=st.integers(1, 512),
+    bytes_per_row=st.integers(8, 10**5),
+    memory_bytes=st.integers(0, 10**12),
+)
 def test_the_steps_that_fit_are_the_most_that_fit(steps_per_segment, batch, bytes_per_row, memory_bytes):
     from types import SimpleNamespace
 
@@ -106,20 +132,29 @@ def test_the_steps_that_fit_are_the_most_that_fit(steps_per_segment, batch, byte
 
 
 def test_the_advised_steps_do_fit(tmp_path):
-    config = config_from_dict(tiny_tree(tmp_path, train={"steps": 10_000, "steps_per_segment": 100}), config_dir=tmp_path)
+    config = config_from_dict(
+        tiny_tree(tmp_path, train={"steps": 10_000, "steps_per_segment": 100}), config_dir=tmp_path
+    )
     prepared = validate_inputs(config).prepared
     memory = estimate_plan_size(config, prepared).peak_memory_bytes // 3
-    with pytest.raises(ConfigError, match=r"train\.steps=10000: planning would hold .* lower train\.steps to at most (\d+)") as raised:
+    with pytest.raises(
+        ConfigError, match=r"train\.steps=10000: planning would hold .* lower train\.steps to at most (\d+)"
+    ) as raised:
         check_plan_size(config, prepared, memory_bytes=memory, disk_bytes=2**60)
     advised = int(raised.value.args[0].split("at most ")[1].split(",")[0])
-    fitting = config_from_dict(tiny_tree(tmp_path, train={"steps": advised, "steps_per_segment": 100}), config_dir=tmp_path)
+    fitting = config_from_dict(
+        tiny_tree(tmp_path, train={"steps": advised, "steps_per_segment": 100}), config_dir=tmp_path
+    )
     assert check_plan_size(fitting, prepared, memory_bytes=memory, disk_bytes=2**60).peak_memory_bytes <= memory
 
 
 def test_the_disk_bounds_the_shards_too(tmp_path):
     config = config_from_dict(tiny_tree(tmp_path), config_dir=tmp_path)
     prepared = validate_inputs(config).prepared
-    with pytest.raises(ConfigError, match=r"the plan's shards would take .* but run\.work_dir=.* has 0\.0 GiB free; not even one step fits"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the plan's shards would take .* but run\.work_dir=.* has 0\.0 GiB free; not even one step fits",
+    ):
         check_plan_size(config, prepared, memory_bytes=2**60, disk_bytes=0)
 
 

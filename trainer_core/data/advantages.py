@@ -30,7 +30,9 @@ Normalization = Literal["mean_std", "mean"]
 STD_EPS = 1e-6
 
 
-def group_relative_advantages(rewards: Sequence[float], groups: Sequence[Hashable], normalization: Normalization = "mean_std") -> np.ndarray:
+def group_relative_advantages(
+    rewards: Sequence[float], groups: Sequence[Hashable], normalization: Normalization = "mean_std"
+) -> np.ndarray:
     """Normalise each reward against the rewards of its group (float64 [N])."""
     values = np.asarray(rewards, dtype=np.float64)
     members: dict[Hashable, list[int]] = defaultdict(list)
@@ -64,14 +66,18 @@ def resolve_advantages(
             per_record[record][:] = conversation.advantage
         elif conversation.reward is not None:
             if conversation.group_id is None:
-                raise DataError(f"{where}: field group_id: a reward without an advantage needs a group_id to be normalised against; add group_id or advantage")
+                raise DataError(
+                    f"{where}: field group_id: a reward without an advantage needs a group_id to be normalised against; add group_id or advantage"
+                )
             pending.append((record, None, conversation.reward, conversation.group_id))
         for index, message in enumerate(conversation.messages):
             if message.advantage is not None:
                 per_record[record][index] = message.advantage
             elif message.reward is not None:
                 if conversation.group_id is None:
-                    raise DataError(f"{where}: field messages.{index}.reward: a reward without an advantage needs the record's group_id to be normalised against; add group_id or advantage")
+                    raise DataError(
+                        f"{where}: field messages.{index}.reward: a reward without an advantage needs the record's group_id to be normalised against; add group_id or advantage"
+                    )
                 pending.append((record, index, message.reward, conversation.group_id))
     computed = group_relative_advantages([p[2] for p in pending], [p[3] for p in pending], normalization)
     for (record, message, _, _), advantage in zip(pending, computed):

@@ -44,7 +44,8 @@ class Aligned:
     def truncated(self, length: int) -> "Aligned":
         cut = slice(0, length)
         return Aligned(
-            input_ids=self.input_ids[cut], loss_mask=self.loss_mask[cut],
+            input_ids=self.input_ids[cut],
+            loss_mask=self.loss_mask[cut],
             behaviour_logprobs=None if self.behaviour_logprobs is None else self.behaviour_logprobs[cut],
             advantages=None if self.advantages is None else self.advantages[cut],
             policy_version=self.policy_version,
@@ -61,7 +62,11 @@ class Aligned:
 
 
 def align(
-    masked: Masked, conversation: Conversation, message_advantages: np.ndarray | None = None, *, where: str = "(conversation)"
+    masked: Masked,
+    conversation: Conversation,
+    message_advantages: np.ndarray | None = None,
+    *,
+    where: str = "(conversation)",
 ) -> Aligned:
     """Stage 4: behaviour logprobs and advantages onto the loss tokens of an RL trajectory."""
     if not conversation.is_trajectory:
@@ -93,10 +98,15 @@ def align(
                 )
         advantage = message_advantages[index]
         if not np.isfinite(advantage):
-            raise DataError(f"{where}: field messages.{index}: carries loss but has no advantage; give it a reward or an advantage, or set train=false")
+            raise DataError(
+                f"{where}: field messages.{index}: carries loss but has no advantage; give it a reward or an advantage, or set train=false"
+            )
         logprobs[positions] = np.asarray(given, dtype=np.float32)
         advantages[positions] = np.float32(advantage)
     return Aligned(
-        input_ids=masked.input_ids, loss_mask=masked.loss_mask, behaviour_logprobs=logprobs,
-        advantages=advantages, policy_version=conversation.policy_version,
+        input_ids=masked.input_ids,
+        loss_mask=masked.loss_mask,
+        behaviour_logprobs=logprobs,
+        advantages=advantages,
+        policy_version=conversation.policy_version,
     )

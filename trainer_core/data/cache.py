@@ -37,8 +37,14 @@ def _rl_array(array: np.ndarray | None) -> np.ndarray:
     return array
 
 
-def save_staged(cache_dir: Path, key: str, documents: list[Aligned], is_rl: bool,
-                stats: AdvantageStats | None, digests: dict[str, str]) -> None:
+def save_staged(
+    cache_dir: Path,
+    key: str,
+    documents: list[Aligned],
+    is_rl: bool,
+    stats: AdvantageStats | None,
+    digests: dict[str, str],
+) -> None:
     cache_dir.mkdir(parents=True, exist_ok=True)
     lengths = np.array([d.num_tokens for d in documents], dtype=np.int64)
     tensors = {
@@ -52,8 +58,11 @@ def save_staged(cache_dir: Path, key: str, documents: list[Aligned], is_rl: bool
         tensors["policy_version"] = np.array([d.policy_version for d in documents], dtype=np.int64)
     meta = {"is_rl": is_rl, "stats": asdict(stats) if stats else None, "digests": digests}
     tmp = cache_dir / f"{key}.tmp-{os.getpid()}"
-    save_file({n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in tensors.items()}, str(tmp),
-              metadata={"meta": json.dumps(meta)})
+    save_file(
+        {n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in tensors.items()},
+        str(tmp),
+        metadata={"meta": json.dumps(meta)},
+    )
     os.replace(tmp, cache_dir / f"{key}.safetensors")
 
 
@@ -70,11 +79,14 @@ def load_staged(cache_dir: Path, key: str) -> tuple[list[Aligned], bool, Advanta
     is_rl = meta["is_rl"]
     documents = []
     for index, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-        documents.append(Aligned(
-            input_ids=tensors["input_ids"][start:end], loss_mask=tensors["loss_mask"][start:end],
-            behaviour_logprobs=tensors["behaviour_logprobs"][start:end] if is_rl else None,
-            advantages=tensors["advantages"][start:end] if is_rl else None,
-            policy_version=int(tensors["policy_version"][index]) if is_rl else None,
-        ))
+        documents.append(
+            Aligned(
+                input_ids=tensors["input_ids"][start:end],
+                loss_mask=tensors["loss_mask"][start:end],
+                behaviour_logprobs=tensors["behaviour_logprobs"][start:end] if is_rl else None,
+                advantages=tensors["advantages"][start:end] if is_rl else None,
+                policy_version=int(tensors["policy_version"][index]) if is_rl else None,
+            )
+        )
     stats = AdvantageStats(**meta["stats"]) if meta["stats"] else None
     return documents, is_rl, stats, meta["digests"]

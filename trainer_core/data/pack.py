@@ -38,8 +38,16 @@ class Rows:
     """The document indices in each row, in order."""
 
     def arrays(self) -> dict[str, np.ndarray]:
-        names = ("input_ids", "loss_mask", "attention_mask", "position_ids", "document_ids",
-                 "behaviour_logprobs", "advantages", "policy_version")
+        names = (
+            "input_ids",
+            "loss_mask",
+            "attention_mask",
+            "position_ids",
+            "document_ids",
+            "behaviour_logprobs",
+            "advantages",
+            "policy_version",
+        )
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def digest(self) -> str:
@@ -60,7 +68,9 @@ def assign_rows(lengths: Sequence[int], num_rows: int, row_len: int) -> tuple[li
     rows: list[list[int]] = [[] for _ in range(num_rows)]
     for index, length in enumerate(lengths):
         if length > row_len:
-            raise ValueError(f"document {index} has {length} tokens, more than a row holds ({row_len}); apply max_seq_len first")
+            raise ValueError(
+                f"document {index} has {length} tokens, more than a row holds ({row_len}); apply max_seq_len first"
+            )
         row = next((r for r in range(num_rows) if free[r] >= length), None)
         if row is None:
             return rows, index
@@ -79,8 +89,9 @@ class _RlColumns:
 
     @classmethod
     def empty(cls, shape: tuple[int, int]) -> _RlColumns:
-        return cls(np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32),
-                   np.full(shape, -1, dtype=np.int64))
+        return cls(
+            np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32), np.full(shape, -1, dtype=np.int64)
+        )
 
 
 def layout_rows(documents: Sequence[Aligned], rows: Sequence[Sequence[int]], row_len: int, pad_id: int) -> Rows:
@@ -126,9 +137,14 @@ def layout_rows(documents: Sequence[Aligned], rows: Sequence[Sequence[int]], row
         rl.logprobs[~loss_mask] = 0.0
         rl.advantages[~loss_mask] = 0.0
     return Rows(
-        input_ids=input_ids, loss_mask=loss_mask, attention_mask=attention_mask, position_ids=position_ids,
-        document_ids=document_ids, behaviour_logprobs=rl.logprobs if rl else None,
-        advantages=rl.advantages if rl else None, policy_version=rl.versions if rl else None,
+        input_ids=input_ids,
+        loss_mask=loss_mask,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        document_ids=document_ids,
+        behaviour_logprobs=rl.logprobs if rl else None,
+        advantages=rl.advantages if rl else None,
+        policy_version=rl.versions if rl else None,
         documents=tuple(tuple(row) for row in rows),
     )
 
@@ -140,8 +156,12 @@ def pack(documents: Sequence[Aligned], num_rows: int, row_len: int, pad_id: int)
 
 
 def packed_attention_inputs(
-    input_ids: torch.Tensor, position_ids: torch.Tensor, document_ids: torch.Tensor,
-    *, mode: Literal["position_ids", "mask"] = "position_ids", dtype: torch.dtype = torch.float32,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    document_ids: torch.Tensor,
+    *,
+    mode: Literal["position_ids", "mask"] = "position_ids",
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
     """The keyword arguments for a Hugging Face causal LM's forward on packed rows [B, T].
 

@@ -122,8 +122,9 @@ def fit_length(
     return kept, kept_wheres, truncated, dropped
 
 
-def _stage_outputs(records: Sequence[Record], tokenizer: Tokenizer, template: str | None,
-                   normalization: Normalization) -> tuple[list[Aligned], bool, AdvantageStats | None, dict[str, str]]:
+def _stage_outputs(
+    records: Sequence[Record], tokenizer: Tokenizer, template: str | None, normalization: Normalization
+) -> tuple[list[Aligned], bool, AdvantageStats | None, dict[str, str]]:
     conversations = [r.conversation for r in records]
     wheres = [r.where for r in records]
     rendered = [render(c, template, where=w) for c, w in zip(conversations, wheres)]
@@ -135,9 +136,7 @@ def _stage_outputs(records: Sequence[Record], tokenizer: Tokenizer, template: st
         message_advantages, stats = resolve_advantages(conversations, wheres, normalization)
     else:
         message_advantages = [None] * len(conversations)
-    aligned = [
-        align(m, c, a, where=w) for m, c, a, w in zip(masked, conversations, message_advantages, wheres)
-    ]
+    aligned = [align(m, c, a, where=w) for m, c, a, w in zip(masked, conversations, message_advantages, wheres)]
     digests = {
         "render": _stage_digest(rendered),
         "tokenize": _stage_digest(tokenized),
@@ -147,9 +146,15 @@ def _stage_outputs(records: Sequence[Record], tokenizer: Tokenizer, template: st
     return aligned, is_rl, stats, digests
 
 
-def stage_documents(records: Sequence[Record], tokenizer: Tokenizer, template: str | None,
-                    normalization: Normalization, *, cache_dir: Path | None = None,
-                    cache_key: str | None = None) -> Staged:
+def stage_documents(
+    records: Sequence[Record],
+    tokenizer: Tokenizer,
+    template: str | None,
+    normalization: Normalization,
+    *,
+    cache_dir: Path | None = None,
+    cache_key: str | None = None,
+) -> Staged:
     """render → tokenize → mask → [advantages] → align over `records`, or their cached outputs.
 
     Writes nothing: the first bad record raises DataError, and a caller stores
@@ -171,7 +176,9 @@ def store_staged(staged: Staged, cache_dir: Path, cache_key: str) -> None:
 def finish(staged: Staged, records: Sequence[Record], options: DataOptions) -> Prepared:
     """Apply the length limit (see `fit_length`); an input left with nothing to train on is a DataError."""
     wheres = [r.where for r in records]
-    documents, kept_wheres, truncated, dropped = fit_length(staged.documents, wheres, options.max_seq_len, options.overflow)
+    documents, kept_wheres, truncated, dropped = fit_length(
+        staged.documents, wheres, options.max_seq_len, options.overflow
+    )
     if not documents:
         source = wheres[0].rsplit(":", 1)[0] if wheres else "(data)"
         shortest = min((d.num_tokens for d in staged.documents), default=0)
@@ -180,22 +187,35 @@ def finish(staged: Staged, records: Sequence[Record], options: DataOptions) -> P
             f"(data.overflow={options.overflow!r}); raise data.max_seq_len (the shortest conversation has {shortest} tokens)"
         )
     return Prepared(
-        documents=documents, wheres=kept_wheres, is_rl=staged.is_rl, num_records=len(records),
-        num_truncated=truncated, num_dropped=dropped, advantage_stats=staged.advantage_stats,
+        documents=documents,
+        wheres=kept_wheres,
+        is_rl=staged.is_rl,
+        num_records=len(records),
+        num_truncated=truncated,
+        num_dropped=dropped,
+        advantage_stats=staged.advantage_stats,
         stage_digests=staged.stage_digests,
     )
 
 
-def prepare(records: Sequence[Record], tokenizer: Tokenizer, template: str | None, options: DataOptions,
-            *, cache_dir: Path | None = None, cache_key: str | None = None) -> Prepared:
+def prepare(
+    records: Sequence[Record],
+    tokenizer: Tokenizer,
+    template: str | None,
+    options: DataOptions,
+    *,
+    cache_dir: Path | None = None,
+    cache_key: str | None = None,
+) -> Prepared:
     """Run every per-document stage over `records`; the first bad record raises DataError.
 
     With `cache_dir` and `cache_key`, the stages' outputs are loaded from the
     cache when present and stored there otherwise (see cache.py), and only
     for data that passed every check: bad input writes nothing.
     """
-    staged = stage_documents(records, tokenizer, template, options.advantage_normalization,
-                             cache_dir=cache_dir, cache_key=cache_key)
+    staged = stage_documents(
+        records, tokenizer, template, options.advantage_normalization, cache_dir=cache_dir, cache_key=cache_key
+    )
     prepared = finish(staged, records, options)
     if cache_dir and cache_key:
         store_staged(staged, cache_dir, cache_key)

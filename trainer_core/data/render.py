@@ -73,7 +73,9 @@ def _tool_call_text(message: Message) -> list[str]:
     for call in message.tool_calls or ():
         arguments = call.function.arguments
         arguments_text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-        calls.append(f'<tool_call>\n{{"name": {json.dumps(call.function.name, ensure_ascii=False)}, "arguments": {arguments_text}}}\n</tool_call>')
+        calls.append(
+            f'<tool_call>\n{{"name": {json.dumps(call.function.name, ensure_ascii=False)}, "arguments": {arguments_text}}}\n</tool_call>'
+        )
     return calls
 
 
@@ -110,7 +112,7 @@ def render_with_template(conversation: Conversation, template: str, *, where: st
     messages = conversation.template_messages()
 
     def render(count: int, add_generation_prompt: bool = False, last: dict | None = None) -> str:
-        shown = messages[:count] if last is None else messages[:count - 1] + [last]
+        shown = messages[:count] if last is None else messages[: count - 1] + [last]
         try:
             return _render_jinja(template, shown, add_generation_prompt)
         except Exception as error:  # noqa: BLE001 - any template failure is bad input for this record
@@ -139,10 +141,14 @@ def render_with_template(conversation: Conversation, template: str, *, where: st
             marked = render(index + 1, last=messages[index] | {"content": _MARKER})
             found = marked.find(_MARKER)
             if found < start or marked[:found] != upto[:found]:
-                raise DataError(f"{where}: field messages.{index}.content: train=true on a {message.role} message, but the chat template does not render its content verbatim")
+                raise DataError(
+                    f"{where}: field messages.{index}.content: train=true on a {message.role} message, but the chat template does not render its content verbatim"
+                )
             start = found
         if end <= start:
-            raise DataError(f"{where}: field messages.{index}: the chat template renders this message as nothing, so it cannot carry loss; set train=false")
+            raise DataError(
+                f"{where}: field messages.{index}: the chat template renders this message as nothing, so it cannot carry loss; set train=false"
+            )
         spans.append((start, end))
         span_messages.append(index)
     return Rendered(text=text, loss_spans=tuple(spans), span_messages=tuple(span_messages))
@@ -172,12 +178,16 @@ def load_chat_template(tokenizer_path: str | Path) -> str | None:
     config_file = path / "tokenizer_config.json"
     if not config_file.exists():
         return None
-    tokenizer_config = read_input_json_object(config_file, label, "remove tokenizer_config.json to use tokenizer.json alone")
+    tokenizer_config = read_input_json_object(
+        config_file, label, "remove tokenizer_config.json to use tokenizer.json alone"
+    )
     template = tokenizer_config.get("chat_template")
     if isinstance(template, list):
         named = {item.get("name"): item.get("template") for item in template if isinstance(item, dict)}
         template = named.get("default")
     if template is not None and not isinstance(template, str):
-        raise DataError(f"{config_file}: field chat_template: expected a Jinja string or a list of named templates "
-                        f"(got {type(template).__name__}); fix it, or remove it to train with ChatML")
+        raise DataError(
+            f"{config_file}: field chat_template: expected a Jinja string or a list of named templates "
+            f"(got {type(template).__name__}); fix it, or remove it to train with ChatML"
+        )
     return template

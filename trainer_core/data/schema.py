@@ -80,16 +80,24 @@ class Message(_Strict):
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError("content: null is allowed only for an assistant message with tool_calls; give a string")
         if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError(f"tool_calls: only assistant messages make tool calls, not {self.role!r}; "
-                             "move them to the assistant message that makes them")
+            raise ValueError(
+                f"tool_calls: only assistant messages make tool calls, not {self.role!r}; "
+                "move them to the assistant message that makes them"
+            )
         if (self.tool_call_id is not None or self.name is not None) and self.role != "tool":
-            raise ValueError(f"tool_call_id/name: only tool messages answer tool calls, not {self.role!r}; "
-                             "remove them or set role to 'tool'")
+            raise ValueError(
+                f"tool_call_id/name: only tool messages answer tool calls, not {self.role!r}; "
+                "remove them or set role to 'tool'"
+            )
         if (self.reward is not None or self.advantage is not None) and self.role != "assistant":
-            raise ValueError(f"reward/advantage: per-turn values belong on assistant messages, not {self.role!r}; "
-                             "move them to the assistant turn they score")
+            raise ValueError(
+                f"reward/advantage: per-turn values belong on assistant messages, not {self.role!r}; "
+                "move them to the assistant turn they score"
+            )
         if self.token_ids is not None and self.logprobs is not None and len(self.token_ids) != len(self.logprobs):
-            raise ValueError(f"token_ids: {len(self.token_ids)} ids but {len(self.logprobs)} logprobs; give one of each per sampled token")
+            raise ValueError(
+                f"token_ids: {len(self.token_ids)} ids but {len(self.logprobs)} logprobs; give one of each per sampled token"
+            )
         return self
 
     @property
@@ -117,7 +125,8 @@ class Conversation(_Strict):
     def is_trajectory(self) -> bool:
         """An RL record: it has a reward or an advantage, for the trajectory or a turn."""
         return (
-            self.reward is not None or self.advantage is not None
+            self.reward is not None
+            or self.advantage is not None
             or any(m.reward is not None or m.advantage is not None for m in self.messages)
         )
 
@@ -205,9 +214,13 @@ def _check_trajectory(conversation: Conversation, where: str) -> None:
     """RL-only rules that span several fields of one record."""
     per_turn = any(m.reward is not None or m.advantage is not None for m in conversation.messages)
     if per_turn and (conversation.reward is not None or conversation.advantage is not None):
-        raise DataError(f"{where}: field reward: give rewards/advantages either per trajectory or per assistant turn, not both")
+        raise DataError(
+            f"{where}: field reward: give rewards/advantages either per trajectory or per assistant turn, not both"
+        )
     if conversation.policy_version is None:
-        raise DataError(f"{where}: field policy_version: required for an RL trajectory; give the version of the policy that sampled it")
+        raise DataError(
+            f"{where}: field policy_version: required for an RL trajectory; give the version of the policy that sampled it"
+        )
     for index, message in enumerate(conversation.messages):
         if message.carries_loss and message.logprobs is None:
             raise DataError(
@@ -215,11 +228,20 @@ def _check_trajectory(conversation: Conversation, where: str) -> None:
                 "trajectory (one behaviour logprob per loss token); add them or set train=false"
             )
         if message.logprobs is not None and not message.carries_loss:
-            raise DataError(f"{where}: field messages.{index}.logprobs: this message carries no loss, so its logprobs would be ignored; remove them or set train=true")
+            raise DataError(
+                f"{where}: field messages.{index}.logprobs: this message carries no loss, so its logprobs would be ignored; remove them or set train=true"
+            )
     if per_turn:
         for index, message in enumerate(conversation.messages):
-            if message.role == "assistant" and message.carries_loss and message.reward is None and message.advantage is None:
-                raise DataError(f"{where}: field messages.{index}.reward: with per-turn rewards every assistant turn that carries loss needs a reward or an advantage")
+            if (
+                message.role == "assistant"
+                and message.carries_loss
+                and message.reward is None
+                and message.advantage is None
+            ):
+                raise DataError(
+                    f"{where}: field messages.{index}.reward: with per-turn rewards every assistant turn that carries loss needs a reward or an advantage"
+                )
 
 
 def parse_record(raw: bytes | str, where: str) -> Conversation:
@@ -227,39 +249,54 @@ def parse_record(raw: bytes | str, where: str) -> Conversation:
     try:
         record = json.loads(raw)
     except UnicodeDecodeError as error:
-        raise DataError(f"{where}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at column {error.start + 1}); "
-                        "save the file as UTF-8") from None
+        raise DataError(
+            f"{where}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at column {error.start + 1}); "
+            "save the file as UTF-8"
+        ) from None
     except json.JSONDecodeError as error:
-        raise DataError(f"{where}: not valid JSON ({error.msg} at column {error.pos + 1}); each line must be one "
-                        "JSON object") from None
+        raise DataError(
+            f"{where}: not valid JSON ({error.msg} at column {error.pos + 1}); each line must be one JSON object"
+        ) from None
     except RecursionError:
-        raise DataError(f"{where}: not valid JSON (nested too deeply to read); each line must be one JSON object "
-                        "of messages, nested a few levels deep") from None
+        raise DataError(
+            f"{where}: not valid JSON (nested too deeply to read); each line must be one JSON object "
+            "of messages, nested a few levels deep"
+        ) from None
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogatepass")
     if _SURROGATE_ESCAPE.search(raw):
         field = _lone_surrogate(record)
         if field is not None:
-            raise DataError(f"{where}: field {field}: holds a lone UTF-16 surrogate escape (such as \\ud800), which "
-                            "is not a character; fix the escape (a pair like \\ud83d\\ude00 is one character) or remove it")
+            raise DataError(
+                f"{where}: field {field}: holds a lone UTF-16 surrogate escape (such as \\ud800), which "
+                "is not a character; fix the escape (a pair like \\ud83d\\ude00 is one character) or remove it"
+            )
     if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object with a 'messages' list, got {type(record).__name__}; "
-                        'write each line as {"messages": [{"role": …, "content": …}, …]}')
+        raise DataError(
+            f"{where}: expected a JSON object with a 'messages' list, got {type(record).__name__}; "
+            'write each line as {"messages": [{"role": …, "content": …}, …]}'
+        )
     try:
         conversation = Conversation.model_validate(record)
     except ValidationError as error:
         raise DataError(f"{where}: {_describe(error)}") from None
     if not any(m.carries_loss for m in conversation.messages):
         if not any(m.role == "assistant" for m in conversation.messages):
-            raise DataError(f"{where}: field messages: no assistant message, so nothing would carry loss; add one or remove the line")
-        raise DataError(f"{where}: field messages: every message has train=false, so nothing would carry loss; train on one or remove the line")
+            raise DataError(
+                f"{where}: field messages: no assistant message, so nothing would carry loss; add one or remove the line"
+            )
+        raise DataError(
+            f"{where}: field messages: every message has train=false, so nothing would carry loss; train on one or remove the line"
+        )
     if conversation.is_trajectory:
         _check_trajectory(conversation, where)
     else:
         stray = [name for name in ("group_id", "policy_version") if getattr(conversation, name) is not None]
         stray += [f"messages.{i}.logprobs" for i, m in enumerate(conversation.messages) if m.logprobs is not None]
         if stray:
-            raise DataError(f"{where}: field {stray[0]}: RL fields without a reward or an advantage; add `reward` (with `group_id`) or `advantage`")
+            raise DataError(
+                f"{where}: field {stray[0]}: RL fields without a reward or an advantage; add `reward` (with `group_id`) or `advantage`"
+            )
     return conversation
 
 
@@ -278,7 +315,11 @@ def read_records(path: str | Path) -> list[Record]:
             conversation = parse_record(raw, where)
             if records and conversation.is_trajectory != records[0].conversation.is_trajectory:
                 first = records[0]
-                kind = "an RL trajectory (it has a reward or an advantage)" if first.conversation.is_trajectory else "an SFT conversation (no reward or advantage)"
+                kind = (
+                    "an RL trajectory (it has a reward or an advantage)"
+                    if first.conversation.is_trajectory
+                    else "an SFT conversation (no reward or advantage)"
+                )
                 raise DataError(
                     f"{where}: field reward: {first.where} is {kind} but this record is not; "
                     "a file holds one kind of record, so split the file or complete this record"

@@ -69,7 +69,9 @@ def unpacked_steps(documents: Sequence[Aligned], order: np.ndarray, pad_id: int)
     return [layout_rows(documents, [[int(i)] for i in step], length, pad_id) for step in order]
 
 
-def packed_steps(documents: Sequence[Aligned], stream: Iterator[int], num_steps: int, num_rows: int, row_len: int, pad_id: int) -> list[Rows]:
+def packed_steps(
+    documents: Sequence[Aligned], stream: Iterator[int], num_steps: int, num_rows: int, row_len: int, pad_id: int
+) -> list[Rows]:
     """Fill each step's `num_rows` rows from `stream` (document indices, in data order) by first fit."""
     shortest = min(d.num_tokens for d in documents)
     window_size = num_rows * (row_len // max(shortest, 1)) + 1  # more than can ever fit in one step

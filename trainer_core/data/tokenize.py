@@ -119,7 +119,4 @@ def tokenize(tokenizer: Tokenizer, rendered: list[Rendered]) -> list[Tokenized]:
     piece_ends = np.cumsum(np.asarray(pieces_per_text, dtype=np.int64))
     token_ends = np.concatenate([[0], np.cumsum(tokens_per_piece)])[piece_ends]
     bounds = np.concatenate([[0], token_ends]).tolist()
-    return [
-        Tokenized(input_ids=ids[a:b], offsets=offsets[a:b])
-        for a, b in zip(bounds, bounds[1:])
-    ]
+    return [Tokenized(input_ids=ids[a:b], offsets=offsets[a:b]) for a, b in zip(bounds, bounds[1:])]

@@ -24,9 +24,21 @@ OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (SFT, Clipped
 DEFAULT_FOR_DATA: dict[str, str] = {"sft": SFT.name, "rl": ClippedPolicyGradient.name}
 """The objective a `data.kind` trains when `train.objective` is unset."""
 
-__all__ = ["DEFAULT_FOR_DATA", "OBJECTIVES", "ClippedPolicyGradient", "LiveColumn", "LossSum", "Objective",
-           "PolicyGradientStats", "SFT", "clipped_policy_gradient_sum", "count_documents", "objective_for",
-           "sft_loss_sum", "stale_trajectory_mask"]
+__all__ = [
+    "DEFAULT_FOR_DATA",
+    "OBJECTIVES",
+    "ClippedPolicyGradient",
+    "LiveColumn",
+    "LossSum",
+    "Objective",
+    "PolicyGradientStats",
+    "SFT",
+    "clipped_policy_gradient_sum",
+    "count_documents",
+    "objective_for",
+    "sft_loss_sum",
+    "stale_trajectory_mask",
+]
 
 
 def objective_for(config) -> Objective:

@@ -61,8 +61,11 @@ def clipped_policy_gradient_sum(
 
 
 def stale_trajectory_mask(
-    policy_versions: torch.Tensor, current_version: int, max_data_staleness: int,
-    policy: Literal["drop", "error"] = "drop", valid: torch.Tensor | None = None,
+    policy_versions: torch.Tensor,
+    current_version: int,
+    max_data_staleness: int,
+    policy: Literal["drop", "error"] = "drop",
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Which entries come from a policy at most `max_data_staleness` versions old.
 
@@ -106,8 +109,16 @@ class ClippedPolicyGradient:
         LiveColumn("mean_importance_ratio", "importance_ratio", 4),
     )
 
-    def __init__(self, *, clip_low: float, clip_high: float, sft_coef: float, initial_policy_version: int,
-                 max_data_staleness: int | None, stale_trajectories: Literal["drop", "error"]) -> None:
+    def __init__(
+        self,
+        *,
+        clip_low: float,
+        clip_high: float,
+        sft_coef: float,
+        initial_policy_version: int,
+        max_data_staleness: int | None,
+        stale_trajectories: Literal["drop", "error"],
+    ) -> None:
         self.clip_low, self.clip_high, self.sft_coef = clip_low, clip_high, sft_coef
         self.initial_policy_version = initial_policy_version
         self.max_data_staleness = max_data_staleness
@@ -116,9 +127,14 @@ class ClippedPolicyGradient:
     @classmethod
     def from_config(cls, config) -> "ClippedPolicyGradient":
         rl = config.rl
-        return cls(clip_low=rl.clip_low, clip_high=rl.clip_high, sft_coef=rl.sft_coef,
-                   initial_policy_version=rl.initial_policy_version, max_data_staleness=rl.max_data_staleness,
-                   stale_trajectories=rl.stale_trajectories)
+        return cls(
+            clip_low=rl.clip_low,
+            clip_high=rl.clip_high,
+            sft_coef=rl.sft_coef,
+            initial_policy_version=rl.initial_policy_version,
+            max_data_staleness=rl.max_data_staleness,
+            stale_trajectories=rl.stale_trajectories,
+        )
 
     def loss_sum(self, logprobs: torch.Tensor, rows: Mapping[str, torch.Tensor], *, revision: int) -> LossSum:
         version = self.initial_policy_version + revision  # each optimizer step is one policy version
@@ -127,18 +143,28 @@ class ClippedPolicyGradient:
         mask = loss_mask
         if self.max_data_staleness is not None:
             keep, num_stale_tokens = stale_trajectory_mask(
-                rows["policy_version"][:, 1:], version, self.max_data_staleness, self.stale_trajectories, valid=loss_mask)
+                rows["policy_version"][:, 1:],
+                version,
+                self.max_data_staleness,
+                self.stale_trajectories,
+                valid=loss_mask,
+            )
             if num_stale_tokens:
                 num_stale = count_documents(loss_mask & ~keep, rows)
                 mask = loss_mask & keep
         loss, stats = clipped_policy_gradient_sum(
-            logprobs, rows["behaviour_logprobs"][:, 1:], rows["advantages"][:, 1:], mask,
-            clip_low=self.clip_low, clip_high=self.clip_high,
+            logprobs,
+            rows["behaviour_logprobs"][:, 1:],
+            rows["advantages"][:, 1:],
+            mask,
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
         )
         num_tokens = float(mask.sum())
         # float32, as these sums have always been: the step figures keep their bits.
-        sums = torch.tensor([stats.clipped_fraction * num_tokens, stats.mean_ratio * num_tokens, num_tokens],
-                            dtype=torch.float32)
+        sums = torch.tensor(
+            [stats.clipped_fraction * num_tokens, stats.mean_ratio * num_tokens, num_tokens], dtype=torch.float32
+        )
         if self.sft_coef:
             loss = loss + self.sft_coef * sft_loss_sum(logprobs, mask)
         return LossSum(loss, dict(zip(self.figures, sums.tolist())), num_stale)
@@ -146,6 +172,8 @@ class ClippedPolicyGradient:
     def step_figures(self, sums: Mapping[str, float]) -> dict[str, float | int | None]:
         # Fractions over the loss tokens kept; None when the step kept none (all stale).
         kept = sums["kept_tokens"]
-        return {"stale_trajectories_dropped": int(sums["stale_trajectories"]),
-                "clip_fraction": sums["clipped_tokens"] / kept if kept else None,
-                "mean_importance_ratio": sums["ratio_sum"] / kept if kept else None}
+        return {
+            "stale_trajectories_dropped": int(sums["stale_trajectories"]),
+            "clip_fraction": sums["clipped_tokens"] / kept if kept else None,
+            "mean_importance_ratio": sums["ratio_sum"] / kept if kept else None,
+        }

@@ -78,9 +78,13 @@ class CommandExecutor:
         """This rank's error in the last command (re-raised, with a note, when rank 0 aborts)."""
         # (work before the exchange, work after it — None: the command has no exchange)
         self._handlers: dict[str, tuple[Callable, Callable | None]] = {
-            "forward": (self._forward, None), "backward": (self._backward, None),
-            "step": (self._prepare_step, self._step), "save": (self._save, None), "load": (self._load, None),
-            "export": (self._digest, self._export), "call": (self._call, None),
+            "forward": (self._forward, None),
+            "backward": (self._backward, None),
+            "step": (self._prepare_step, self._step),
+            "save": (self._save, None),
+            "load": (self._load, None),
+            "export": (self._digest, self._export),
+            "call": (self._call, None),
         }
 
     def execute(self, command: Command, payload: Any) -> tuple[str | None, Any]:
@@ -111,7 +115,9 @@ class CommandExecutor:
 
     # -- handlers --------------------------------------------------------------------
 
-    def _forward(self, options: dict, payload: dict[int, dict[str, torch.Tensor]]) -> dict[int, dict[str, torch.Tensor]]:
+    def _forward(
+        self, options: dict, payload: dict[int, dict[str, torch.Tensor]]
+    ) -> dict[int, dict[str, torch.Tensor]]:
         forward_id, grad = options["forward_id"], options["grad"]
         results = {}
         device = model_device(self.trainer.model)
@@ -120,8 +126,13 @@ class CommandExecutor:
             # Seeded per logical rank; on rank 0 the driver's own streams come back as they were.
             seed = step_seed(self.seed, forward_id, logical_rank)
             with logical_rank_rng(seed, device), torch.set_grad_enabled(grad):
-                out = self.trainer.forward(rows["input_ids"], rows.get("attention_mask"), targets=rows.get("targets"),
-                                           position_ids=rows.get("position_ids"), **options["kwargs"])
+                out = self.trainer.forward(
+                    rows["input_ids"],
+                    rows.get("attention_mask"),
+                    targets=rows.get("targets"),
+                    position_ids=rows.get("position_ids"),
+                    **options["kwargs"],
+                )
             if out.graph_id is not None:
                 self._outputs.setdefault(forward_id, {})[logical_rank] = out
             results[logical_rank] = output_fields(out)
@@ -135,13 +146,16 @@ class CommandExecutor:
             for (forward_id, _), _ in items:
                 held = self._outputs.get(forward_id, {}).get(logical_rank)
                 if held is None:
-                    raise RuntimeError(f"forward {forward_id} of logical rank {logical_rank} holds no graph here "
-                                       "(its outputs were dropped); run the forward again")
+                    raise RuntimeError(
+                        f"forward {forward_id} of logical rank {logical_rank} holds no graph here "
+                        "(its outputs were dropped); run the forward again"
+                    )
                 outputs[forward_id] = held
             with self.gradients.scope(logical_rank):
                 # d/d(output) of Σ(output · cotangent) is the cotangent itself, bit for bit.
-                surrogate = sum((outputs[forward_id].get_field(name) * cotangent).sum()
-                                for (forward_id, name), cotangent in items)
+                surrogate = sum(
+                    (outputs[forward_id].get_field(name) * cotangent).sum() for (forward_id, name), cotangent in items
+                )
                 report = self.trainer.backward(surrogate, retain_graph=options["retain_graph"])
             ages = {forward_id: report.ages.get(out.graph_id, {}) for forward_id, out in outputs.items()}
             reports[logical_rank] = (ages, report.num_gradients)
@@ -160,13 +174,18 @@ class CommandExecutor:
 
     def _load(self, options: dict, payload: None) -> dict:
         self._outputs.clear()  # restored checkpoints have new identities: old graphs cannot be differentiated
-        return load_training_state(Path(options["state_dir"]), self.trainer.checkpoints,
-                                   with_optimizer=options["with_optimizer"])
+        return load_training_state(
+            Path(options["state_dir"]), self.trainer.checkpoints, with_optimizer=options["with_optimizer"]
+        )
 
     def _digest(self, options: dict, payload: None) -> str:
-        return tensors_sha256({f"{checkpoint.name}/{name}": param.detach()
-                               for checkpoint in self.trainer.checkpoints.values()
-                               for name, param in checkpoint.parameters().items()})
+        return tensors_sha256(
+            {
+                f"{checkpoint.name}/{name}": param.detach()
+                for checkpoint in self.trainer.checkpoints.values()
+                for name, param in checkpoint.parameters().items()
+            }
+        )
 
     def _export(self, options: dict, digest: str, digests: list[str]) -> list[str]:
         disagreeing = [rank for rank, other in enumerate(digests) if other != digests[0]]
@@ -175,8 +194,11 @@ class CommandExecutor:
         if self.topology.rank != 0:
             return []
         out_dir = Path(options["out_dir"])
-        return [f"{name}/{file}" for name in options["names"] or list(self.trainer.checkpoints)
-                for file in export_checkpoint_module(self.trainer, name, out_dir / name)]
+        return [
+            f"{name}/{file}"
+            for name in options["names"] or list(self.trainer.checkpoints)
+            for file in export_checkpoint_module(self.trainer, name, out_dir / name)
+        ]
 
     def _call(self, options: dict, payload: None) -> Any:
         return options["fn"](RankContext(self.trainer, self.topology), *options["args"], **options["kwargs"])

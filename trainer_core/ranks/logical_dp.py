@@ -99,8 +99,9 @@ class LogicalDataParallel:
         self.gradients = LogicalGradients(trainer, topology, reduction)
         trainer.gradient_reduction = self.gradients
 
-    def forward_batches(self, batch: Mapping[str, torch.Tensor], *, step: int,
-                        yield_empty: bool = True) -> Iterator[LogicalShard]:
+    def forward_batches(
+        self, batch: Mapping[str, torch.Tensor], *, step: int, yield_empty: bool = True
+    ) -> Iterator[LogicalShard]:
         """This process's logical ranks' shards of `batch` (tensors with the batch in dimension 0), in logical order.
 
         `step` seeds each logical rank's RNG with (seed, step, logical rank) inside its block; the
@@ -111,21 +112,29 @@ class LogicalDataParallel:
         """
         sizes = {name: tensor.shape[0] for name, tensor in batch.items()}
         if len(set(sizes.values())) > 1:
-            raise ValueError(f"batch tensors disagree on the number of rows: {sizes}; every tensor needs the batch "
-                             "in dimension 0")
+            raise ValueError(
+                f"batch tensors disagree on the number of rows: {sizes}; every tensor needs the batch in dimension 0"
+            )
         num_rows = next(iter(sizes.values()), 0)
         ranges = self.topology.logical_row_ranges(num_rows)
         for logical_rank in self.topology.local_logical_ranks:
             rows = ranges[logical_rank]
-            shard = LogicalShard(logical_rank, {name: tensor[rows.start:rows.stop] for name, tensor in batch.items()},
-                                 len(rows), self, step)
+            shard = LogicalShard(
+                logical_rank,
+                {name: tensor[rows.start : rows.stop] for name, tensor in batch.items()},
+                len(rows),
+                self,
+                step,
+            )
             if yield_empty or not shard.empty:
                 yield shard
             if not shard.entered:
                 with shard:
                     pass
 
-    def reduce(self, values: Mapping[int, torch.Tensor] | Sequence[torch.Tensor | None], op: ReduceOp = "sum") -> torch.Tensor:
+    def reduce(
+        self, values: Mapping[int, torch.Tensor] | Sequence[torch.Tensor | None], op: ReduceOp = "sum"
+    ) -> torch.Tensor:
         """Sum or mean of one value per logical rank, in logical order: bitwise the same at any world size."""
         return reduce_over_logical_ranks(values, op, self.topology)
 

@@ -42,7 +42,9 @@ class LogicalGradients:
 
     def __init__(self, trainer, topology: Topology, mode: ReductionMode = "deterministic"):
         if mode not in REDUCTION_MODES:
-            raise ValueError(f"reduction={mode!r}; choose 'deterministic' (bitwise the same at any world size) or 'fast'")
+            raise ValueError(
+                f"reduction={mode!r}; choose 'deterministic' (bitwise the same at any world size) or 'fast'"
+            )
         self._trainer = trainer
         self.topology = topology
         self.mode = mode
@@ -63,11 +65,15 @@ class LogicalGradients:
     def scope(self, logical_rank: int) -> Iterator[None]:
         """Run backwards as `logical_rank`: their gradients accumulate in its own accumulator."""
         if logical_rank not in self._partials:
-            raise ValueError(f"logical rank {logical_rank} is not run by this process (it runs "
-                             f"{list(self.topology.local_logical_ranks)})")
+            raise ValueError(
+                f"logical rank {logical_rank} is not run by this process (it runs "
+                f"{list(self.topology.local_logical_ranks)})"
+            )
         if self.active is not None:
-            raise RuntimeError(f"logical rank {logical_rank} entered while logical rank {self.active} is active; "
-                               "finish one logical rank's work before starting the next")
+            raise RuntimeError(
+                f"logical rank {logical_rank} entered while logical rank {self.active} is active; "
+                "finish one logical rank's work before starting the next"
+            )
         self.active = logical_rank
         if not self.deterministic:
             try:
@@ -92,8 +98,10 @@ class LogicalGradients:
 
     def agree_on_backward(self, error: BaseException | None) -> BaseException | None:
         if error is None and self.active is None:
-            return ValueError("backward ran outside any logical rank, so its gradient belongs to none; run it inside "
-                              "`with shard:` (logical-DP facade) or through the rank-zero facade — nothing was accumulated")
+            return ValueError(
+                "backward ran outside any logical rank, so its gradient belongs to none; run it inside "
+                "`with shard:` (logical-DP facade) or through the rank-zero facade — nothing was accumulated"
+            )
         return error
 
     def check_ready(self) -> None:
@@ -103,23 +111,33 @@ class LogicalGradients:
         if self.deterministic:
             stray = [f"{c}.{p}" for (c, p), param in self._parameters() if param.grad is not None]
             if stray:
-                raise RuntimeError(f"gradients outside any logical rank on {stray[:3]}; accumulate them through "
-                                   "trainer.backward inside a logical rank")
+                raise RuntimeError(
+                    f"gradients outside any logical rank on {stray[:3]}; accumulate them through "
+                    "trainer.backward inside a logical rank"
+                )
 
     def local_flags(self, checkpoints: Sequence[Checkpoint]) -> list[list[bool]]:
         self.check_ready()
         if not self.deterministic:
             return [checkpoint.has_gradient() for checkpoint in checkpoints]
-        return [[any((checkpoint.name, name) in partial for partial in self._partials.values())
-                 for name in checkpoint.parameters()] for checkpoint in checkpoints]
+        return [
+            [
+                any((checkpoint.name, name) in partial for partial in self._partials.values())
+                for name in checkpoint.parameters()
+            ]
+            for checkpoint in checkpoints
+        ]
 
     def reduce(self, checkpoints: Sequence[Checkpoint], anywhere: Sequence[Sequence[bool]]) -> None:
         if not self.deterministic:
             RankSum().reduce(checkpoints, anywhere)
             return
-        targets = [((checkpoint.name, name), tensor)
-                   for checkpoint, flags in zip(checkpoints, anywhere, strict=True)
-                   for (name, tensor), flag in zip(checkpoint.optimized_parameters().items(), flags, strict=True) if flag]
+        targets = [
+            ((checkpoint.name, name), tensor)
+            for checkpoint, flags in zip(checkpoints, anywhere, strict=True)
+            for (name, tensor), flag in zip(checkpoint.optimized_parameters().items(), flags, strict=True)
+            if flag
+        ]
         by_dtype: dict[torch.dtype, list[tuple[_Key, torch.Tensor]]] = {}
         for key, tensor in targets:
             by_dtype.setdefault(tensor.dtype, []).append((key, tensor))
@@ -151,7 +169,7 @@ class LogicalGradients:
         folded = sharded_ordered_fold(local, self.topology)
         offset = 0
         for _, tensor in group:
-            tensor.grad = folded[offset:offset + tensor.numel()].view_as(tensor)
+            tensor.grad = folded[offset : offset + tensor.numel()].view_as(tensor)
             offset += tensor.numel()
 
     def clear(self) -> None:
@@ -165,5 +183,5 @@ def _copy_flat(sliced: torch.Tensor, offset: int, values: torch.Tensor, chunk: i
     while position < end:
         row, column = divmod(position, chunk)
         take = min(chunk - column, end - position)
-        sliced[row, column:column + take].copy_(values[position - offset:position - offset + take])
+        sliced[row, column : column + take].copy_(values[position - offset : position - offset + take])
         position += take

@@ -105,23 +105,34 @@ class RankZeroTrainer:
 
     # -- the Trainer API ---------------------------------------------------------------
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                targets: torch.Tensor | None = None, position_ids: torch.Tensor | None = None, **options) -> ManagedOutputs:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        targets: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **options,
+    ) -> ManagedOutputs:
         """`Trainer.forward` over the global batch; `options` (outputs, top_k, mode, …) go to every rank's trainer."""
         given = (input_ids, attention_mask, targets, position_ids)
         rows = {name: tensor for name, tensor in zip(ROW_INPUTS, given, strict=True) if tensor is not None}
         num_rows = input_ids.shape[0]
         mismatched = {name: tuple(t.shape) for name, t in rows.items() if t.shape[0] != num_rows}
         if mismatched or num_rows == 0:
-            raise ValueError(f"forward needs at least one row and the same rows in every input ({mismatched or 'no rows'})")
+            raise ValueError(
+                f"forward needs at least one row and the same rows in every input ({mismatched or 'no rows'})"
+            )
         ranges = self.topology.logical_row_ranges(num_rows)
         payloads: list[dict] = [{} for _ in range(self.topology.world_size)]
         for logical_rank, span in enumerate(ranges):
             if len(span):  # a logical rank without rows runs no forward and owns no graph
                 owner = self.topology.owner_of(logical_rank)
                 # A clone: a pickled slice would carry its whole storage to the other rank.
-                payloads[owner][logical_rank] = {name: (t[span.start:span.stop] if owner == 0 else
-                                                        t[span.start:span.stop].clone()) for name, t in rows.items()}
+                payloads[owner][logical_rank] = {
+                    name: (t[span.start : span.stop] if owner == 0 else t[span.start : span.stop].clone())
+                    for name, t in rows.items()
+                }
         grad = torch.is_grad_enabled()
         session = self._session
         forward_id = session.next_forward_id
@@ -131,8 +142,9 @@ class RankZeroTrainer:
         versions = {name: checkpoint.version for name, checkpoint in self.checkpoints.items()}
         return self._managed(forward_id, ranges, [per_logical[rank] for rank in sorted(per_logical)], grad, versions)
 
-    def _managed(self, forward_id: int, ranges: list[range], per_logical: list[dict], grad: bool,
-                 versions: dict) -> ManagedOutputs:
+    def _managed(
+        self, forward_id: int, ranges: list[range], per_logical: list[dict], grad: bool, versions: dict
+    ) -> ManagedOutputs:
         managed = ManagedOutputs(graph_id=forward_id if grad else None, versions=versions)
         leaves = []
         for name in per_logical[0]:
@@ -148,23 +160,28 @@ class RankZeroTrainer:
                 weakref.finalize(leaf, _output_dropped, weakref.ref(self._session), forward_id)
         return managed
 
-    def backward(self, loss: torch.Tensor, gradient: torch.Tensor | None = None, *,
-                 retain_graph: bool = False) -> BackwardReport:
+    def backward(
+        self, loss: torch.Tensor, gradient: torch.Tensor | None = None, *, retain_graph: bool = False
+    ) -> BackwardReport:
         """`Trainer.backward`: the loss's cotangents on this facade's outputs go to the ranks that own the graphs."""
         found = loss_leaves(loss, self._token)
         if found.foreign or found.others:
-            raise ValueError("in the rank-zero facade a loss may depend only on this facade's forward outputs (it found "
-                             f"{len(found.foreign)} other trainer output(s) and {len(found.others)} other tensor(s) that "
-                             "require grad); detach them — nothing was accumulated")
+            raise ValueError(
+                "in the rank-zero facade a loss may depend only on this facade's forward outputs (it found "
+                f"{len(found.foreign)} other trainer output(s) and {len(found.others)} other tensor(s) that "
+                "require grad); detach them — nothing was accumulated"
+            )
         if not found.managed:
             raise ValueError("the loss depends on no managed output; build it from the outputs of trainer.forward(...)")
         forward_ids = sorted({leaf_tag(leaf)[0] for leaf in found.managed})
         for forward_id in forward_ids:
             if self._session.forwards[forward_id].consumed:
-                raise GraphConsumedError(f"graph {forward_id} was already used by a backward; pass retain_graph=True "
-                                         "to backward it again")
-        cotangents = torch.autograd.grad(loss, found.managed, grad_outputs=gradient, retain_graph=retain_graph,
-                                         allow_unused=True)
+                raise GraphConsumedError(
+                    f"graph {forward_id} was already used by a backward; pass retain_graph=True to backward it again"
+                )
+        cotangents = torch.autograd.grad(
+            loss, found.managed, grad_outputs=gradient, retain_graph=retain_graph, allow_unused=True
+        )
         payloads: list[dict] = [{} for _ in range(self.topology.world_size)]
         for leaf, cotangent in zip(found.managed, cotangents):
             if cotangent is None:
@@ -173,8 +190,10 @@ class RankZeroTrainer:
             for logical_rank, span in enumerate(self._session.forwards[forward_id].row_ranges):
                 if len(span):
                     owner = self.topology.owner_of(logical_rank)
-                    piece = cotangent[span.start:span.stop]
-                    payloads[owner].setdefault(logical_rank, {})[(forward_id, name)] = piece if owner == 0 else piece.clone()
+                    piece = cotangent[span.start : span.stop]
+                    payloads[owner].setdefault(logical_rank, {})[(forward_id, name)] = (
+                        piece if owner == 0 else piece.clone()
+                    )
         results = self._run("backward", {"retain_graph": retain_graph}, payloads)
         if not retain_graph:
             for forward_id in forward_ids:
@@ -257,8 +276,14 @@ def serve_commands(executor: CommandExecutor, topology: Topology) -> None:
         gather_outcomes(executor.execute(command, payload), topology)
 
 
-def run_rank_zero(trainer, topology: Topology, driver: Callable[[RankZeroTrainer], T], *,
-                  reduction: ReductionMode = "deterministic", seed: int = 0) -> T | None:
+def run_rank_zero(
+    trainer,
+    topology: Topology,
+    driver: Callable[[RankZeroTrainer], T],
+    *,
+    reduction: ReductionMode = "deterministic",
+    seed: int = 0,
+) -> T | None:
     """Call on every rank: rank 0 runs `driver(facade)` and returns its value; the others serve its commands (None).
 
     Installs the logical-rank gradient reduction on `trainer`. With W = 1 and

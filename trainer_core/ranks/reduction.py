@@ -77,8 +77,9 @@ def sharded_ordered_fold(local_partials: torch.Tensor, topology: Topology) -> to
     return gathered
 
 
-def reduce_over_logical_ranks(values: Mapping[int, torch.Tensor | None] | Sequence[torch.Tensor | None], op: ReduceOp,
-                              topology: Topology) -> torch.Tensor:
+def reduce_over_logical_ranks(
+    values: Mapping[int, torch.Tensor | None] | Sequence[torch.Tensor | None], op: ReduceOp, topology: Topology
+) -> torch.Tensor:
     """Sum (or mean) over logical ranks of one small tensor per logical rank, in logical order, on every process.
 
     `values` holds this process's logical ranks' tensors: a mapping
@@ -95,8 +96,10 @@ def reduce_over_logical_ranks(values: Mapping[int, torch.Tensor | None] | Sequen
         by_rank = dict(values)
     else:
         if len(values) != len(local):
-            raise ValueError(f"got {len(values)} values for this process's {len(local)} logical ranks {list(local)}; "
-                             "pass one per logical rank (None for one without data) or a {logical_rank: tensor} mapping")
+            raise ValueError(
+                f"got {len(values)} values for this process's {len(local)} logical ranks {list(local)}; "
+                "pass one per logical rank (None for one without data) or a {logical_rank: tensor} mapping"
+            )
         by_rank = {rank: value for rank, value in zip(local, values)}
     foreign = sorted(set(by_rank) - set(local))
     if foreign:

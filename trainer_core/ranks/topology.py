@@ -29,7 +29,9 @@ class Topology:
     def __post_init__(self) -> None:
         check_topology(self.world_size, self.logical_dp)
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is outside world_size={self.world_size}; torchrun sets RANK below WORLD_SIZE")
+            raise ValueError(
+                f"rank {self.rank} is outside world_size={self.world_size}; torchrun sets RANK below WORLD_SIZE"
+            )
 
     @property
     def logical_per_rank(self) -> int:

@@ -39,7 +39,9 @@ def write_checkpoint_files(config: RunConfig, trainer: Trainer, directory: Path,
     adapters = [c.name for c in trainer.checkpoints.values() if c.kind == "lora"]
     model_dirs = []
     if not adapters:
-        save_hf_model(trainer.model, directory, vocab_size=trainer.vocab_size, max_shard_size=config.export.max_shard_size)
+        save_hf_model(
+            trainer.model, directory, vocab_size=trainer.vocab_size, max_shard_size=config.export.max_shard_size
+        )
         model_dirs.append(directory)
     elif len(adapters) == 1:
         export_checkpoint_module(trainer, adapters[0], directory)
@@ -49,8 +51,12 @@ def write_checkpoint_files(config: RunConfig, trainer: Trainer, directory: Path,
             export_checkpoint_module(trainer, name, directory / name)
     if adapters and config.model.path is None:
         # Built from model.config and run.seed, the base exists nowhere else: ship it, and name it in each adapter.
-        save_hf_model(trainer.model, directory / BASE_DIR, vocab_size=trainer.vocab_size,
-                      max_shard_size=config.export.max_shard_size)
+        save_hf_model(
+            trainer.model,
+            directory / BASE_DIR,
+            vocab_size=trainer.vocab_size,
+            max_shard_size=config.export.max_shard_size,
+        )
         model_dirs.append(directory / BASE_DIR)
         for adapter_dir in [directory] if len(adapters) == 1 else [directory / name for name in adapters]:
             _name_base(adapter_dir, os.path.relpath(directory / BASE_DIR, adapter_dir))
@@ -59,8 +65,13 @@ def write_checkpoint_files(config: RunConfig, trainer: Trainer, directory: Path,
             raise ValueError(f"export.merge_lora merges one adapter; this trainer has {len(adapters)} ({adapters})")
         merged = directory / MERGED_DIR
         merged.mkdir()
-        save_hf_model(trainer.model, merged, vocab_size=trainer.vocab_size, merge_adapter=adapters[0],
-                      max_shard_size=config.export.max_shard_size)
+        save_hf_model(
+            trainer.model,
+            merged,
+            vocab_size=trainer.vocab_size,
+            merge_adapter=adapters[0],
+            max_shard_size=config.export.max_shard_size,
+        )
         model_dirs.append(merged)
     for name, checkpoint in trainer.checkpoints.items():
         if checkpoint.kind == "module":

@@ -44,8 +44,9 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
     started = time.perf_counter()
     plan = read_plan(run_dir)
     config = plan.run_config()  # validated once per launch: the rest of the export is handed this one
-    topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s,
-                                config.train.global_batch_size)
+    topology = init_distributed(
+        config.train.logical_dp, config.train.collective_timeout_s, config.train.global_batch_size
+    )
     progress = ProgressWriter(export_progress_path(run_dir, segment_index), rank=topology.rank)
     try:
         _export(run_dir, segment_index, out_dir, plan, config, topology, progress, started)
@@ -53,8 +54,16 @@ def export_segment(run_dir: Path, segment_index: int, out_dir: Path) -> None:
         progress.close()
 
 
-def _export(run_dir: Path, segment_index: int, out_dir: Path, plan: Plan, config: RunConfig, topology,
-            progress: ProgressWriter, started: float) -> None:
+def _export(
+    run_dir: Path,
+    segment_index: int,
+    out_dir: Path,
+    plan: Plan,
+    config: RunConfig,
+    topology,
+    progress: ProgressWriter,
+    started: float,
+) -> None:
     error = trainer = meta = None
     try:
         trainer = build_trainer(config)
@@ -66,10 +75,13 @@ def _export(run_dir: Path, segment_index: int, out_dir: Path, plan: Plan, config
     progress.write("ready")
     step = StateMeta.model_validate(meta).next_step
     provenance = {
-        "run_id": plan.run_id, "step": step, "plan_digest": plan.digest,
+        "run_id": plan.run_id,
+        "step": step,
+        "plan_digest": plan.digest,
         "parent_checkpoint": parent_checkpoint(plan, config, segment_index),
         "base_model": config.model.path or config.model.config,
-        "world_size": topology.world_size, "logical_dp": config.train.logical_dp,
+        "world_size": topology.world_size,
+        "logical_dp": config.train.logical_dp,
     }
 
     def at_phase(rank: int, phase: str) -> None:
@@ -79,9 +91,14 @@ def _export(run_dir: Path, segment_index: int, out_dir: Path, plan: Plan, config
 
     prepared = prepare_export(topology, config, trainer, out_dir, provenance, at_phase)
     if topology.rank == 0:
-        ExportResult(segment=segment_index, step=step, out_dir=str(out_dir), reused=prepared["reused"],
-                     weights_sha256=prepared["weights_sha256"],
-                     export_s=time.perf_counter() - started).write(export_result_path(out_dir))
+        ExportResult(
+            segment=segment_index,
+            step=step,
+            out_dir=str(out_dir),
+            reused=prepared["reused"],
+            weights_sha256=prepared["weights_sha256"],
+            export_s=time.perf_counter() - started,
+        ).write(export_result_path(out_dir))
         log(f"export of step {step} {'reused (manifest verifies)' if prepared['reused'] else 'written'} at {out_dir}")
     progress.write("exported")
     if dist.is_initialized():

@@ -72,13 +72,16 @@ def _phase(topology: Topology, what: str, action: Callable[[], Any]) -> list[Any
     if failed:
         first = failed[0]
         others = f" (and ranks {[s.rank for s in failed[1:]]})" if len(failed) > 1 else ""
-        raise ExportPreparationError(f"export preparation failed on rank {first.rank}{others} while {what}: "
-                                     f"{first.error}; every rank aborted this publication")
+        raise ExportPreparationError(
+            f"export preparation failed on rank {first.rank}{others} while {what}: "
+            f"{first.error}; every rank aborted this publication"
+        )
     return [s.value for s in statuses]
 
 
-def _verify_share(directory: Path, files: list[Path], own: dict[str, torch.Tensor],
-                  true_vocab: int | None) -> list[FileEntry]:
+def _verify_share(
+    directory: Path, files: list[Path], own: dict[str, torch.Tensor], true_vocab: int | None
+) -> list[FileEntry]:
     """Check every tensor of this rank's files against its own weights; `true_vocab`: rows the export keeps of padded ones."""
     entries = []
     for path in files:
@@ -98,8 +101,14 @@ def _verify_share(directory: Path, files: list[Path], own: dict[str, torch.Tenso
     return entries
 
 
-def prepare_export(topology: Topology, config: RunConfig, trainer: Trainer, out_dir: Path,
-                   provenance: dict, inject_fault: Callable[[int, str], None] | None = None) -> dict:
+def prepare_export(
+    topology: Topology,
+    config: RunConfig,
+    trainer: Trainer,
+    out_dir: Path,
+    provenance: dict,
+    inject_fault: Callable[[int, str], None] | None = None,
+) -> dict:
     """Stage the checkpoint at `out_dir` with every rank's help; returns what was done.
 
     `inject_fault(rank, phase)` runs at the start of each phase on each rank
@@ -109,6 +118,7 @@ def prepare_export(topology: Topology, config: RunConfig, trainer: Trainer, out_
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     own = trainer.model.state_dict()
     try:
+
         def check_weights() -> str:
             inject_fault(topology.rank, "weights")
             return tensors_sha256(own)
@@ -116,8 +126,9 @@ def prepare_export(topology: Topology, config: RunConfig, trainer: Trainer, out_
         digests = _phase(topology, "checking its weights", check_weights)
         disagreeing = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
         if disagreeing:
-            raise ExportPreparationError(f"ranks {disagreeing} hold weights that differ from rank 0's; refusing "
-                                         "to export a diverged replica")
+            raise ExportPreparationError(
+                f"ranks {disagreeing} hold weights that differ from rank 0's; refusing to export a diverged replica"
+            )
         digest = digests[0]
 
         def reuse_or_write() -> bool:
@@ -134,7 +145,8 @@ def prepare_export(topology: Topology, config: RunConfig, trainer: Trainer, out_
 
         reused = _phase(topology, "writing the checkpoint files", reuse_or_write)[0]
         if not reused:
-            share = staged_files(tmp)[topology.rank::topology.world_size]
+            share = staged_files(tmp)[topology.rank :: topology.world_size]
+
             def verify() -> list[FileEntry]:
                 inject_fault(topology.rank, "verify")
                 return _verify_share(tmp, share, own, trainer.vocab_size)
@@ -144,8 +156,9 @@ def prepare_export(topology: Topology, config: RunConfig, trainer: Trainer, out_
             def write_the_manifest() -> None:
                 inject_fault(topology.rank, "manifest")
                 if topology.rank == 0:
-                    manifest = manifest_of([e for part in entries for e in part],
-                                           {**provenance, "weights_sha256": digest})
+                    manifest = manifest_of(
+                        [e for part in entries for e in part], {**provenance, "weights_sha256": digest}
+                    )
                     write_checkpoint_manifest(tmp, manifest)
 
             _phase(topology, "writing the manifest", write_the_manifest)

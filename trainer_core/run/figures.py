@@ -25,8 +25,9 @@ class FigureLayout:
     def for_objective(cls, objective_figures: tuple[str, ...]) -> "FigureLayout":
         clash = set(LOOP_FIGURES) & set(objective_figures)
         if clash or len(set(objective_figures)) != len(objective_figures):
-            raise ValueError(f"an objective's figures {objective_figures} repeat a name (or one of {LOOP_FIGURES}); "
-                             "rename them")
+            raise ValueError(
+                f"an objective's figures {objective_figures} repeat a name (or one of {LOOP_FIGURES}); rename them"
+            )
         return cls(LOOP_FIGURES + tuple(objective_figures))
 
     def pack(self, values: Mapping[str, float | torch.Tensor]) -> torch.Tensor:

@@ -78,8 +78,9 @@ def _safe_relative_path(path: str) -> str:
         raise ValueError(f"file path {path!r} is absolute or not a POSIX relative path; refusing it")
     for segment in path.split("/"):
         if segment in ("", ".", "..") or not _SEGMENT.match(segment):
-            raise ValueError(f"file path {path!r} leaves its checkpoint or has an odd segment "
-                             f"({segment!r}); refusing the manifest")
+            raise ValueError(
+                f"file path {path!r} leaves its checkpoint or has an odd segment ({segment!r}); refusing the manifest"
+            )
     if path == MANIFEST_FILE:
         raise ValueError("the manifest lists itself")
     return path
@@ -170,8 +171,10 @@ Problems = dict[str, Callable[[object], str]]
 
 MANIFEST_PROBLEMS: Problems = {
     "": lambda value: "not a JSON object",
-    "format": lambda value: (f"unknown format {value!r}; this reader knows {', '.join(SUPPORTED_FORMATS)} "
-                             "(a newer rankflow wrote it? upgrade to read it)"),
+    "format": lambda value: (
+        f"unknown format {value!r}; this reader knows {', '.join(SUPPORTED_FORMATS)} "
+        "(a newer rankflow wrote it? upgrade to read it)"
+    ),
     "step": lambda value: f"step {value!r} is not a non-negative integer",
     "run_id": lambda value: f"run_id {value!r} is not a string",
     "files": lambda value: "'files' is not a list",
@@ -212,8 +215,9 @@ def decode(data: bytes, where: str) -> object:
         raise ManifestError(f"{where}: not valid JSON ({error})") from None
 
 
-def parse_manifest(data: bytes, where: str, *, run_id: str | None = None,
-                   step: int | None = None) -> CheckpointManifest:
+def parse_manifest(
+    data: bytes, where: str, *, run_id: str | None = None, step: int | None = None
+) -> CheckpointManifest:
     """Validate a manifest's bytes; `run_id`/`step` are where it was found (checked when given)."""
     raw = decode(data, where)
     try:

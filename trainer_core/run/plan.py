@@ -115,14 +115,18 @@ def _pad_id(tokenizer: Tokenizer) -> int:
     return 0 if pad_id is None else pad_id
 
 
-def _segment_shards(prepared: Prepared, config: RunConfig, options: DataOptions, pad_id: int,
-                    bounds: list[tuple[int, int]]) -> dict[int, dict[str, torch.Tensor]]:
+def _segment_shards(
+    prepared: Prepared, config: RunConfig, options: DataOptions, pad_id: int, bounds: list[tuple[int, int]]
+) -> dict[int, dict[str, torch.Tensor]]:
     documents = prepared.documents
     if options.pack:
         stream = _document_stream(len(documents), config.run.seed)
         row_len = round_up(options.max_seq_len)
         return {
-            index: stack_rows(packed_steps(documents, stream, end - start, config.train.global_batch_size, row_len, pad_id), packed=True)
+            index: stack_rows(
+                packed_steps(documents, stream, end - start, config.train.global_batch_size, row_len, pad_id),
+                packed=True,
+            )
             for index, (start, end) in enumerate(bounds)
         }
     order = _step_order(len(documents), config)
@@ -174,7 +178,9 @@ def digest_view(config: RunConfig) -> dict:
     return training_config
 
 
-def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
+def build_plan(
+    config: RunConfig, checked: CheckedInputs | None = None
+) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
     """Validate, tokenize and lay out the run in memory.
 
     Everything comes from the config (the data stages from `config.data`), so
@@ -196,15 +202,23 @@ def plan_digest(config: RunConfig, fingerprint: dict, shards: dict[int, dict[str
     """What names the plan: the config as the digest sees it (`digest_view`), the inputs and every shard's bytes."""
     return hashlib.sha256(
         json.dumps(
-            {"config": digest_view(config), "inputs": fingerprint,
-             "shards": [tensors_sha256(shards[i]) for i in sorted(shards)]},
+            {
+                "config": digest_view(config),
+                "inputs": fingerprint,
+                "shards": [tensors_sha256(shards[i]) for i in sorted(shards)],
+            },
             sort_keys=True,
         ).encode()
     ).hexdigest()
 
 
-def _plan(config: RunConfig, checked: CheckedInputs, digest: str, bounds: list[tuple[int, int]],
-          shards: dict[int, dict[str, torch.Tensor]]) -> Plan:
+def _plan(
+    config: RunConfig,
+    checked: CheckedInputs,
+    digest: str,
+    bounds: list[tuple[int, int]],
+    shards: dict[int, dict[str, torch.Tensor]],
+) -> Plan:
     prepared, options = checked.prepared, checked.options
     return Plan(
         run_id=f"{config.run.name}-{digest[:12]}",
@@ -215,8 +229,13 @@ def _plan(config: RunConfig, checked: CheckedInputs, digest: str, bounds: list[t
         num_dropped=prepared.num_dropped,
         num_tokens=int(sum(d.num_tokens for d in prepared.documents)),
         segments=[
-            SegmentPlan(index=i, start_step=start, end_step=end, shard_file=f"plan/segment-{i:04d}.safetensors",
-                        num_loss_tokens=int(shards[i]["loss_mask"].sum()))
+            SegmentPlan(
+                index=i,
+                start_step=start,
+                end_step=end,
+                shard_file=f"plan/segment-{i:04d}.safetensors",
+                num_loss_tokens=int(shards[i]["loss_mask"].sum()),
+            )
             for i, (start, end) in enumerate(bounds)
         ],
         data_kind="rl" if prepared.is_rl else "sft",

@@ -102,7 +102,9 @@ def _steps_in_memory(config: RunConfig, size: PlanSize, memory_bytes: int) -> in
     if within_one_segment < train.steps_per_segment:
         return max(0, within_one_segment)
     stacking = train.steps_per_segment * row * size.bytes_per_row
-    return max(train.steps_per_segment, (memory_bytes - stacking) // (row * (size.bytes_per_row + _ORDER_BYTES_PER_ROW)))
+    return max(
+        train.steps_per_segment, (memory_bytes - stacking) // (row * (size.bytes_per_row + _ORDER_BYTES_PER_ROW))
+    )
 
 
 def _advice(steps_that_fit: int, change: str) -> str:
@@ -111,14 +113,19 @@ def _advice(steps_that_fit: int, change: str) -> str:
     return f"lower train.steps to at most {steps_that_fit}, {change}"
 
 
-def check_plan_size(config: RunConfig, prepared: Prepared, *,
-                    memory_bytes: int | None = None, disk_bytes: int | None = None) -> PlanSize:
+def check_plan_size(
+    config: RunConfig, prepared: Prepared, *, memory_bytes: int | None = None, disk_bytes: int | None = None
+) -> PlanSize:
     """Raise ConfigError when the plan would not fit in memory or on disk; `*_bytes` default to this machine's."""
     size = estimate_plan_size(config, prepared)
     train = config.train
-    shape = (f"{train.steps} steps × {train.global_batch_size} rows × {size.row_len} tokens × "
-             f"{size.bytes_per_row // size.row_len} bytes")
-    change = "or lower train.global_batch_size or data.max_seq_len" + (" (the row length when packing)" if config.data.pack else "")
+    shape = (
+        f"{train.steps} steps × {train.global_batch_size} rows × {size.row_len} tokens × "
+        f"{size.bytes_per_row // size.row_len} bytes"
+    )
+    change = "or lower train.global_batch_size or data.max_seq_len" + (
+        " (the row length when packing)" if config.data.pack else ""
+    )
     memory_bytes = available_memory_bytes() if memory_bytes is None else memory_bytes
     if memory_bytes is not None and size.peak_memory_bytes > memory_bytes:
         raise ConfigError(

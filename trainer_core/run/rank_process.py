@@ -48,7 +48,7 @@ def write_line(text: str, fd: int = 1) -> None:
         os.write(fd, data + b"\n")
         return
     for start in range(0, len(data), _ATOMIC_LINE_BYTES):
-        os.write(fd, data[start:start + _ATOMIC_LINE_BYTES] + b"\n")
+        os.write(fd, data[start : start + _ATOMIC_LINE_BYTES] + b"\n")
 
 
 class RankErrorRecord(BaseModel):
@@ -79,8 +79,13 @@ def record_error(rank: int, error: BaseException) -> None:
     directory = os.environ.get(ERRORS_DIR_ENV)
     if not directory:
         return
-    record = RankErrorRecord(rank=rank, time=time.time(), type=type(error).__name__, message=str(error),
-                             traceback="".join(traceback.format_exception(error))[-8000:])
+    record = RankErrorRecord(
+        rank=rank,
+        time=time.time(),
+        type=type(error).__name__,
+        message=str(error),
+        traceback="".join(traceback.format_exception(error))[-8000:],
+    )
     path = error_path(Path(directory), rank)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(record.to_json())

@@ -92,11 +92,16 @@ class SegmentRun:
         segment = plan.segments[segment_index]
         # Before any compute: the thread count decides the last bits of every kernel's reductions.
         num_threads = pin_threads(threads_for(config.train.reduction, config.train.threads_per_process))
-        topology: Topology = init_distributed(config.train.logical_dp, config.train.collective_timeout_s,
-                                              config.train.global_batch_size)
+        topology: Topology = init_distributed(
+            config.train.logical_dp, config.train.collective_timeout_s, config.train.global_batch_size
+        )
 
-        trainer = build_trainer(config, miss_reports=MissReports(
-            planner_reports_dir(run_dir), prefix=f"segment-{segment_index:04d}-rank-{topology.rank}-"))
+        trainer = build_trainer(
+            config,
+            miss_reports=MissReports(
+                planner_reports_dir(run_dir), prefix=f"segment-{segment_index:04d}-rank-{topology.rank}-"
+            ),
+        )
         (base,) = trainer.checkpoints.values()  # the full model, or the LoRA adapter
         if segment_index > 0:
             _resume(trainer, state_dir_for(run_dir, segment_index - 1), segment)
@@ -106,15 +111,38 @@ class SegmentRun:
         objective = objective_for(config)
         layout = FigureLayout.for_objective(objective.figures)
         setup_s = time.perf_counter() - started
-        log(f"segment {segment_index}: steps {segment.start_step}..{segment.end_step - 1}, "
+        log(
+            f"segment {segment_index}: steps {segment.start_step}..{segment.end_step - 1}, "
             f"{topology.world_size} rank(s) x {topology.logical_per_rank} logical, {config.train.reduction} reduction, "
-            f"{num_threads} thread(s) per rank, setup {setup_s:.2f}s")
+            f"{num_threads} thread(s) per rank, setup {setup_s:.2f}s"
+        )
         progress = ProgressWriter(progress_path(run_dir, segment_index), rank=topology.rank)
-        progress.write("ready", segment=segment_index, start_step=segment.start_step, end_step=segment.end_step,
-                       total_steps=plan.segments[-1].end_step, setup_s=setup_s, objective=objective.name)
-        return cls(run_dir=run_dir, segment_index=segment_index, plan=plan, config=config, segment=segment,
-                   topology=topology, num_threads=num_threads, trainer=trainer, base=base, ldp=ldp, shard=shard,
-                   objective=objective, layout=layout, progress=progress, setup_s=setup_s)
+        progress.write(
+            "ready",
+            segment=segment_index,
+            start_step=segment.start_step,
+            end_step=segment.end_step,
+            total_steps=plan.segments[-1].end_step,
+            setup_s=setup_s,
+            objective=objective.name,
+        )
+        return cls(
+            run_dir=run_dir,
+            segment_index=segment_index,
+            plan=plan,
+            config=config,
+            segment=segment,
+            topology=topology,
+            num_threads=num_threads,
+            trainer=trainer,
+            base=base,
+            ldp=ldp,
+            shard=shard,
+            objective=objective,
+            layout=layout,
+            progress=progress,
+            setup_s=setup_s,
+        )
 
     def train_steps(self) -> StepsDone:
         """Every optimizer step of the segment, one progress record each."""
@@ -138,13 +166,24 @@ class SegmentRun:
             note_skipped(config, step, report, skipped)
             if self.topology.rank == 0:
                 log(f"step {step} loss {loss:.4f} grad_norm {report.grad_norm:.3f}")
-            self.progress.write("step", **step_figures(step, loss, report, learning_rate, sums,
-                                                       time.perf_counter() - step_started, self.objective))
+            self.progress.write(
+                "step",
+                **step_figures(
+                    step, loss, report, learning_rate, sums, time.perf_counter() - step_started, self.objective
+                ),
+            )
         train_s = time.perf_counter() - train_started
         planner_misses = torch.tensor([float(self.trainer.planner.num_misses)])
         all_reduce_sum_([planner_misses])  # every rank's planner decides for its own graphs
-        return StepsDone(losses=losses, grad_norms=grad_norms, skipped=skipped, num_input_tokens=num_input_tokens,
-                         num_stale=num_stale, train_s=train_s, planner_misses=int(planner_misses.item()))
+        return StepsDone(
+            losses=losses,
+            grad_norms=grad_norms,
+            skipped=skipped,
+            num_input_tokens=num_input_tokens,
+            num_stale=num_stale,
+            train_s=train_s,
+            planner_misses=int(planner_misses.item()),
+        )
 
     def save_state(self) -> SavedState:
         """Rank 0 writes the state; every rank waits for the write, and hears if it failed."""
@@ -154,7 +193,9 @@ class SegmentRun:
         state_bytes = 0
         with self.ldp.command("save"):
             if self.topology.rank == 0:
-                meta = StateMeta(next_step=self.segment.end_step, segment=self.segment_index, plan_digest=self.plan.digest)
+                meta = StateMeta(
+                    next_step=self.segment.end_step, segment=self.segment_index, plan_digest=self.plan.digest
+                )
                 state_bytes = save_training_state(state_dir, self.trainer.checkpoints, meta.model_dump())
         save_s = time.perf_counter() - save_started
         self.progress.write("saved", segment=self.segment_index, save_s=save_s)
@@ -167,20 +208,34 @@ class SegmentRun:
             return
         train_s = steps.train_s
         result = SegmentResult(
-            segment=self.segment_index, start_step=self.segment.start_step, end_step=self.segment.end_step,
-            losses=steps.losses, grad_norms=steps.grad_norms, skipped_steps=steps.skipped,
-            num_skipped_steps=len(steps.skipped), num_stale_trajectories=steps.num_stale,
-            num_tokens=steps.num_input_tokens, tokens_per_s=steps.num_input_tokens / train_s if train_s > 0 else 0.0,
-            setup_s=self.setup_s, train_s=train_s, save_s=saved.save_s,
+            segment=self.segment_index,
+            start_step=self.segment.start_step,
+            end_step=self.segment.end_step,
+            losses=steps.losses,
+            grad_norms=steps.grad_norms,
+            skipped_steps=steps.skipped,
+            num_skipped_steps=len(steps.skipped),
+            num_stale_trajectories=steps.num_stale,
+            num_tokens=steps.num_input_tokens,
+            tokens_per_s=steps.num_input_tokens / train_s if train_s > 0 else 0.0,
+            setup_s=self.setup_s,
+            train_s=train_s,
+            save_s=saved.save_s,
             peak_saved_bytes=self.trainer.peak_saved_bytes,
-            planner_misses=steps.planner_misses, planner=PlannerSummary(**self.trainer.planner.summary()),
-            world_size=self.topology.world_size, logical_dp=self.topology.logical_dp,
-            reduction=self.config.train.reduction, threads_per_process=self.num_threads,
-            state_dir=str(saved.state_dir), state_bytes=saved.state_bytes,
+            planner_misses=steps.planner_misses,
+            planner=PlannerSummary(**self.trainer.planner.summary()),
+            world_size=self.topology.world_size,
+            logical_dp=self.topology.logical_dp,
+            reduction=self.config.train.reduction,
+            threads_per_process=self.num_threads,
+            state_dir=str(saved.state_dir),
+            state_bytes=saved.state_bytes,
         )
         result.write(segment_result_path(self.run_dir, self.segment_index))
-        log(f"segment {self.segment_index} done: loss {steps.losses[0]:.4f} -> {steps.losses[-1]:.4f}, "
-            f"{result.tokens_per_s:.0f} tokens/s, state {saved.state_bytes} bytes")
+        log(
+            f"segment {self.segment_index} done: loss {steps.losses[0]:.4f} -> {steps.losses[-1]:.4f}, "
+            f"{result.tokens_per_s:.0f} tokens/s, state {saved.state_bytes} bytes"
+        )
 
 
 def _resume(trainer: Trainer, state_dir: Path, segment: SegmentPlan) -> None:

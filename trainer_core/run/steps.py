@@ -28,11 +28,23 @@ def _forward(trainer: Trainer, rows: dict[str, torch.Tensor], mode):
     # Packed rows: no 2D attention mask (documents would see each other); the
     # model builds per-document causal attention from the restarting positions.
     packed = packed_attention_inputs(rows["input_ids"], rows["position_ids"], rows["document_ids"])
-    return trainer.forward(packed["input_ids"], packed.get("attention_mask"), position_ids=packed["position_ids"], mode=mode)
+    return trainer.forward(
+        packed["input_ids"], packed.get("attention_mask"), position_ids=packed["position_ids"], mode=mode
+    )
 
 
-def _logical_rank_work(objective: Objective, layout: FigureLayout, trainer: Trainer, rows: dict[str, torch.Tensor],
-                       *, step: int, rank: int, revision: int, num_loss_tokens: int, mode) -> torch.Tensor:
+def _logical_rank_work(
+    objective: Objective,
+    layout: FigureLayout,
+    trainer: Trainer,
+    rows: dict[str, torch.Tensor],
+    *,
+    step: int,
+    rank: int,
+    revision: int,
+    num_loss_tokens: int,
+    mode,
+) -> torch.Tensor:
     """Forward and backward of one logical rank's rows; returns its figures, packed by `layout`."""
     out = _forward(trainer, rows, mode)
     assert out.logprobs is not None  # the forward's default outputs hold them
@@ -40,12 +52,25 @@ def _logical_rank_work(objective: Objective, layout: FigureLayout, trainer: Trai
     micro_loss = part.loss * nonfinite_loss_factor(step, rank)
     # Normalised by the loss tokens of the whole global batch: the same loss at any split.
     trainer.backward(micro_loss / num_loss_tokens)
-    return layout.pack({"loss_sum": micro_loss.detach().double(), "input_tokens": float(rows["attention_mask"].sum()),
-                        "stale_trajectories": float(part.num_dropped), **part.figures})
+    return layout.pack(
+        {
+            "loss_sum": micro_loss.detach().double(),
+            "input_tokens": float(rows["attention_mask"].sum()),
+            "stale_trajectories": float(part.num_dropped),
+            **part.figures,
+        }
+    )
 
 
-def train_step(ldp: LogicalDataParallel, objective: Objective, layout: FigureLayout, batch: dict[str, torch.Tensor],
-               step: int, revision: int, mode) -> dict[str, float]:
+def train_step(
+    ldp: LogicalDataParallel,
+    objective: Objective,
+    layout: FigureLayout,
+    batch: dict[str, torch.Tensor],
+    step: int,
+    revision: int,
+    mode,
+) -> dict[str, float]:
     """One optimizer step's forwards and backwards over this rank's logical ranks; returns the global figures."""
     num_loss_tokens = int(batch["loss_mask"][:, 1:].sum())
     rank = ldp.topology.rank
@@ -56,18 +81,34 @@ def train_step(ldp: LogicalDataParallel, objective: Objective, layout: FigureLay
                 maybe_inject_fault(step, rank)
             if not shard.empty:
                 figures[shard.logical_rank] = _logical_rank_work(
-                    objective, layout, ldp.trainer, shard.rows, step=step, rank=rank, revision=revision,
-                    num_loss_tokens=num_loss_tokens, mode=mode)
+                    objective,
+                    layout,
+                    ldp.trainer,
+                    shard.rows,
+                    step=step,
+                    rank=rank,
+                    revision=revision,
+                    num_loss_tokens=num_loss_tokens,
+                    mode=mode,
+                )
     return layout.unpack(ldp.reduce(figures, "sum"))
 
 
-def step_figures(step: int, loss: float, report, learning_rate: float, sums: dict[str, float], step_s: float,
-                 objective: Objective) -> dict[str, float | int | bool | None]:
+def step_figures(
+    step: int, loss: float, report, learning_rate: float, sums: dict[str, float], step_s: float, objective: Objective
+) -> dict[str, float | int | bool | None]:
     """One step's live figures (global: `sums` is already reduced over ranks), the objective's last."""
     tokens = sums["input_tokens"]
-    figures: dict[str, float | int | bool | None] = {"step": step, "loss": loss, "grad_norm": float(report.grad_norm), "learning_rate": learning_rate,
-               "stepped": bool(report.stepped), "tokens": int(tokens), "step_s": step_s,
-               "tokens_per_s": tokens / step_s if step_s > 0 else 0.0}
+    figures: dict[str, float | int | bool | None] = {
+        "step": step,
+        "loss": loss,
+        "grad_norm": float(report.grad_norm),
+        "learning_rate": learning_rate,
+        "stepped": bool(report.stepped),
+        "tokens": int(tokens),
+        "step_s": step_s,
+        "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
+    }
     figures.update(objective.step_figures(sums))
     return figures
 
@@ -82,8 +123,10 @@ def note_skipped(config: RunConfig, step: int, report, skipped: list[int]) -> No
         return
     # Every rank holds the same reduced norm, so every rank takes this branch alike.
     if config.train.nonfinite == "error":
-        raise RuntimeError(f"step {step}: non-finite gradient norm {report.grad_norm} ({report.skipped_reason}); "
-                           "failing the segment as train.nonfinite = 'error' asks — set it to 'skip' to skip "
-                           "such updates instead")
+        raise RuntimeError(
+            f"step {step}: non-finite gradient norm {report.grad_norm} ({report.skipped_reason}); "
+            "failing the segment as train.nonfinite = 'error' asks — set it to 'skip' to skip "
+            "such updates instead"
+        )
     skipped.append(step)
     log(f"step {step}: non-finite gradient norm {report.grad_norm}; update skipped on every rank")

@@ -90,11 +90,15 @@ def _check_output_dir(path: str, key: str) -> None:
     if not existing.is_dir():
         what = "a regular file" if existing.is_file() else file_kind(existing.stat().st_mode)
         where = "" if existing == target else f" (its parent {str(existing)!r} is {what})"
-        raise ConfigError(f"{key}={path!r} cannot be a directory{where or f': it is {what}'}; "
-                          f"point {key} at a directory, or remove that file")
+        raise ConfigError(
+            f"{key}={path!r} cannot be a directory{where or f': it is {what}'}; "
+            f"point {key} at a directory, or remove that file"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}={path!r}: {str(existing)!r} is not writable by this user; "
-                          f"point {key} at a writable directory, or change its permissions")
+        raise ConfigError(
+            f"{key}={path!r}: {str(existing)!r} is not writable by this user; "
+            f"point {key} at a writable directory, or change its permissions"
+        )
 
 
 def check_outputs(config: RunConfig) -> None:
@@ -105,8 +109,10 @@ def check_outputs(config: RunConfig) -> None:
 
 def input_fingerprint(config: RunConfig, template: str | None) -> dict:
     """Digests of the inputs that decide the result (paths themselves do not)."""
-    fingerprint: dict[str, object] = {"data": sha256_file(Path(config.data.path)),
-                   "tokenizer": sha256_file(tokenizer_file(config.tokenizer.path))}
+    fingerprint: dict[str, object] = {
+        "data": sha256_file(Path(config.data.path)),
+        "tokenizer": sha256_file(tokenizer_file(config.tokenizer.path)),
+    }
     if template is not None:  # the tokenizer's own template decides the tokens and the masks
         fingerprint["chat_template"] = hashlib.sha256(template.encode()).hexdigest()
     if config.model.config is not None:
@@ -116,9 +122,7 @@ def input_fingerprint(config: RunConfig, template: str | None) -> dict:
         model_dir = Path(config.model.path)
         # Hashing multi-GB weights would dominate planning; name + size + config is
         # enough to notice a different model in the same directory.
-        fingerprint["model_dir"] = sorted(
-            (p.name, p.stat().st_size) for p in model_dir.iterdir() if p.is_file()
-        )
+        fingerprint["model_dir"] = sorted((p.name, p.stat().st_size) for p in model_dir.iterdir() if p.is_file())
         fingerprint["model_config"] = sha256_file(model_dir / "config.json")
     return fingerprint
 
@@ -133,17 +137,23 @@ def _check_template(template: str, config: RunConfig) -> None:
     except TemplateError as error:
         lineno = getattr(error, "lineno", None)  # a TemplateSyntaxError has one; other TemplateErrors do not
         line = f"line {lineno}: " if lineno else ""
-        raise ConfigError(f"tokenizer.path={config.tokenizer.path!r}: the chat template does not compile "
-                          f"({line}{error}); fix its Jinja syntax, or remove it to train with ChatML") from None
+        raise ConfigError(
+            f"tokenizer.path={config.tokenizer.path!r}: the chat template does not compile "
+            f"({line}{error}); fix its Jinja syntax, or remove it to train with ChatML"
+        ) from None
 
 
 def _check_kind(config: RunConfig, staged: Staged) -> None:
     if config.data.kind == "rl" and not staged.is_rl:
-        raise DataError(f"{config.data.path}: data.kind='rl' but the records carry no reward or advantage; add them "
-                        "(see the README's Data section) or set data.kind='sft'")
+        raise DataError(
+            f"{config.data.path}: data.kind='rl' but the records carry no reward or advantage; add them "
+            "(see the README's Data section) or set data.kind='sft'"
+        )
     if config.data.kind == "sft" and staged.is_rl:
-        raise DataError(f"{config.data.path}: the records are RL trajectories (rewards, logprobs) but data.kind='sft'; "
-                        "set data.kind='rl', or drop the RL fields to train SFT on them")
+        raise DataError(
+            f"{config.data.path}: the records are RL trajectories (rewards, logprobs) but data.kind='sft'; "
+            "set data.kind='rl', or drop the RL fields to train SFT on them"
+        )
 
 
 def _check_positions(config: RunConfig, prepared: Prepared, model_config: PretrainedConfig) -> None:
@@ -177,15 +187,31 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
     options = DataOptions.from_config(config.data)
     fingerprint = input_fingerprint(config, template)
     key = cache_key(fingerprint["data"], fingerprint["tokenizer"], template, options.advantage_normalization)
-    staged = stage_documents(records, tokenizer, template, options.advantage_normalization,
-                             cache_dir=Path(config.run.work_dir) / "cache", cache_key=key)
+    staged = stage_documents(
+        records,
+        tokenizer,
+        template,
+        options.advantage_normalization,
+        cache_dir=Path(config.run.work_dir) / "cache",
+        cache_key=key,
+    )
     _check_kind(config, staged)
     prepared = finish(staged, records, options)
     _check_positions(config, prepared, model_config)
     size = check_plan_size(config, prepared)
-    return CheckedInputs(config=config, records=records, tokenizer=tokenizer, template=template,
-                         model_config=model_config, options=options, fingerprint=fingerprint, cache_key=key,
-                         staged=staged, prepared=prepared, plan_size=size)
+    return CheckedInputs(
+        config=config,
+        records=records,
+        tokenizer=tokenizer,
+        template=template,
+        model_config=model_config,
+        options=options,
+        fingerprint=fingerprint,
+        cache_key=key,
+        staged=staged,
+        prepared=prepared,
+        plan_size=size,
+    )
 
 
 def _check_export_tokenizer(config: RunConfig) -> None:
@@ -197,6 +223,8 @@ def _check_export_tokenizer(config: RunConfig) -> None:
     except (ConfigError, DataError):
         raise
     except Exception as error:  # noqa: BLE001 - transformers raises many types for a bad tokenizer directory
-        raise ConfigError(f"tokenizer.path={config.tokenizer.path!r}: transformers cannot load it for the export "
-                          f"({type(error).__name__}: {' '.join(str(error).split())[:300]}); fix tokenizer_config.json, "
-                          "or point tokenizer.path at tokenizer.json alone") from None
+        raise ConfigError(
+            f"tokenizer.path={config.tokenizer.path!r}: transformers cannot load it for the export "
+            f"({type(error).__name__}: {' '.join(str(error).split())[:300]}); fix tokenizer_config.json, "
+            "or point tokenizer.path at tokenizer.json alone"
+        ) from None

@@ -28,20 +28,32 @@ def save_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
     state = checkpoint.state_dict()
     save_file({n: t.contiguous() for n, t in state["params"].items()}, str(directory / "params.safetensors"))
     torch.save(state["optimizer"], directory / "optimizer.pt")
-    (directory / VERSION_FILE).write_text(json.dumps(
-        {"name": checkpoint.name, "kind": checkpoint.kind, "identity": checkpoint.identity, "revision": checkpoint.revision}))
+    (directory / VERSION_FILE).write_text(
+        json.dumps(
+            {
+                "name": checkpoint.name,
+                "kind": checkpoint.kind,
+                "identity": checkpoint.identity,
+                "revision": checkpoint.revision,
+            }
+        )
+    )
 
 
 def restore_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimizer: bool = True) -> None:
     """Load a saved checkpoint (its AdamW state too, unless `with_optimizer` is False)."""
     meta = json.loads((directory / VERSION_FILE).read_text())
     if meta["kind"] != checkpoint.kind:
-        raise ValueError(f"{directory} holds a '{meta['kind']}' checkpoint, not '{checkpoint.kind}'; restore it into a checkpoint of that kind")
-    checkpoint.load_state_dict({
-        "params": load_file(str(directory / "params.safetensors")),
-        "optimizer": torch.load(directory / "optimizer.pt", weights_only=True) if with_optimizer else None,
-        "revision": meta["revision"],
-    })
+        raise ValueError(
+            f"{directory} holds a '{meta['kind']}' checkpoint, not '{checkpoint.kind}'; restore it into a checkpoint of that kind"
+        )
+    checkpoint.load_state_dict(
+        {
+            "params": load_file(str(directory / "params.safetensors")),
+            "optimizer": torch.load(directory / "optimizer.pt", weights_only=True) if with_optimizer else None,
+            "revision": meta["revision"],
+        }
+    )
 
 
 def export_checkpoint_module(trainer, name: str, directory: Path) -> list[str]:
@@ -55,8 +67,13 @@ def export_checkpoint_module(trainer, name: str, directory: Path) -> list[str]:
 
         # PeftModel.from_pretrained expects the keys its own wrapper would save.
         state = get_peft_model_state_dict(trainer.model, adapter_name=name)
-        save_file({f"base_model.model.{k}": v.contiguous() for k, v in state.items()}, str(directory / "adapter_model.safetensors"))
+        save_file(
+            {f"base_model.model.{k}": v.contiguous() for k, v in state.items()},
+            str(directory / "adapter_model.safetensors"),
+        )
         checkpoint.adapter_config.save_pretrained(str(directory))
     else:
-        save_file({k: v.contiguous() for k, v in checkpoint.owner.state_dict().items()}, str(directory / "model.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in checkpoint.owner.state_dict().items()}, str(directory / "model.safetensors")
+        )
     return sorted(p.name for p in directory.iterdir())

@@ -88,10 +88,18 @@ def _locations(root: nn.Module, params: Sequence[nn.Parameter]) -> dict[int, lis
 
 
 class Checkpoint:
-    def __init__(self, name: str, kind: CheckpointKind, owner: nn.Module, params: Sequence[tuple[str, nn.Parameter]],
-                 optimizer: OptimizerConfig):
+    def __init__(
+        self,
+        name: str,
+        kind: CheckpointKind,
+        owner: nn.Module,
+        params: Sequence[tuple[str, nn.Parameter]],
+        optimizer: OptimizerConfig,
+    ):
         if not params:
-            raise ValueError(f"checkpoint '{name}' has no trainable parameters; register a module with requires_grad parameters")
+            raise ValueError(
+                f"checkpoint '{name}' has no trainable parameters; register a module with requires_grad parameters"
+            )
         self.name = name
         self.kind = kind
         self.owner = owner
@@ -109,8 +117,13 @@ class Checkpoint:
 
     def _new_optimizer(self) -> torch.optim.AdamW:
         c = self.optimizer_config
-        return torch.optim.AdamW([s.optimized for s in self._slots], lr=c.learning_rate, betas=c.betas, eps=c.eps,
-                                 weight_decay=c.weight_decay)
+        return torch.optim.AdamW(
+            [s.optimized for s in self._slots],
+            lr=c.learning_rate,
+            betas=c.betas,
+            eps=c.eps,
+            weight_decay=c.weight_decay,
+        )
 
     @property
     def version(self) -> Version:
@@ -204,8 +217,10 @@ class Checkpoint:
         if not all(module._parameters.get(attribute) is slot.param for module, attribute in slot.locations):
             slot.locations = _locations(self.owner, [slot.param]).get(id(slot.param), [])
             if not slot.locations:
-                raise RuntimeError(f"checkpoint '{self.name}': parameter {slot.name} is no longer part of its module; "
-                                   "do not replace registered parameters by hand")
+                raise RuntimeError(
+                    f"checkpoint '{self.name}': parameter {slot.name} is no longer part of its module; "
+                    "do not replace registered parameters by hand"
+                )
         return slot.locations
 
     def _relocate(self, slot: _Slot, new: nn.Parameter) -> None:
@@ -216,8 +231,12 @@ class Checkpoint:
     @contextlib.contextmanager
     def swapped_in(self, tensors: Mapping[str, torch.Tensor]):
         """Run with `tensors` (e.g. a stale graph's weight snapshot) where the forward reads this checkpoint's weights."""
-        swaps = [(module, attribute, tensors[slot.name], slot.param) for slot in self._slots
-                 if tensors[slot.name] is not slot.param for module, attribute in self._where(slot)]
+        swaps = [
+            (module, attribute, tensors[slot.name], slot.param)
+            for slot in self._slots
+            if tensors[slot.name] is not slot.param
+            for module, attribute in self._where(slot)
+        ]
         try:
             for module, attribute, tensor, _ in swaps:
                 # A plain tensor (the snapshot) stands where the forward reads the parameter, for this block only;

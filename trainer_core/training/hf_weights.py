@@ -45,9 +45,11 @@ def _merged_layer(module: nn.Module, module_name: str, adapter: str) -> dict[str
         # safe_merge: peft checks the merged weights are finite (a broken adapter raises, naming itself).
         copied.merge(safe_merge=True, adapter_names=[adapter])  # pyright: ignore[reportCallIssue]
     except (NotImplementedError, RuntimeError) as refused:
-        raise ValueError(f"adapter '{adapter}' cannot be merged into the base weights ({module_name}: {refused}); "
-                         "export it unmerged (export.merge_lora = false / no merge_adapter) and load it with "
-                         "PeftModel.from_pretrained") from None
+        raise ValueError(
+            f"adapter '{adapter}' cannot be merged into the base weights ({module_name}: {refused}); "
+            "export it unmerged (export.merge_lora = false / no merge_adapter) and load it with "
+            "PeftModel.from_pretrained"
+        ) from None
     base = copied.get_base_layer()  # pyright: ignore[reportCallIssue]
     return {f"{module_name}{_BASE_LAYER}.{name}": tensor.to(dtypes[name]) for name, tensor in base.state_dict().items()}
 
@@ -71,7 +73,9 @@ def _merged_base_tensors(model: nn.Module, adapter: str) -> dict[str, torch.Tens
     return merged
 
 
-def hf_state_dict(model: nn.Module, *, vocab_size: int | None = None, merge_adapter: str | None = None) -> dict[str, torch.Tensor]:
+def hf_state_dict(
+    model: nn.Module, *, vocab_size: int | None = None, merge_adapter: str | None = None
+) -> dict[str, torch.Tensor]:
     """Plain Hugging Face weights of `model` (see the module docstring)."""
     state: dict[str, torch.Tensor] = model.state_dict()
     merged = _merged_base_tensors(model, merge_adapter) if merge_adapter is not None else {}
@@ -86,8 +90,14 @@ def hf_state_dict(model: nn.Module, *, vocab_size: int | None = None, merge_adap
     return plain
 
 
-def save_hf_model(model: nn.Module, directory: Path, *, vocab_size: int | None = None, merge_adapter: str | None = None,
-                  max_shard_size: str = "2GB") -> None:
+def save_hf_model(
+    model: nn.Module,
+    directory: Path,
+    *,
+    vocab_size: int | None = None,
+    merge_adapter: str | None = None,
+    max_shard_size: str = "2GB",
+) -> None:
     """Write `model` as a Hugging Face directory that `AutoModelForCausalLM.from_pretrained` loads."""
     state = hf_state_dict(model, vocab_size=vocab_size, merge_adapter=merge_adapter)
     # `model` is a transformers model: torch's stubs type its methods, read through nn.Module.__getattr__,
@@ -97,4 +107,5 @@ def save_hf_model(model: nn.Module, directory: Path, *, vocab_size: int | None =
         true_size = model.get_input_embeddings().weight.shape[0]  # pyright: ignore[reportCallIssue]
     with true_vocab_config(model, true_size):
         model.save_pretrained(  # pyright: ignore[reportCallIssue]
-            str(directory), state_dict=state, max_shard_size=max_shard_size)
+            str(directory), state_dict=state, max_shard_size=max_shard_size
+        )

@@ -92,19 +92,30 @@ class ForwardCall:
 
     def copied(self) -> "ForwardCall":
         """A call over private copies of the inputs: the caller may refill its buffers after the forward."""
+
         def copy(tensor):
             return None if tensor is None else tensor.detach().clone()
 
-        return replace(self, input_ids=copy(self.input_ids), attention_mask=copy(self.attention_mask),
-                       position_ids=copy(self.position_ids), targets=copy(self.targets))
+        return replace(
+            self,
+            input_ids=copy(self.input_ids),
+            attention_mask=copy(self.attention_mask),
+            position_ids=copy(self.position_ids),
+            targets=copy(self.targets),
+        )
 
 
 def _logprob_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
-def compute_outputs(model: nn.Module, heads: Mapping[str, nn.Module], call: ForwardCall,
-                    topk_ids: torch.Tensor | None = None, vocab_size: int | None = None) -> dict[str, torch.Tensor]:
+def compute_outputs(
+    model: nn.Module,
+    heads: Mapping[str, nn.Module],
+    call: ForwardCall,
+    topk_ids: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+) -> dict[str, torch.Tensor]:
     """Run the model on the call's inputs and derive the requested outputs.
 
     Keys: `logprobs`, `topk` (+ `topk_ids`), `logits`, `hidden`, `head:NAME`.
@@ -117,8 +128,9 @@ def compute_outputs(model: nn.Module, heads: Mapping[str, nn.Module], call: Forw
     need_hidden = "hidden" in wants or ("heads" in wants and bool(heads))
     # use_cache=False whatever the model's config says (most say true): a training forward has no use for a KV
     # cache, and with one transformers skips its packing detection, so packed documents would attend to each other.
-    kwargs = dict(input_ids=call.input_ids, attention_mask=call.attention_mask, output_hidden_states=need_hidden,
-                  use_cache=False)
+    kwargs = dict(
+        input_ids=call.input_ids, attention_mask=call.attention_mask, output_hidden_states=need_hidden, use_cache=False
+    )
     if call.position_ids is not None:
         kwargs["position_ids"] = call.position_ids
     result = model(**kwargs)

@@ -41,8 +41,10 @@ class CheckpointRegistry:
         for param_name, param in checkpoint.parameters().items():
             if id(param) in owners:
                 owner, owner_name = owners[id(param)]
-                raise ValueError(f"checkpoint '{checkpoint.name}': parameter {param_name} already belongs to checkpoint "
-                                 f"'{owner}' (as {owner_name}); a parameter can train in one checkpoint only")
+                raise ValueError(
+                    f"checkpoint '{checkpoint.name}': parameter {param_name} already belongs to checkpoint "
+                    f"'{owner}' (as {owner_name}); a parameter can train in one checkpoint only"
+                )
         self.checkpoints[checkpoint.name] = checkpoint
         return checkpoint
 
@@ -50,8 +52,10 @@ class CheckpointRegistry:
         """Full fine-tuning: every trainable parameter of the model that no other checkpoint owns."""
         lora = [c.name for c in self.checkpoints.values() if c.kind == "lora"]
         if lora:
-            raise ValueError(f"register the base checkpoint before the LoRA adapter '{lora[0]}': peft froze the base "
-                             "weights when it injected the adapter")
+            raise ValueError(
+                f"register the base checkpoint before the LoRA adapter '{lora[0]}': peft froze the base "
+                "weights when it injected the adapter"
+            )
         owners = self.parameter_owners()
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad and id(p) not in owners]
         return self._add(Checkpoint(name, "base", self.model, params, optimizer))
@@ -78,7 +82,9 @@ class CheckpointRegistry:
         checkpoint.adapter_config = lora_config
         return checkpoint
 
-    def add_module_checkpoint(self, name: str, module: nn.Module, optimizer: OptimizerConfig = OptimizerConfig()) -> Checkpoint:
+    def add_module_checkpoint(
+        self, name: str, module: nn.Module, optimizer: OptimizerConfig = OptimizerConfig()
+    ) -> Checkpoint:
         """A custom head applied to the last hidden state; `out.heads[name]` is its output."""
         module.to(next(self.model.parameters()).device)
         params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -99,15 +105,19 @@ class CheckpointRegistry:
         adapters = [c.name for c in self.checkpoints.values() if c.kind == "lora"]
         if checkpoint is None:
             if len(adapters) > 1:
-                raise ValueError(f"{len(adapters)} LoRA adapters are registered ({', '.join(adapters)}); say which one "
-                                 "this forward runs with: forward(..., checkpoint=NAME)")
+                raise ValueError(
+                    f"{len(adapters)} LoRA adapters are registered ({', '.join(adapters)}); say which one "
+                    "this forward runs with: forward(..., checkpoint=NAME)"
+                )
             return adapters[0] if adapters else None
         if checkpoint not in self.checkpoints:
             raise ValueError(f"checkpoint={checkpoint!r} is not registered; registered: {sorted(self.checkpoints)}")
         if self.checkpoints[checkpoint].kind != "lora":
-            raise ValueError(f"checkpoint={checkpoint!r} is a '{self.checkpoints[checkpoint].kind}' checkpoint; "
-                             f"forward(checkpoint=) selects a LoRA adapter ({', '.join(adapters) or 'none registered'}) "
-                             "— the base and the heads take part in every forward")
+            raise ValueError(
+                f"checkpoint={checkpoint!r} is a '{self.checkpoints[checkpoint].kind}' checkpoint; "
+                f"forward(checkpoint=) selects a LoRA adapter ({', '.join(adapters) or 'none registered'}) "
+                "— the base and the heads take part in every forward"
+            )
         return checkpoint
 
     def activate_adapter(self, name: str | None) -> None:

@@ -48,13 +48,17 @@ class StalenessPolicy:
         bound = self.max_gradient_staleness
         # bool is an int subclass; True as a bound is a bug, not "1".
         if isinstance(bound, bool) or not isinstance(bound, int):
-            raise ValueError(f"max_gradient_staleness={bound!r} must be an integer number of optimizer steps (0 = strict)")
+            raise ValueError(
+                f"max_gradient_staleness={bound!r} must be an integer number of optimizer steps (0 = strict)"
+            )
         if bound < 0:
             raise ValueError(f"max_gradient_staleness={bound} must be >= 0 (0 = strict)")
         if self.stale_mode not in ("snapshot", "importance"):
             raise ValueError(f"stale_mode={self.stale_mode!r}; choose 'snapshot' or 'importance'")
         if not 0 <= self.importance_low <= self.importance_high:
-            raise ValueError(f"importance clamp [{self.importance_low}, {self.importance_high}] must satisfy 0 <= low <= high")
+            raise ValueError(
+                f"importance clamp [{self.importance_low}, {self.importance_high}] must satisfy 0 <= low <= high"
+            )
 
     def age(self, checkpoint_name: str, recorded: Version, current: Version) -> int:
         """The graph's age in optimizer steps; raises StaleGraphError past the bound or after a replacement."""
@@ -85,7 +89,10 @@ class StalenessPolicy:
 
     def usable_after_step(self, recorded: Version, current: Version) -> bool:
         """Whether a graph recorded at `recorded` can still be differentiated once `current` steps once more."""
-        return recorded.identity == current.identity and current.revision + 1 - recorded.revision <= self.max_gradient_staleness
+        return (
+            recorded.identity == current.identity
+            and current.revision + 1 - recorded.revision <= self.max_gradient_staleness
+        )
 
     def is_stale(self, recorded: Mapping[str, Version], current: Mapping[str, Version]) -> bool:
         """True when some checkpoint the graph ran at has stepped since."""
@@ -106,7 +113,9 @@ class StalenessPolicy:
         return age > 0 and self.stale_mode == "importance"
 
 
-def importance_weights(logp_current: torch.Tensor, logp_recorded: torch.Tensor, low: float, high: float) -> torch.Tensor:
+def importance_weights(
+    logp_current: torch.Tensor, logp_recorded: torch.Tensor, low: float, high: float
+) -> torch.Tensor:
     """`clamp(exp(logp_current − logp_recorded), low, high)`, with no gradient."""
     with torch.no_grad():
         return torch.exp(logp_current.detach() - logp_recorded.detach()).clamp_(low, high)

@@ -31,8 +31,12 @@ _TERM_FIELDS = ("checkpoints", "revision", "learning_rate", "optimizer settings"
 
 def _terms(checkpoints: Sequence[Checkpoint], learning_rate: float | None) -> tuple[tuple, ...]:
     names = tuple(c.name for c in checkpoints)
-    return (names, tuple(c.revision for c in checkpoints), tuple(c.learning_rate(learning_rate) for c in checkpoints),
-            tuple(astuple(c.optimizer_config) for c in checkpoints))
+    return (
+        names,
+        tuple(c.revision for c in checkpoints),
+        tuple(c.learning_rate(learning_rate) for c in checkpoints),
+        tuple(astuple(c.optimizer_config) for c in checkpoints),
+    )
 
 
 def agree_on_step(terms: tuple[tuple, ...], has_gradient: list[bool]) -> list[bool]:
@@ -54,16 +58,19 @@ def agree_on_step(terms: tuple[tuple, ...], has_gradient: list[bool]) -> list[bo
     return [any(flags) for flags in zip(*(g[1] for g in gathered), strict=True)]
 
 
-def step_checkpoints(checkpoints: Sequence[Checkpoint], learning_rate: float | None,
-                     before_update: Callable[[Checkpoint], None],
-                     reduction: GradientReduction | None = None) -> dict[str, StepReport]:
+def step_checkpoints(
+    checkpoints: Sequence[Checkpoint],
+    learning_rate: float | None,
+    before_update: Callable[[Checkpoint], None],
+    reduction: GradientReduction | None = None,
+) -> dict[str, StepReport]:
     """Step the checkpoints together; `before_update` runs on each one just before its weights change."""
     reduction = reduction or RankSum()
     flags = reduction.local_flags(checkpoints)
     anywhere = agree_on_step(_terms(checkpoints, learning_rate), [f for per in flags for f in per])
     per_checkpoint, offset = [], 0
     for local in flags:
-        per_checkpoint.append(anywhere[offset:offset + len(local)])
+        per_checkpoint.append(anywhere[offset : offset + len(local)])
         offset += len(local)
     reduction.reduce(checkpoints, per_checkpoint)
     norms = {c.name: c.gradient_norm() for c in checkpoints}

@@ -90,8 +90,10 @@ class Trainer(CheckpointRegistry):
         # On a CPU-only machine host memory *is* device memory: offload to disk.
         self.offload_target: OffloadTarget = offload_target or ("host" if device.type == "cuda" else "disk")
         if nonfinite not in ("error", "skip"):
-            raise ValueError(f"nonfinite={nonfinite!r}; choose 'error' (refuse non-finite gradients at backward) "
-                             "or 'skip' (accept them; the step then skips the update on every rank)")
+            raise ValueError(
+                f"nonfinite={nonfinite!r}; choose 'error' (refuse non-finite gradients at backward) "
+                "or 'skip' (accept them; the step then skips the update on every rank)"
+            )
         self.nonfinite: NonFinitePolicy = nonfinite
         self.graphs = GraphTable()
         self.peak_saved_bytes = 0
@@ -130,8 +132,9 @@ class Trainer(CheckpointRegistry):
         `checkpoint` names the LoRA adapter to run with (required when several are registered).
         Under `torch.no_grad()` the outputs are plain tensors with no graph (nothing is kept).
         """
-        call = ForwardCall(input_ids, attention_mask, position_ids, targets, tuple(outputs), top_k,
-                           self.selected_adapter(checkpoint))
+        call = ForwardCall(
+            input_ids, attention_mask, position_ids, targets, tuple(outputs), top_k, self.selected_adapter(checkpoint)
+        )
         if mode is not None and mode not in BACKWARD_STATES:
             raise ValueError(f"mode={mode!r}; choose one of {tuple(BACKWARD_STATES)} or None for the planner")
         versions = self._versions_for(call.adapter)
@@ -143,13 +146,18 @@ class Trainer(CheckpointRegistry):
         offload_target = self.offload_target
         if mode is None:
             decision = self.planner.choose(
-                shape, self.resident_bytes(), input_bytes=call.nbytes, offload_target=self.offload_target,
+                shape,
+                self.resident_bytes(),
+                input_bytes=call.nbytes,
+                offload_target=self.offload_target,
                 offload_frees=self.offload_target == "disk" or call.input_ids.is_cuda,
-                stale_input_bytes=call.nbytes if self.staleness.records_stale_replays else 0)
+                stale_input_bytes=call.nbytes if self.staleness.records_stale_replays else 0,
+            )
             mode, offload_target = decision.mode, decision.offload_target or offload_target
         state, values, stale_replay = self._record(BACKWARD_STATES[mode], call, shape, offload_target)
         weights: dict[str, Mapping[str, torch.Tensor]] = (
-            {name: self.checkpoints[name].parameters() for name in versions} if self.staleness.keeps_weights() else {})
+            {name: self.checkpoints[name].parameters() for name in versions} if self.staleness.keeps_weights() else {}
+        )
         graph = Graph(self.graphs.new_id(), versions, weights, state, stale_replay)
         try:
             managed = self._managed(values, graph, versions)
@@ -175,9 +183,16 @@ class Trainer(CheckpointRegistry):
         start = None
         if self.staleness.records_stale_replays and not cls.replays:
             start = ForwardStart.capture(call.input_ids.device, self._modules(), self._all_parameters())
-        recording = ForwardRecording(call, self._run, Stopwatch(call.input_ids.device, enabled=measuring),
-                                     self._modules, self._all_parameters, self._parameter_storages, offload_target,
-                                     measuring)
+        recording = ForwardRecording(
+            call,
+            self._run,
+            Stopwatch(call.input_ids.device, enabled=measuring),
+            self._modules,
+            self._all_parameters,
+            self._parameter_storages,
+            offload_target,
+            measuring,
+        )
         state, values = cls.record(recording)
         if measuring:
             self.planner.observe(shape, state.forward_evidence(recording.watch.seconds))
@@ -235,8 +250,9 @@ class Trainer(CheckpointRegistry):
             )
         return found.managed, direct
 
-    def backward(self, loss: torch.Tensor, gradient: torch.Tensor | None = None, *,
-                 retain_graph: bool = False) -> BackwardReport:
+    def backward(
+        self, loss: torch.Tensor, gradient: torch.Tensor | None = None, *, retain_graph: bool = False
+    ) -> BackwardReport:
         """Push the loss's cotangents through every forward it depends on, as one transaction.
 
         As `loss.backward(gradient, retain_graph)`: `gradient` is required for a
@@ -273,7 +289,7 @@ class Trainer(CheckpointRegistry):
                 used.setdefault(graph_id, {})[name] = leaf
         foreign = [c for c in cotangents if c is not None] + ([gradient] if gradient is not None else [])
         staged = StagedGradients(self.checkpoints, foreign)
-        for (checkpoint, param, _), grad in zip(direct, cotangents[len(managed):]):
+        for (checkpoint, param, _), grad in zip(direct, cotangents[len(managed) :]):
             if grad is not None:
                 staged.add(checkpoint, param, grad)
         graphs = [self._backwardable(graph_id) for graph_id in by_graph]
@@ -281,13 +297,16 @@ class Trainer(CheckpointRegistry):
         # retry is possible: retain_graph, a later graph of this backward that may
         # fail, or another rank that may. A lone graph on one rank frees them as
         # plain autograd does (a lower peak).
-        keep_graph = retain_graph or len(graphs) > 1 or (self.world_size > 1 and self.gradient_reduction.backward_is_collective)
+        keep_graph = (
+            retain_graph or len(graphs) > 1 or (self.world_size > 1 and self.gradient_reduction.backward_is_collective)
+        )
         ages: dict[int, dict[str, int]] = {}
         for graph in graphs:
             ages[graph.graph_id] = self.staleness.ages(graph.versions, self._current_versions())
             entered.append(graph)
-            grads = self._differentiate(graph, by_graph[graph.graph_id], used[graph.graph_id], ages[graph.graph_id],
-                                        keep_graph)
+            grads = self._differentiate(
+                graph, by_graph[graph.graph_id], used[graph.graph_id], ages[graph.graph_id], keep_graph
+            )
             for (checkpoint, param), grad in grads.items():
                 staged.add(checkpoint, param, grad)
         return graphs, staged, ages
@@ -296,8 +315,11 @@ class Trainer(CheckpointRegistry):
         graph = self.graphs.get(graph_id)
         if graph is None or graph.status == "consumed":
             raise GraphConsumedError(
-                f"graph {graph_id} " + ((graph.consumed_because if graph is not None else "")
-                                        or "was already used by a backward; pass retain_graph=True to backward it again")
+                f"graph {graph_id} "
+                + (
+                    (graph.consumed_because if graph is not None else "")
+                    or "was already used by a backward; pass retain_graph=True to backward it again"
+                )
             )
         if graph.status == "expired":
             self.staleness.ages(graph.versions, self._current_versions())  # raises, naming checkpoint and age
@@ -314,11 +336,20 @@ class Trainer(CheckpointRegistry):
             if error is None and not retain_graph:
                 graph.release("consumed")
             elif error is not None and graph.state.freed_by_backward:
-                graph.release("consumed", f"cannot be differentiated again: its backward failed ({type(error).__name__}: "
-                                          f"{error}) after autograd had freed part of it; run the forward again")
+                graph.release(
+                    "consumed",
+                    f"cannot be differentiated again: its backward failed ({type(error).__name__}: "
+                    f"{error}) after autograd had freed part of it; run the forward again",
+                )
 
-    def _differentiate(self, graph: Graph, cotangents: dict[str, torch.Tensor], used: dict[str, torch.Tensor],
-                       ages: dict[str, int], keep_graph: bool) -> dict[tuple[str, str], torch.Tensor]:
+    def _differentiate(
+        self,
+        graph: Graph,
+        cotangents: dict[str, torch.Tensor],
+        used: dict[str, torch.Tensor],
+        ages: dict[str, int],
+        keep_graph: bool,
+    ) -> dict[tuple[str, str], torch.Tensor]:
         """One graph's gradients, per (checkpoint, parameter), at the weights the staleness policy says.
 
         `used`: the graph's managed outputs the loss depends on — a replay at the forward's weights must give
@@ -330,24 +361,31 @@ class Trainer(CheckpointRegistry):
         assert not at_current or state.replays, f"graph {graph.graph_id} is stale, not replayed"
         weights: dict[str, Mapping[str, torch.Tensor]] = {
             name: (graph.weights[name] if name in graph.weights and name not in at_current else c.parameters())
-            for name, c in self.checkpoints.items() if name in graph.versions
+            for name, c in self.checkpoints.items()
+            if name in graph.versions
         }
         keys = [(c, p) for c, tensors in weights.items() for p, t in tensors.items() if t.requires_grad]
         inputs = [weights[c][p] for c, p in keys]
         # Parameters whose in-place changes since the forward do not matter to a replay: read at their
         # current values on purpose, or not read at all (another adapter than the graph's).
         unchecked = at_current | {name for name in self.checkpoints if name not in graph.versions}
-        rerun = Rerun(lambda call, topk_ids: self._rerun(call, topk_ids, weights),
-                      frozenset(id(p) for name in unchecked for p in self.checkpoints[name].parameters().values()),
-                      expected=None if at_current else used)
+        rerun = Rerun(
+            lambda call, topk_ids: self._rerun(call, topk_ids, weights),
+            frozenset(id(p) for name in unchecked for p in self.checkpoints[name].parameters().values()),
+            expected=None if at_current else used,
+        )
 
         def cotangents_for(outputs):
             if not at_current:
                 return cotangents
             low, high = self.staleness.importance_low, self.staleness.importance_high
             recorded = cast("ReplayingState", state).recorded_outputs  # a replay, as asserted above
-            return {name: cotangent * importance_weights(outputs[name], recorded[name], low, high)
-                    if name in IMPORTANCE_WEIGHTED else cotangent for name, cotangent in cotangents.items()}
+            return {
+                name: cotangent * importance_weights(outputs[name], recorded[name], low, high)
+                if name in IMPORTANCE_WEIGHTED
+                else cotangent
+                for name, cotangent in cotangents.items()
+            }
 
         try:
             grads = state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)
@@ -357,8 +395,9 @@ class Trainer(CheckpointRegistry):
             self.planner.observe(None, state.backward_evidence())
         return {key: g for key, g in zip(keys, grads) if g is not None}
 
-    def _rerun(self, call: ForwardCall, topk_ids: torch.Tensor | None,
-               weights: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    def _rerun(
+        self, call: ForwardCall, topk_ids: torch.Tensor | None, weights: Mapping[str, Mapping[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
         """Run the forward again with each checkpoint at `weights` (the live ones unless a snapshot is due).
 
         While the planner measures, a replay is a forward with grad like any
@@ -376,18 +415,24 @@ class Trainer(CheckpointRegistry):
         finally:
             self._active_adapter = active
         weight_storages = {t.untyped_storage().data_ptr() for tensors in weights.values() for t in tensors.values()}
-        self.planner.observe(_graph_shape(call), Evidence(
-            forward_s=watch.seconds,
-            saved_bytes=saved_tensor_bytes(outputs, self._parameter_storages() | weight_storages)))
+        self.planner.observe(
+            _graph_shape(call),
+            Evidence(
+                forward_s=watch.seconds,
+                saved_bytes=saved_tensor_bytes(outputs, self._parameter_storages() | weight_storages),
+            ),
+        )
         return outputs
 
     # -- optimizer step ----------------------------------------------------------
 
     def _hand_over_weights(self, checkpoint: Checkpoint) -> None:
         """Before the checkpoint's weights change: live graphs that may still be differentiated keep the old ones."""
-        if any(graph.holds_weights_of(checkpoint.name, checkpoint.version)
-               and self.staleness.usable_after_step(graph.versions[checkpoint.name], checkpoint.version)
-               for graph in self.graphs.live()):
+        if any(
+            graph.holds_weights_of(checkpoint.name, checkpoint.version)
+            and self.staleness.usable_after_step(graph.versions[checkpoint.name], checkpoint.version)
+            for graph in self.graphs.live()
+        ):
             checkpoint.detach_revision()
 
     def _expire_graphs(self) -> None:
@@ -412,8 +457,12 @@ class Trainer(CheckpointRegistry):
         if unknown:
             raise ValueError(f"unknown checkpoint(s) {unknown}; registered: {sorted(self.checkpoints)}")
         self._expire_graphs()
-        reports = step_checkpoints([self.checkpoints[name] for name in selected], learning_rate, self._hand_over_weights,
-                                   self.gradient_reduction)
+        reports = step_checkpoints(
+            [self.checkpoints[name] for name in selected],
+            learning_rate,
+            self._hand_over_weights,
+            self.gradient_reduction,
+        )
         self._expire_graphs()
         self.peak_saved_bytes = max(self.peak_saved_bytes, self.resident_bytes())  # snapshots handed over
         return reports
@@ -428,9 +477,11 @@ class Trainer(CheckpointRegistry):
         return dist.get_world_size() if dist.is_initialized() else 1
 
 
-
 def _graph_shape(call: ForwardCall) -> GraphShape:
     """What the planner's estimate is a function of: the padded input shape and what is computed."""
     seq_len = call.input_ids.shape[-1]
-    return GraphShape(call.input_ids.numel() // max(seq_len, 1), seq_len,
-                      f"{','.join(call.outputs)}|k={call.top_k}|adapter={call.adapter}")
+    return GraphShape(
+        call.input_ids.numel() // max(seq_len, 1),
+        seq_len,
+        f"{','.join(call.outputs)}|k={call.top_k}|adapter={call.adapter}",
+    )

@@ -35,8 +35,11 @@ class GradientTransactionError(RuntimeError):
 
 
 def _owns_its_storage(tensor: torch.Tensor) -> bool:
-    return (tensor.is_contiguous() and tensor.storage_offset() == 0
-            and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size())
+    return (
+        tensor.is_contiguous()
+        and tensor.storage_offset() == 0
+        and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    )
 
 
 def new_accumulator(existing: torch.Tensor | None, staged: torch.Tensor, adopt: bool) -> torch.Tensor:
@@ -114,7 +117,12 @@ class StagedGradients:
             storages[storage] = storages.get(storage, 0) + 1
         for key, grad in self._grads.items():
             storage = grad.untyped_storage().data_ptr()
-            if key not in self._summed and storages[storage] == 1 and storage not in self._foreign and _owns_its_storage(grad):
+            if (
+                key not in self._summed
+                and storages[storage] == 1
+                and storage not in self._foreign
+                and _owns_its_storage(grad)
+            ):
                 adoptable.add(key)
         return adoptable
 

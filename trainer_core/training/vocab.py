@@ -67,8 +67,10 @@ def vocab_parameter_names(model: nn.Module) -> list[str]:
 
 def cut_to_true_vocab(state_dict: dict[str, torch.Tensor], names: set[str], true_size: int) -> dict[str, torch.Tensor]:
     """`state_dict` with the per-token tensors among `names` cut to the true vocabulary."""
-    return {name: tensor[:true_size] if name in names and tensor.shape[0] > true_size else tensor
-            for name, tensor in state_dict.items()}
+    return {
+        name: tensor[:true_size] if name in names and tensor.shape[0] > true_size else tensor
+        for name, tensor in state_dict.items()
+    }
 
 
 @contextlib.contextmanager

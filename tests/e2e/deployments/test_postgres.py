@@ -30,8 +30,13 @@ def _execute(cluster: PostgresCluster, *statements: str):
     import asyncpg
 
     async def run():
-        connection = await asyncpg.connect(host=cluster.host, port=cluster.port, user=cluster.user,
-                                           password=cluster.password, database=cluster.database)
+        connection = await asyncpg.connect(
+            host=cluster.host,
+            port=cluster.port,
+            user=cluster.user,
+            password=cluster.password,
+            database=cluster.database,
+        )
         try:
             return [await connection.fetch(statement) for statement in statements]
         finally:
@@ -58,8 +63,15 @@ def test_a_wrong_password_is_refused(cluster_dir):
 
     with start_postgres(cluster_dir) as cluster:
         with pytest.raises(asyncpg.InvalidPasswordError):
-            asyncio.run(asyncpg.connect(host=cluster.host, port=cluster.port, user=cluster.user,
-                                        password="not-the-password", database=cluster.database))
+            asyncio.run(
+                asyncpg.connect(
+                    host=cluster.host,
+                    port=cluster.port,
+                    user=cluster.user,
+                    password="not-the-password",
+                    database=cluster.database,
+                )
+            )
 
 
 def test_a_directory_with_a_foreign_cluster_is_refused(cluster_dir):

@@ -50,8 +50,9 @@ class RunningServer:
 
 def _client_env(api_url: str, home: Path) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if name not in CONFLICTING_AWS_ENV_VARS}
-    env.update(PREFECT_API_URL=api_url, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               DO_NOT_TRACK="1")
+    env.update(
+        PREFECT_API_URL=api_url, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1"
+    )
     return env
 
 
@@ -93,9 +94,15 @@ def prefect_server(postgres_cluster, tmp_path_factory) -> Iterator[RunningServer
     env["PREFECT_API_DATABASE_CONNECTION_URL"] = postgres_cluster.url(driver="postgresql")  # the command adds asyncpg
     output = log_dir / "stdout.txt"
     with output.open("wb") as sink:
-        process = subprocess.Popen([RANKFLOW, "server", "--port", str(port), "--log", str(log_dir / "server.log")],
-                                   stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env,
-                                   cwd=log_dir, start_new_session=True)
+        process = subprocess.Popen(
+            [RANKFLOW, "server", "--port", str(port), "--log", str(log_dir / "server.log")],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=log_dir,
+            start_new_session=True,
+        )
     try:
         _wait_for_output(output, "Stop with Ctrl-C", process, _SERVER_START_TIMEOUT_S)
         api_url = f"http://127.0.0.1:{port}/api"
@@ -113,8 +120,15 @@ def running_worker(pool: str, env: dict[str, str], cwd: Path) -> Iterator[Path]:
     cwd.mkdir(parents=True, exist_ok=True)
     log = cwd.parent / f"worker-{pool}.log"
     with log.open("wb") as sink:
-        process = subprocess.Popen([PREFECT, "worker", "start", "--pool", pool], stdin=subprocess.DEVNULL,
-                                   stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+        process = subprocess.Popen(
+            [PREFECT, "worker", "start", "--pool", pool],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
     try:
         _wait_for_output(log, "started!", process, 120)
         yield log
@@ -125,8 +139,12 @@ def running_worker(pool: str, env: dict[str, str], cwd: Path) -> Iterator[Path]:
 def _write_config(tmp_path: Path, **sections) -> Path:
     tree = tiny_tree(tmp_path, **sections)
     path = tmp_path / "run.toml"
-    path.write_text("\n".join(f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
-                              for section, values in tree.items()))
+    path.write_text(
+        "\n".join(
+            f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
+            for section, values in tree.items()
+        )
+    )
     return path
 
 
@@ -154,11 +172,13 @@ def _first_step_latency(client, flow_run) -> dict:
     step_logs = [log.timestamp for log in logs if _FIRST_STEP.search(log.message)]
     assert step_logs, "the trainer's step lines did not reach the run's logs"
     created = flow_run.created
-    return {"created_to_pending_s": (first["PENDING"] - created).total_seconds(),
-            "pending_to_running_s": (first["RUNNING"] - first["PENDING"]).total_seconds(),
-            "running_to_first_step_s": (step_logs[0] - first["RUNNING"]).total_seconds(),
-            "created_to_first_step_s": (step_logs[0] - created).total_seconds(),
-            "created_to_completed_s": (first["COMPLETED"] - created).total_seconds()}
+    return {
+        "created_to_pending_s": (first["PENDING"] - created).total_seconds(),
+        "pending_to_running_s": (first["RUNNING"] - first["PENDING"]).total_seconds(),
+        "running_to_first_step_s": (step_logs[0] - first["RUNNING"]).total_seconds(),
+        "created_to_first_step_s": (step_logs[0] - created).total_seconds(),
+        "created_to_completed_s": (first["COMPLETED"] - created).total_seconds(),
+    }
 
 
 def _state_in_postgres(cluster, flow_run_id) -> str:
@@ -167,8 +187,13 @@ def _state_in_postgres(cluster, flow_run_id) -> str:
     import asyncpg
 
     async def query() -> str:
-        connection = await asyncpg.connect(host=cluster.host, port=cluster.port, user=cluster.user,
-                                           password=cluster.password, database=cluster.database)
+        connection = await asyncpg.connect(
+            host=cluster.host,
+            port=cluster.port,
+            user=cluster.user,
+            password=cluster.password,
+            database=cluster.database,
+        )
         try:
             return await connection.fetchval("SELECT state_type FROM flow_run WHERE id = $1", flow_run_id)
         finally:
@@ -178,8 +203,9 @@ def _state_in_postgres(cluster, flow_run_id) -> str:
 
 
 @pytest.mark.s3
-def test_deployed_tiny_job_runs_on_a_worker_and_commits_to_s3(prefect_server, postgres_cluster, s3_env, s3_bucket_url,
-                                                               tmp_path, record_property):
+def test_deployed_tiny_job_runs_on_a_worker_and_commits_to_s3(
+    prefect_server, postgres_cluster, s3_env, s3_bucket_url, tmp_path, record_property
+):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
     from prefect.client.schemas.objects import ConcurrencyLimitStrategy
@@ -189,9 +215,14 @@ def test_deployed_tiny_job_runs_on_a_worker_and_commits_to_s3(prefect_server, po
     config_file = _write_config(tmp_path, storage={"url": s3_bucket_url}, run={"work_dir": str(work_dir)})
     deployer_dir = tmp_path / "deployer"
     deployer_dir.mkdir()
-    deployed_cli = subprocess.run([RANKFLOW, "deploy", str(config_file), "--pool", "tiny-pool", "--name", "tiny"],
-                                  env=_client_env(prefect_server.api_url, tmp_path / "deployer-home"), cwd=deployer_dir,
-                                  capture_output=True, text=True, timeout=180)
+    deployed_cli = subprocess.run(
+        [RANKFLOW, "deploy", str(config_file), "--pool", "tiny-pool", "--name", "tiny"],
+        env=_client_env(prefect_server.api_url, tmp_path / "deployer-home"),
+        cwd=deployer_dir,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert deployed_cli.returncode == 0, deployed_cli.stderr[-3000:]
     deployed = json.loads(deployed_cli.stdout.strip().splitlines()[-1])
     assert deployed["worker_command"] == "prefect worker start --pool tiny-pool"
@@ -216,7 +247,8 @@ def test_deployed_tiny_job_runs_on_a_worker_and_commits_to_s3(prefect_server, po
         assert states == ["CANCELLED", "COMPLETED"], worker_log.read_text()[-5000:]
         (completed,) = [run for run in runs.values() if run.state.is_completed()]
         artifacts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[completed.id])))
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[completed.id]))
+        )
         latency = _first_step_latency(client, completed)
 
     keys = sorted(artifact.key for artifact in artifacts)
@@ -252,8 +284,13 @@ def test_redeploy_updates_the_deployment_in_place(prefect_server, tmp_path):
     with temporary_settings(updates={PREFECT_API_URL: prefect_server.api_url}), get_client(sync_client=True) as client:
         first = deploy_training(config, pool="redeploy-pool", name="nightly", cron="0 3 * * *")
         config.train.steps = 9
-        second = deploy_training(config, pool="redeploy-pool", name="nightly", cron="30 4 * * *",
-                                 job_variables={"working_dir": str(tmp_path)})
+        second = deploy_training(
+            config,
+            pool="redeploy-pool",
+            name="nightly",
+            cron="30 4 * * *",
+            job_variables={"working_dir": str(tmp_path)},
+        )
         deployment = client.read_deployment(second.deployment_id)
     assert second.deployment_id == first.deployment_id
     assert [schedule.schedule.cron for schedule in deployment.schedules] == ["30 4 * * *"]
@@ -274,13 +311,23 @@ def test_rankflow_server_with_its_own_cluster_stops_everything_on_ctrl_c(postgre
         pg_dir, logs = base / "pg", tmp_path_factory.mktemp("own-cluster")
         port = pick_free_port()
         env = _client_env("unused", logs / "home")
-        for name in ("PREFECT_API_URL", "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
+        for name in (
+            "PREFECT_API_URL",
+            "PREFECT_API_DATABASE_CONNECTION_URL",
+            "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+        ):
             env.pop(name, None)
         output = logs / "stdout.txt"
         with output.open("wb") as sink:
-            process = subprocess.Popen([RANKFLOW, "server", "--port", str(port), "--pg-dir", str(pg_dir),
-                                        "--log", str(logs / "server.log")], stdin=subprocess.DEVNULL, stdout=sink,
-                                       stderr=subprocess.STDOUT, env=env, cwd=logs, start_new_session=True)
+            process = subprocess.Popen(
+                [RANKFLOW, "server", "--port", str(port), "--pg-dir", str(pg_dir), "--log", str(logs / "server.log")],
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=logs,
+                start_new_session=True,
+            )
         try:
             _wait_for_output(output, "Stop with Ctrl-C", process, _SERVER_START_TIMEOUT_S)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=10) as response:

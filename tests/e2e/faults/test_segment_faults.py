@@ -41,8 +41,13 @@ def launch_processes(run_dir: Path) -> list[int]:
 @pytest.fixture
 def planned(tmp_path):
     # Three steps in one segment; a short watchdog so a stopped rank fails fast.
-    config = config_from_dict(tiny_tree(tmp_path, train={"steps": 3, "steps_per_segment": 3, "stall_timeout_s": STALL_TIMEOUT_S,
-                                                         "collective_timeout_s": 120}), config_dir=tmp_path)
+    config = config_from_dict(
+        tiny_tree(
+            tmp_path,
+            train={"steps": 3, "steps_per_segment": 3, "stall_timeout_s": STALL_TIMEOUT_S, "collective_timeout_s": 120},
+        ),
+        config_dir=tmp_path,
+    )
     return plan_run_fn(config)
 
 
@@ -63,11 +68,16 @@ def fail_segment(planned, monkeypatch, tmp_path, kind: str, step: int = 1, rank:
     return raised.value.failure, time_to_fail_s
 
 
-@pytest.mark.parametrize("kind, cause, retriable", [
-    ("kill", FailureClass.RANK_DIED, True),
-    ("stop", FailureClass.RANK_STALLED, True),
-])
-def test_a_dead_or_stopped_rank_fails_the_segment_within_60_s_and_the_retry_finishes(planned, monkeypatch, tmp_path, kind, cause, retriable):
+@pytest.mark.parametrize(
+    "kind, cause, retriable",
+    [
+        ("kill", FailureClass.RANK_DIED, True),
+        ("stop", FailureClass.RANK_STALLED, True),
+    ],
+)
+def test_a_dead_or_stopped_rank_fails_the_segment_within_60_s_and_the_retry_finishes(
+    planned, monkeypatch, tmp_path, kind, cause, retriable
+):
     failure, time_to_fail_s = fail_segment(planned, monkeypatch, tmp_path, kind)
     print(f"time to fail, {kind} rank: {time_to_fail_s:.1f} s")
     assert failure.cause is cause and failure.retriable is retriable
@@ -77,11 +87,14 @@ def test_a_dead_or_stopped_rank_fails_the_segment_within_60_s_and_the_retry_fini
     assert len(retried.losses) == 3 and not retried.reused
 
 
-@pytest.mark.parametrize("kind, cause", [
-    ("code", FailureClass.CODE_ERROR),
-    ("data", FailureClass.BAD_INPUT),
-    ("term", FailureClass.PREEMPTED),
-])
+@pytest.mark.parametrize(
+    "kind, cause",
+    [
+        ("code", FailureClass.CODE_ERROR),
+        ("data", FailureClass.BAD_INPUT),
+        ("term", FailureClass.PREEMPTED),
+    ],
+)
 def test_each_failure_class_is_named_with_its_rank(planned, monkeypatch, tmp_path, kind, cause):
     failure, _ = fail_segment(planned, monkeypatch, tmp_path, kind, step=0)
     assert failure.cause is cause and failure.rank == 1
@@ -104,8 +117,9 @@ def test_a_hung_rank_times_out_its_peers_collective(planned, monkeypatch, tmp_pa
 def test_the_export_launch_has_its_own_timeout(tmp_path):
     from tasks.export import export_segment_fn
 
-    config = config_from_dict(tiny_tree(tmp_path, export={"timeout_s": 1.5}, train={"nproc_per_node": 1}),
-                              config_dir=tmp_path)
+    config = config_from_dict(
+        tiny_tree(tmp_path, export={"timeout_s": 1.5}, train={"nproc_per_node": 1}), config_dir=tmp_path
+    )
     planned = plan_run_fn(config)
     assert planned.export.timeout_s == 1.5 and planned.train.segment_timeout_s == 300
     train_segment_fn(planned, 0, on_line=lambda _: None)  # the export fetches a state that must be in the store

@@ -14,7 +14,9 @@ from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFi
 def flow_runs_named(name: str) -> list:
     """Flow runs with this name, newest first."""
     with get_client(sync_client=True) as client:
-        return client.read_flow_runs(flow_run_filter=FlowRunFilter(name={"any_": [name]}), sort=FlowRunSort.START_TIME_DESC)
+        return client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name={"any_": [name]}), sort=FlowRunSort.START_TIME_DESC
+        )
 
 
 def task_runs_of(flow_run_id) -> list:
@@ -41,8 +43,13 @@ def run_events(run_id: str, expected: dict[str, int], timeout_s: float = 30.0) -
     deadline = time.monotonic() + timeout_s
     while True:
         with get_client(sync_client=True) as client:
-            page = client.read_events(EventFilter(event=EventNameFilter(prefix=["rankflow."]),
-                                                  resource=EventResourceFilter(id=[f"rankflow.run.{run_id}"])), limit=50)
+            page = client.read_events(
+                EventFilter(
+                    event=EventNameFilter(prefix=["rankflow."]),
+                    resource=EventResourceFilter(id=[f"rankflow.run.{run_id}"]),
+                ),
+                limit=50,
+            )
         counts = {name: sum(1 for e in page.events if e.event == name) for name in expected}
         if all(counts[name] >= n for name, n in expected.items()) or time.monotonic() > deadline:
             return page.events

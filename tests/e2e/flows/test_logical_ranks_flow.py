@@ -26,13 +26,30 @@ def test_the_main_job_commits_the_same_weights_at_one_two_and_four_processes(pre
     runs = {}
     for world_size in (1, 2, 4):
         base = tmp_path / f"w{world_size}"  # a store and work dir each: the run id is the same at every W
-        code = main(["run", str(EXAMPLES / "tiny_sft.toml"), "--set", "train.logical_dp=4",
-                     "--set", f"train.nproc_per_node={world_size}", "--set", "train.steps=4",
-                     "--set", "train.steps_per_segment=2", "--set", f"run.work_dir={base / 'work'}",
-                     "--set", f"storage.url={base / 'store'}"])
+        code = main(
+            [
+                "run",
+                str(EXAMPLES / "tiny_sft.toml"),
+                "--set",
+                "train.logical_dp=4",
+                "--set",
+                f"train.nproc_per_node={world_size}",
+                "--set",
+                "train.steps=4",
+                "--set",
+                "train.steps_per_segment=2",
+                "--set",
+                f"run.work_dir={base / 'work'}",
+                "--set",
+                f"storage.url={base / 'store'}",
+            ]
+        )
         summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert code == 0 and summary["status"] == "completed", summary
-        runs[world_size] = (summary["run_id"], summary["losses"],
-                            committed_weights_sha256(str(base / "store"), summary["run_id"], base / "download"))
+        runs[world_size] = (
+            summary["run_id"],
+            summary["losses"],
+            committed_weights_sha256(str(base / "store"), summary["run_id"], base / "download"),
+        )
     assert len(runs[1][1]) == 4
     assert runs[2] == runs[1] and runs[4] == runs[1], runs

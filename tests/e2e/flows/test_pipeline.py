@@ -75,12 +75,19 @@ def test_local_run_commits_a_checkpoint_that_transformers_loads(local_run):
     assert result["status"] == "completed" and result["steps"] == 6 and len(result["losses"]) == 6
     assert result["losses"][-1] < result["losses"][0] - 0.5
     checkpoint = fetch_checkpoint(config, result, tmp_path / "download")
-    assert {"config.json", "model.safetensors", "tokenizer.json", "MANIFEST.json"} <= {p.name for p in checkpoint.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "MANIFEST.json"} <= {
+        p.name for p in checkpoint.iterdir()
+    }
     assert_logits_match_trainer(config, result, checkpoint)
     run_dir = Path(config.run.work_dir) / result["run_id"]
     stages = {(e["stage"], e["status"]) for e in ledger.read(run_dir)}
-    assert {("plan", "completed"), ("segment", "completed"), ("export", "completed"),
-            ("commit", "completed"), ("cleanup", "completed")} <= stages
+    assert {
+        ("plan", "completed"),
+        ("segment", "completed"),
+        ("export", "completed"),
+        ("commit", "completed"),
+        ("cleanup", "completed"),
+    } <= stages
     # Cleanup removed the staging; only the publication's journal stays, recording its outcome in this store.
     assert sorted(p.name for p in (run_dir / "export").iterdir()) == ["journals"]
     journal = journal_path_for(run_dir / "export" / f"step-{result['steps']:08d}", open_store(config.storage.url))
@@ -102,7 +109,9 @@ def test_the_flow_run_shows_names_progress_metrics_checkpoint_and_events(local_r
     assert progress.type == "progress" and float(progress.data) == 100.0
     rows = table_rows(artifacts[f"{run_id}-metrics"][0])
     assert [r["step"] for r in rows] == [5, 4, 3]  # the segment's steps, newest first, written while it ran
-    assert rows[0]["loss"] == round(result["losses"][5], 4) and {"grad_norm", "learning_rate", "tokens_per_s"} <= set(rows[0])
+    assert rows[0]["loss"] == round(result["losses"][5], 4) and {"grad_norm", "learning_rate", "tokens_per_s"} <= set(
+        rows[0]
+    )
     summary = artifacts[f"{run_id}-checkpoint"][0].data
     store_dir = Path(config.storage.url) / run_id
     assert result["checkpoint_url"] in summary and str(store_dir / "ledger.jsonl") in summary
@@ -177,10 +186,12 @@ def test_bad_data_exits_2_and_writes_nothing(prefect_harness, tmp_path, capsys):
     data.write_text(good + "\n" + json.dumps({"messages": [{"role": "wizard", "content": "x"}]}) + "\n")
     tree = tiny_tree(tmp_path, data={"path": str(data)})
     config_file = tmp_path / "run.toml"
-    config_file.write_text("\n".join(
-        f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
-        for section, values in tree.items()
-    ))
+    config_file.write_text(
+        "\n".join(
+            f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
+            for section, values in tree.items()
+        )
+    )
     assert main(["run", str(config_file)]) == 2
     assert f"{data}:2: field messages.0.role" in capsys.readouterr().err
     assert not (tmp_path / "work").exists() and not (tmp_path / "store").exists()
@@ -202,14 +213,18 @@ def test_failed_export_is_retried_without_retraining(prefect_harness, tmp_path, 
 
 def write_toml(tmp_path: Path, tree: dict) -> Path:
     config_file = tmp_path / "run.toml"
-    config_file.write_text("\n".join(
-        f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
-        for section, values in tree.items()
-    ))
+    config_file.write_text(
+        "\n".join(
+            f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
+            for section, values in tree.items()
+        )
+    )
     return config_file
 
 
-def test_a_code_error_is_not_retried_and_the_summary_keeps_the_run(prefect_harness, local_run, tmp_path, monkeypatch, capsys):
+def test_a_code_error_is_not_retried_and_the_summary_keeps_the_run(
+    prefect_harness, local_run, tmp_path, monkeypatch, capsys
+):
     _, _, local_result = local_run
     marker = tmp_path / "fault-happened"
     monkeypatch.setenv(FAULT_ENV, f"4:1:{marker}")
@@ -242,7 +257,9 @@ def test_an_unreachable_store_stops_the_run_before_anything_is_written(prefect_h
 
 
 @pytest.mark.s3
-def test_a_refused_store_setting_is_bad_input_exit_2(prefect_harness, s3_env, s3_bucket_url, tmp_path, monkeypatch, capsys):
+def test_a_refused_store_setting_is_bad_input_exit_2(
+    prefect_harness, s3_env, s3_bucket_url, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-never-shown")
     config_file = write_toml(tmp_path, tiny_tree(tmp_path, storage={"url": s3_bucket_url}))
     assert main(["run", str(config_file)]) == 2
@@ -252,8 +269,9 @@ def test_a_refused_store_setting_is_bad_input_exit_2(prefect_harness, s3_env, s3
     assert not (tmp_path / "work" / "test-").exists() and not list((tmp_path / "work").glob("test-*"))
 
 
-def test_a_work_dir_deleted_mid_run_and_a_fresh_worker_resume_from_the_store(prefect_harness, local_run, tmp_path,
-                                                                            monkeypatch):
+def test_a_work_dir_deleted_mid_run_and_a_fresh_worker_resume_from_the_store(
+    prefect_harness, local_run, tmp_path, monkeypatch
+):
     import tasks.segment
 
     _, local_config, local_result = local_run
@@ -277,7 +295,10 @@ def test_a_work_dir_deleted_mid_run_and_a_fresh_worker_resume_from_the_store(pre
     assert again["launch_wall_s"] == 0 and again["export_wall_s"] == 0 and again["segments_reused"] == 2
     assert again["checkpoint_url"] == result["checkpoint_url"]
     stored_ledger = Path(config.storage.url) / result["run_id"] / ledger.LEDGER_FILE
-    segment_entries = [(e["status"], e.get("segment")) for e in map(json.loads, stored_ledger.read_text().splitlines())
-                       if e["stage"] == "segment"]
+    segment_entries = [
+        (e["status"], e.get("segment"))
+        for e in map(json.loads, stored_ledger.read_text().splitlines())
+        if e["stage"] == "segment"
+    ]
     assert ("completed", 1) in segment_entries  # the first worker's history is kept beside the fresh worker's
     assert [entry for entry in segment_entries if entry[0] == "reused"] == [("reused", 0), ("reused", 1)]

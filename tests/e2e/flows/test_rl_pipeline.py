@@ -36,7 +36,9 @@ def test_packed_rl_run_commits_and_counts_stale_trajectories(prefect_harness, tm
     segments = [e for e in ledger.read(run_dir) if e["stage"] == "segment" and e["status"] == "completed"]
     assert sum(e["num_stale_trajectories"] for e in segments) > 0
     # The live records carry the RL figures of every step, summed over ranks like the segment's totals.
-    steps = [r for i in range(2) for r in ProgressReader(progress_path(run_dir, i)).new_records() if r["event"] == "step"]
+    steps = [
+        r for i in range(2) for r in ProgressReader(progress_path(run_dir, i)).new_records() if r["event"] == "step"
+    ]
     assert [r["step"] for r in steps] == list(range(6))
     assert sum(r["stale_trajectories_dropped"] for r in steps) == sum(e["num_stale_trajectories"] for e in segments)
     kept = [r for r in steps if r["clip_fraction"] is not None]  # a step whose data were all stale keeps none

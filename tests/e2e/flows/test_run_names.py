@@ -34,9 +34,14 @@ class _Records(logging.Handler):
 @pytest.fixture(scope="module")
 def named_run(prefect_harness, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("names")
-    config = config_from_dict(tiny_tree(tmp_path, run={"name": "names"},
-                                        train={"steps": 2, "steps_per_segment": 2, "nproc_per_node": 1, "logical_dp": 1}),
-                              config_dir=tmp_path)
+    config = config_from_dict(
+        tiny_tree(
+            tmp_path,
+            run={"name": "names"},
+            train={"steps": 2, "steps_per_segment": 2, "nproc_per_node": 1, "logical_dp": 1},
+        ),
+        config_dir=tmp_path,
+    )
     handler = _Records()
     loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
     for logger in loggers:
@@ -54,8 +59,16 @@ def test_every_task_run_is_named_for_its_stage_and_subject_without_a_random_suff
     result, _ = named_run
     run_id = result["run_id"]
     names = {t.name for t in task_runs_of(flow_runs_named(run_id)[0].id)}
-    assert {"storage-check", "plan-names", f"plan-write-{run_id}", "segment-0 steps 0-1", "export-segment-0",
-            "commit-step-2", "cleanup-step-2", f"report-{run_id}"} <= names, names
+    assert {
+        "storage-check",
+        "plan-names",
+        f"plan-write-{run_id}",
+        "segment-0 steps 0-1",
+        "export-segment-0",
+        "commit-step-2",
+        "cleanup-step-2",
+        f"report-{run_id}",
+    } <= names, names
     assert not [name for name in names if _RANDOM_SUFFIX.search(name)], names
 
 

@@ -106,6 +106,7 @@ def commit_failures(tmp_path: Path, run_id: str) -> list[dict]:
 
 # -- a second store, the same work dir ---------------------------------------------------
 
+
 def test_another_local_store_with_the_same_work_dir_gets_the_same_checkpoint_without_training(trained, tmp_path):
     clone(trained, tmp_path)
     other = str(tmp_path / "store-b")
@@ -137,6 +138,7 @@ def test_moving_from_a_local_store_to_s3_with_the_same_work_dir(trained, s3_env,
 
 # -- a damaged committed checkpoint --------------------------------------------------------
 
+
 def test_a_damaged_local_checkpoint_is_exported_and_committed_again(trained, tmp_path):
     clone(trained, tmp_path)
     url, run_id = str(tmp_path / "store"), trained[1]["run_id"]
@@ -156,8 +158,9 @@ def test_a_damaged_local_checkpoint_is_exported_and_committed_again(trained, tmp
 
 
 @pytest.mark.s3
-def test_a_damaged_s3_checkpoint_with_its_metadata_kept_is_exported_and_committed_again(trained, s3_env,
-                                                                                         s3_bucket_url, tmp_path):
+def test_a_damaged_s3_checkpoint_with_its_metadata_kept_is_exported_and_committed_again(
+    trained, s3_env, s3_bucket_url, tmp_path
+):
     clone(trained, tmp_path, store=False)
     run_id = trained[1]["run_id"]
     train_flow(config_for(tmp_path, s3_bucket_url))  # the run, published to S3
@@ -179,8 +182,8 @@ def test_a_damaged_s3_checkpoint_with_its_metadata_kept_is_exported_and_committe
 
 # -- a commit error a retry cannot change ---------------------------------------------------
 
-def test_a_commit_error_a_retry_cannot_change_is_not_retried_and_names_the_commit_stage(trained, tmp_path,
-                                                                                     monkeypatch):
+
+def test_a_commit_error_a_retry_cannot_change_is_not_retried_and_names_the_commit_stage(trained, tmp_path, monkeypatch):
     import tasks.publish
 
     clone(trained, tmp_path)

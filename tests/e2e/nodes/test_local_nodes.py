@@ -46,9 +46,23 @@ def _run_capturing(base: Path, *settings: str) -> dict:
     """
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(["run", str(EXAMPLES / "tiny_sft.toml"), "--set", "train.logical_dp=2", "--set", "train.steps=2",
-                     "--set", "train.steps_per_segment=1", "--set", f"run.work_dir={base / 'work'}",
-                     "--set", f"storage.url={base / 'store'}", *[item for s in settings for item in ("--set", s)]])
+        code = main(
+            [
+                "run",
+                str(EXAMPLES / "tiny_sft.toml"),
+                "--set",
+                "train.logical_dp=2",
+                "--set",
+                "train.steps=2",
+                "--set",
+                "train.steps_per_segment=1",
+                "--set",
+                f"run.work_dir={base / 'work'}",
+                "--set",
+                f"storage.url={base / 'store'}",
+                *[item for s in settings for item in ("--set", s)],
+            ]
+        )
     summary = json.loads(out.getvalue().strip().splitlines()[-1])
     assert code == 0 and summary["status"] == "completed", summary
     summary["weights_sha256"] = committed_weights_sha256(str(base / "store"), summary["run_id"], base / "download")
@@ -67,7 +81,10 @@ def test_two_nodes_of_one_process_equal_one_node_of_two_bitwise(one_node_two_pro
     assert [e["segment"] for e in entries if e["stage"] == "segment" and e["status"] == "completed"] == [0, 1]
     # Each node kept its own rank logs, one folder per node of each segment's attempt.
     for segment in (0, 1):
-        node_logs = sorted(p.name for p in (tmp_path / "work" / two_nodes["run_id"] / "logs" / f"segment-{segment:04d}").glob("*/node-*"))
+        node_logs = sorted(
+            p.name
+            for p in (tmp_path / "work" / two_nodes["run_id"] / "logs" / f"segment-{segment:04d}").glob("*/node-*")
+        )
         assert node_logs == ["node-0", "node-1"]
 
 
@@ -115,8 +132,9 @@ class AttemptSampler:
         self._thread.join(timeout=10)
 
 
-def test_a_killed_node_stops_every_node_and_the_retry_resumes_to_the_same_result(one_node_two_processes, tmp_path,
-                                                                                   monkeypatch):
+def test_a_killed_node_stops_every_node_and_the_retry_resumes_to_the_same_result(
+    one_node_two_processes, tmp_path, monkeypatch
+):
     marker = tmp_path / "fault-happened"
     monkeypatch.setenv(FAULT_ENV, f"1:1:{marker}")  # rank 1 (node 1's only rank... or node 0's: c10d decides) at step 1
     monkeypatch.setenv(FAULT_KIND_ENV, "kill")  # SIGKILL, as the OOM killer would

@@ -54,9 +54,15 @@ def running_queue_worker(pool: str, queue: str, env: dict[str, str], cwd: Path):
     cwd.mkdir(parents=True, exist_ok=True)
     log = cwd.parent / f"worker-{queue}.log"
     with log.open("wb") as sink:
-        process = subprocess.Popen([PREFECT, "worker", "start", "--pool", pool, "--work-queue", queue],
-                                   stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [PREFECT, "worker", "start", "--pool", pool, "--work-queue", queue],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
     try:
         _wait_for_output(log, "started!", process, 120)
         yield log
@@ -77,8 +83,14 @@ class NodePool:
 
 
 def _deploy(config_file: Path, name: str, env: dict, cwd: Path) -> dict:
-    deployed_cli = subprocess.run([RANKFLOW, "deploy", str(config_file), "--pool", "nodes-pool", "--name", name],
-                                  env=env, cwd=cwd, capture_output=True, text=True, timeout=180)
+    deployed_cli = subprocess.run(
+        [RANKFLOW, "deploy", str(config_file), "--pool", "nodes-pool", "--name", name],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert deployed_cli.returncode == 0, deployed_cli.stderr[-3000:]
     return json.loads(deployed_cli.stdout.strip().splitlines()[-1])
 
@@ -89,10 +101,17 @@ def node_pool(prefect_server, tmp_path_factory) -> Iterator[NodePool]:  # noqa: 
     base = tmp_path_factory.mktemp("node-pool")
     env = _client_env(prefect_server.api_url, base / "client-home")
     marker = base / "fault-happened"
-    worker_env = {**env, "PREFECT_WORKER_QUERY_SECONDS": "2", FAULT_ENV: f"{FAULT_STEP}:1:{marker}", FAULT_KIND_ENV: "kill"}
+    worker_env = {
+        **env,
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
+        FAULT_ENV: f"{FAULT_STEP}:1:{marker}",
+        FAULT_KIND_ENV: "kill",
+    }
     with ExitStack() as workers:
-        logs = {queue: workers.enter_context(running_queue_worker("nodes-pool", queue, worker_env, base / queue))
-                for queue in ("default", "node-0", "node-1")}
+        logs = {
+            queue: workers.enter_context(running_queue_worker("nodes-pool", queue, worker_env, base / queue))
+            for queue in ("default", "node-0", "node-1")
+        }
         yield NodePool(prefect_server.api_url, env, logs, marker)
 
 
@@ -102,8 +121,14 @@ def _run_deployed(pool: NodePool, tmp_path: Path, steps: int, name: str):
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    train = {"steps": steps, "steps_per_segment": 2, "logical_dp": 2, "nproc_per_node": 1, "nnodes": 2,
-             "rdzv_endpoint": f"127.0.0.1:{pick_free_port()}"}
+    train = {
+        "steps": steps,
+        "steps_per_segment": 2,
+        "logical_dp": 2,
+        "nproc_per_node": 1,
+        "nnodes": 2,
+        "rdzv_endpoint": f"127.0.0.1:{pick_free_port()}",
+    }
     config_file = _write_config(tmp_path, train=train)
     deployed = _deploy(config_file, name, pool.env, tmp_path)
     with temporary_settings(updates={PREFECT_API_URL: pool.api_url}), get_client(sync_client=True) as client:
@@ -114,27 +139,50 @@ def _run_deployed(pool: NodePool, tmp_path: Path, steps: int, name: str):
         flow_run = client.create_flow_run_from_deployment(deployment.id)
         (finished,) = _wait_terminal(client, [flow_run.id], _RUN_TIMEOUT_S).values()
         assert finished.state.is_completed(), "\n".join(log.read_text()[-4000:] for log in pool.logs.values())
-        node_runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            deployment_id=FlowRunFilterDeploymentId(any_=[node_deployment.id])))
+        node_runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[node_deployment.id]))
+        )
     work_dir = tmp_path / "work"
     (run_id,) = [p.name for p in work_dir.iterdir() if p.is_dir() and p.name.startswith("test-")]
     entries = ledger.read(work_dir / run_id)
     segments = [e for e in entries if e["stage"] == "segment" and e["status"] == "completed"]
-    result = (run_id, [loss for e in segments for loss in e["losses"]],
-              committed_weights_sha256(str(tmp_path / "store"), run_id, tmp_path / "download"))
+    result = (
+        run_id,
+        [loss for e in segments for loss in e["losses"]],
+        committed_weights_sha256(str(tmp_path / "store"), run_id, tmp_path / "download"),
+    )
     return config_file, node_runs, entries, result
 
 
 def _reference(pool: NodePool, config_file: Path, base: Path) -> tuple:
     """The same config on 1 node × 2 processes, run locally (`rankflow run`) against the same server."""
-    local = subprocess.run([RANKFLOW, "run", str(config_file), "--set", "train.nnodes=1",
-                            "--set", "train.nproc_per_node=2", "--set", f"run.work_dir={base / 'work'}",
-                            "--set", f"storage.url={base / 'store'}"],
-                           env=pool.env, cwd=base.parent, capture_output=True, text=True, timeout=_RUN_TIMEOUT_S)
+    local = subprocess.run(
+        [
+            RANKFLOW,
+            "run",
+            str(config_file),
+            "--set",
+            "train.nnodes=1",
+            "--set",
+            "train.nproc_per_node=2",
+            "--set",
+            f"run.work_dir={base / 'work'}",
+            "--set",
+            f"storage.url={base / 'store'}",
+        ],
+        env=pool.env,
+        cwd=base.parent,
+        capture_output=True,
+        text=True,
+        timeout=_RUN_TIMEOUT_S,
+    )
     assert local.returncode == 0, local.stderr[-3000:]
     summary = json.loads(local.stdout.strip().splitlines()[-1])
-    return (summary["run_id"], summary["losses"],
-            committed_weights_sha256(str(base / "store"), summary["run_id"], base / "download"))
+    return (
+        summary["run_id"],
+        summary["losses"],
+        committed_weights_sha256(str(base / "store"), summary["run_id"], base / "download"),
+    )
 
 
 def test_two_node_workers_train_a_segment_bitwise_like_one_node_of_two_processes(node_pool, tmp_path):
@@ -142,7 +190,9 @@ def test_two_node_workers_train_a_segment_bitwise_like_one_node_of_two_processes
     worker_logs = {queue: log.read_text() for queue, log in node_pool.logs.items()}
     # One run per node, each on its own queue, each run by the worker of that queue only.
     assert sorted((run.work_queue_name, run.state.type.value) for run in node_runs) == [
-        ("node-0", "COMPLETED"), ("node-1", "COMPLETED")]
+        ("node-0", "COMPLETED"),
+        ("node-1", "COMPLETED"),
+    ]
     for run in node_runs:
         assert str(run.id) in worker_logs[run.work_queue_name]
         assert all(str(run.id) not in text for queue, text in worker_logs.items() if queue != run.work_queue_name)

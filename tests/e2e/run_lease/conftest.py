@@ -24,11 +24,22 @@ def race(api_url, tmp_path_factory) -> dict:
     config_file = write_config(root)
     run_id = run_id_of(config_file)
     store_url = str(root / "store")
-    racers = [start(["run", str(config_file)], client_env(api_url, root / f"home-{i}"), root / f"racer-{i}")
-              for i in range(2)]
+    racers = [
+        start(["run", str(config_file)], client_env(api_url, root / f"home-{i}"), root / f"racer-{i}") for i in range(2)
+    ]
     held = wait_for(lambda: lease_of(store_url, run_id), 300, "a racer to take the run lease")
-    waiter = start(["run", str(config_file), "--set", "run.lease_wait_s=900"], client_env(api_url, root / "home-w"),
-                   root / "waiter")
+    waiter = start(
+        ["run", str(config_file), "--set", "run.lease_wait_s=900"],
+        client_env(api_url, root / "home-w"),
+        root / "waiter",
+    )
     results = [finish(p, root / f"racer-{i}") for i, p in enumerate(racers)]
-    return {"root": root, "run_id": run_id, "store_url": store_url, "held": held, "racers": racers,
-            "results": results, "waiter": finish(waiter, root / "waiter")}
+    return {
+        "root": root,
+        "run_id": run_id,
+        "store_url": store_url,
+        "held": held,
+        "racers": racers,
+        "results": results,
+        "waiter": finish(waiter, root / "waiter"),
+    }

@@ -41,9 +41,15 @@ def main() -> int:
     args = parser.parse_args()
     store = open_store(args.store_url)
     lease = acquire_run_lease(store, args.run_id, ttl_s=args.ttl_s, wait_s=0)
-    planned = PlannedRun(run_id=args.run_id, digest="d" * 64, run_dir=str(args.run_dir), segment_steps=[(0, args.step or 1)],
-                         train=TrainSection(segment_timeout_s=60),
-                         storage=StorageSection(url=args.store_url), lease_token=lease.record.token)
+    planned = PlannedRun(
+        run_id=args.run_id,
+        digest="d" * 64,
+        run_dir=str(args.run_dir),
+        segment_steps=[(0, args.step or 1)],
+        train=TrainSection(segment_timeout_s=60),
+        storage=StorageSection(url=args.store_url),
+        lease_token=lease.record.token,
+    )
     stopped: list[str] = []
 
     def stop_at_first_upload(event: str) -> None:
@@ -55,10 +61,18 @@ def main() -> int:
     print("ready", flush=True)
     try:
         if args.stage == "commit":
-            publish_module.commit_checkpoint = functools.partial(publish_module.commit_checkpoint,
-                                                                 observer=stop_at_first_upload)
-            staged = ExportOutcome(segment=0, step=args.step, staged_dir=str(args.staged), reused=False, num_files=0,
-                                   num_bytes=0, launch_wall_s=0.0)
+            publish_module.commit_checkpoint = functools.partial(
+                publish_module.commit_checkpoint, observer=stop_at_first_upload
+            )
+            staged = ExportOutcome(
+                segment=0,
+                step=args.step,
+                staged_dir=str(args.staged),
+                reused=False,
+                num_files=0,
+                num_bytes=0,
+                launch_wall_s=0.0,
+            )
             outcome = publish_module.commit_fn(planned, staged).to_dict()
         else:
             outcome = publish_segment_state(planned, 0, observer=stop_at_first_upload)

@@ -37,8 +37,14 @@ def write_config(root: Path, **sections) -> Path:
 
     Named `lease` (default), so its run id and flow runs are these tests' own in the session's Prefect API.
     """
-    tree = tiny_tree(root, **{"train": {"nproc_per_node": 1, **sections.pop("train", {})},
-                              "run": {"name": "lease", **sections.pop("run", {})}, **sections})
+    tree = tiny_tree(
+        root,
+        **{
+            "train": {"nproc_per_node": 1, **sections.pop("train", {})},
+            "run": {"name": "lease", **sections.pop("run", {})},
+            **sections,
+        },
+    )
     path = root / "run.toml"
     root.mkdir(parents=True, exist_ok=True)
     path.write_text(to_toml(tree))
@@ -56,15 +62,27 @@ def hanging_at(step: int, marker: Path) -> dict[str, str]:
 
 def client_env(api_url: str, home: Path) -> dict[str, str]:
     """A `rankflow` process that talks to the test's Prefect API instead of starting its own server."""
-    return {**os.environ, "PREFECT_API_URL": api_url, "PREFECT_HOME": str(home), "DO_NOT_TRACK": "1",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(REPO)}
+    return {
+        **os.environ,
+        "PREFECT_API_URL": api_url,
+        "PREFECT_HOME": str(home),
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PYTHONPATH": str(REPO),
+    }
 
 
 def start(argv: list[str], env: dict[str, str], cwd: Path, *, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
     """`rankflow ARGV` in its own process group (so a test can kill all of it), output to files in `cwd`."""
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([*prefix, *rankflow_command(), *argv], env=env, cwd=cwd, start_new_session=True,
-                            stdout=(cwd / "stdout.txt").open("w"), stderr=(cwd / "stderr.txt").open("w"))
+    return subprocess.Popen(
+        [*prefix, *rankflow_command(), *argv],
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        stdout=(cwd / "stdout.txt").open("w"),
+        stderr=(cwd / "stderr.txt").open("w"),
+    )
 
 
 def finish(process: subprocess.Popen, cwd: Path, timeout_s: float = 600) -> tuple[int, dict | None, str]:
@@ -75,7 +93,8 @@ def finish(process: subprocess.Popen, cwd: Path, timeout_s: float = 600) -> tupl
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         raise AssertionError(
-            f"rankflow did not finish in {timeout_s} s:\n{(cwd / 'stderr.txt').read_text()[-4000:]}") from None
+            f"rankflow did not finish in {timeout_s} s:\n{(cwd / 'stderr.txt').read_text()[-4000:]}"
+        ) from None
     lines = (cwd / "stdout.txt").read_text().strip().splitlines()
     summary = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
     return code, summary, (cwd / "stderr.txt").read_text()
@@ -121,8 +140,9 @@ def run_id_of(config_file: Path) -> str:
 def stepping(run_dir: Path, segment: int) -> bool:
     """True once rank 0 recorded an optimizer step of `segment` (the launch is mid-segment)."""
     path = progress_path(run_dir, segment)
-    return path.is_file() and any(json.loads(line).get("event") == "step" for line in path.read_text().splitlines()
-                                  if line.strip())
+    return path.is_file() and any(
+        json.loads(line).get("event") == "step" for line in path.read_text().splitlines() if line.strip()
+    )
 
 
 def raw_lease(store_url: str, run_id: str) -> LeaseRecord:
@@ -136,7 +156,16 @@ def steal(store, run_id: str, host: str = "gpu-node-9", pid: int = 4242, ttl_s: 
     path = run_lease_path(store, run_id)
     now = time.time()
     current = read_lease(store, path)
-    thief = LeaseRecord(owner=f"{host}:{pid}", token="f" * 32, generation=(current.generation + 1 if current else 1),
-                        acquired_at=now, renewed_at=now, expires_at=now + ttl_s, ttl_s=ttl_s, host=host, pid=pid)
+    thief = LeaseRecord(
+        owner=f"{host}:{pid}",
+        token="f" * 32,
+        generation=(current.generation + 1 if current else 1),
+        acquired_at=now,
+        renewed_at=now,
+        expires_at=now + ttl_s,
+        ttl_s=ttl_s,
+        host=host,
+        pid=pid,
+    )
     store.fs.pipe_file(path, thief.to_bytes())
     return thief

@@ -43,8 +43,9 @@ class Theft:
 
     def __init__(self, store, when):
         self.store, self.when = store, when
-        self.thief = Lease.for_run(store, RUN, "run", owner="gpu-node-9:4242", ttl_s=600,
-                                   clock=lambda: time.time() + 3600)
+        self.thief = Lease.for_run(
+            store, RUN, "run", owner="gpu-node-9:4242", ttl_s=600, clock=lambda: time.time() + 3600
+        )
         self.at: float | None = None
         self.snapshot: dict[str, bytes] = {}
 
@@ -67,8 +68,11 @@ def tree(store) -> dict[str, bytes]:
     except FileNotFoundError:
         return {}
     relative = {path: path.removeprefix(store.root.rstrip("/") + "/") for path in paths}
-    return {name: store.fs.cat_file(path) for path, name in sorted(relative.items())
-            if "/leases/" not in f"/{name}" and not name.rsplit("/", 1)[-1].startswith(".")}
+    return {
+        name: store.fs.cat_file(path)
+        for path, name in sorted(relative.items())
+        if "/leases/" not in f"/{name}" and not name.rsplit("/", 1)[-1].startswith(".")
+    }
 
 
 def written_after(theft: Theft) -> dict[str, bytes]:
@@ -88,17 +92,30 @@ def store(request, tmp_path):
 @pytest.fixture
 def victim(store, tmp_path):
     lease = acquire_run_lease(store, RUN, ttl_s=30, wait_s=0)
-    planned = PlannedRun(run_id=RUN, digest="d" * 64, run_dir=str(tmp_path / "work" / RUN), segment_steps=[(0, 4), (4, 8)],
-                         train=TrainSection(segment_timeout_s=60),
-                         storage=StorageSection(url=store.url), lease_token=lease.record.token)
+    planned = PlannedRun(
+        run_id=RUN,
+        digest="d" * 64,
+        run_dir=str(tmp_path / "work" / RUN),
+        segment_steps=[(0, 4), (4, 8)],
+        train=TrainSection(segment_timeout_s=60),
+        storage=StorageSection(url=store.url),
+        lease_token=lease.record.token,
+    )
     yield planned
     lease.stop_heartbeat()
 
 
 def exported(planned: PlannedRun, step: int, files: dict[str, bytes]) -> ExportOutcome:
     staged = stage(Path(planned.run_dir) / "export", step, files, run_id=RUN)
-    return ExportOutcome(segment=0 if step == 4 else 1, step=step, staged_dir=str(staged), reused=False,
-                         num_files=len(files) + 1, num_bytes=sum(map(len, files.values())), launch_wall_s=0.0)
+    return ExportOutcome(
+        segment=0 if step == 4 else 1,
+        step=step,
+        staged_dir=str(staged),
+        reused=False,
+        num_files=len(files) + 1,
+        num_bytes=sum(map(len, files.values())),
+        launch_wall_s=0.0,
+    )
 
 
 def with_observer(monkeypatch, name: str, observer) -> None:
@@ -164,8 +181,9 @@ def test_a_state_upload_whose_run_lease_is_stolen_stores_no_bundle(store, victim
     theft.check_stolen()
     assert not store.fs.exists(manifest_path(store, RUN, "segment-0000"))
     changed = written_after(theft)
-    assert all(path.startswith(f"{RUN}/state/") or path.startswith(f"{RUN}/segments/") for path in changed), \
-        sorted(changed)
+    assert all(path.startswith(f"{RUN}/state/") or path.startswith(f"{RUN}/segments/") for path in changed), sorted(
+        changed
+    )
     assert ledger_after(victim, theft.at) == []
 
 

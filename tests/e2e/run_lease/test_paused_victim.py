@@ -42,8 +42,11 @@ def process_state(pid: int) -> str:
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and "leases" not in p.parts and not p.name.startswith(".")}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "leases" not in p.parts and not p.name.startswith(".")
+    }
 
 
 def steal_from_paused(victim, store) -> tuple[float, dict[str, bytes]]:
@@ -89,8 +92,10 @@ def victims(tmp_path_factory) -> dict:
     """Both victims, started at once (each in its own store): a victim's start is its imports (seconds, torch among
     them), so the second pays them while the first does. Each test then steals from its own, which by then may
     have been stopped for longer than its ttl: the theft still waits for nothing but the lease's expiry."""
-    prepared = {"commit": _prepare_commit(tmp_path_factory.mktemp("commit")),
-                "state": _prepare_state(tmp_path_factory.mktemp("state"))}
+    prepared = {
+        "commit": _prepare_commit(tmp_path_factory.mktemp("commit")),
+        "state": _prepare_state(tmp_path_factory.mktemp("state")),
+    }
     started = {stage: spawn("tests.e2e.run_lease.paused_victim", args) for stage, (_, _, args) in prepared.items()}
     try:
         for victim in started.values():

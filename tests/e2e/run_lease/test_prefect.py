@@ -37,7 +37,10 @@ def test_a_run_whose_run_id_is_held_ends_cancelled_writes_nothing_and_is_not_ret
         before = _files(tmp_path / "store")
         state = train_flow(config, return_state=True)
         assert state.is_cancelled(), state
-        assert state.message.startswith(f"run {run_id} is already running: ") and f"pid {holder.record.pid}" in state.message
+        assert (
+            state.message.startswith(f"run {run_id} is already running: ")
+            and f"pid {holder.record.pid}" in state.message
+        )
         assert not (tmp_path / "work" / run_id).exists()  # no plan, no ledger, no state
         assert _files(tmp_path / "store") == before  # the store has only the holder's lease (and the probe is gone)
         with get_client(sync_client=True) as client:
@@ -75,6 +78,7 @@ def test_served_deployment_runs_one_at_a_time(prefect_harness, tmp_path):
     env = client_env(get_current_settings().api.url, tmp_path / "prefect-home")
     server = start(["serve", str(config_file), "--interval", "3600", "--name", "served-limit"], env, tmp_path / "serve")
     try:
+
         def deployment():
             with get_client(sync_client=True) as client:
                 found = client.read_deployments(deployment_filter=DeploymentFilter(name={"any_": ["served-limit"]}))

@@ -67,8 +67,11 @@ def test_the_fence_passes_only_for_the_current_holder(store):
     token = lease.record.token
     check_run_lease(store, RUN, token, "segment 0")
     thief = steal(store, RUN)
-    with pytest.raises(RunLeaseLost, match=rf"segment 0 of run {RUN} stopped before writing: .*taken over by "
-                                           rf"gpu-node-9:4242 \(host gpu-node-9, pid 4242\)"):
+    with pytest.raises(
+        RunLeaseLost,
+        match=rf"segment 0 of run {RUN} stopped before writing: .*taken over by "
+        rf"gpu-node-9:4242 \(host gpu-node-9, pid 4242\)",
+    ):
         check_run_lease(store, RUN, token, "segment 0")
     assert not lease.release()  # the loser never overwrites the new holder's lease
     assert read_lease(store, run_lease_path(store, RUN)) == thief
@@ -91,8 +94,15 @@ def test_the_fence_fails_on_a_released_or_expired_lease(store):
 
 
 def _planned(store_url: str, token: str | None, tmp_path) -> PlannedRun:
-    return PlannedRun(run_id=RUN, digest="d", run_dir=str(tmp_path / "work" / RUN), segment_steps=[(0, 3)],
-                      train=TrainSection(segment_timeout_s=60), storage=StorageSection(url=store_url), lease_token=token)
+    return PlannedRun(
+        run_id=RUN,
+        digest="d",
+        run_dir=str(tmp_path / "work" / RUN),
+        segment_steps=[(0, 3)],
+        train=TrainSection(segment_timeout_s=60),
+        storage=StorageSection(url=store_url),
+        lease_token=token,
+    )
 
 
 def test_a_launch_monitor_raises_once_the_lease_is_stolen(tmp_path):

@@ -55,12 +55,20 @@ def test_a_killed_served_run_frees_the_deployment_and_the_next_run_resumes(race,
     # A yearly cron: no tick fires during the test; the runs are asked for explicitly.
     # The first run hangs in step 1 (certainly mid-segment when killed); the marker lets the next one through.
     marker = tmp_path / "hanging"
-    server = start(["serve", str(config_file), "--cron", "0 0 1 1 *", "--name", "crash"],
-                   {**client_env(api_url, tmp_path / "prefect-home"), **hanging_at(1, marker)}, tmp_path / "serve")
+    server = start(
+        ["serve", str(config_file), "--cron", "0 0 1 1 *", "--name", "crash"],
+        {**client_env(api_url, tmp_path / "prefect-home"), **hanging_at(1, marker)},
+        tmp_path / "serve",
+    )
     try:
         with get_client(sync_client=True) as client:
-            deployment = wait_for(lambda: next(iter(client.read_deployments(
-                deployment_filter=DeploymentFilter(name={"any_": ["crash"]}))), None), 180, "the served deployment")
+            deployment = wait_for(
+                lambda: next(
+                    iter(client.read_deployments(deployment_filter=DeploymentFilter(name={"any_": ["crash"]}))), None
+                ),
+                180,
+                "the served deployment",
+            )
             first = client.create_flow_run_from_deployment(deployment.id)
             wait_for(lambda: marker.exists(), 400, "the served run to reach step 1")
             assert stepping(run_dir, 0)
@@ -71,7 +79,9 @@ def test_a_killed_served_run_frees_the_deployment_and_the_next_run_resumes(race,
 
             second = client.create_flow_run_from_deployment(deployment.id)
             started = time.time()
-            assert _final_state(client, second.id, 600) == "COMPLETED", (tmp_path / "serve" / "stderr.txt").read_text()[-4000:]
+            assert _final_state(client, second.id, 600) == "COMPLETED", (tmp_path / "serve" / "stderr.txt").read_text()[
+                -4000:
+            ]
     finally:
         server.send_signal(signal.SIGINT)
         try:

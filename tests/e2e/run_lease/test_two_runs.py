@@ -58,7 +58,10 @@ def test_two_runs_at_once_one_trains_the_other_exits_75_naming_the_holder(race):
 def test_a_waiting_run_waits_for_the_holder_then_reuses_everything(race):
     code, summary, err = race["waiter"]
     assert code == 0, err[-3000:]
-    assert "waiting up to 900 s (run.lease_wait_s) for its run lease" in err + (race["root"] / "waiter" / "stdout.txt").read_text()
+    assert (
+        "waiting up to 900 s (run.lease_wait_s) for its run lease"
+        in err + (race["root"] / "waiter" / "stdout.txt").read_text()
+    )
     assert summary["segments_trained"] == 0 and summary["segments_reused"] == 2
     (_, won, _) = next(r for r in race["results"] if r[0] == 0)
     assert summary["checkpoint_url"] == won["checkpoint_url"]
@@ -91,17 +94,26 @@ def test_a_killed_run_is_taken_over_after_its_ttl_and_resumed(race, api_url, tmp
     run_id, store_url = run_id_of(config_file), str(tmp_path / "store")
     run_dir = tmp_path / "work" / run_id
     marker = tmp_path / "hanging"
-    first = start(["run", str(config_file)], {**client_env(api_url, tmp_path / "home-1"), **hanging_at(4, marker)},
-                  tmp_path / "first", prefix=prefix)
+    first = start(
+        ["run", str(config_file)],
+        {**client_env(api_url, tmp_path / "home-1"), **hanging_at(4, marker)},
+        tmp_path / "first",
+        prefix=prefix,
+    )
     wait_for(lambda: marker.exists() or first.poll() is not None, 400, "the first run to reach step 4")
     assert first.poll() is None and stepping(run_dir, 1), (tmp_path / "first" / "stderr.txt").read_text()[-3000:]
     os.killpg(first.pid, signal.SIGKILL)  # mid-segment: segment 0 saved, segment 1 at step 4 of 3-5
     first.wait()
     dead = raw_lease(store_url, run_id)
-    assert dead.pid == first.pid and not dead.released and dead.host == ("other-node" if prefix else os.uname().nodename)
+    assert (
+        dead.pid == first.pid and not dead.released and dead.host == ("other-node" if prefix else os.uname().nodename)
+    )
 
-    second = start(["run", str(config_file), "--set", "run.lease_wait_s=120"], client_env(api_url, tmp_path / "home-2"),
-                   tmp_path / "second")
+    second = start(
+        ["run", str(config_file), "--set", "run.lease_wait_s=120"],
+        client_env(api_url, tmp_path / "home-2"),
+        tmp_path / "second",
+    )
     code, summary, err = finish(second, tmp_path / "second")
     assert code == 0, err[-3000:]
     assert summary["segments_reused"] == 1 and summary["segments_trained"] == 1  # resumed, nothing redone
@@ -118,8 +130,11 @@ def test_a_run_whose_lease_is_taken_over_stops_without_writing(api_url, tmp_path
     run_id, store_url = run_id_of(config_file), str(tmp_path / "store")
     run_dir = tmp_path / "work" / run_id
     marker = tmp_path / "hanging"
-    first = start(["run", str(config_file)], {**client_env(api_url, tmp_path / "home"), **hanging_at(1, marker)},
-                  tmp_path / "first")
+    first = start(
+        ["run", str(config_file)],
+        {**client_env(api_url, tmp_path / "home"), **hanging_at(1, marker)},
+        tmp_path / "first",
+    )
     wait_for(lambda: marker.exists() or first.poll() is not None, 400, "the run to reach step 1")
     assert first.poll() is None and stepping(run_dir, 0), (tmp_path / "first" / "stderr.txt").read_text()[-3000:]
     thief = steal(open_store(store_url), run_id)  # as a run on another machine that took the lease over would

@@ -34,8 +34,15 @@ import urllib.request
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -46,8 +53,12 @@ def _free_port() -> int:
 
 
 def _api(api_url: str, path: str, body: dict | None = None):
-    request = urllib.request.Request(f"{api_url}{path}", data=json.dumps(body or {}).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        f"{api_url}{path}",
+        data=json.dumps(body or {}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 
@@ -58,13 +69,24 @@ def _write_config(work: Path, name: str, fault_steps: int) -> Path:
         "model": {"config": str(EXAMPLES / "tiny" / "model_config.json")},
         "tokenizer": {"path": str(EXAMPLES / "tiny" / "tokenizer.json")},
         "data": {"path": str(EXAMPLES / "tiny" / "sft.jsonl"), "max_seq_len": 128},
-        "train": {"steps": fault_steps, "steps_per_segment": 3, "global_batch_size": 8, "learning_rate": 3e-3,
-                  "logical_dp": 2, "nproc_per_node": 2, "stall_timeout_s": 40},
+        "train": {
+            "steps": fault_steps,
+            "steps_per_segment": 3,
+            "global_batch_size": 8,
+            "learning_rate": 3e-3,
+            "logical_dp": 2,
+            "nproc_per_node": 2,
+            "stall_timeout_s": 40,
+        },
         "storage": {"url": str(work / "store")},
     }
     path = work / f"{name}.toml"
-    path.write_text("\n".join(f"[{section}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in values.items())
-                              for section, values in tree.items()))
+    path.write_text(
+        "\n".join(
+            f"[{section}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in values.items())
+            for section, values in tree.items()
+        )
+    )
     return path
 
 
@@ -76,8 +98,13 @@ class Smoke:
         self.port = _free_port()
         self.ui_url = f"http://127.0.0.1:{self.port}"
         self.api_url = f"{self.ui_url}/api"
-        self.env = {**os.environ, "PREFECT_HOME": str(work / "prefect-home"), "PREFECT_API_URL": self.api_url,
-                    "PREFECT_UI_URL": self.ui_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        self.env = {
+            **os.environ,
+            "PREFECT_HOME": str(work / "prefect-home"),
+            "PREFECT_API_URL": self.api_url,
+            "PREFECT_UI_URL": self.ui_url,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        }
         self.checks: list[str] = []
 
     def check(self, condition: bool, what: str) -> None:
@@ -89,7 +116,9 @@ class Smoke:
     def start_ui(self) -> subprocess.Popen:
         server = subprocess.Popen(
             [sys.executable, "-m", "flows.cli", "ui", "--port", str(self.port), "--log", str(self.work / "server.log")],
-            env={k: v for k, v in self.env.items() if k != "PREFECT_API_URL"}, stdout=subprocess.PIPE, text=True,
+            env={k: v for k, v in self.env.items() if k != "PREFECT_API_URL"},
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert server.stdout is not None
         for line in server.stdout:  # `rankflow ui` prints the UI address once the server is healthy
@@ -102,8 +131,9 @@ class Smoke:
         if fault:
             env.update(RANKFLOW_FAULT_ONCE=f"4:1:{self.work / ('fault-' + config.stem)}", RANKFLOW_FAULT_KIND=fault)
         log = (self.work / f"{config.stem}.out").open("w")
-        return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "run", str(config)], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
 
     def flow_run(self, name: str) -> dict | None:
         runs = _api(self.api_url, "/flow_runs/filter", {"flow_runs": {"name": {"any_": [name]}}})
@@ -149,20 +179,42 @@ def run_smoke(work: Path) -> Smoke:
             stalled = smoke.wait_for("the stalled segment's live metrics", lambda: _live_metrics(smoke))
             run, artifacts = stalled
             smoke.check(run["state_type"] == "RUNNING", "the flow run is running while the segment is stalled")
-            smoke.check(0 < artifacts["progress"]["data"] < 100, f"progress is partial: {artifacts['progress']['data']}%")
+            smoke.check(
+                0 < artifacts["progress"]["data"] < 100, f"progress is partial: {artifacts['progress']['data']}%"
+            )
             run_id = run["name"]
-            smoke.shoot(page, f"{smoke.ui_url}/runs/flow-run/{run['id']}", "running-flow-run",
-                        [run_id, f"{run_id}-progress", f"{run_id}-metrics"], tab="Artifacts")
-            smoke.shoot(page, f"{smoke.ui_url}/artifacts/artifact/{artifacts['metrics']['id']}", "running-metrics",
-                        ["loss", "grad_norm", "tokens_per_s"])
+            smoke.shoot(
+                page,
+                f"{smoke.ui_url}/runs/flow-run/{run['id']}",
+                "running-flow-run",
+                [run_id, f"{run_id}-progress", f"{run_id}-metrics"],
+                tab="Artifacts",
+            )
+            smoke.shoot(
+                page,
+                f"{smoke.ui_url}/artifacts/artifact/{artifacts['metrics']['id']}",
+                "running-metrics",
+                ["loss", "grad_norm", "tokens_per_s"],
+            )
             smoke.check(runs[0].wait(timeout=300) == 0, "the stalled run was retried and completed")
             done = smoke.artifacts(run["id"])
             checkpoint = done[f"{run_id}-checkpoint"]
-            smoke.check("data:image/png;base64," in checkpoint["data"], "the checkpoint artifact carries the loss curve")
-            smoke.shoot(page, f"{smoke.ui_url}/runs/flow-run/{run['id']}", "completed-flow-run",
-                        [f"{run_id}-checkpoint", f"{run_id}-failure"], tab="Artifacts")
-            smoke.shoot(page, f"{smoke.ui_url}/artifacts/artifact/{checkpoint['id']}", "checkpoint-artifact",
-                        ["newest committed checkpoint", "ledger", "loss curve"])
+            smoke.check(
+                "data:image/png;base64," in checkpoint["data"], "the checkpoint artifact carries the loss curve"
+            )
+            smoke.shoot(
+                page,
+                f"{smoke.ui_url}/runs/flow-run/{run['id']}",
+                "completed-flow-run",
+                [f"{run_id}-checkpoint", f"{run_id}-failure"],
+                tab="Artifacts",
+            )
+            smoke.shoot(
+                page,
+                f"{smoke.ui_url}/artifacts/artifact/{checkpoint['id']}",
+                "checkpoint-artifact",
+                ["newest committed checkpoint", "ledger", "loss curve"],
+            )
             image = page.locator("img[alt^='loss curve']").first
             smoke.check(image.evaluate("img => img.complete && img.naturalWidth > 0"), "the loss curve image renders")
             # 2. A run that fails with a code error: not retried, the report names the rank and the cause.
@@ -171,10 +223,19 @@ def run_smoke(work: Path) -> Smoke:
             failed_run = smoke.wait_for("the failed flow run", lambda: _failed_run(smoke))
             report = smoke.artifacts(failed_run["id"])[f"{failed_run['name']}-failure"]
             smoke.check("code_error" in report["data"], "the failure report names the cause class")
-            smoke.shoot(page, f"{smoke.ui_url}/runs/flow-run/{failed_run['id']}", "failed-flow-run",
-                        [failed_run["name"], "Failed", f"{failed_run['name']}-failure"], tab="Artifacts")
-            smoke.shoot(page, f"{smoke.ui_url}/artifacts/artifact/{report['id']}", "failure-report",
-                        ["code_error", "first failing rank", "Last lines of rank 1"])
+            smoke.shoot(
+                page,
+                f"{smoke.ui_url}/runs/flow-run/{failed_run['id']}",
+                "failed-flow-run",
+                [failed_run["name"], "Failed", f"{failed_run['name']}-failure"],
+                tab="Artifacts",
+            )
+            smoke.shoot(
+                page,
+                f"{smoke.ui_url}/artifacts/artifact/{report['id']}",
+                "failure-report",
+                ["code_error", "first failing rank", "Last lines of rank 1"],
+            )
             browser.close()
     finally:
         for run in runs:
@@ -190,11 +251,19 @@ def _live_metrics(smoke: Smoke):
     """The smoke run and its live artifacts, once the metrics table has rows and the run is renamed."""
     runs = _api(smoke.api_url, "/flow_runs/filter", {"flow_runs": {"name": {"like_": "smoke-"}}})
     for run in runs:
-        if run["name"].startswith("smoke-") and "(planning)" not in run["name"] and not run["name"].startswith("smoke-failed"):
+        if (
+            run["name"].startswith("smoke-")
+            and "(planning)" not in run["name"]
+            and not run["name"].startswith("smoke-failed")
+        ):
             artifacts = smoke.artifacts(run["id"])
             metrics = artifacts.get(f"{run['name']}-metrics")
             progress = artifacts.get(f"{run['name']}-progress")
-            rows = json.loads(metrics["data"]) if metrics and isinstance(metrics["data"], str) else (metrics or {}).get("data")
+            rows = (
+                json.loads(metrics["data"])
+                if metrics and isinstance(metrics["data"], str)
+                else (metrics or {}).get("data")
+            )
             if rows and rows[0].get("step") is not None and progress and progress["data"] > 50:
                 return run, {"metrics": metrics, "progress": progress}
     return None

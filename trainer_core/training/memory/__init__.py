@@ -18,19 +18,43 @@ from .replay import ForwardStart, ReplayedGraph, ReplayMismatchError
 from .retained import RetainedGraph
 
 BACKWARD_STATES: dict[str, type[BackwardState]] = {
-    cls.mode: cls for cls in (RetainedGraph, OffloadedGraph, ReplayedGraph)  # type: ignore[misc]
+    cls.mode: cls
+    for cls in (RetainedGraph, OffloadedGraph, ReplayedGraph)  # type: ignore[misc]
 }
 """Every backward mode by name, in the order the planner considers them."""
 # The config offers the torch-free names: they must be the registry's, in its order.
 if tuple(BACKWARD_STATES) != BACKWARD_MODES:
-    raise ImportError(f"trainer_core.backward_modes.BACKWARD_MODES {BACKWARD_MODES} is not the registry's modes "
-                      f"{tuple(BACKWARD_STATES)}")
+    raise ImportError(
+        f"trainer_core.backward_modes.BACKWARD_MODES {BACKWARD_MODES} is not the registry's modes "
+        f"{tuple(BACKWARD_STATES)}"
+    )
 
 # The planner iterates the registry: it is imported once the registry exists.
 from .planner import DEFAULT_OFFLOAD_BYTES_PER_S, MemoryPlanner, PlannerDecision  # noqa: E402
 
-__all__ = ["BACKWARD_STATES", "DEFAULT_OFFLOAD_BYTES_PER_S", "PLANNER", "BackwardMode", "BackwardState",
-           "BackwardStateError", "Evidence", "ForwardRecording", "ForwardStart", "GraphShape", "MemoryPlanner",
-           "MissReports", "ModuleState", "NoGradientPathError", "OffloadHooks", "OffloadTarget", "OffloadedGraph",
-           "PlanInputs", "PlannerDecision", "ReplayMismatchError", "ReplayedGraph", "RetainedGraph", "Rerun",
-           "SavedBytesModel"]
+__all__ = [
+    "BACKWARD_STATES",
+    "DEFAULT_OFFLOAD_BYTES_PER_S",
+    "PLANNER",
+    "BackwardMode",
+    "BackwardState",
+    "BackwardStateError",
+    "Evidence",
+    "ForwardRecording",
+    "ForwardStart",
+    "GraphShape",
+    "MemoryPlanner",
+    "MissReports",
+    "ModuleState",
+    "NoGradientPathError",
+    "OffloadHooks",
+    "OffloadTarget",
+    "OffloadedGraph",
+    "PlanInputs",
+    "PlannerDecision",
+    "ReplayMismatchError",
+    "ReplayedGraph",
+    "RetainedGraph",
+    "Rerun",
+    "SavedBytesModel",
+]

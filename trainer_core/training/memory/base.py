@@ -158,8 +158,9 @@ class BackwardState(Protocol):
         failed may have freed some, so the graph cannot be differentiated again (never true of a replay)."""
         ...
 
-    def differentiate(self, inputs: Sequence[torch.Tensor], cotangents_for: CotangentsFor, *, keep_graph: bool,
-                      rerun: Rerun) -> Gradients: ...
+    def differentiate(
+        self, inputs: Sequence[torch.Tensor], cotangents_for: CotangentsFor, *, keep_graph: bool, rerun: Rerun
+    ) -> Gradients: ...
 
     def release(self) -> None: ...
 
@@ -212,13 +213,23 @@ def differentiable_outputs(outputs: Outputs, cotangents: Mapping[str, torch.Tens
     return names
 
 
-def gradients(outputs: Outputs, cotangents: Mapping[str, torch.Tensor], names: Sequence[str],
-              inputs: Sequence[torch.Tensor], keep_graph: bool) -> Gradients:
+def gradients(
+    outputs: Outputs,
+    cotangents: Mapping[str, torch.Tensor],
+    names: Sequence[str],
+    inputs: Sequence[torch.Tensor],
+    keep_graph: bool,
+) -> Gradients:
     """Autograd from the outputs `names` (see `differentiable_outputs`) to `inputs`."""
     if not names or not inputs:
         return tuple(None for _ in inputs)
-    return torch.autograd.grad([outputs[n] for n in names], list(inputs), grad_outputs=[cotangents[n] for n in names],
-                               retain_graph=keep_graph, allow_unused=True)
+    return torch.autograd.grad(
+        [outputs[n] for n in names],
+        list(inputs),
+        grad_outputs=[cotangents[n] for n in names],
+        retain_graph=keep_graph,
+        allow_unused=True,
+    )
 
 
 def inplace_error(what: str, shape: tuple[int, ...], recorded: int, now: int) -> RuntimeError:

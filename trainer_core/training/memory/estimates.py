@@ -95,5 +95,10 @@ class SavedBytesModel:
         def fitted(batch_size: int, seq_len: int) -> float:
             return batch_size * seq_len * (a + c * seq_len)
 
-        scale = max([1.0, *(o.saved_bytes / fitted(o.batch_size, o.seq_len) for o in seen if fitted(o.batch_size, o.seq_len) > 0)])
+        scale = max(
+            [
+                1.0,
+                *(o.saved_bytes / fitted(o.batch_size, o.seq_len) for o in seen if fitted(o.batch_size, o.seq_len) > 0),
+            ]
+        )
         return scale * fitted(shape.batch_size, shape.seq_len)

@@ -20,8 +20,14 @@ MAX_REPORT_BYTES = 16 * 1024
 
 
 class MissReports:
-    def __init__(self, directory: Path, *, prefix: str = "", max_reports: int = MAX_REPORTS,
-                 max_report_bytes: int = MAX_REPORT_BYTES):
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        prefix: str = "",
+        max_reports: int = MAX_REPORTS,
+        max_report_bytes: int = MAX_REPORT_BYTES,
+    ):
         if max_reports < 0 or max_report_bytes < 512:
             raise ValueError(f"max_reports={max_reports} must be >= 0 and max_report_bytes={max_report_bytes} >= 512")
         self.directory = Path(directory)
@@ -55,7 +61,7 @@ def _bounded_json(report: dict, max_bytes: int) -> str:
         if len(text.encode()) <= max_bytes:
             return text
         if observations:
-            observations = observations[len(observations) // 2 + 1:] if len(observations) > 1 else []
+            observations = observations[len(observations) // 2 + 1 :] if len(observations) > 1 else []
             continue
         report["inputs"] = {k: v for k, v in inputs.items() if isinstance(v, (int, float, str, bool)) or v is None}
         report["truncated"] = True  # scalars only: a few hundred bytes

@@ -72,8 +72,11 @@ class ModuleState:
     def held_bytes(self) -> int:
         """Bytes of recorded buffers that no recorded module holds as a buffer now (replaced since): this state keeps
         them alive (counted even where a plain attribute holds them too: the bound errs high, never low)."""
-        current = {buffer.untyped_storage().data_ptr() for module, name, _ in self._buffers
-                   if (buffer := module._buffers.get(name)) is not None}
+        current = {
+            buffer.untyped_storage().data_ptr()
+            for module, name, _ in self._buffers
+            if (buffer := module._buffers.get(name)) is not None
+        }
         held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for _, _, t in self._buffers}
         return sum(nbytes for pointer, nbytes in held.items() if pointer not in current)
 
@@ -91,4 +94,3 @@ class ModuleState:
 
     def clear(self) -> None:
         self._snapshots, self._buffers = [], []
-

@@ -40,8 +40,9 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class OffloadHooks:
-    def __init__(self, target: OffloadTarget, keep_storages: set[int], directory: str | None = None, *,
-                 timed: bool = False):
+    def __init__(
+        self, target: OffloadTarget, keep_storages: set[int], directory: str | None = None, *, timed: bool = False
+    ):
         self.target: OffloadTarget = target
         self._keep = keep_storages
         self._directory = directory
@@ -182,8 +183,11 @@ class OffloadedGraph(RetainedGraph):
     def forward_evidence(self, forward_s: float) -> Evidence:
         # The watch timed the packs too: what a forward costs is the rest.
         pack_s = self._hooks.pack_timer.take()
-        return Evidence(forward_s=forward_s - pack_s, saved_bytes=self._hooks.retained_equivalent_bytes,
-                        pack=(self._hooks.offloaded_bytes, pack_s))
+        return Evidence(
+            forward_s=forward_s - pack_s,
+            saved_bytes=self._hooks.retained_equivalent_bytes,
+            pack=(self._hooks.offloaded_bytes, pack_s),
+        )
 
     def backward_evidence(self) -> Evidence:
         return Evidence(restore=self._hooks.take_restore_measurement())

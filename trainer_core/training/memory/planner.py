@@ -138,8 +138,16 @@ class MemoryPlanner:
         restore = self.restore_s_per_byte if self.restore_s_per_byte is not None else default
         return pack + restore, self.pack_s_per_byte is not None and self.restore_s_per_byte is not None
 
-    def choose(self, shape: GraphShape, resident_bytes: int, *, input_bytes: int, offload_target: OffloadTarget,
-               offload_frees: bool, stale_input_bytes: int = 0) -> PlannerDecision:
+    def choose(
+        self,
+        shape: GraphShape,
+        resident_bytes: int,
+        *,
+        input_bytes: int,
+        offload_target: OffloadTarget,
+        offload_frees: bool,
+        stale_input_bytes: int = 0,
+    ) -> PlannerDecision:
         """Pick the backward state of a forward of `shape`, among `BACKWARD_STATES`.
 
         `input_bytes`: what a copy of the forward's inputs keeps; `stale_input_bytes`: what a graph that is not a
@@ -154,15 +162,27 @@ class MemoryPlanner:
         if self.budget_bytes is None:
             return self._decide(default, default.no_budget_reason, shape, resident_bytes, None, None)
         per_byte, measured = self.offload_s_per_byte(offload_target if offload_frees else "disk")
-        inputs = PlanInputs(shape, resident_bytes, self.budget_bytes, self.saved.estimate(shape),
-                            self.estimate_headroom, input_bytes, stale_input_bytes, offload_target, offload_frees,
-                            per_byte, measured, self.forward_s_per_token)
+        inputs = PlanInputs(
+            shape,
+            resident_bytes,
+            self.budget_bytes,
+            self.saved.estimate(shape),
+            self.estimate_headroom,
+            input_bytes,
+            stale_input_bytes,
+            offload_target,
+            offload_frees,
+            per_byte,
+            measured,
+            self.forward_s_per_token,
+        )
         available = [cls for cls in others if cls.available(inputs)]
         if inputs.exploring:
             if available:
                 chosen = min(available, key=_exploration_rank)
-                return self._decide(chosen, "no evidence yet: " + chosen.exploration_reason, shape, resident_bytes,
-                                    inputs, None)
+                return self._decide(
+                    chosen, "no evidence yet: " + chosen.exploration_reason, shape, resident_bytes, inputs, None
+                )
             return self._last_resort(others, "no evidence yet: ", inputs, None)
         if inputs.fits(default.budgeted_bytes(inputs)):
             return self._decide(default, default.fits_reason, shape, resident_bytes, inputs, None)
@@ -171,8 +191,9 @@ class MemoryPlanner:
             return self._last_resort(others, "over the budget; ", inputs, costs)
         if len(available) == 1:
             excluded = [cls.unavailable_reason(inputs) for cls in others if cls not in available]
-            return self._decide(available[0], "over the budget; " + "; ".join(excluded), shape, resident_bytes,
-                                inputs, costs)
+            return self._decide(
+                available[0], "over the budget; " + "; ".join(excluded), shape, resident_bytes, inputs, costs
+            )
         chosen: type[AlternativeMode] | None = None
         for cls in sorted(available, key=lambda cls: cls.tie_rank):
             if chosen is None or costs[cls] < costs[chosen]:  # strictly cheaper, else the lower tie rank keeps it
@@ -184,20 +205,36 @@ class MemoryPlanner:
         """No mode keeps within the budget: the last resort, and why every other one did not."""
         chosen = next(cls for cls in others if cls.last_resort)
         why = [cls.unavailable_reason(inputs) for cls in others if cls is not chosen]
-        return self._decide(chosen, prefix + "; ".join([*why, chosen.last_resort_reason(inputs)]), inputs.shape,
-                            inputs.resident_bytes, inputs, costs)
+        return self._decide(
+            chosen,
+            prefix + "; ".join([*why, chosen.last_resort_reason(inputs)]),
+            inputs.shape,
+            inputs.resident_bytes,
+            inputs,
+            costs,
+        )
 
-    def _decide(self, cls, reason: str, shape: GraphShape, resident_bytes: int, inputs: PlanInputs | None,
-                costs: dict | None) -> PlannerDecision:
+    def _decide(
+        self, cls, reason: str, shape: GraphShape, resident_bytes: int, inputs: PlanInputs | None, costs: dict | None
+    ) -> PlannerDecision:
         graph_bytes = None if inputs is None else cls.planned_bytes(inputs)
         predicted = None if graph_bytes is None else resident_bytes + graph_bytes
         self.choices[cls.mode] += 1
         seen = tuple(asdict(o) for o in self.saved.observations(shape)) if self.budget_bytes is not None else ()
         recorded = {other.cost_key: None if costs is None else costs[other] for other in _planned_roles()[1]}
-        return PlannerDecision(cls.mode, reason, shape, resident_bytes, self.budget_bytes,
-                               None if inputs is None else inputs.estimate, recorded,
-                               costs is not None and inputs is not None and inputs.copy_cost_measured, predicted, seen,
-                               None if inputs is None else cls.placement(inputs))
+        return PlannerDecision(
+            cls.mode,
+            reason,
+            shape,
+            resident_bytes,
+            self.budget_bytes,
+            None if inputs is None else inputs.estimate,
+            recorded,
+            costs is not None and inputs is not None and inputs.copy_cost_measured,
+            predicted,
+            seen,
+            None if inputs is None else cls.placement(inputs),
+        )
 
     def settle(self, decision: PlannerDecision, observed_peak_bytes: int) -> bool:
         """Compare the prediction with the observed peak; a miss is counted and reported. Returns whether it missed."""
@@ -205,11 +242,19 @@ class MemoryPlanner:
         if predicted is None:
             return False
         error = abs(observed_peak_bytes - predicted) / max(predicted, 1.0)
-        self.history.append({"batch_size": decision.shape.batch_size, "seq_len": decision.shape.seq_len,
-                             "choice": decision.mode, "reason": decision.reason, "predicted_peak_bytes": predicted,
-                             "observed_peak_bytes": observed_peak_bytes, **decision.costs,
-                             "offload_target": decision.offload_target,
-                             "miss": error > self.miss_threshold})
+        self.history.append(
+            {
+                "batch_size": decision.shape.batch_size,
+                "seq_len": decision.shape.seq_len,
+                "choice": decision.mode,
+                "reason": decision.reason,
+                "predicted_peak_bytes": predicted,
+                "observed_peak_bytes": observed_peak_bytes,
+                **decision.costs,
+                "offload_target": decision.offload_target,
+                "miss": error > self.miss_threshold,
+            }
+        )
         if error <= self.miss_threshold:
             return False
         self.num_misses += 1
@@ -219,20 +264,30 @@ class MemoryPlanner:
 
     def _miss_report(self, decision: PlannerDecision, observed: int, error: float) -> dict:
         inputs = {
-            "batch_size": decision.shape.batch_size, "seq_len": decision.shape.seq_len,
-            "signature": decision.shape.signature, "resident_bytes": decision.resident_bytes,
-            "budget_bytes": decision.budget_bytes, "estimate_bytes": decision.estimate_bytes,
+            "batch_size": decision.shape.batch_size,
+            "seq_len": decision.shape.seq_len,
+            "signature": decision.shape.signature,
+            "resident_bytes": decision.resident_bytes,
+            "budget_bytes": decision.budget_bytes,
+            "estimate_bytes": decision.estimate_bytes,
             **decision.costs,
             "offload_cost_measured": decision.offload_cost_measured,
-            "forward_s_per_token": self.forward_s_per_token, "pack_s_per_byte": self.pack_s_per_byte,
+            "forward_s_per_token": self.forward_s_per_token,
+            "pack_s_per_byte": self.pack_s_per_byte,
             "restore_s_per_byte": self.restore_s_per_byte,
             "observations": list(decision.observations),
         }
         budget = decision.budget_bytes
-        return {"choice": decision.mode, "reason": decision.reason, "inputs": inputs,
-                "predicted_peak_bytes": decision.predicted_peak_bytes, "observed_peak_bytes": observed,
-                "relative_error": error, "miss_threshold": self.miss_threshold,
-                "over_budget": budget is not None and observed > budget}
+        return {
+            "choice": decision.mode,
+            "reason": decision.reason,
+            "inputs": inputs,
+            "predicted_peak_bytes": decision.predicted_peak_bytes,
+            "observed_peak_bytes": observed,
+            "relative_error": error,
+            "miss_threshold": self.miss_threshold,
+            "over_budget": budget is not None and observed > budget,
+        }
 
     # -- evidence --------------------------------------------------------------------
 
@@ -267,7 +322,12 @@ class MemoryPlanner:
 
     def summary(self) -> dict:
         """Choices made, misses, and the measured costs: what a segment result records."""
-        return {"choices": dict(self.choices), "num_misses": self.num_misses,
-                "miss_reports": [] if self.miss_reports is None else [p.name for p in self.miss_reports.written],
-                "budget_bytes": self.budget_bytes, "forward_s_per_token": self.forward_s_per_token,
-                "pack_s_per_byte": self.pack_s_per_byte, "restore_s_per_byte": self.restore_s_per_byte}
+        return {
+            "choices": dict(self.choices),
+            "num_misses": self.num_misses,
+            "miss_reports": [] if self.miss_reports is None else [p.name for p in self.miss_reports.written],
+            "budget_bytes": self.budget_bytes,
+            "forward_s_per_token": self.forward_s_per_token,
+            "pack_s_per_byte": self.pack_s_per_byte,
+            "restore_s_per_byte": self.restore_s_per_byte,
+        }

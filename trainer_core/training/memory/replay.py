@@ -88,18 +88,23 @@ class ForwardStart:
     parameter_versions: list[tuple[weakref.ref, int]]
 
     @classmethod
-    def capture(cls, device: torch.device, modules: Iterable[nn.Module],
-                parameters: Iterable[torch.Tensor]) -> "ForwardStart":
-        return cls(_RandomAndAutocast.capture(device), ModuleState.capture(modules),
-                   [(weakref.ref(p), p._version) for p in parameters])
+    def capture(
+        cls, device: torch.device, modules: Iterable[nn.Module], parameters: Iterable[torch.Tensor]
+    ) -> "ForwardStart":
+        return cls(
+            _RandomAndAutocast.capture(device),
+            ModuleState.capture(modules),
+            [(weakref.ref(p), p._version) for p in parameters],
+        )
 
     @contextlib.contextmanager
     def restored(self):
         with self.rng.restored(), self.modules.restored():
             yield
 
-    def replay(self, call: ForwardCall, values: Mapping[str, torch.Tensor],
-               stash: OffloadHooks | None = None) -> "ReplayedGraph":
+    def replay(
+        self, call: ForwardCall, values: Mapping[str, torch.Tensor], stash: OffloadHooks | None = None
+    ) -> "ReplayedGraph":
         """The replay of the forward that ran from here and gave `values` (see `ReplayedGraph.of`)."""
         return ReplayedGraph.of(call, self, values, stash)
 
@@ -157,8 +162,10 @@ def _check_reproduced(outputs: Mapping[str, torch.Tensor], expected: Mapping[str
         if comparable and torch.equal(_bits(replayed), _bits(recorded)):
             continue
         if not comparable:
-            detail = (f"{tuple(replayed.shape)}/{replayed.dtype} where the forward gave "
-                      f"{tuple(recorded.shape)}/{recorded.dtype}")
+            detail = (
+                f"{tuple(replayed.shape)}/{replayed.dtype} where the forward gave "
+                f"{tuple(recorded.shape)}/{recorded.dtype}"
+            )
         else:
             with torch.no_grad():
                 differs = (_bits(replayed) != _bits(recorded)).view(-1, replayed.element_size()).any(-1)
@@ -234,8 +241,13 @@ class ReplayedGraph:
         return per_token * inputs.shape.padded_tokens if per_token else math.inf
 
     @classmethod
-    def of(cls, call: ForwardCall, start: ForwardStart, values: Mapping[str, torch.Tensor],
-           stash: OffloadHooks | None = None) -> "ReplayedGraph":
+    def of(
+        cls,
+        call: ForwardCall,
+        start: ForwardStart,
+        values: Mapping[str, torch.Tensor],
+        stash: OffloadHooks | None = None,
+    ) -> "ReplayedGraph":
         """The replay of a forward that ran from `start` and gave `values`, in any mode; `stash` moves the input
         copies off the device (an offloaded graph's, so that they too keep nothing resident)."""
         # What the forward produced, for the importance weight of a stale replay and
@@ -261,8 +273,9 @@ class ReplayedGraph:
             if param is not None and id(param) not in read_at_current and param._version != version:
                 raise inplace_error(f"{param.dtype} parameter", tuple(param.shape), version, param._version)
 
-    def differentiate(self, inputs: Sequence[torch.Tensor], cotangents_for: CotangentsFor, *, keep_graph: bool,
-                      rerun: Rerun) -> Gradients:
+    def differentiate(
+        self, inputs: Sequence[torch.Tensor], cotangents_for: CotangentsFor, *, keep_graph: bool, rerun: Rerun
+    ) -> Gradients:
         assert self._inputs is not None, "differentiating a released graph"
         self._check_parameters_unchanged(rerun.current_parameter_ids)
         call = self._inputs.call()

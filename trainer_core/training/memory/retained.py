@@ -124,8 +124,9 @@ class RetainedGraph:
         assert self._outputs is not None, "differentiating a released graph"
         return self._outputs
 
-    def differentiate(self, inputs: Sequence[torch.Tensor], cotangents_for: CotangentsFor, *, keep_graph: bool,
-                      rerun: Rerun) -> Gradients:
+    def differentiate(
+        self, inputs: Sequence[torch.Tensor], cotangents_for: CotangentsFor, *, keep_graph: bool, rerun: Rerun
+    ) -> Gradients:
         cotangents = cotangents_for(self.outputs)
         names = differentiable_outputs(self.outputs, cotangents)
         # From here autograd frees saved tensors as it goes unless kept, whether or not it gets to the end.
