@@ -33,7 +33,7 @@ import secrets
 import threading
 from collections.abc import Callable
 
-from .base import ObjectStore, StoreLocation, Versioned, location_of, storage_errors
+from .base import ObjectStore, PutMode, StoreLocation, Versioned, location_of, storage_errors
 
 _PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
 
@@ -104,6 +104,16 @@ def replace_if_unchanged(store: ObjectStore, path: str, data: bytes, tag: str) -
         return location_of(store).conditional_write(store.key_of(path), data, tag)
 
     return _confirmed(store, path, data, f"conditional replace of {path}", replace)
+
+
+def put_conditional(store: ObjectStore, key: str, data: bytes, mode: PutMode, tag: str | None) -> str | None:
+    """`put`'s create and if-match modes for a backend with `conditional_write`, confirmed on every answer."""
+    path = store.path(key)
+    if mode == "create":
+        return create_if_absent(store, path, data)
+    if tag is None:
+        raise ValueError(f"put(mode='if_match') of {key} names no tag")
+    return replace_if_unchanged(store, path, data, tag)
 
 
 def check_conditional_writes(store: ObjectStore, probe_prefix: str) -> None:

@@ -25,7 +25,7 @@ import fsspec
 from trainer_core.storage_url import overlap
 
 from .base import Deadline, ObjectInfo, PutMode, StoreLocation, StoreTimeouts, Upload, Versioned, find_files
-from .conditional import create_if_absent, replace_if_unchanged
+from .conditional import put_conditional
 from .durable import create_exclusive, temp_name, write_durable
 from .local_tree import remove_paths
 from .preflight import probe_round_trip
@@ -147,16 +147,11 @@ class LocalStore(StoreLocation):
         tag: str | None = None,
         deadline: Deadline | None = None,
     ) -> str | None:
-        path = self.path(key)
-        if mode == "create":
-            return create_if_absent(self, path, data)
-        if mode == "if_match":
-            if tag is None:
-                raise ValueError(f"put(mode='if_match') of {key} names no tag")
-            return replace_if_unchanged(self, path, data, tag)
+        if mode != "overwrite":
+            return put_conditional(self, key, data, mode, tag)
         if deadline is not None:
             deadline.remaining()
-        write_durable(Path(path), data)
+        write_durable(Path(self.path(key)), data)
         return hashlib.sha256(data).hexdigest()
 
     def conditional_write(self, key: str, data: bytes, tag: str | None) -> str | None:

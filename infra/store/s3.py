@@ -35,7 +35,7 @@ from .base import (
     s3_options_from_env,
     storage_errors,
 )
-from .conditional import create_if_absent, is_precondition_failure, replace_if_unchanged
+from .conditional import is_precondition_failure, put_conditional
 from .preflight import probe_round_trip
 from .s3_uploads import server_verifies_checksums, upload_s3
 from .uploads import CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_KEY, RemoteObject, UploadJob
@@ -169,13 +169,8 @@ class S3Store(StoreLocation):
         tag: str | None = None,
         deadline: Deadline | None = None,
     ) -> str | None:
-        path = self.path(key)
-        if mode == "create":
-            return create_if_absent(self, path, data)
-        if mode == "if_match":
-            if tag is None:
-                raise ValueError(f"put(mode='if_match') of {key} names no tag")
-            return replace_if_unchanged(self, path, data, tag)
+        if mode != "overwrite":
+            return put_conditional(self, key, data, mode, tag)
         digest = hashlib.sha256(data).hexdigest()
         metadata = {
             SHA256_METADATA_KEY: digest,
