@@ -32,15 +32,8 @@ _NAMES_BY_MODULE = {
     "publication.manifests": ("ManifestError", "checkpoint_name"),
     "publication.orphans": ("GarbageReport", "collect_garbage"),
     "store.preflight": ("StoreUnavailable", "check_store_writable"),
-    "publication.commit": (
-        "CleanupOutcome",
-        "CommitOutcome",
-        "PublishSettings",
-        "StagedFileChanged",
-        "abort_publication",
-        "cleanup_staging",
-        "commit_checkpoint",
-    ),
+    "publication.commit": ("CommitOutcome", "PublishSettings", "StagedFileChanged", "commit_checkpoint"),
+    "publication.cleanup": ("CleanupOutcome", "abort_publication", "cleanup_staging"),
     "runs.run_lease": ("RunAlreadyActive", "RunLeaseLost", "acquire_run_lease", "check_run_lease"),
     "runs.run_state": (
         "BundleManifest",
@@ -68,15 +61,8 @@ if TYPE_CHECKING:
         scan_checkpoints,
         verify_checkpoint,
     )
-    from infra.publication.commit import (
-        CleanupOutcome,
-        CommitOutcome,
-        PublishSettings,
-        StagedFileChanged,
-        abort_publication,
-        cleanup_staging,
-        commit_checkpoint,
-    )
+    from infra.publication.cleanup import CleanupOutcome, abort_publication, cleanup_staging
+    from infra.publication.commit import CommitOutcome, PublishSettings, StagedFileChanged, commit_checkpoint
     from infra.publication.finalizer import FinalizerSettings, FinalizerWaitTimeout
     from infra.publication.journal import Journal, PublicationState, TransitionError
     from infra.publication.manifests import ManifestError, checkpoint_name

@@ -24,7 +24,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra.publication.checkpoints import verify_checkpoint
-from infra.publication.commit import abort_publication, checkpoint_name
+from infra.publication.cleanup import abort_publication
+from infra.publication.commit import checkpoint_name
 from infra.publication.journal import Journal, PublicationState
 from infra.publication.manifests import MANIFEST_FILE, parse_manifest
 from infra.runs import ledger

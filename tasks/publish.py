@@ -19,14 +19,8 @@ from typing import Protocol, TypeVar
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.publication.commit import (
-    EXPORT_AGAIN,
-    CleanupOutcome,
-    CommitOutcome,
-    PublishSettings,
-    cleanup_staging,
-    commit_checkpoint,
-)
+from infra.publication.cleanup import CleanupOutcome, cleanup_staging
+from infra.publication.commit import EXPORT_AGAIN, CommitOutcome, PublishSettings, commit_checkpoint
 from infra.runs import ledger
 from infra.runs.run_lease import RunLeaseLost
 from infra.store import open_store

@@ -1,4 +1,4 @@
-"""Publish a staged checkpoint: commit it to the store, clean up after it, or abort it.
+"""Publish a staged checkpoint: commit it to the store (cleanup and abort: infra/publication/cleanup.py).
 
     export (PREPARING → PREPARED) → commit (COMMITTING → COMMITTED) → cleanup (CLEANED)
 
@@ -13,19 +13,11 @@ where the last try stopped; one that already has its outcome returns at once
 if its checkpoint still verifies in the store (confirm depth, infra/publication/checkpoints.py),
 and raises CheckpointDoesNotVerify if it does not: the step is exported and
 committed again (tasks/publish.py), never reported committed while damaged.
-
-`cleanup_staging` removes the local staging of a committed (or aborted)
-publication and, holding the lease, aborts this checkpoint's dangling
-multipart uploads and removes the temporary files interrupted writes of the
-run left in a local store (a killed commit or upload); a cleanup failure
-leaves the checkpoint committed and is retried alone. `abort_publication` ends a publication that will not be
-committed (refused once it is).
 """
 
 from __future__ import annotations
 
 import hashlib
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -33,7 +25,7 @@ from pathlib import Path
 
 from infra.publication.checkpoints import verify_checkpoint
 from infra.publication.finalizer import FinalizerSettings, finalizer
-from infra.publication.journal import HAS_OUTCOME, Journal, PublicationState, TransitionError, journal_path_for
+from infra.publication.journal import Journal, PublicationState, TransitionError, journal_path_for
 from infra.publication.latest import advance_latest, read_latest
 from infra.publication.manifests import (
     LATEST_FILE,
@@ -45,32 +37,26 @@ from infra.publication.manifests import (
     parse_manifest,
 )
 from infra.store.base import Deadline, ObjectStore, storage_errors
-from infra.store.lease import LEASES_DIR
 from infra.store.objects import (
     StagedFileChanged,
-    abort_dangling_uploads,
     list_files,
     matches,
     put_small,
     remote_objects,
     remove_files,
-    remove_left_temporaries,
     upload_files,
 )
 
 __all__ = [
     "CheckpointDoesNotVerify",
     "CommitOutcome",
-    "CleanupOutcome",
     "EXPORT_AGAIN",
     "LATEST_FILE",
     "MANIFEST_FILE",
     "PublishSettings",
     "StagedFileChanged",
     "StagingMissing",
-    "abort_publication",
     "checkpoint_name",
-    "cleanup_staging",
     "commit_checkpoint",
     "read_latest",
     "read_staged_manifest",
@@ -127,24 +113,7 @@ class CommitOutcome:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class CleanupOutcome:
-    step: int | None
-    state: str
-    removed_bytes: int = 0
-    aborted_uploads: int = 0
-    stale_objects_removed: int = 0
-    temporaries_removed: int = 0
-    """Temporary files that interrupted writes of the run had left in a local store."""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def __getitem__(self, key: str):  # the dict this used to be
-        return getattr(self, key)
-
-
-def _notify(observer: Observer | None, event: str) -> None:
+def notify(observer: Observer | None, event: str) -> None:
     if observer is not None:
         observer(event)
 
@@ -264,7 +233,7 @@ def _commit(
         Deadline(settings.timeout_s, f"commit of {checkpoint_name(manifest.step)} for run {run_id}", store),
     )
     with finalizer(store, run_id, settings.finalizer, step=journal.step) as lease:
-        _notify(observer, "lease")
+        notify(observer, "lease")
         held = lease.record
         assert held is not None  # the finalizer lease is held
         journal.transition(
@@ -283,7 +252,7 @@ def _commit(
         move = _advance_latest(target, lease, observer)
         stale = _remove_stale(target, listing, lease)
         journal.transition(S.COMMITTED, note="; ".join(target.notes) or "manifest and LATEST written", error=None)
-        _notify(observer, "committed")
+        notify(observer, "committed")
     return target.outcome(todo, move, stale, started)
 
 
@@ -373,7 +342,7 @@ def _staged_manifest_of(journal: Journal, staged_dir: Path, run_id: str) -> tupl
 def _hide_another_commit(target: _Target, listing: dict[str, int], lease) -> bytes | None:
     """The manifest already published for this step; another commit's is removed before its files change."""
     store, manifest_path = target.store, f"{target.base}/{MANIFEST_FILE}"
-    published = _read_bytes(store, manifest_path) if MANIFEST_FILE in listing else None
+    published = read_bytes(store, manifest_path) if MANIFEST_FILE in listing else None
     if published is not None and published != target.manifest_bytes:
         # A different commit of this step is visible: hide it before its files change under readers.
         lease.check()
@@ -402,7 +371,7 @@ def _upload(
     def on_uploaded(entry) -> None:
         lease.check()  # fencing, between data files: a run whose lease was taken over records nothing more
         journal.record_upload(entry.path, entry.size, entry.sha256)
-        _notify(observer, f"uploaded {entry.path}")
+        notify(observer, f"uploaded {entry.path}")
 
     try:
         upload_files(target.store, staged_dir, target.base, todo, target.deadline, on_uploaded, settings.concurrency)
@@ -416,18 +385,18 @@ def _write_manifest(target: _Target, published: bytes | None, lease, observer: O
     target.deadline.remaining()
     lease.check()  # fencing: a finalizer whose lease was taken over must not publish
     if published != target.manifest_bytes:
-        _notify(observer, "manifest")
+        notify(observer, "manifest")
         put_small(target.store, f"{target.base}/{MANIFEST_FILE}", target.manifest_bytes)
-    _notify(observer, "manifest-written")
+    notify(observer, "manifest-written")
 
 
 def _advance_latest(target: _Target, lease, observer: Observer | None):
     # LATEST is compare-and-swapped (never moved back), but a run whose lease was taken over must not move it.
     lease.check()
-    move = advance_latest(target.store, target.run_id, target.step, on_read=lambda: _notify(observer, "latest-read"))
+    move = advance_latest(target.store, target.run_id, target.step, on_read=lambda: notify(observer, "latest-read"))
     if move.note:
         target.notes.append(move.note)
-    _notify(observer, "latest")
+    notify(observer, "latest")
     return move
 
 
@@ -439,131 +408,6 @@ def _remove_stale(target: _Target, listing: dict[str, int], lease) -> list[str]:
     return stale
 
 
-def _read_bytes(store: ObjectStore, path: str) -> bytes | None:
+def read_bytes(store: ObjectStore, path: str) -> bytes | None:
     found = store.get(store.key_of(path))
     return None if found is None else found.data
-
-
-# -- cleanup ------------------------------------------------------------------
-
-
-def _local_leftovers(staged_dir: Path) -> list[Path]:
-    return [
-        staged_dir,
-        staged_dir.with_name(staged_dir.name + ".tmp"),
-        staged_dir.with_name(staged_dir.name + ".result.json"),
-    ]
-
-
-def _check_not_overlapping(staged_dir: Path, store: ObjectStore) -> None:
-    """Refuse to delete a staging that contains the store, or lies inside it (defence in depth)."""
-    if store.overlaps(staged_dir):  # only a local store can: its root is then a directory
-        staging, root = staged_dir.resolve(), Path(store.root).resolve()
-        raise ValueError(
-            f"the staging {staging} and the local store {root} overlap; refusing to delete it — "
-            "point storage.url and run.work_dir at separate directories"
-        )
-
-
-def remove_local_staging(staged_dir: Path, store: ObjectStore) -> int:
-    """Delete the staging and its temporaries; the bytes removed. The journal stays."""
-    _check_not_overlapping(staged_dir, store)
-    removed = 0
-    for leftover in _local_leftovers(staged_dir):
-        if leftover.is_dir():
-            removed += sum(p.stat().st_size for p in leftover.rglob("*") if p.is_file() and not p.is_symlink())
-            shutil.rmtree(leftover)
-        elif leftover.exists() or leftover.is_symlink():
-            removed += leftover.lstat().st_size
-            leftover.unlink()
-    return removed
-
-
-def cleanup_staging(
-    staged_dir: Path,
-    store: ObjectStore,
-    run_id: str,
-    *,
-    settings: PublishSettings | None = None,
-    observer: Observer | None = None,
-) -> CleanupOutcome:
-    """Clean up after a committed (or aborted) publication; never touches a committed checkpoint."""
-    settings = settings or PublishSettings()
-    with storage_errors(store, f"cleanup of {staged_dir.name} for run {run_id}"):
-        return _cleanup(staged_dir, store, run_id, settings, observer)
-
-
-def _cleanup(
-    staged_dir: Path, store: ObjectStore, run_id: str, settings: PublishSettings, observer: Observer | None
-) -> CleanupOutcome:
-    if not journal_path_for(staged_dir, store).is_file() and not (staged_dir / MANIFEST_FILE).is_file():
-        return CleanupOutcome(step=None, state="nothing staged")
-    journal = open_journal(staged_dir, store, run_id)
-    state = journal.state
-    if state is S.CLEANED:
-        return CleanupOutcome(step=journal.step, state=state.value)  # a retried cleanup that already finished
-    if state is S.ABORTED:
-        return CleanupOutcome(
-            step=journal.step, state=state.value, removed_bytes=remove_local_staging(staged_dir, store)
-        )
-    if state not in HAS_OUTCOME:
-        raise TransitionError(
-            f"publication {journal.name} is {state.value if state else 'not journaled'}: it is not committed, so "
-            "cleanup will not delete its staging — commit it (or abort it) first"
-        )
-    removed = remove_local_staging(staged_dir, store)
-    _notify(observer, "local-removed")
-    deadline = Deadline(settings.timeout_s, f"cleanup of {journal.name}", store)
-    base = remote_dir(store, run_id, journal.step)
-    with finalizer(store, run_id, settings.finalizer, purpose=f"cleanup of {journal.name}") as lease:
-        _notify(observer, "cleanup-lease")
-        # Only this checkpoint's prefix, with its trailing '/': other steps'
-        # in-flight uploads (and `step-…X` siblings) are never touched.
-        aborted = abort_dangling_uploads(store, base)
-        # The local-store counterpart: what a killed write of this run left (a commit's, a state upload's, LATEST's).
-        # Not under leases/, which processes waiting for a lease write without holding this one.
-        temporaries = remove_left_temporaries(store, store.path(run_id), skip=(LEASES_DIR,))
-        deadline.remaining()
-        published = _read_bytes(store, f"{base}/{MANIFEST_FILE}")
-        stale: list[str] = []
-        if published is not None:
-            manifest = parse_manifest(published, f"{base}/{MANIFEST_FILE}", run_id=run_id, step=journal.step)
-            stale = sorted(set(list_files(store, base)) - {e.path for e in manifest.files} - {MANIFEST_FILE})
-            lease.check()
-            remove_files(store, base, stale)
-        _notify(observer, "store-cleaned")
-        lease.check()  # fencing: no outcome is recorded by a run whose lease was taken over
-        journal.transition(
-            S.CLEANED,
-            note=f"removed {removed} staged bytes, aborted {aborted} uploads, removed {len(temporaries)} temporaries",
-        )
-    return CleanupOutcome(
-        step=journal.step,
-        state=S.CLEANED.value,
-        removed_bytes=removed,
-        aborted_uploads=aborted,
-        stale_objects_removed=len(stale),
-        temporaries_removed=len(temporaries),
-    )
-
-
-# -- abort --------------------------------------------------------------------
-
-
-def abort_publication(staged_dir: Path, store: ObjectStore, run_id: str, step: int, reason: str) -> Journal:
-    """End a publication that will not be committed; removes its temporary files (not a verified staging)."""
-    journal = Journal.for_staging(staged_dir, store, run_id, step)
-    if journal.state is S.COMMITTING:
-        published = _read_bytes(store, f"{remote_dir(store, run_id, step)}/{MANIFEST_FILE}")
-        if published is not None and published == (staged_dir / MANIFEST_FILE).read_bytes():
-            raise TransitionError(
-                f"publication {journal.name} is already visible in the store (its manifest is "
-                "there); it cannot be aborted — rerun the commit to finish it"
-            )
-    journal.transition(S.ABORTED, note=reason, error=reason, mirror_required=False)
-    for leftover in _local_leftovers(staged_dir)[1:]:
-        if leftover.is_dir():
-            shutil.rmtree(leftover)
-        elif leftover.exists():
-            leftover.unlink()
-    return journal

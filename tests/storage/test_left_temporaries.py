@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from infra.publication.checkpoints import verify_checkpoint
-from infra.publication.commit import cleanup_staging, commit_checkpoint
+from infra.publication.cleanup import cleanup_staging
+from infra.publication.commit import commit_checkpoint
 from infra.runs.run_state import publish_bundle, stored_bundle
 from infra.store.base import open_store
 from infra.store.durable import TEMP_MARKER

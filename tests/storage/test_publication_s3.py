@@ -14,7 +14,8 @@ import time
 import pytest
 
 from infra.publication.checkpoints import list_checkpoints, verify_checkpoint
-from infra.publication.commit import PublishSettings, StagedFileChanged, cleanup_staging, commit_checkpoint
+from infra.publication.cleanup import cleanup_staging
+from infra.publication.commit import PublishSettings, StagedFileChanged, commit_checkpoint
 from infra.publication.finalizer import FINALIZER_LEASE
 from infra.publication.journal import journal_path_for, read_mirrors
 from infra.publication.latest import read_latest

@@ -14,7 +14,8 @@ import time
 import pytest
 
 from infra.publication.checkpoints import verify_checkpoint
-from infra.publication.commit import PublishSettings, cleanup_staging, commit_checkpoint
+from infra.publication.cleanup import cleanup_staging
+from infra.publication.commit import PublishSettings, commit_checkpoint
 from infra.runs import ledger
 from infra.services.s3_server import start_s3_server
 from infra.store.base import StoreTimeouts, open_store

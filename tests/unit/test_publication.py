@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from infra.publication.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
-from infra.publication.commit import PublishSettings, cleanup_staging, commit_checkpoint, read_latest
+from infra.publication.cleanup import cleanup_staging
+from infra.publication.commit import PublishSettings, commit_checkpoint, read_latest
 from infra.store import MemoryStore, open_store
 from tests.publication_helpers import fail_after_uploads
 from trainer_core.run.manifest import write_manifest

@@ -22,14 +22,8 @@ from infra.publication.checkpoints import (
     scan_checkpoints,
     verify_checkpoint,
 )
-from infra.publication.commit import (
-    PublishSettings,
-    StagedFileChanged,
-    abort_publication,
-    cleanup_staging,
-    commit_checkpoint,
-    read_latest,
-)
+from infra.publication.cleanup import abort_publication, cleanup_staging
+from infra.publication.commit import PublishSettings, StagedFileChanged, commit_checkpoint, read_latest
 from infra.publication.journal import Journal, PublicationState, TransitionError, journal_path_for
 from infra.publication.manifests import ManifestError
 from infra.publication.orphans import collect_garbage

@@ -25,13 +25,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from infra.publication.checkpoints import list_checkpoints, verify_checkpoint
-from infra.publication.commit import (
-    PublishSettings,
-    StagedFileChanged,
-    abort_publication,
-    cleanup_staging,
-    commit_checkpoint,
-)
+from infra.publication.cleanup import abort_publication, cleanup_staging
+from infra.publication.commit import PublishSettings, StagedFileChanged, commit_checkpoint
 from infra.publication.journal import ALLOWED, Journal, PublicationState, TransitionError, journal_path_for
 from infra.publication.latest import read_latest
 from infra.publication.manifests import checkpoint_name

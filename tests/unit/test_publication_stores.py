@@ -17,7 +17,8 @@ import pytest
 from prefect.states import Failed
 
 from infra.publication.checkpoints import verify_checkpoint
-from infra.publication.commit import EXPORT_AGAIN, CheckpointDoesNotVerify, cleanup_staging, commit_checkpoint
+from infra.publication.cleanup import cleanup_staging
+from infra.publication.commit import EXPORT_AGAIN, CheckpointDoesNotVerify, commit_checkpoint
 from infra.publication.journal import Journal, PublicationState, journal_path_for
 from infra.publication.manifests import ManifestError
 from infra.runs.local_records import store_key
