@@ -26,7 +26,7 @@ def _stage(tmp_path, tensors) -> list:
 
 def test_the_true_rows_of_a_padded_vocabulary_pass(tmp_path, own):
     files = _stage(tmp_path, {"embed.weight": own["embed.weight"][:13], "mlp.weight": own["mlp.weight"]})
-    assert [entry["path"] for entry in _verify_share(tmp_path, files, own, true_vocab=13)] == ["model.safetensors"]
+    assert [entry.path for entry in _verify_share(tmp_path, files, own, true_vocab=13)] == ["model.safetensors"]
 
 
 def test_a_changed_true_row_is_caught(tmp_path, own):
