@@ -170,7 +170,7 @@ def shard_model(
     if embed is not None:
         units.append(shard(embed))
     units.extend(shard(layer) for layer in layers)
-    head_group = [m for m in (norm, head) if m is not None and not any(m is layer for layer in layers)]
+    head_group = [m for m in (norm, head) if m is not None]
     if head_group:
         units.append(shard(head_group))
     units.append(shard(model))
