@@ -206,6 +206,8 @@ def check_unsharded_storages(rank, world_size, mesh):
         num_fsdp_params=len(sharded.fsdp_params()),
         num_units=len(sharded.units),
         stable=before == sharded.unsharded_storages(),
+        # A checkpoint's subset: found by its sharded parameters' identity.
+        subset=[fp.sharded_param is model.lm_head.weight for fp in sharded.fsdp_params([model.lm_head.weight])],
     )
 
 

@@ -116,7 +116,7 @@ def test_the_unsharded_parameter_storages_are_named_and_stable(runs, world_size)
     for result in each_rank(runs, world_size, "unsharded_storages"):
         # embedding, 2 layers, [norm, lm_head], root
         assert result["num_units"] == 5 and result["count"] == result["num_fsdp_params"] == 25, result
-        assert result["stable"], result
+        assert result["stable"] and result["subset"] == [True], result
 
 
 def test_a_state_saved_at_two_ranks_loads_bitwise_at_one(runs):
