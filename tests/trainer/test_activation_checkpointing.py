@@ -169,3 +169,37 @@ def test_the_planner_budgets_the_smaller_figure():
         out = trainer.forward(ids, mask)
         assert (trainer.graphs.get(out.graph_id).mode == "retain") is flag  # pyright: ignore[reportOptionalMemberAccess]
         assert trainer.peak_saved_bytes <= budget or not flag
+
+
+def test_a_recompute_runs_the_adapter_of_its_forward():
+    """Two LoRA adapters (checkpointing applied first, as a run builds it): forward with `a`, forward with `b`, then
+    backward `a`'s graph while `b` is active: the recompute must run `a`."""
+    from peft import LoraConfig
+
+    configs = {
+        "a": LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1, init_lora_weights=False
+        ),
+        "b": LoraConfig(r=2, lora_alpha=4, target_modules=["k_proj", "down_proj"], init_lora_weights=False),
+    }
+    model = tiny_qwen3(dropout=0.1).train()
+    trainers = []
+    for checkpointed in (False, True):
+        m = copy.deepcopy(model)
+        if checkpointed:
+            checkpoint_blocks(m)
+        trainer = Trainer(m)
+        for seed, (name, config) in enumerate(configs.items()):
+            torch.manual_seed(seed)
+            trainer.add_lora_checkpoint(name, config, optimizer=OPTIMIZER)
+        trainers.append(trainer)
+    ids, mask = batch()
+    for trainer in trainers:
+        torch.manual_seed(7)
+        out_a = trainer.forward(ids, mask, mode="retain", checkpoint="a")
+        torch.manual_seed(8)
+        out_b = trainer.forward(ids, mask, mode="retain", checkpoint="b")
+        trainer.backward(sft_loss(out_a.logprobs, mask))
+        trainer.backward(sft_loss(out_b.logprobs, mask))
+    assert_bitwise(grads(trainers[0]), grads(trainers[1]))
+    assert any("lora_A.a" in name for name in grads(trainers[1])) and any("lora_A.b" in n for n in grads(trainers[1]))
