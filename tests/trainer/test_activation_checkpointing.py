@@ -203,3 +203,23 @@ def test_a_recompute_runs_the_adapter_of_its_forward():
         trainer.backward(sft_loss(out_b.logprobs, mask))
     assert_bitwise(grads(trainers[0]), grads(trainers[1]))
     assert any("lora_A.a" in name for name in grads(trainers[1])) and any("lora_A.b" in n for n in grads(trainers[1]))
+
+
+def test_a_deep_copy_of_a_checkpointed_model_runs_its_own_layers():
+    model = tiny_qwen3().train()
+    checkpoint_blocks(model)
+    copied = copy.deepcopy(model)
+    assert is_checkpointed(copied)
+    with torch.no_grad():
+        for p in copied.model.layers.parameters():
+            p.mul_(0.5)
+    ids, mask = batch()
+    plain = tiny_qwen3().train()
+    with torch.no_grad():
+        for p in plain.model.layers.parameters():
+            p.mul_(0.5)
+    for m in (copied, plain):
+        sft_loss(reference_logprobs(m, ids, mask), mask).backward()
+    for (name, p), q in zip(plain.named_parameters(), copied.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    assert all(p.grad is None for p in model.parameters())  # the original's layers did not run
