@@ -223,3 +223,21 @@ def test_a_deep_copy_of_a_checkpointed_model_runs_its_own_layers():
     for (name, p), q in zip(plain.named_parameters(), copied.parameters()):
         assert torch.equal(p.grad, q.grad), name
     assert all(p.grad is None for p in model.parameters())  # the original's layers did not run
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_under_the_importance_policy_a_stale_graph_replays_bitwise_as_without_checkpointing(mode):
+    plain, checkpointed = pair(
+        dropout=0.1, staleness=StalenessPolicy(max_gradient_staleness=1, stale_mode="importance")
+    )
+    ids, mask = batch(seed=1)
+    held = {}
+    for trainer in (plain, checkpointed):
+        held[id(trainer)] = seeded_forward(trainer, ids, mask, mode)
+        other_ids, other_mask = batch(seed=100)
+        out = seeded_forward(trainer, other_ids, other_mask, "retain", seed=50)
+        trainer.backward(sft_loss(out.logprobs, other_mask))
+        assert trainer.step()["base"].stepped
+        report = trainer.backward(sft_loss(held[id(trainer)].logprobs, mask))
+        assert list(report.ages.values()) == [{"base": 1}]
+    assert_bitwise(grads(plain), grads(checkpointed))
