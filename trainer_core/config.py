@@ -169,6 +169,9 @@ class TrainSection(_Section):
     snapshots stale graphs hold."""
     max_gradient_staleness: int = Field(default=2, ge=0, strict=True)
     """Optimizer steps a forward's graph may lag behind at backward (0 = strict)."""
+    activation_checkpointing: Literal["none", "blocks"] = "none"
+    """`blocks`: every decoder layer keeps only its input and runs again in backward (about one more forward per
+    layer) for far fewer saved bytes; gradients, weights and run id are bitwise those of `none`."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights and activations: `float32`, or `bfloat16` weights trained through FP32 master weights and moments."""
     planner_miss_threshold: float = Field(default=0.25, gt=0)

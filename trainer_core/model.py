@@ -16,7 +16,10 @@ What the trainer trains follows the config:
   memory; masters halve the weights and the saved tensors the memory planner
   budgets, while an update far below bf16's resolution still accumulates;
 - `model.pad_vocab_to_multiple_of`: zero padding rows, outputs over the true
-  vocabulary (`training/vocab.py`).
+  vocabulary (`training/vocab.py`);
+- `train.activation_checkpointing = "blocks"`: every decoder layer keeps only
+  its input and recomputes in backward (`training/activation_checkpointing.py`);
+  parameter names and so saved states and exports are those of `"none"`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from .config import RunConfig
 from .model_config import peft_lora_config, read_model_config
 from .training import MemoryPlanner, MissReports, OptimizerConfig, StalenessPolicy, Trainer, pad_vocabulary
+from .training.activation_checkpointing import checkpoint_blocks
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BASE_CHECKPOINT = "base"
@@ -49,6 +53,8 @@ def build_model(config: RunConfig) -> tuple[PreTrainedModel, int | None]:
     true_vocab = None
     if config.model.pad_vocab_to_multiple_of is not None:
         true_vocab = pad_vocabulary(model, config.model.pad_vocab_to_multiple_of)
+    if config.train.activation_checkpointing == "blocks":
+        checkpoint_blocks(model)
     return model, true_vocab
 
 

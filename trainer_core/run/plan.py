@@ -160,6 +160,9 @@ def digest_view(config: RunConfig) -> dict:
         training_config["run"].pop(operational)
     for operational in ("segment_timeout_s", "stall_timeout_s", "collective_timeout_s", "planner_miss_threshold"):
         training_config["train"].pop(operational)
+    # Recomputing a layer in backward gives bitwise the gradients of a plain forward (tests/trainer/
+    # test_activation_checkpointing.py): how much is kept, not what is trained.
+    training_config["train"].pop("activation_checkpointing")
     if config.train.reduction == "deterministic":
         # The number of processes changes only the speed (trainer_core.ranks): a run
         # resumed at another nproc_per_node is the same run, under the same id.

@@ -10,19 +10,26 @@ outputs go and raises its own "modified by an inplace operation" error.
 
 The saved bytes are counted after the forward by walking the graph's nodes and
 their `_saved_*` tensors (distinct storages, parameters excluded): what is
-actually saved, padding included.
+actually saved, padding included. Under activation checkpointing
+(`training/activation_checkpointing.py`) a checkpointed layer's nodes hold
+placeholders, skipped unread (reading one would recompute the layer), and the
+layer's output node names the input storages the layer keeps instead.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
+from torch.utils.checkpoint import _Holder
 
 from .base import CotangentsFor, ForwardRecording, Gradients, Outputs, Rerun, differentiable_outputs, gradients
 from .costs import Evidence, OffloadTarget, PlanInputs
+
+CHECKPOINTED_INPUTS = "rankflow.checkpointed_inputs"
+"""Key in an autograd node's metadata: the (data_ptr, nbytes) storages a checkpointed layer keeps as its inputs."""
 
 
 @functools.cache
@@ -44,7 +51,12 @@ def saved_tensor_bytes(outputs: Outputs, excluded_storages: set[int]) -> int:
         if node is None or node in seen:
             continue
         seen.add(node)
+        for key, nbytes in _metadata(node).get(CHECKPOINTED_INPUTS, ()):
+            if key not in excluded_storages:
+                counted[key] = nbytes
         for attribute in _saved_attributes(type(node)):
+            if _checkpoint_placeholder(node, attribute):
+                continue
             try:
                 value = getattr(node, attribute)
             except RuntimeError:  # a saved variable that cannot be unpacked holds nothing we could count
@@ -57,6 +69,23 @@ def saved_tensor_bytes(outputs: Outputs, excluded_storages: set[int]) -> int:
                         counted[key] = storage.nbytes()
         stack.extend(next_node for next_node, _ in node.next_functions)
     return sum(counted.values())
+
+
+def _metadata(node: torch.autograd.graph.Node) -> dict:
+    return cast("dict", node.metadata)  # a property at run time; torch declares it a method
+
+
+def _checkpoint_placeholder(node: torch.autograd.graph.Node, attribute: str) -> bool:
+    """Whether a saved tensor is activation checkpointing's placeholder: packed by checkpoint's hook, read unpacked."""
+    try:
+        raw = getattr(node, "_raw" + attribute, None) if attribute.startswith("_saved_") else None
+    except RuntimeError:  # released: holds nothing, and reading it unpacks nothing either
+        return False
+    for saved in raw if isinstance(raw, (tuple, list)) else (raw,):
+        # A SavedTensor's `data` is what the pack hook returned, read without the unpack hook (not in torch's stubs).
+        if isinstance(getattr(saved, "data", None), _Holder):
+            return True
+    return False
 
 
 class RetainedGraph:
