@@ -219,3 +219,29 @@ def test_every_monkeypatched_dotted_target_exists():
     stale = {target: where for target, where in targets.items() if not _resolves(target)}
     assert stale == {}
     assert not _resolves("tasks.nodes.no_such_name") and _resolves("tasks.nodes.report_failure")
+
+
+def _file_relative_paths() -> list[tuple[str, Path]]:
+    """Every module-level `NAME = Path(__file__)…` under tests, bench and scripts, evaluated for its file (no import)."""
+    found = []
+    for top in ("tests", "bench", "scripts"):
+        for file in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.parse(file.read_text()).body:
+                if isinstance(node, ast.Assign) and "__file__" in ast.unparse(node.value):
+                    value = eval(
+                        compile(ast.Expression(node.value), str(file), "eval"), {"Path": Path, "__file__": str(file)}
+                    )
+                    if isinstance(value, Path):
+                        found.append((f"{file.relative_to(ROOT)}: {ast.unparse(node.targets[0])}", value))
+    return found
+
+
+def test_every_path_a_test_derives_from_its_own_file_exists():
+    # A file moved one folder deeper keeps `parents[2]` and silently points at tests/ instead of the repository.
+    paths = _file_relative_paths()
+    assert len(paths) >= 20
+    assert [name for name, path in paths if not path.exists()] == []
+    # A repository root must be the repository's, not a folder that happens to exist.
+    roots = [(name, path) for name, path in paths if name.endswith(("ROOT", "REPO"))]
+    assert len(roots) >= 8
+    assert [name for name, path in roots if not (path / "pyproject.toml").is_file()] == []

@@ -24,7 +24,7 @@ from trainer_core.config import load_config
 from trainer_core.run.faults import FAULT_ENV, FAULT_KIND_ENV
 from trainer_core.run.progress import progress_path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def rankflow_command() -> list[str]:
