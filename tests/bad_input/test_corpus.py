@@ -1,6 +1,6 @@
 """Every kind of bad input: exit 2, one message naming the input and the fix, no traceback, nothing written.
 
-The corpus (corpus.py) runs through the real CLI (`flows.cli.main`) in one
+The corpus (tests/bad_input/corpus/, one module per kind of input) runs through the real CLI (`flows.cli.main`) in one
 fresh process with fd-level capture (worker.py), once per session; each case
 is then its own test. A few cases also run as real `rankflow` subprocesses (as
 many at once as there are cores), and none of them may start Prefect: bad input
