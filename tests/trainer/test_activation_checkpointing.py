@@ -241,3 +241,27 @@ def test_under_the_importance_policy_a_stale_graph_replays_bitwise_as_without_ch
         report = trainer.backward(sft_loss(held[id(trainer)].logprobs, mask))
         assert list(report.ages.values()) == [{"base": 1}]
     assert_bitwise(grads(plain), grads(checkpointed))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_forward_that_raises_inside_a_checkpointed_layer_leaves_the_next_step_bitwise(mode):
+    # A user's hook (or a bad batch) raising mid-forward must not leave a checkpointed layer holding the wrong
+    # parameters or state: the next forward and backward are bitwise those of the plain trainer.
+    plain, checkpointed = pair(dropout=0.1)
+    ids, mask = batch()
+    layer = decoder_layers(checkpointed.model)[1]
+    before = {name: p.detach().clone() for name, p in checkpointed.model.named_parameters()}
+
+    def boom(module, args, kwargs):
+        raise RuntimeError("injected inside layer 1")
+
+    handle = layer.register_forward_pre_hook(boom, with_kwargs=True)
+    with pytest.raises(RuntimeError, match="injected inside layer 1"):
+        seeded_forward(checkpointed, ids, mask, mode)
+    handle.remove()
+    for name, p in checkpointed.model.named_parameters():
+        assert torch.equal(p, before[name]), name
+    for trainer in (plain, checkpointed):
+        out = seeded_forward(trainer, ids, mask, mode)
+        trainer.backward(sft_loss(out.logprobs, mask))
+    assert_bitwise(grads(plain), grads(checkpointed))
