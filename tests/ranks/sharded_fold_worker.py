@@ -1,0 +1,170 @@
+"""Run under torchrun by test_sharded_fold: `OrderedFolds` on a `shard_model`ed tiny Qwen3 vs the unsharded fold.
+
+L = 8 logical ranks, run round-robin (ℓ = j·W + p); logical rank 5 has no data
+(a dummy forward/backward, sent as +0); the last process fails after its
+backward at turn 1 once (the turn is aborted and retried). The reference is
+plain autograd on the unsharded model, one gradient per logical rank, folded
+by `trainer_core.ranks.reduction.ordered_fold` in logical order with zeros for
+the empty rank. `--out DIR` saves rank 0's gathered gradients for the
+cross-W comparison in the test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tests.trainer.models import tiny_qwen3
+from tests.trainer.sharded_ranks import (
+    all_bitwise,
+    bitwise,
+    emit,
+    gathered_grads,
+    loss,
+    rank_batch,
+    start,
+    worst,
+)
+from trainer_core.ranks.reduction import ordered_fold
+from trainer_core.ranks.sharded_fold import OrderedFolds, round_robin_logical_ranks
+from trainer_core.run.distributed import run_rank_main
+from trainer_core.training.sharding import shard_model
+
+LOGICAL = 8
+EMPTY = {5}
+FAIL_TURN = 1
+
+
+def reference_fold(reference, loss_of) -> dict[str, torch.Tensor]:
+    """Plain autograd per logical rank (zeros for an empty one), folded in logical order."""
+    per_rank: list[dict[str, torch.Tensor]] = []
+    for logical in range(LOGICAL):
+        reference.zero_grad(set_to_none=True)
+        if logical in EMPTY:
+            per_rank.append({n: torch.zeros_like(p) for n, p in reference.named_parameters()})
+            continue
+        loss_of(reference, logical).backward()
+        per_rank.append({n: p.grad.clone() for n, p in reference.named_parameters()})
+    reference.zero_grad(set_to_none=True)
+    return {name: ordered_fold(torch.stack([g[name] for g in per_rank])) for name in per_rank[0]}
+
+
+def full_loss(model, logical: int) -> torch.Tensor:
+    return loss(model, 0, logical, LOGICAL)
+
+
+def partial_loss(model, logical: int) -> torch.Tensor:
+    """A loss whose graph reaches the embedding and the first decoder layer only (the other units get no grad)."""
+    ids, mask = rank_batch(1, logical)
+    hidden = model(input_ids=ids, attention_mask=mask, use_cache=False, output_hidden_states=True).hidden_states[1]
+    return hidden.float().square().mean() * 1e-2
+
+
+def dummy_loss(model) -> torch.Tensor:
+    """An empty logical rank's turn: the same outputs on two tokens, times zero (its fold sends +0 anyway)."""
+    ids, mask = rank_batch(0, 0)
+    return full_loss_on(model, ids[:1, :2], mask[:1, :2]) * 0
+
+
+def full_loss_on(model, ids, mask) -> torch.Tensor:
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+    return logits.sum()
+
+
+def turn(model, folds: OrderedFolds, logical: int, loss_of, *, fail: bool) -> bool:
+    """One turn as a transaction: begin, forward + backward, agree over every process, then commit or abort."""
+    empty = logical in EMPTY
+    folds.begin(empty=empty)
+    error = None
+    try:
+        (dummy_loss(model) if empty else loss_of(model, logical)).backward()
+        if fail:
+            raise RuntimeError("injected after backward")
+    except RuntimeError as exc:
+        error = exc
+    failed = torch.tensor([1.0 if error else 0.0])
+    dist.all_reduce(failed)
+    if failed.item():
+        folds.abort()
+        return False
+    folds.commit()
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    rank, world_size, mesh = start()
+    reference = tiny_qwen3(vocab=97)
+    model = copy.deepcopy(reference)
+    sharded = shard_model(model, mesh)
+    folds = OrderedFolds(sharded)
+
+    unchanged = None
+    for j, logical in enumerate(round_robin_logical_ranks(rank, world_size, LOGICAL)):
+        before = gathered_grads(model) if j == FAIL_TURN else None
+        if not turn(model, folds, logical, full_loss, fail=(j == FAIL_TURN and rank == world_size - 1)):
+            unchanged = all_bitwise(gathered_grads(model), before)  # type: ignore[arg-type]  # set at FAIL_TURN
+            assert turn(model, folds, logical, full_loss, fail=False)
+    grads = gathered_grads(model)
+    expected = reference_fold(reference, full_loss)
+    # The shard each unit's reduce-scatter hands its owner (padded, FP32): what FSDP's own output buffer holds.
+    largest_shard = max(sum(fp.padded_sharded_param_size.numel() * 4 for fp in params) for _, params in folds._units)
+    emit(
+        "fold",
+        rank,
+        bitwise=all_bitwise(grads, expected),
+        max_diff=worst(grads, expected),
+        aborted=unchanged is not None,
+        abort_left_gradients_unchanged=unchanged,
+        peak_own_bytes=folds.peak_own_bytes,
+        largest_shard_bytes=largest_shard,
+    )
+    if rank == 0:
+        torch.save(grads, args.out / f"W{world_size}.pt")
+
+    # After the step's clear: reset, then a turn whose graph reaches two units only.
+    for p in model.parameters():
+        p.grad = None
+    folds.reset()
+    reached_turns = round_robin_logical_ranks(rank, world_size, world_size)
+    for logical in reached_turns:
+        assert turn(model, folds, logical, partial_loss, fail=False)
+    partial = {n: p.grad for n, p in model.named_parameters()}
+    reference.zero_grad(set_to_none=True)
+    per_rank = []
+    for logical in range(world_size):
+        reference.zero_grad(set_to_none=True)
+        partial_loss(reference, logical).backward()
+        per_rank.append({n: p.grad.clone() for n, p in reference.named_parameters() if p.grad is not None})
+    reference_partial = {name: ordered_fold(torch.stack([g[name] for g in per_rank])) for name in per_rank[0]}
+    none_as_expected = {n for n, g in partial.items() if g is None} == (
+        {n for n, _ in model.named_parameters()} - set(reference_partial)
+    )
+    got = {n: g.full_tensor() for n, g in partial.items() if g is not None}  # type: ignore[union-attr]
+    emit(
+        "partial_after_reset",
+        rank,
+        bitwise=got.keys() == reference_partial.keys()
+        and all(bitwise(got[n], reference_partial[n]) for n in reference_partial),
+        untouched_units_have_no_gradient=none_as_expected,
+        reached=len(reference_partial),
+    )
+
+    # A backward outside a turn is refused at W > 1 (its fold would have no turn to belong to). At W = 1 FSDP
+    # calls no comm, so nothing can see it: the test expects no refusal there.
+    refused = False
+    try:
+        full_loss(model, rank).backward()
+    except RuntimeError as exc:
+        refused = "outside OrderedFolds.begin()" in str(exc)
+    emit("outside_a_turn", rank, refused=refused)
+
+
+if __name__ == "__main__":
+    run_rank_main(main)

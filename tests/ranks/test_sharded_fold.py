@@ -1,0 +1,77 @@
+"""`OrderedFolds` (trainer_core/ranks/sharded_fold.py): the deterministic reduction of a sharded model, W = 1, 2, 4.
+
+One torchrun launch per world size runs every check (tests/ranks/sharded_fold_worker.py):
+L = 8 logical ranks round-robin over the processes, one of them empty, one turn
+aborted after a backward and retried, then a turn whose graph reaches two units
+only. References: plain autograd on the unsharded model per logical rank, folded
+in logical order by `ordered_fold` (the unsharded trainer's fold); and the other
+world sizes' gradients, bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.trainer.sharded_ranks import bitwise, launch_results
+from trainer_core.ranks.sharded_fold import round_robin_logical_ranks
+
+pytestmark = pytest.mark.distributed
+
+WORLD_SIZES = [1, 2, 4]
+WORKER = "tests.ranks.sharded_fold_worker"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[dict[int, dict], object]:
+    out = tmp_path_factory.mktemp("folds")
+    return {w: launch_results(WORKER, w, ["--out", str(out)]) for w in WORLD_SIZES}, out
+
+
+def each_rank(runs, world_size: int, check: str) -> list[dict]:
+    results = runs[0][world_size]
+    found = [results.get((check, rank)) for rank in range(world_size)]
+    assert all(found), (check, world_size, sorted(results))
+    return found  # type: ignore[return-value]
+
+
+def test_round_robin_runs_every_logical_rank_once_in_turn_order():
+    assert [round_robin_logical_ranks(p, 4, 8) for p in range(4)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert round_robin_logical_ranks(0, 1, 3) == [0, 1, 2]
+    with pytest.raises(ValueError, match="logical_dp=6 is not a multiple of the 4 processes; set train.logical_dp"):
+        round_robin_logical_ranks(0, 4, 6)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_the_fold_is_bitwise_the_unsharded_ordered_fold_with_an_empty_rank_and_an_aborted_turn(runs, world_size):
+    for result in each_rank(runs, world_size, "fold"):
+        assert result["bitwise"], result
+        assert result["aborted"] and result["abort_left_gradients_unchanged"], result
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_fold_holds_one_shard_beyond_fsdps_own_buffers(runs, world_size):
+    for result in each_rank(runs, world_size, "fold"):
+        assert 0 < result["peak_own_bytes"] <= result["largest_shard_bytes"], result
+
+
+def test_the_gradients_are_bitwise_the_same_at_every_world_size(runs):
+    _, out = runs
+    grads = {w: torch.load(out / f"W{w}.pt") for w in WORLD_SIZES}
+    for w in WORLD_SIZES[1:]:
+        assert grads[w].keys() == grads[1].keys()
+        different = [name for name in grads[1] if not bitwise(grads[w][name], grads[1][name])]
+        assert not different, (w, different)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_after_a_reset_a_partial_graph_folds_the_reached_units_and_leaves_the_rest_without_gradient(runs, world_size):
+    for result in each_rank(runs, world_size, "partial_after_reset"):
+        assert result["bitwise"] and result["untouched_units_have_no_gradient"], result
+        assert 0 < result["reached"], result
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_a_backward_outside_a_turn_is_refused_where_a_fold_runs(runs, world_size):
+    for result in each_rank(runs, world_size, "outside_a_turn"):
+        assert result["refused"] == (world_size > 1), result
