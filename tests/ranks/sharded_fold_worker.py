@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import Shard, distribute_tensor
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import (
@@ -29,6 +30,7 @@ from tests.trainer.sharded_ranks import (
     start,
     worst,
 )
+from trainer_core.ranks.canonical_norm import canonical_norm
 from trainer_core.ranks.reduction import ordered_fold
 from trainer_core.ranks.sharded_fold import OrderedFolds, round_robin_logical_ranks
 from trainer_core.run.distributed import run_rank_main
@@ -95,6 +97,42 @@ def turn(model, folds: OrderedFolds, logical: int, loss_of, *, fail: bool) -> bo
     return True
 
 
+def check_norm(model, expected: dict[str, torch.Tensor], rank: int, world_size: int) -> None:
+    """The canonical norm of the folded shards vs the unsharded gradients' canonical norm and a float64 oracle."""
+    shards = [p.grad for p in model.parameters()]
+    sharded_norm = canonical_norm(shards)
+    plain_norm = canonical_norm([expected[n] for n, _ in model.named_parameters()])
+    oracle = torch.cat([g.double().reshape(-1) for g in expected.values()]).norm().item()
+    fast_norm = torch.nn.utils.get_total_norm(shards).full_tensor()  # type: ignore[union-attr]  # a DTensor here
+    local = shards[-1]._local_tensor  # type: ignore[union-attr]
+    kept = local.clone()
+    if rank == world_size - 1 and local.numel():
+        local.view(-1)[0] = float("nan")
+    nan_norm = canonical_norm(shards)
+    local.copy_(kept)
+    # Rows of magnitudes 1e-6 … 1e6: any other grouping of the sums moves the float64 result's last bits.
+    generator = torch.Generator().manual_seed(7)
+    wide = torch.randn(1001, 3, generator=generator, dtype=torch.float64) * torch.logspace(-6, 6, 1001).view(-1, 1)
+    mesh = model.lm_head.weight.device_mesh
+    wide_sharded = distribute_tensor(wide.float(), mesh, [Shard(0)])
+    emit(
+        "norm",
+        rank,
+        wide_hex64=canonical_norm([wide_sharded], dtype=torch.float64).item().hex(),
+        wide_unsharded_hex64=canonical_norm([wide.float()], dtype=torch.float64).item().hex(),
+        hex=sharded_norm.item().hex(),
+        hex64=canonical_norm(shards, dtype=torch.float64).item().hex(),
+        unsharded_hex64=canonical_norm([expected[n] for n, _ in model.named_parameters()], dtype=torch.float64)
+        .item()
+        .hex(),
+        dtype=str(sharded_norm.dtype),
+        equals_unsharded=bitwise(sharded_norm, plain_norm),
+        relative_to_oracle=abs(sharded_norm.item() - oracle) / oracle,
+        fast_hex=fast_norm.item().hex(),
+        nan_anywhere_is_nan_everywhere=bool(torch.isnan(nan_norm)),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -127,6 +165,7 @@ def main() -> None:
     )
     if rank == 0:
         torch.save(grads, args.out / f"W{world_size}.pt")
+    check_norm(model, expected, rank, world_size)
 
     # After the step's clear: reset, then a turn whose graph reaches two units only.
     for p in model.parameters():

@@ -1,11 +1,14 @@
-"""`OrderedFolds` (trainer_core/ranks/sharded_fold.py): the deterministic reduction of a sharded model, W = 1, 2, 4.
+"""`OrderedFolds` and `canonical_norm` (trainer_core/ranks/): the deterministic reduction and norm of a sharded model.
 
 One torchrun launch per world size runs every check (tests/ranks/sharded_fold_worker.py):
 L = 8 logical ranks round-robin over the processes, one of them empty, one turn
 aborted after a backward and retried, then a turn whose graph reaches two units
 only. References: plain autograd on the unsharded model per logical rank, folded
 in logical order by `ordered_fold` (the unsharded trainer's fold); and the other
-world sizes' gradients, bit for bit.
+world sizes' gradients, bit for bit. The canonical norm of the folded shards is
+checked against the same norm of the unsharded gradients (bitwise), a float64
+oracle, and the other world sizes; a NaN in one process's shard must make it
+NaN on every process.
 """
 
 from __future__ import annotations
@@ -75,3 +78,23 @@ def test_after_a_reset_a_partial_graph_folds_the_reached_units_and_leaves_the_re
 def test_a_backward_outside_a_turn_is_refused_where_a_fold_runs(runs, world_size):
     for result in each_rank(runs, world_size, "outside_a_turn"):
         assert result["refused"] == (world_size > 1), result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_the_canonical_norm_of_the_shards_is_the_unsharded_norm_to_the_bit_and_a_float64_oracles_to_1e7(
+    runs, world_size
+):
+    results = each_rank(runs, world_size, "norm")
+    for result in results:
+        assert result["dtype"] == "torch.float32" and result["equals_unsharded"], result
+        assert result["hex64"] == result["unsharded_hex64"], result  # float64 too: the sums' order is fixed
+        assert result["wide_hex64"] == result["wide_unsharded_hex64"], result
+        assert result["relative_to_oracle"] < 1e-7, result
+        assert result["nan_anywhere_is_nan_everywhere"], result
+    assert len({result["hex"] for result in results}) == 1
+
+
+def test_the_canonical_norm_is_bitwise_the_same_at_every_world_size(runs):
+    for key in ("hex", "hex64", "wide_hex64"):
+        norms = {w: each_rank(runs, w, "norm")[0][key] for w in WORLD_SIZES}
+        assert len(set(norms.values())) == 1, (key, norms)
