@@ -97,6 +97,11 @@ def turn(model, folds: OrderedFolds, logical: int, loss_of, *, fail: bool) -> bo
     return True
 
 
+def hex_of(value: torch.Tensor) -> str:
+    """A scalar's exact bits, as float.hex."""
+    return float(value.item()).hex()
+
+
 def check_norm(model, expected: dict[str, torch.Tensor], rank: int, world_size: int) -> None:
     """The canonical norm of the folded shards vs the unsharded gradients' canonical norm and a float64 oracle."""
     shards = [p.grad for p in model.parameters()]
@@ -118,17 +123,15 @@ def check_norm(model, expected: dict[str, torch.Tensor], rank: int, world_size: 
     emit(
         "norm",
         rank,
-        wide_hex64=canonical_norm([wide_sharded], dtype=torch.float64).item().hex(),
-        wide_unsharded_hex64=canonical_norm([wide.float()], dtype=torch.float64).item().hex(),
-        hex=sharded_norm.item().hex(),
-        hex64=canonical_norm(shards, dtype=torch.float64).item().hex(),
-        unsharded_hex64=canonical_norm([expected[n] for n, _ in model.named_parameters()], dtype=torch.float64)
-        .item()
-        .hex(),
+        wide_hex64=hex_of(canonical_norm([wide_sharded], dtype=torch.float64)),
+        wide_unsharded_hex64=hex_of(canonical_norm([wide.float()], dtype=torch.float64)),
+        hex=hex_of(sharded_norm),
+        hex64=hex_of(canonical_norm(shards, dtype=torch.float64)),
+        unsharded_hex64=hex_of(canonical_norm([expected[n] for n, _ in model.named_parameters()], dtype=torch.float64)),
         dtype=str(sharded_norm.dtype),
         equals_unsharded=bitwise(sharded_norm, plain_norm),
         relative_to_oracle=abs(sharded_norm.item() - oracle) / oracle,
-        fast_hex=fast_norm.item().hex(),
+        fast_hex=hex_of(fast_norm),
         nan_anywhere_is_nan_everywhere=bool(torch.isnan(nan_norm)),
     )
 
