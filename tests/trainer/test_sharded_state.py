@@ -1,0 +1,53 @@
+"""`save_sharded_checkpoint` / `restore_sharded_checkpoint` (DCP): saved at W = 2, restored at W = 1 and 4.
+
+The reference is the saving run's own weights and AdamW moments, gathered
+whole (tests/trainer/sharded_state_worker.py); every restore must reproduce
+them bit for bit, resharded, and into an unsharded model too.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer.sharded_ranks import launch_results
+
+pytestmark = pytest.mark.distributed
+
+WORKER = "tests.trainer.sharded_state_worker"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[int, dict]:
+    directory = tmp_path_factory.mktemp("sharded_state")
+    saved = launch_results(WORKER, 2, ["--save", str(directory)])
+    return {2: saved, **{w: launch_results(WORKER, w, ["--load", str(directory)]) for w in (1, 4)}}
+
+
+def each_rank(runs, world_size: int, check: str) -> list[dict]:
+    found = [runs[world_size].get((check, rank)) for rank in range(world_size)]
+    assert all(found), (check, world_size, sorted(runs[world_size]))
+    return found  # type: ignore[return-value]
+
+
+def test_every_rank_writes_its_own_shards_and_the_coordinator_the_metadata(runs):
+    for result in each_rank(runs, 2, "saved"):
+        assert result["sharded"], result
+        assert result["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"], result
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_a_state_saved_at_two_processes_restores_bitwise_at_another_world_size(runs, world_size):
+    for result in each_rank(runs, world_size, "restored_sharded"):
+        assert result["bitwise"] and result["changed"], result
+        assert result["keys"] > 0 and result["revision"] == 2, result
+        assert result["new_identity"] and result["no_gradient"], result
+
+
+def test_a_sharded_state_restores_bitwise_into_an_unsharded_model(runs):
+    (result,) = each_rank(runs, 1, "restored_unsharded")
+    assert result["bitwise"], result
+
+
+def test_a_weights_only_restore_leaves_the_optimizer_fresh(runs):
+    (result,) = each_rank(runs, 1, "restored_weights_only")
+    assert result["bitwise"] and result["optimizer_empty"], result

@@ -1,0 +1,93 @@
+"""Save and restore a sharded checkpoint's training state with `torch.distributed.checkpoint` (DCP).
+
+A checkpoint whose parameters are FSDP2 shards (DTensors) cannot be saved the
+way `checkpoint_io.save_checkpoint` saves a replicated one (rank 0 writes the
+whole tensors): no rank holds them whole, and gathering 100 GB of state onto
+one rank is what sharding exists to avoid. Here every rank writes its own
+shards of the weights and of the AdamW moments (DCP: one `__<rank>_0.distcp`
+per rank and a `.metadata` the coordinator writes), beside `version.json`
+(name, kind, identity, revision), so the directory travels as run-state files
+like any other.
+
+Restoring reshards: DCP reads each target tensor's rows from whichever files
+hold them, so a state saved by W processes restores at any other W, and into
+an unsharded model too. The optimizer state is keyed by parameter name
+(`get_optimizer_state_dict`), never by position, so it lands on the right
+tensor whatever the layout.
+
+Both functions are collective: every rank of the checkpoint's mesh calls them
+with the same directory, which all ranks see (one local or shared directory).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.tensor import DTensor
+
+from .checkpoints import Checkpoint
+
+__all__ = ["DCP_DIR", "is_sharded", "restore_sharded_checkpoint", "save_sharded_checkpoint"]
+
+DCP_DIR = "dcp"
+VERSION_FILE = "version.json"
+
+
+def is_sharded(checkpoint: Checkpoint) -> bool:
+    """Whether any of the checkpoint's parameters is a DTensor (an FSDP2 shard)."""
+    return any(isinstance(p, DTensor) for p in checkpoint.parameters().values())
+
+
+def _is_writer() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def save_sharded_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
+    """Write the checkpoint's shards, AdamW state and revision under `directory` (collective)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    params = {name: param.detach() for name, param in checkpoint.parameters().items()}
+    optimizer = get_optimizer_state_dict(checkpoint.owner, checkpoint.optimizer)
+    dcp_save({"params": params, "optimizer": optimizer}, checkpoint_id=str(directory / DCP_DIR))
+    if _is_writer():
+        version = {
+            "name": checkpoint.name,
+            "kind": checkpoint.kind,
+            "identity": checkpoint.identity,
+            "revision": checkpoint.revision,
+            "format": "dcp",
+        }
+        (directory / VERSION_FILE).write_text(json.dumps(version))
+    if dist.is_initialized():
+        dist.barrier()  # no rank reports the state saved before version.json exists
+
+
+def restore_sharded_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimizer: bool = True) -> None:
+    """Load a state `save_sharded_checkpoint` wrote, at this world size and layout (collective).
+
+    The checkpoint gets a new identity (graphs recorded before cannot be backwarded) and no gradient.
+    """
+    meta = json.loads((directory / VERSION_FILE).read_text())
+    if meta.get("format") != "dcp":
+        raise ValueError(f"{directory} holds a replicated checkpoint state; restore it with restore_checkpoint")
+    if meta["kind"] != checkpoint.kind:
+        raise ValueError(
+            f"{directory} holds a '{meta['kind']}' checkpoint, not '{checkpoint.kind}'; "
+            "restore it into a checkpoint of that kind"
+        )
+    # Templates, not the live tensors: DCP writes in place, and the live weights change only through the
+    # checkpoint's own load (one copy, after everything was read).
+    params = {name: torch.empty_like(param.detach()) for name, param in checkpoint.parameters().items()}
+    state: dict = {"params": params}
+    if with_optimizer:
+        # Materialises the AdamW state tensors (a zero-learning-rate step) so DCP has targets to load into.
+        state["optimizer"] = get_optimizer_state_dict(checkpoint.owner, checkpoint.optimizer)
+    dcp_load(state, checkpoint_id=str(directory / DCP_DIR))
+    if with_optimizer:
+        set_optimizer_state_dict(checkpoint.owner, checkpoint.optimizer, state["optimizer"])
+    checkpoint.load_state_dict({"params": params, "optimizer": None, "revision": meta["revision"]})
