@@ -1,0 +1,418 @@
+"""Write a sharded model (FSDP2, `sharding.shard_model`) as a Hugging Face checkpoint, one tensor gathered at a time.
+
+The unsharded export (`hf_weights.save_hf_model`) holds the whole model on
+one process. Here no rank ever holds more than one full tensor of it:
+
+1. **plan** (every rank, no collective, from the global shapes alone): the
+   tensors `save_hf_model` would write, under the same names (peft's
+   `.base_layer` folded away, adapters left out, per-token rows cut to the
+   true vocabulary, tied weights written once, by transformers' own rule), in
+   the same files (huggingface_hub's split over the same storage sizes), each
+   file's header as safetensors lays it out (tensors by descending dtype, then
+   name; the header padded to 8 bytes). The files are therefore byte for byte
+   the unsharded model's export of the same weights;
+2. **write** (collective): for each FSDP unit in order (embedding, decoder
+   layers, [norm, lm_head], root), every rank gathers each of its tensors
+   (`full_tensor()`); rank 0 cuts and casts it to the export dtype (an FP32
+   master cast to bf16 is bitwise the unsharded bf16 run's parameter) and
+   writes its bytes at the planned offset of a file whose header was written
+   first, then drops it. Rank 0 writes `config.json` (the true vocabulary, the
+   export dtype) and `generation_config.json` as `save_pretrained` does;
+3. **verify** (collective): each rank reads back, from the written files,
+   only the rows it owns (`safe_open(...).get_slice`) and compares them
+   bitwise with its own shard cast to the export dtype; rank 0 checks the
+   replicated tensors. Each file's tensor names, dtypes and shapes are checked
+   against the plan on every rank.
+
+After the write and after the verify the ranks exchange their outcome
+(`all_gather_object`): a failure on any rank raises ShardedExportError on every
+rank, naming the first failing rank and its cause. A write error on rank 0
+does not stop it from joining the remaining gathers, so no rank is left
+waiting in a collective.
+
+Merging an adapter into the base (`merge_adapter`) is not done here.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import safetensors
+import torch
+import torch.distributed as dist
+from huggingface_hub import split_torch_state_dict_into_shards
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+from .hf_weights import hf_name, hf_vocab_names
+from .sharding import ShardedModel
+from .vocab import true_vocab_config
+
+__all__ = ["ExportReport", "ShardedExportError", "export_sharded_hf", "verify_sharded_hf", "write_sharded_hf"]
+
+WEIGHTS_PATTERN = "model{suffix}.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_METADATA = {"format": "pt"}  # what save_pretrained writes into every safetensors header
+
+# safetensors' dtype codes, in the order of its Rust `Dtype` enum: a file lists its tensors by descending dtype.
+_DTYPE_CODES: dict[torch.dtype, str] = {
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int32: "I32",
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.int64: "I64",
+}
+_DTYPE_RANK = {code: rank for rank, code in enumerate(_DTYPE_CODES.values())}
+
+
+class ShardedExportError(RuntimeError):
+    """The sharded export failed on some rank; every rank raises it."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One tensor of the export: where it comes from, and where its bytes go."""
+
+    name: str  # its Hugging Face name
+    source: torch.Tensor  # the model's parameter or buffer (a DTensor when sharded)
+    rows: int | None  # rows kept of a padded per-token tensor (the true vocabulary), else None
+    dtype: torch.dtype  # the export dtype
+    file: str
+    begin: int  # absolute byte offsets in the file
+    end: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        full = tuple(self.source.shape)
+        return full if self.rows is None else (self.rows, *full[1:])
+
+
+@dataclass(frozen=True)
+class _Plan:
+    entries: tuple[_Entry, ...]  # in write order: unit by unit, then what no unit holds
+    units: tuple[tuple[_Entry, ...], ...]  # the entries of each unit (the last: tensors outside every unit)
+    headers: dict[str, bytes]  # file name -> its first bytes (length prefix + JSON header)
+    sizes: dict[str, int]  # file name -> its total size
+    index: dict[str, Any] | None  # model.safetensors.index.json, when the export spans several files
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    """What the export did on this rank."""
+
+    files: tuple[str, ...]  # weight files (and the index), in the plan's order
+    peak_gathered_bytes: int  # most bytes of gathered (and cast) full tensors alive at once on this rank
+    largest_unit_bytes: int  # the largest FSDP unit's full tensors, in their training dtype
+    verified_bytes: int  # tensor bytes this rank read back and compared
+
+
+def _rank_group(model: nn.Module) -> tuple[int, int, Any]:
+    """(rank, world size, process group) of the mesh the model is sharded over; (0, 1, None) when unsharded."""
+    for param in model.parameters():
+        if isinstance(param, DTensor):
+            mesh = param.device_mesh
+            if mesh.ndim != 1:
+                raise ValueError(f"sharded export supports a 1-D device mesh; this model's is {mesh.ndim}-D")
+            return mesh.get_local_rank(), mesh.size(), mesh.get_group()
+    return 0, 1, None
+
+
+def _agree(model: nn.Module, what: str, error: str | None) -> None:
+    """Exchange every rank's outcome of a phase; raise ShardedExportError on every rank if any failed."""
+    rank, world_size, group = _rank_group(model)
+    outcomes: list[Any] = [(rank, error)]
+    if world_size > 1:
+        outcomes = [None] * world_size
+        dist.all_gather_object(outcomes, (rank, error), group=group)
+    failed = [(r, e) for r, e in outcomes if e is not None]
+    if failed:
+        first, cause = failed[0]
+        others = f" (and ranks {[r for r, _ in failed[1:]]})" if len(failed) > 1 else ""
+        raise ShardedExportError(
+            f"sharded export failed on rank {first}{others} while {what}: {cause}; every rank aborted the export"
+        )
+
+
+def _unit_params(sharded: ShardedModel) -> list[list[torch.Tensor]]:
+    """The sharded parameters of each FSDP unit, in unit order."""
+    found = []
+    for unit in sharded.units:
+        state = fully_shard.state(unit)  # pyright: ignore[reportArgumentType]  # an FSDPModule is an nn.Module
+        found.append([fp.sharded_param for group in state._fsdp_param_groups for fp in group.fsdp_params])
+    return found
+
+
+def _header(entries: list[tuple[str, torch.dtype, tuple[int, ...], int]]) -> tuple[bytes, list[int]]:
+    """A safetensors header for (name, dtype, shape, nbytes) tensors, and each one's data offset, in `entries` order.
+
+    As safetensors writes it: tensors laid out by descending dtype, then name; compact JSON with the metadata
+    first; padded with spaces to a multiple of 8 bytes; an 8-byte little-endian length in front.
+    """
+    order = sorted(range(len(entries)), key=lambda i: (-_DTYPE_RANK[_DTYPE_CODES[entries[i][1]]], entries[i][0]))
+    header: dict[str, Any] = {"__metadata__": _METADATA}
+    offsets = [0] * len(entries)
+    offset = 0
+    for i in order:
+        name, dtype, shape, nbytes = entries[i]
+        header[name] = {"dtype": _DTYPE_CODES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offsets[i] = offset
+        offset += nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text, offsets
+
+
+def _plan(
+    sharded: ShardedModel, *, vocab_size: int | None, dtype: torch.dtype | None, max_shard_size: int | str
+) -> _Plan:
+    model = sharded.model
+    state: dict[str, torch.Tensor] = model.state_dict(keep_vars=True)  # the parameters themselves: no gather
+    vocab_names = hf_vocab_names(model) if vocab_size is not None else set()
+    chosen: dict[str, tuple[torch.Tensor, int | None, torch.dtype]] = {}
+    for name, tensor in state.items():
+        exported = hf_name(name)
+        if exported is None:
+            continue
+        rows = vocab_size if exported in vocab_names and tensor.shape[0] > vocab_size else None  # type: ignore[operator]
+        cast = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+        chosen[exported] = (tensor, rows, cast)
+    for ignored in getattr(model, "_keys_to_ignore_on_save", None) or ():
+        chosen.pop(ignored, None)
+
+    # Tied weights: transformers keeps one name per storage. One 1-element storage per distinct parameter makes its
+    # rule see exactly which names share a tensor.
+    storages: dict[int, torch.Tensor] = {}
+    stand_ins = {
+        name: storages.setdefault(id(tensor), torch.zeros(1, dtype=cast)).expand(tensor.shape)
+        for name, (tensor, _, cast) in chosen.items()
+    }
+    kept = remove_tied_weights_from_state_dict(stand_ins, model)  # pyright: ignore[reportArgumentType]
+    chosen = {name: chosen[name] for name in kept}
+
+    # The split: huggingface_hub's, over what save_hf_model's tensors would report (a cut tensor is a view: its
+    # storage is still the padded parameter's), in the export dtype. Meta tensors give those sizes for free.
+    sized = {}
+    for name, (tensor, rows, cast) in chosen.items():
+        whole = torch.empty(tuple(tensor.shape), dtype=cast, device="meta")
+        sized[name] = whole if rows is None else whole[:rows]
+    split = split_torch_state_dict_into_shards(sized, filename_pattern=WEIGHTS_PATTERN, max_shard_size=max_shard_size)
+
+    placed: dict[str, _Entry] = {}
+    headers, sizes = {}, {}
+    for file, names in split.filename_to_tensors.items():
+        described = [
+            (n, chosen[n][2], tuple(sized[n].shape), sized[n].numel() * sized[n].element_size()) for n in names
+        ]
+        header, offsets = _header(described)
+        headers[file] = header
+        sizes[file] = len(header) + sum(d[3] for d in described)
+        for (name, _, _, nbytes), offset in zip(described, offsets, strict=True):
+            tensor, rows, cast = chosen[name]
+            begin = len(header) + offset
+            placed[name] = _Entry(name, tensor, rows, cast, file, begin, begin + nbytes)
+
+    by_source: dict[int, list[_Entry]] = {}
+    for entry in placed.values():
+        by_source.setdefault(id(entry.source), []).append(entry)
+    units: list[tuple[_Entry, ...]] = []
+    for params in _unit_params(sharded):
+        units.append(tuple(e for p in params for e in by_source.pop(id(p), [])))
+    units.append(tuple(e for entries in by_source.values() for e in entries))  # buffers, unsharded parameters
+
+    index = None
+    if split.is_sharded:
+        index = {
+            "metadata": {"total_parameters": model.num_parameters(), **split.metadata},  # pyright: ignore[reportCallIssue]
+            "weight_map": split.tensor_to_filename,
+        }
+    return _Plan(tuple(e for unit in units for e in unit), tuple(units), headers, sizes, index)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _exported(entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the gathered whole tensor, its exported form: cut and cast) of one entry (collective for a DTensor)."""
+    source = entry.source.detach()
+    whole = source.full_tensor() if isinstance(source, DTensor) else source
+    kept = whole if entry.rows is None else whole[: entry.rows]
+    return whole, kept.to(entry.dtype).contiguous()
+
+
+def _write_config(model: nn.Module, directory: Path, true_size: int, dtype_name: str) -> None:
+    """config.json and generation_config.json, as save_pretrained writes them for this model in the export dtype."""
+    config: Any = model.config
+    saved = config.dtype, config.architectures
+    with true_vocab_config(model, true_size):
+        config.dtype = dtype_name
+        config.architectures = [type(model).__name__.removeprefix("FSDP")]
+        try:
+            config.save_pretrained(str(directory))
+        finally:
+            config.dtype, config.architectures = saved
+    if model.can_generate():  # pyright: ignore[reportCallIssue]
+        model.generation_config.save_pretrained(str(directory))  # pyright: ignore[reportCallIssue, reportAttributeAccessIssue]
+
+
+def write_sharded_hf(
+    sharded: ShardedModel,
+    directory: Path,
+    *,
+    vocab_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    max_shard_size: int | str = "2GB",
+) -> ExportReport:
+    """Write the weights and config into `directory` (which exists), streamed from the shards (module docstring).
+
+    Collective: every rank of the model's mesh calls it with the same arguments; only rank 0 writes. `dtype`: the
+    export dtype of floating-point tensors (None: their own). `vocab_size`: the true vocabulary of a padded one.
+    """
+    model = sharded.model
+    rank, _, _ = _rank_group(model)
+    plan = _plan(sharded, vocab_size=vocab_size, dtype=dtype, max_shard_size=max_shard_size)
+    error: str | None = None
+    peak = 0
+    with ExitStack() as files:
+        handles: dict[str, BinaryIO] = {}
+        if rank == 0:
+            try:
+                for file, header in plan.headers.items():
+                    handle = files.enter_context(open(directory / file, "wb"))
+                    handle.write(header)
+                    handle.truncate(plan.sizes[file])
+                    handles[file] = handle
+            except OSError as failed:
+                error = f"{type(failed).__name__}: {failed}"
+        for entry in plan.entries:
+            whole, exported = _exported(entry)
+            gathered = _nbytes(whole) if isinstance(entry.source, DTensor) else 0
+            peak = max(peak, gathered + (_nbytes(exported) if exported.data_ptr() != whole.data_ptr() else 0))
+            # rank 0 keeps joining the gathers after a failure: no rank is left waiting in a collective.
+            if rank == 0 and error is None:
+                try:
+                    handle = handles[entry.file]
+                    handle.seek(entry.begin)
+                    handle.write(exported.reshape(-1).view(torch.uint8).numpy().data)
+                except OSError as failed:
+                    error = f"{type(failed).__name__}: {failed}"
+            del whole, exported  # before the next gather: one tensor's full copy at a time
+    if rank == 0 and error is None:
+        try:
+            if plan.index is not None:
+                (directory / INDEX_FILE).write_text(json.dumps(plan.index, indent=2, sort_keys=True) + "\n")
+            embed: Any = model.get_input_embeddings()  # pyright: ignore[reportCallIssue]
+            true_size = vocab_size if vocab_size is not None else embed.weight.shape[0]
+            export_dtype = dtype or next(e.dtype for e in plan.entries if e.source.is_floating_point())
+            _write_config(model, directory, true_size, str(export_dtype).split(".")[1])
+        except OSError as failed:
+            error = f"{type(failed).__name__}: {failed}"
+    _agree(model, "writing the checkpoint files", error)
+    files_written = (*plan.headers, *([INDEX_FILE] if plan.index is not None else []))
+    largest = max(sum(_nbytes(e.source) for e in unit) for unit in plan.units)
+    return ExportReport(files_written, peak, largest, 0)
+
+
+def _bitwise(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bits (NaN-safe, -0.0 told from 0.0)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+
+
+def _owned_rows(entry: _Entry, rank: int) -> tuple[int, int, torch.Tensor] | None:
+    """(first, stop, this rank's local rows) of the exported rows this rank verifies; None when it verifies none."""
+    source = entry.source.detach()
+    kept = entry.shape[0] if entry.shape else 0
+    if isinstance(source, DTensor) and any(isinstance(p, Shard) for p in source.placements):
+        if tuple(source.placements) != (Shard(0),):
+            raise ValueError(f"{entry.name}: placements {source.placements} (the export reads dim-0 shards only)")
+        local_shape, offset = compute_local_shape_and_global_offset(source.shape, source.device_mesh, source.placements)
+        first, stop = min(offset[0], kept), min(offset[0] + local_shape[0], kept)
+        return (first, stop, source.to_local()[: stop - first]) if stop > first else None
+    if rank != 0:
+        return None  # a replicated tensor: rank 0 checks it
+    local = source.to_local() if isinstance(source, DTensor) else source
+    if isinstance(source, DTensor) and not all(isinstance(p, Replicate) for p in source.placements):
+        raise ValueError(f"{entry.name}: placements {source.placements} are not supported by the sharded export")
+    return 0, kept, local[:kept] if entry.shape else local
+
+
+def _verify(plan: _Plan, directory: Path, rank: int) -> int:
+    """Check the files' headers against the plan and this rank's rows bitwise; returns the tensor bytes read."""
+    read = 0
+    expected: dict[str, set[str]] = {}
+    for entry in plan.entries:
+        expected.setdefault(entry.file, set()).add(entry.name)
+    with ExitStack() as stack:
+        opened = {f: stack.enter_context(safetensors.safe_open(str(directory / f), framework="pt")) for f in expected}
+        for file, names in expected.items():
+            if set(opened[file].keys()) != names:
+                raise ValueError(f"{file} holds tensors {sorted(opened[file].keys())}, the plan {sorted(names)}")
+        for entry in plan.entries:
+            part = opened[entry.file].get_slice(entry.name)
+            if part.get_dtype() != _DTYPE_CODES[entry.dtype] or tuple(part.get_shape()) != entry.shape:
+                raise ValueError(
+                    f"{entry.file}: tensor {entry.name} is {part.get_dtype()} {part.get_shape()}, "
+                    f"the plan {_DTYPE_CODES[entry.dtype]} {list(entry.shape)}"
+                )
+            owned = _owned_rows(entry, rank)
+            if owned is None:
+                continue
+            first, stop, mine = owned
+            loaded = part[first:stop] if entry.shape else opened[entry.file].get_tensor(entry.name)
+            read += _nbytes(loaded)
+            if not _bitwise(loaded, mine.to(entry.dtype)):
+                raise ValueError(f"{entry.file}: tensor {entry.name} rows {first}:{stop} differ from this rank's shard")
+    return read
+
+
+def verify_sharded_hf(
+    sharded: ShardedModel,
+    directory: Path,
+    *,
+    vocab_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    max_shard_size: int | str = "2GB",
+) -> int:
+    """Every rank checks the rows it owns in `directory` against its shards (collective; same arguments as the write).
+
+    Returns the tensor bytes this rank read; raises ShardedExportError on every rank when any rank found a
+    difference (or could not read the files).
+    """
+    rank, _, _ = _rank_group(sharded.model)
+    plan = _plan(sharded, vocab_size=vocab_size, dtype=dtype, max_shard_size=max_shard_size)
+    error, read = None, 0
+    try:
+        read = _verify(plan, directory, rank)
+    except Exception as failed:  # noqa: BLE001 - reported to every rank, raised below
+        error = f"{type(failed).__name__}: {failed}"
+    _agree(sharded.model, "verifying its rows of the files", error)
+    return read
+
+
+def export_sharded_hf(
+    sharded: ShardedModel,
+    directory: Path,
+    *,
+    vocab_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    max_shard_size: int | str = "2GB",
+) -> ExportReport:
+    """`write_sharded_hf`, then `verify_sharded_hf` (collective)."""
+    written = write_sharded_hf(sharded, directory, vocab_size=vocab_size, dtype=dtype, max_shard_size=max_shard_size)
+    read = verify_sharded_hf(sharded, directory, vocab_size=vocab_size, dtype=dtype, max_shard_size=max_shard_size)
+    return ExportReport(written.files, written.peak_gathered_bytes, written.largest_unit_bytes, read)
