@@ -25,6 +25,7 @@ from trainer_core.run.distributed import run_rank_main
 from trainer_core.training.hf_weights import save_hf_model
 from trainer_core.training.sharded_load import _shard_units, load_sharded
 from trainer_core.training.sharding import fsdp_params, shard_model
+from trainer_core.training.vocab import pad_vocabulary
 
 
 class ReadMeter:
@@ -99,12 +100,15 @@ def flat_shards(model) -> list[tuple[str, torch.Tensor]]:
     return [(fp._param_fqn, fp._sharded_param_data) for fp in fsdp_params(model)]
 
 
-def check_load(rank, world_size, mesh, out, check, *, param_dtype=None, **kwargs):
+def check_load(rank, world_size, mesh, out, check, *, param_dtype=None, pad=None, **kwargs):
     directory = checkpoint(out, check, rank, **kwargs)
     reference = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, attn_implementation="eager")
+    true_vocab = pad_vocabulary(reference, pad) if pad else None  # as build_model pads after from_pretrained
     shard_model(reference, mesh, param_dtype=param_dtype)
     with ReadMeter() as meter:
-        loaded, report = load_sharded(directory, mesh, param_dtype=param_dtype, attn_implementation="eager")
+        loaded, report = load_sharded(
+            directory, mesh, param_dtype=param_dtype, attn_implementation="eager", pad_vocab_to_multiple_of=pad
+        )
     model = loaded.model
     mine, theirs = flat_shards(model), flat_shards(reference)
     buffers, expected_buffers = dict(model.named_buffers()), dict(reference.named_buffers())
@@ -139,6 +143,9 @@ def check_load(rank, world_size, mesh, out, check, *, param_dtype=None, **kwargs
         file_bytes=report.file_bytes,
         local_shard_bytes=local_bytes,
         num_units=len(loaded.units),
+        true_vocab=report.true_vocab,
+        expected_true_vocab=true_vocab,
+        vocab_rows=model.model.embed_tokens.weight.shape[0],
     )
 
 
@@ -177,6 +184,8 @@ def main() -> None:
     check_load(rank, world_size, mesh, out, "bf16_checkpoint", dtype=torch.bfloat16, max_shard_size="20KB")
     check_load(rank, world_size, mesh, out, "bf16_compute", param_dtype=torch.bfloat16)
     check_load(rank, world_size, mesh, out, "tied", tied=True, max_shard_size="40KB")
+    check_load(rank, world_size, mesh, out, "padded_vocab", pad=64, max_shard_size="40KB")
+    check_load(rank, world_size, mesh, out, "padded_vocab_tied", pad=64, tied=True)
     check_same_units(rank, world_size, mesh)
 
 

@@ -8,11 +8,14 @@ model's host memory per rank (an 8B FP32 model on 8 ranks: 262 GB). Here:
 2. it is sharded into the same FSDP units as `sharding.shard_model` (the
    same policy: reshard after forward, summed gradients, mixed precision),
    still on meta;
+   With `pad_vocab_to_multiple_of`, the vocabulary is padded there, on meta,
+   as `build_model` pads it after `from_pretrained`;
 3. `to_empty` gives each rank storage for its own shards only (FSDP pads a
    shard to ceil(rows / W) rows; the padding is zero, as `shard_model` makes
    it), and each rank fills its rows from the safetensors files with
    `safe_open(...).get_slice(name)[first:stop]`: about 1/W of the file's
-   bytes per rank, cast to the training dtype as `from_pretrained` casts;
+   bytes per rank, cast to the training dtype as `from_pretrained` casts
+   (padded vocabulary rows, in no file, are set to zero);
 4. non-persistent buffers, which no checkpoint holds (RoPE's `inv_freq`),
    are computed again on the CPU by the module's own constructor, exactly as
    a model built on the CPU computes them (FP32: a bf16 or otherwise wrong
@@ -46,6 +49,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from .sharding import ShardedModel, _embeddings, _final_norm, _lazy_init, decoder_layers
+from .vocab import _vocab_parameters, pad_vocabulary
 
 __all__ = ["LoadReport", "load_sharded"]
 
@@ -59,6 +63,7 @@ class LoadReport:
 
     bytes_read: int  # tensor bytes read from the files (its rows only)
     file_bytes: int  # tensor bytes the files hold, all of them
+    true_vocab: int | None = None  # the true vocabulary when it was padded (pad_vocab_to_multiple_of), else None
 
 
 def _weight_map(directory: Path) -> dict[str, str]:
@@ -107,8 +112,12 @@ def _rows(tensor: torch.Tensor) -> tuple[int, int, torch.Tensor]:
     return offset[0], offset[0] + local_shape[0], tensor.to_local()
 
 
-def _fill(model: nn.Module, directory: Path) -> LoadReport:
-    """Copy this rank's rows of every parameter and persistent buffer from the files; returns the bytes read."""
+def _fill(model: nn.Module, directory: Path, true_vocab: int | None) -> LoadReport:
+    """Copy this rank's rows of every parameter and persistent buffer from the files; returns the bytes read.
+
+    With `true_vocab`, the per-token tensors hold padded rows the files do not have: those are set to zero.
+    """
+    padded = {id(p) for p in _vocab_parameters(model)} if true_vocab is not None else set()
     weight_map = _weight_map(directory)
     targets: dict[str, torch.Tensor] = model.state_dict(keep_vars=True)  # tied weights: every name they have
     filled: set[int] = set()
@@ -130,21 +139,25 @@ def _fill(model: nn.Module, directory: Path) -> LoadReport:
                     total += _stored_bytes(part)
                 for name, tensor in by_file.get(file, []):
                     part = opened.get_slice(name)
-                    if tuple(part.get_shape()) != tuple(tensor.shape):
+                    stored_rows = true_vocab if id(tensor) in padded else None
+                    expected = tuple(tensor.shape) if stored_rows is None else (stored_rows, *tensor.shape[1:])
+                    if tuple(part.get_shape()) != expected:
                         raise ValueError(
                             f"{file}: tensor {name} has shape {part.get_shape()}, the model {list(tensor.shape)}"
                         )
                     if tensor.dim() == 0:
                         loaded = opened.get_tensor(name)
-                        tensor.copy_(loaded)
+                        tensor.copy_(loaded.to(tensor.dtype))
                         read += loaded.numel() * loaded.element_size()
                         continue
                     first, stop, local = _rows(tensor)
-                    if stop > first:
-                        loaded = part[first:stop]
+                    kept = min(stop, stored_rows) if stored_rows is not None else stop
+                    if kept > first:
+                        loaded = part[first:kept]
                         read += loaded.numel() * loaded.element_size()
-                        local.copy_(loaded.to(local.dtype))
-    return LoadReport(read, total)
+                        local[: kept - first].copy_(loaded.to(local.dtype))
+                    local[max(kept - first, 0) :].zero_()  # padded vocabulary rows (to_empty left them unset)
+    return LoadReport(read, total, true_vocab)
 
 
 _ELEMENT_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4}
@@ -196,11 +209,14 @@ def load_sharded(
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = torch.float32,
     attn_implementation: str | None = None,
+    pad_vocab_to_multiple_of: int | None = None,
 ) -> tuple[ShardedModel, LoadReport]:
     """The checkpoint at `directory` (a `from_pretrained` directory) as a sharded model (module docstring).
 
     Collective: every rank of `mesh` calls it. `dtype`: the parameters' (the masters'); `param_dtype` and
-    `reduce_dtype` as in `shard_model`. The model is in eval mode, as `from_pretrained` leaves it.
+    `reduce_dtype` as in `shard_model`. `pad_vocab_to_multiple_of`: pad the vocabulary rows as
+    `vocab.pad_vocabulary` does after `from_pretrained` (zero rows; `LoadReport.true_vocab` says the true size).
+    The model is in eval mode, as `from_pretrained` leaves it.
     """
     config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     kwargs: dict[str, Any] = {"dtype": dtype}
@@ -210,9 +226,12 @@ def load_sharded(
         model = AutoModelForCausalLM.from_config(config, **kwargs)
     if (directory / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(str(directory), local_files_only=True)
+    true_vocab = None
+    if pad_vocab_to_multiple_of is not None:
+        true_vocab = pad_vocabulary(model, pad_vocab_to_multiple_of)  # on meta: the shapes only; rows filled below
     units = _shard_units(model, mesh, MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype))
     model.to_empty(device=mesh.device_type)  # this rank's shards only; FSDP zeroes the padding of each
-    report = _fill(model, directory)
+    report = _fill(model, directory, true_vocab)
     _rebuild_buffers(model)
     left = _left_on_meta(model)
     if left:
