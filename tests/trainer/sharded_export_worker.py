@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from peft import LoraConfig, inject_adapter_in_model
 from safetensors import safe_open
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
@@ -94,8 +95,13 @@ def loads_equal(a: Path, b: Path, dtype: torch.dtype) -> dict:
     }
 
 
-def check_export(rank, world_size, mesh, out, check, *, dtype=None, tied=False, pad=None, max_shard_size="2GB"):
+def check_export(
+    rank, world_size, mesh, out, check, *, dtype=None, tied=False, pad=None, lora=False, max_shard_size="2GB"
+):
     master = tiny_qwen3(vocab=97)
+    if lora:  # the base of a LoRA run: peft's wrappers folded away, the adapter left out
+        config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        master = inject_adapter_in_model(config, master, adapter_name="adapter")
     if tied:
         master.config.tie_word_embeddings = True
         master.lm_head.weight = master.model.embed_tokens.weight
@@ -182,6 +188,7 @@ def main() -> None:
     check_export(rank, world_size, mesh, out, "bf16_files", dtype=torch.bfloat16, max_shard_size="20KB")
     check_export(rank, world_size, mesh, out, "tied", tied=True, max_shard_size="40KB")
     check_export(rank, world_size, mesh, out, "padded_vocab", pad=64, max_shard_size="40KB")
+    check_export(rank, world_size, mesh, out, "lora_base", lora=True, max_shard_size="40KB")
     check_corruption(rank, world_size, mesh, out)
     check_write_failure(rank, world_size, mesh, out)
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.distributed
 
 WORLD_SIZES = [1, 2]
 WORKER = "tests.trainer.sharded_export_worker"
-EXPORTS = ["fp32_files", "fp32_one_file", "bf16_files", "tied", "padded_vocab"]
+EXPORTS = ["fp32_files", "fp32_one_file", "bf16_files", "tied", "padded_vocab", "lora_base"]
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,8 @@ def test_every_rank_verifies_its_own_rows_and_together_all_of_them(runs, world_s
         assert all(r["verified_bytes"] > 0 for r in results), results
     full = each_rank(runs, world_size, "fp32_one_file")
     assert sum(r["verified_bytes"] for r in full) == full[0]["model_bytes"], full
+    lora = each_rank(runs, world_size, "lora_base")  # the base's bytes: the adapter is in no file
+    assert sum(r["verified_bytes"] for r in lora) == full[0]["model_bytes"] < lora[0]["model_bytes"], lora
     if world_size == 2:
         assert max(r["verified_bytes"] for r in full) < 0.6 * full[0]["model_bytes"], full
 

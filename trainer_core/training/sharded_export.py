@@ -305,7 +305,7 @@ def write_sharded_hf(
                 try:
                     handle = handles[entry.file]
                     handle.seek(entry.begin)
-                    handle.write(exported.reshape(-1).view(torch.uint8).numpy().data)
+                    handle.write(exported.cpu().reshape(-1).view(torch.uint8).numpy().data)
                 except OSError as failed:
                     error = f"{type(failed).__name__}: {failed}"
             del whole, exported  # before the next gather: one tensor's full copy at a time
@@ -375,7 +375,7 @@ def _verify(plan: _Plan, directory: Path, rank: int) -> int:
             first, stop, mine = owned
             loaded = part[first:stop] if entry.shape else opened[entry.file].get_tensor(entry.name)
             read += _nbytes(loaded)
-            if not _bitwise(loaded, mine.to(entry.dtype)):
+            if not _bitwise(loaded, mine.to("cpu", entry.dtype)):
                 raise ValueError(f"{entry.file}: tensor {entry.name} rows {first}:{stop} differ from this rank's shard")
     return read
 
