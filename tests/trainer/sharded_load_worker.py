@@ -174,6 +174,23 @@ def check_same_units(rank, world_size, mesh):
         emit(f"same_units_tied_{tied}", rank, same=layout(a, reference.units) == layout(b, units), num=len(units))
 
 
+def check_missing_tensor(rank, world_size, mesh, out):
+    """A checkpoint without a tensor the model needs is refused on every rank, naming it (no rank waits)."""
+    directory = checkpoint(out, "missing_tensor", rank)
+    if rank == 0:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(directory / "model.safetensors"))
+        del tensors["model.norm.weight"]
+        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    dist.barrier()
+    try:
+        load_sharded(directory, mesh, attn_implementation="eager")
+        emit("missing_tensor", rank, raised=False)
+    except ValueError as error:
+        emit("missing_tensor", rank, raised=True, message=str(error))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -187,6 +204,7 @@ def main() -> None:
     check_load(rank, world_size, mesh, out, "padded_vocab", pad=64, max_shard_size="40KB")
     check_load(rank, world_size, mesh, out, "padded_vocab_tied", pad=64, tied=True)
     check_same_units(rank, world_size, mesh)
+    check_missing_tensor(rank, world_size, mesh, out)
 
 
 if __name__ == "__main__":

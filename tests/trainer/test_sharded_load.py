@@ -75,3 +75,12 @@ def test_the_loader_makes_shard_models_units(runs, world_size):
     for tied in (False, True):
         for result in each_rank(runs, world_size, f"same_units_tied_{tied}"):
             assert result["same"] and result["num"] == (4 if tied else 5), result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_checkpoint_missing_a_tensor_is_refused_on_every_rank(runs, world_size):
+    for result in each_rank(runs, world_size, "missing_tensor"):
+        assert result["raised"], result
+        assert result["message"].endswith(
+            "no tensor named model.norm.weight (nor any name tied to it) in the checkpoint"
+        ), result
