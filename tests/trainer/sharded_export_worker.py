@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import shutil
 import weakref
@@ -75,7 +76,13 @@ def fresh_dirs(out: Path, check: str, rank: int) -> tuple[Path, Path]:
 def files_equal(a: Path, b: Path) -> dict:
     names_a, names_b = sorted(p.name for p in a.iterdir()), sorted(p.name for p in b.iterdir())
     differing = [n for n in names_b if n in names_a and (a / n).read_bytes() != (b / n).read_bytes()]
-    return {"files": names_a, "same_names": names_a == names_b, "differing": differing}
+    weights = b"".join((a / n).read_bytes() for n in names_a if n.endswith(".safetensors"))
+    return {
+        "files": names_a,
+        "same_names": names_a == names_b,
+        "differing": differing,
+        "weights_sha256": hashlib.sha256(weights).hexdigest(),
+    }
 
 
 def loads_equal(a: Path, b: Path, dtype: torch.dtype) -> dict:
@@ -96,7 +103,18 @@ def loads_equal(a: Path, b: Path, dtype: torch.dtype) -> dict:
 
 
 def check_export(
-    rank, world_size, mesh, out, check, *, dtype=None, tied=False, pad=None, lora=False, max_shard_size="2GB"
+    rank,
+    world_size,
+    mesh,
+    out,
+    check,
+    *,
+    dtype=None,
+    tied=False,
+    pad=None,
+    lora=False,
+    merge=None,
+    max_shard_size="2GB",
 ):
     master = tiny_qwen3(vocab=97)
     if lora:  # the base of a LoRA run: peft's wrappers folded away, the adapter left out
@@ -116,9 +134,13 @@ def check_export(
     target, reference_dir = fresh_dirs(out, check, rank)
     if rank == 0:
         reference = bf16_reference(master) if dtype == torch.bfloat16 else master
-        save_hf_model(reference, reference_dir, vocab_size=true_vocab, max_shard_size=max_shard_size)
+        save_hf_model(
+            reference, reference_dir, vocab_size=true_vocab, merge_adapter=merge, max_shard_size=max_shard_size
+        )
     with GatherMeter() as meter:
-        report = export_sharded_hf(sharded, target, vocab_size=true_vocab, dtype=dtype, max_shard_size=max_shard_size)
+        report = export_sharded_hf(
+            sharded, target, vocab_size=true_vocab, dtype=dtype, max_shard_size=max_shard_size, merge_adapter=merge
+        )
     dist.barrier()
     compared = {}
     if rank == 0:
@@ -189,6 +211,8 @@ def main() -> None:
     check_export(rank, world_size, mesh, out, "tied", tied=True, max_shard_size="40KB")
     check_export(rank, world_size, mesh, out, "padded_vocab", pad=64, max_shard_size="40KB")
     check_export(rank, world_size, mesh, out, "lora_base", lora=True, max_shard_size="40KB")
+    check_export(rank, world_size, mesh, out, "merged", lora=True, merge="adapter", max_shard_size="40KB")
+    check_export(rank, world_size, mesh, out, "merged_bf16", lora=True, merge="adapter", dtype=torch.bfloat16)
     check_corruption(rank, world_size, mesh, out)
     check_write_failure(rank, world_size, mesh, out)
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.distributed
 
 WORLD_SIZES = [1, 2]
 WORKER = "tests.trainer.sharded_export_worker"
-EXPORTS = ["fp32_files", "fp32_one_file", "bf16_files", "tied", "padded_vocab", "lora_base"]
+EXPORTS = ["fp32_files", "fp32_one_file", "bf16_files", "tied", "padded_vocab", "lora_base", "merged", "merged_bf16"]
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +99,11 @@ def test_a_write_failure_on_rank_0_fails_every_rank_without_a_hang(runs, world_s
             result
         )
         assert "FileNotFoundError" in result["message"], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_merged_export_holds_the_merged_weights_and_verifies_the_rest(runs, world_size):
+    base, merged = (each_rank(runs, world_size, c) for c in ("lora_base", "merged"))
+    assert merged[0]["weights_sha256"] != base[0]["weights_sha256"], merged  # the merge changed q_proj and v_proj
+    # Merged tensors are in no rank's shards: only the others are read back.
+    assert sum(r["verified_bytes"] for r in merged) < sum(r["verified_bytes"] for r in base), (merged, base)

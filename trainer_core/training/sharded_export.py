@@ -30,11 +30,18 @@ rank, naming the first failing rank and its cause. A write error on rank 0
 does not stop it from joining the remaining gathers, so no rank is left
 waiting in a collective.
 
-Merging an adapter into the base (`merge_adapter`) is not done here.
+With `merge_adapter=NAME` (the `merged/` export), each peft layer holding
+the adapter is gathered whole (its base weights and its adapters, cast to the
+export dtype first, as the unsharded run's weights are in that dtype) and
+merged by peft exactly as `hf_weights.save_hf_model` merges it, one layer at a
+time; the merged tensors' values are not compared in the verify phase (no rank
+holds them; the unsharded export does not compare them either), their names,
+dtypes and shapes are.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -51,7 +58,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
-from .hf_weights import hf_name, hf_vocab_names
+from .hf_weights import _merged_layer, hf_name, hf_vocab_names
 from .sharding import ShardedModel
 from .vocab import true_vocab_config
 
@@ -92,6 +99,7 @@ class _Entry:
     file: str
     begin: int  # absolute byte offsets in the file
     end: int
+    merge: tuple[str, nn.Module] | None = None  # (name, peft layer) whose merge gives this tensor's value
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -174,13 +182,37 @@ def _header(entries: list[tuple[str, torch.dtype, tuple[int, ...], int]]) -> tup
     return len(text).to_bytes(8, "little") + text, offsets
 
 
+def _merging(model: nn.Module, adapter: str | None) -> dict[str, tuple[str, nn.Module]]:
+    """State-dict name of each base tensor that merging `adapter` replaces -> (its peft layer's name, the layer)."""
+    if adapter is None:
+        return {}
+    from peft.tuners.lora import LoraLayer
+
+    found: dict[str, tuple[str, nn.Module]] = {}
+    for module_name, module in model.named_modules():
+        if isinstance(module, LoraLayer) and adapter in module.lora_A.keys() | module.lora_embedding_A.keys():
+            base = module.get_base_layer()
+            for leaf in base.state_dict(keep_vars=True):
+                found[f"{module_name}.base_layer.{leaf}"] = (module_name, module)  # pyright: ignore[reportArgumentType]
+    if not found:
+        raise ValueError(f"no LoRA layer holds an adapter named '{adapter}'; nothing to merge")
+    return found
+
+
 def _plan(
-    sharded: ShardedModel, *, vocab_size: int | None, dtype: torch.dtype | None, max_shard_size: int | str
+    sharded: ShardedModel,
+    *,
+    vocab_size: int | None,
+    dtype: torch.dtype | None,
+    max_shard_size: int | str,
+    merge_adapter: str | None = None,
 ) -> _Plan:
     model = sharded.model
     state: dict[str, torch.Tensor] = model.state_dict(keep_vars=True)  # the parameters themselves: no gather
     vocab_names = hf_vocab_names(model) if vocab_size is not None else set()
+    merging = _merging(model, merge_adapter)
     chosen: dict[str, tuple[torch.Tensor, int | None, torch.dtype]] = {}
+    merges: dict[str, tuple[str, nn.Module]] = {}
     for name, tensor in state.items():
         exported = hf_name(name)
         if exported is None:
@@ -188,6 +220,8 @@ def _plan(
         rows = vocab_size if exported in vocab_names and tensor.shape[0] > vocab_size else None  # type: ignore[operator]
         cast = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
         chosen[exported] = (tensor, rows, cast)
+        if name in merging:
+            merges[exported] = merging[name]
     for ignored in getattr(model, "_keys_to_ignore_on_save", None) or ():
         chosen.pop(ignored, None)
 
@@ -221,7 +255,7 @@ def _plan(
         for (name, _, _, nbytes), offset in zip(described, offsets, strict=True):
             tensor, rows, cast = chosen[name]
             begin = len(header) + offset
-            placed[name] = _Entry(name, tensor, rows, cast, file, begin, begin + nbytes)
+            placed[name] = _Entry(name, tensor, rows, cast, file, begin, begin + nbytes, merges.get(name))
 
     by_source: dict[int, list[_Entry]] = {}
     for entry in placed.values():
@@ -244,12 +278,29 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _exported(entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the gathered whole tensor, its exported form: cut and cast) of one entry (collective for a DTensor)."""
-    source = entry.source.detach()
-    whole = source.full_tensor() if isinstance(source, DTensor) else source
+def _exported(entry: _Entry, whole: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the gathered whole tensor, its exported form: cut and cast) of one entry (collective for a DTensor).
+
+    `whole`: the tensor's value when it is not the source's (a merged one).
+    """
+    if whole is None:
+        source = entry.source.detach()
+        whole = source.full_tensor() if isinstance(source, DTensor) else source
     kept = whole if entry.rows is None else whole[: entry.rows]
     return whole, kept.to(entry.dtype).contiguous()
+
+
+def _merged(module_name: str, module: nn.Module, adapter: str, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """peft's merge of `adapter` into a whole copy of the layer (collective: gathers each of its tensors)."""
+    memo: dict[int, Any] = {}
+    with torch.no_grad():
+        for param in module.parameters():  # the same order on every rank
+            detached = param.detach()
+            whole = detached.full_tensor() if isinstance(detached, DTensor) else detached.clone()
+            cast = dtype if dtype is not None and whole.is_floating_point() else whole.dtype
+            memo[id(param)] = nn.Parameter(whole.to(cast), requires_grad=False)
+    plain = copy.deepcopy(module, memo)  # the layer over the whole tensors, in the export dtype
+    return {name.replace(".base_layer", ""): t for name, t in _merged_layer(plain, module_name, adapter).items()}
 
 
 def _write_config(model: nn.Module, directory: Path, true_size: int, dtype_name: str) -> None:
@@ -274,15 +325,19 @@ def write_sharded_hf(
     vocab_size: int | None = None,
     dtype: torch.dtype | None = None,
     max_shard_size: int | str = "2GB",
+    merge_adapter: str | None = None,
 ) -> ExportReport:
     """Write the weights and config into `directory` (which exists), streamed from the shards (module docstring).
 
     Collective: every rank of the model's mesh calls it with the same arguments; only rank 0 writes. `dtype`: the
     export dtype of floating-point tensors (None: their own). `vocab_size`: the true vocabulary of a padded one.
+    `merge_adapter`: the LoRA adapter to merge into the base weights (module docstring).
     """
     model = sharded.model
     rank, _, _ = _rank_group(model)
-    plan = _plan(sharded, vocab_size=vocab_size, dtype=dtype, max_shard_size=max_shard_size)
+    plan = _plan(
+        sharded, vocab_size=vocab_size, dtype=dtype, max_shard_size=max_shard_size, merge_adapter=merge_adapter
+    )
     error: str | None = None
     peak = 0
     with ExitStack() as files:
@@ -296,9 +351,20 @@ def write_sharded_hf(
                     handles[file] = handle
             except OSError as failed:
                 error = f"{type(failed).__name__}: {failed}"
+        merged: dict[int, dict[str, torch.Tensor]] = {}  # a peft layer's merged tensors, until all are written
         for entry in plan.entries:
-            whole, exported = _exported(entry)
-            gathered = _nbytes(whole) if isinstance(entry.source, DTensor) else 0
+            if entry.merge is not None and merge_adapter is not None:
+                module_name, module = entry.merge
+                if id(module) not in merged:
+                    merged[id(module)] = _merged(module_name, module, merge_adapter, dtype)
+                layer = merged[id(module)]
+                whole, exported = _exported(entry, layer.pop(entry.name))
+                gathered = _nbytes(whole) + sum(_nbytes(t) for t in layer.values())
+                if not layer:
+                    del merged[id(module)]
+            else:
+                whole, exported = _exported(entry)
+                gathered = _nbytes(whole) if isinstance(entry.source, DTensor) else 0
             peak = max(peak, gathered + (_nbytes(exported) if exported.data_ptr() != whole.data_ptr() else 0))
             # rank 0 keeps joining the gathers after a failure: no rank is left waiting in a collective.
             if rank == 0 and error is None:
@@ -369,9 +435,9 @@ def _verify(plan: _Plan, directory: Path, rank: int) -> int:
                     f"{entry.file}: tensor {entry.name} is {part.get_dtype()} {part.get_shape()}, "
                     f"the plan {_DTYPE_CODES[entry.dtype]} {list(entry.shape)}"
                 )
-            owned = _owned_rows(entry, rank)
+            owned = None if entry.merge is not None else _owned_rows(entry, rank)
             if owned is None:
-                continue
+                continue  # not this rank's rows, or a merged tensor (no rank holds its value)
             first, stop, mine = owned
             loaded = part[first:stop] if entry.shape else opened[entry.file].get_tensor(entry.name)
             read += _nbytes(loaded)
@@ -387,6 +453,7 @@ def verify_sharded_hf(
     vocab_size: int | None = None,
     dtype: torch.dtype | None = None,
     max_shard_size: int | str = "2GB",
+    merge_adapter: str | None = None,
 ) -> int:
     """Every rank checks the rows it owns in `directory` against its shards (collective; same arguments as the write).
 
@@ -394,7 +461,9 @@ def verify_sharded_hf(
     difference (or could not read the files).
     """
     rank, _, _ = _rank_group(sharded.model)
-    plan = _plan(sharded, vocab_size=vocab_size, dtype=dtype, max_shard_size=max_shard_size)
+    plan = _plan(
+        sharded, vocab_size=vocab_size, dtype=dtype, max_shard_size=max_shard_size, merge_adapter=merge_adapter
+    )
     error, read = None, 0
     try:
         read = _verify(plan, directory, rank)
@@ -411,8 +480,10 @@ def export_sharded_hf(
     vocab_size: int | None = None,
     dtype: torch.dtype | None = None,
     max_shard_size: int | str = "2GB",
+    merge_adapter: str | None = None,
 ) -> ExportReport:
     """`write_sharded_hf`, then `verify_sharded_hf` (collective)."""
-    written = write_sharded_hf(sharded, directory, vocab_size=vocab_size, dtype=dtype, max_shard_size=max_shard_size)
-    read = verify_sharded_hf(sharded, directory, vocab_size=vocab_size, dtype=dtype, max_shard_size=max_shard_size)
+    options: dict[str, Any] = {"vocab_size": vocab_size, "dtype": dtype, "max_shard_size": max_shard_size}
+    written = write_sharded_hf(sharded, directory, merge_adapter=merge_adapter, **options)
+    read = verify_sharded_hf(sharded, directory, merge_adapter=merge_adapter, **options)
     return ExportReport(written.files, written.peak_gathered_bytes, written.largest_unit_bytes, read)
