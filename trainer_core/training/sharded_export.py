@@ -1,7 +1,9 @@
 """Write a sharded model (FSDP2, `sharding.shard_model`) as a Hugging Face checkpoint, one tensor gathered at a time.
 
 The unsharded export (`hf_weights.save_hf_model`) holds the whole model on
-one process. Here no rank ever holds more than one full tensor of it:
+one process. Here no rank ever holds more than one full tensor of it (one
+peft layer when merging; `full_tensor()` is an all-gather, so every rank
+holds that tensor for the moment it is written):
 
 1. **plan** (every rank, no collective, from the global shapes alone): the
    tensors `save_hf_model` would write, under the same names (peft's
@@ -327,7 +329,7 @@ def write_sharded_hf(
     max_shard_size: int | str = "2GB",
     merge_adapter: str | None = None,
 ) -> ExportReport:
-    """Write the weights and config into `directory` (which exists), streamed from the shards (module docstring).
+    """Write the weights and config into `directory` (which exists, empty: a staging), streamed from the shards.
 
     Collective: every rank of the model's mesh calls it with the same arguments; only rank 0 writes. `dtype`: the
     export dtype of floating-point tensors (None: their own). `vocab_size`: the true vocabulary of a padded one.
