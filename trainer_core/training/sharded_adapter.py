@@ -21,7 +21,8 @@ import torch
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
-from .sharded_export import _agree, _Entry, _Plan, _rank_group, _verify
+from .export_plan import Entry, ExportPlan
+from .sharded_export import _agree, _rank_group, _verify
 from .sharding import ShardedModel
 
 __all__ = ["ADAPTER_FILE", "export_sharded_adapter", "verify_sharded_adapter"]
@@ -40,9 +41,9 @@ def _adapter_state(sharded: ShardedModel, adapter: str) -> dict[str, torch.Tenso
     return {_PREFIX + name: tensor for name, tensor in state.items()}
 
 
-def _plan(state: dict[str, torch.Tensor]) -> _Plan:
-    entries = tuple(_Entry(name, t, None, t.dtype, ADAPTER_FILE, 0, 0) for name, t in state.items())
-    return _Plan(entries, (entries,), {}, {}, None)
+def _plan(state: dict[str, torch.Tensor]) -> ExportPlan:
+    entries = tuple(Entry(name, t, None, t.dtype, ADAPTER_FILE, 0, 0) for name, t in state.items())
+    return ExportPlan(entries, (entries,), {}, {}, None)
 
 
 def verify_sharded_adapter(sharded: ShardedModel, adapter: str, directory: Path) -> int:
