@@ -81,13 +81,24 @@ def hf_state_dict(
     merged = _merged_base_tensors(model, merge_adapter) if merge_adapter is not None else {}
     plain: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
-        if ".lora_" in name:
-            continue
-        plain[name.replace(_BASE_LAYER, "")] = merged.get(name, tensor).detach()
+        exported = hf_name(name)
+        if exported is not None:
+            plain[exported] = merged.get(name, tensor).detach()
     if vocab_size is not None:
-        names = {name.replace(_BASE_LAYER, "") for name in vocab_parameter_names(model)}
-        plain = cut_to_true_vocab(plain, names, vocab_size)
+        plain = cut_to_true_vocab(plain, hf_vocab_names(model), vocab_size)
     return plain
+
+
+def hf_name(name: str) -> str | None:
+    """The Hugging Face name of the model's state-dict entry `name`; None for an adapter tensor (left out)."""
+    if ".lora_" in name:
+        return None
+    return name.replace(_BASE_LAYER, "")
+
+
+def hf_vocab_names(model: nn.Module) -> set[str]:
+    """Hugging Face names of the per-token tensors, the ones cut to the true vocabulary on export."""
+    return {name.replace(_BASE_LAYER, "") for name in vocab_parameter_names(model)}
 
 
 def save_hf_model(

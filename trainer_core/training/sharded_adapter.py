@@ -1,0 +1,85 @@
+"""Export a LoRA adapter of a sharded model (peft injected before `shard_model`) in peft's layout.
+
+The adapter's tensors live as dim-0 shards inside their decoder layers'
+FSDP units. They are small (a few MB even for an 8B base), so every rank
+gathers each of them (`full_tensor()`, collective, in the same order) and
+rank 0 writes what the unsharded export (`checkpoint_io.export_checkpoint_module`)
+writes: `adapter_model.safetensors` under the keys `PeftModel.from_pretrained`
+expects (`base_model.model.` + peft's own), and `adapter_config.json`. The
+file is byte for byte the unsharded one. Then every rank reads back the rows
+it owns and compares them bitwise with its shards, as `sharded_export` does
+for the full model; a failure on any rank fails every rank
+(ShardedExportError).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
+
+from .export_plan import Entry, ExportPlan
+from .sharded_export import _agree, _rank_group, _verify
+from .sharding import ShardedModel
+
+__all__ = ["ADAPTER_FILE", "export_sharded_adapter", "verify_sharded_adapter"]
+
+ADAPTER_FILE = "adapter_model.safetensors"
+_PREFIX = "base_model.model."  # what peft's own wrapper prepends on save
+
+
+def _adapter_state(sharded: ShardedModel, adapter: str) -> dict[str, torch.Tensor]:
+    """The adapter's tensors (DTensors when sharded) under the names written to the file."""
+    from peft import get_peft_model_state_dict
+
+    state = get_peft_model_state_dict(sharded.model, adapter_name=adapter)
+    if not state:
+        raise ValueError(f"the model holds no LoRA adapter named '{adapter}'; nothing to export")
+    return {_PREFIX + name: tensor for name, tensor in state.items()}
+
+
+def _plan(state: dict[str, torch.Tensor]) -> ExportPlan:
+    entries = tuple(Entry(name, t, None, t.dtype, ADAPTER_FILE, 0, 0) for name, t in state.items())
+    return ExportPlan(entries, (entries,), {}, {}, None)
+
+
+def verify_sharded_adapter(sharded: ShardedModel, adapter: str, directory: Path) -> int:
+    """Every rank checks its rows of `directory`'s adapter file bitwise (collective); returns the bytes it read."""
+    rank, _, _ = _rank_group(sharded.model)
+    plan = _plan(_adapter_state(sharded, adapter))
+    error, read = None, 0
+    try:
+        read = _verify(plan, directory, rank)
+    except Exception as failed:  # noqa: BLE001 - reported to every rank, raised below
+        error = f"{type(failed).__name__}: {failed}"
+    _agree(sharded.model, "verifying its rows of the adapter", error)
+    return read
+
+
+def export_sharded_adapter(sharded: ShardedModel, adapter: str, adapter_config: Any, directory: Path) -> int:
+    """Write adapter `adapter` (peft config `adapter_config`) into `directory` (which exists), then verify it.
+
+    Collective: every rank calls it with the same arguments; only rank 0 writes. Returns the bytes this rank
+    verified. Raises ShardedExportError on every rank when any rank failed to write or verify.
+    """
+    rank, _, _ = _rank_group(sharded.model)
+    state = _adapter_state(sharded, adapter)
+    whole: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, tensor in state.items():
+            gathered = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            if rank == 0:
+                whole[name] = gathered.contiguous()
+    error = None
+    if rank == 0:
+        try:
+            save_file(whole, str(directory / ADAPTER_FILE))
+            adapter_config.save_pretrained(str(directory))
+        except OSError as failed:
+            error = f"{type(failed).__name__}: {failed}"
+    del whole
+    _agree(sharded.model, "writing the adapter files", error)
+    return verify_sharded_adapter(sharded, adapter, directory)
