@@ -236,16 +236,24 @@ LABELS = {
 }
 
 
+def human(num_bytes: float) -> str:
+    """Bytes in decimal units (GB = 1e9, as GPUs are sold), three significant figures or so."""
+    for unit, size in (("GB", GB), ("MB", 10**6), ("kB", 10**3)):
+        if abs(num_bytes) >= size:
+            return f"{num_bytes / size:.2f} {unit}"
+    return f"{num_bytes:.0f} B"
+
+
 def format_table(estimate: MemoryEstimate, settings: MemorySettings) -> list[str]:
-    """The per-rank table, one line per term, then the total (GB = 1e9 bytes)."""
+    """The per-rank table, one line per term, then the total."""
     title = (
         f"memory per rank (sharding={settings.sharding}, W={settings.world_size}, dtype={settings.dtype}, "
         f"activation_checkpointing={settings.activation_checkpointing}, {settings.rows_per_logical_rank} rows × "
         f"{settings.seq_len} tokens per forward):"
     )
     lines = [title]
-    lines += [f"  {LABELS[name]:<28} {value / GB:9.2f} GB" for name, value in estimate.terms().items()]
-    lines.append(f"  {'total':<28} {estimate.total / GB:9.2f} GB")
+    lines += [f"  {LABELS[name]:<28} {human(value):>12}" for name, value in estimate.terms().items()]
+    lines.append(f"  {'total':<28} {human(estimate.total):>12}")
     return lines
 
 
