@@ -172,6 +172,10 @@ class TrainSection(_Section):
     activation_checkpointing: Literal["none", "blocks"] = "none"
     """`blocks`: every decoder layer keeps only its input and runs again in backward (about one more forward per
     layer) for far fewer saved bytes; gradients, weights and run id are bitwise those of `none`."""
+    device_memory_gb: float | None = Field(default=None, gt=0)
+    """Memory of one training device, in GB (1e9 bytes): a run whose predicted bytes per rank (the memory model,
+    trainer_core/memory_model.py) exceed it is refused before anything is written. Unset: the memory of CUDA device 0
+    of the machine that checks, or no check without one. Not part of the run id."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights and activations: `float32`, or `bfloat16` weights trained through FP32 master weights and moments."""
     planner_miss_threshold: float = Field(default=0.25, gt=0)

@@ -59,7 +59,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     # transformers and torch: only once a command reads its inputs, not at `import flows.cli`
     from trainer_core.run.validate import validate_inputs
 
-    validate_inputs(config)  # a deployment whose every run would fail on its input is not registered
+    checked = validate_inputs(config)  # a deployment whose every run would fail on its input is not registered
     api_url = _require_api_url()
 
     from ..deploy import deploy_training
@@ -81,6 +81,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
+    from .run import print_memory
+
+    print_memory(checked.memory)  # once registered: a refusal before it is one message alone
     _print_next_steps(config, deployed.as_dict())
     print(json.dumps(deployed.as_dict()))
     return EXIT_OK

@@ -2,8 +2,10 @@
 
 `run` prints, as the last line of its standard output, one JSON object
 summarising the run (`_summary`); the exit statuses are those of the command
-line (`flows.cli.parser`'s docstring). Prefect is imported only once the
-inputs and the store have passed, so bad input costs seconds.
+line (`flows.cli.parser`'s docstring). Before its closing message it writes
+the memory model's per-rank table to standard error (`print_memory`; a run
+that cannot fit was refused by `validate_inputs`). Prefect is imported only
+once the inputs and the store have passed, so bad input costs seconds.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from trainer_core.config import RunConfig, load_config
 from trainer_core.errors import BadInputError
 
-__all__ = ["EXIT_ALREADY_RUNNING", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_OK", "cmd_run", "cmd_serve"]
+if TYPE_CHECKING:
+    from trainer_core.run.device_memory import MemoryReport
+
+__all__ = ["EXIT_ALREADY_RUNNING", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_OK", "cmd_run", "cmd_serve", "print_memory"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_ALREADY_RUNNING = 75
@@ -113,10 +119,25 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"rankflow: run failed: {type(failure).__name__}: {(str(failure).splitlines() or [''])[0]}",
         )
     drain_prefect()  # the UI gets every log line and event before the result line (see flows/finish.py)
+    # After the flow: bad input found inside it must stay the one message on standard error.
+    print_memory(checked.memory)
     if message is not None:
         print(message, file=sys.stderr)
     print(json.dumps(_summary(result, time.perf_counter() - started, error)))
     return EXIT_OK if error is None else EXIT_FAILED
+
+
+def print_memory(report: MemoryReport | None) -> None:
+    """The memory model's per-rank table, on standard error (standard output ends with the summary line)."""
+    if report is None:
+        return
+    from trainer_core.memory_model import format_table, human
+
+    for line in format_table(report.estimate, report.settings):
+        print(line, file=sys.stderr)
+    limit = report.limit_bytes
+    checked = f"fits the {human(limit)} of {report.limit_source}" if limit is not None else report.limit_source
+    print(f"  ({checked})", file=sys.stderr)
 
 
 def _storage_preflight(config: RunConfig) -> ConnectionError | None:

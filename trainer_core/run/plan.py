@@ -163,6 +163,8 @@ def digest_view(config: RunConfig) -> dict:
     # Recomputing a layer in backward gives bitwise the gradients of a plain forward (tests/trainer/
     # test_activation_checkpointing.py): how much is kept, not what is trained.
     training_config["train"].pop("activation_checkpointing")
+    # The device's memory decides whether a run may start, not what it computes.
+    training_config["train"].pop("device_memory_gb")
     if config.train.reduction == "deterministic":
         # The number of processes changes only the speed (trainer_core.ranks): a run
         # resumed at another nproc_per_node is the same run, under the same id.

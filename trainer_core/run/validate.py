@@ -10,7 +10,8 @@ exists:
 - model: config.json, sizes, a meta-device forward, the vocabulary, the weights (`model_checks`);
 - data: every record (schema, then render → tokenize → mask → align), `data.kind`
   against the records, the length policy, positions against the model;
-- the plan's size against this machine's memory and disk (`plan_size`).
+- the plan's size against this machine's memory and disk (`plan_size`);
+- the bytes each training rank will hold against the device's memory (`device_memory`).
 
 Every failure is a `BadInputError` (ConfigError or DataError) naming the file
 and line or the config key, and the fix. The staged documents it computes are
@@ -49,6 +50,7 @@ from trainer_core.errors import ConfigError
 from trainer_core.files import sha256_file
 from trainer_core.input_files import file_kind
 from trainer_core.model_checks import check_model, quiet_transformers
+from trainer_core.run.device_memory import MemoryReport, check_device_memory
 from trainer_core.run.plan_size import PlanSize, check_plan_size
 
 if TYPE_CHECKING:  # transformers (2-3 s) is imported by the checks that use it: importing this module stays light
@@ -71,6 +73,8 @@ class CheckedInputs:
     staged: Staged
     prepared: Prepared
     plan_size: PlanSize
+    memory: MemoryReport | None = None
+    """The memory model's prediction per training rank, and what it was checked against."""
 
     @property
     def cache_dir(self) -> Path:
@@ -199,6 +203,8 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
     prepared = finish(staged, records, options)
     _check_positions(config, prepared, model_config)
     size = check_plan_size(config, prepared)
+    with quiet_transformers():
+        memory = check_device_memory(config, model_config, size.row_len)
     return CheckedInputs(
         config=config,
         records=records,
@@ -211,6 +217,7 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
         staged=staged,
         prepared=prepared,
         plan_size=size,
+        memory=memory,
     )
 
 

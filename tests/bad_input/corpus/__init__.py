@@ -9,7 +9,19 @@ written. One module per kind of input; add a case to its module whenever a new k
 
 from __future__ import annotations
 
-from . import config_file, data_file, model_config, model_path, overrides, plan_size, records, serve, storage, tokenizer
+from . import (
+    config_file,
+    data_file,
+    device_memory,
+    model_config,
+    model_path,
+    overrides,
+    plan_size,
+    records,
+    serve,
+    storage,
+    tokenizer,
+)
 from .common import GOOD_SFT
 
 __all__ = ["BY_NAME", "CASES", "GOOD_SFT"]
@@ -23,6 +35,7 @@ CASES = [
     *tokenizer.CASES,
     *data_file.CASES,
     *plan_size.CASES,
+    *device_memory.CASES,
     *serve.CASES,
     *records.CASES,
 ]
