@@ -14,9 +14,10 @@ rank, the bytes of:
 - moments: AdamW's `exp_avg` and `exp_avg_sq`, FP32, of the trainable weights;
 - gradients: FP32 gradients of the trainable weights (the master's under bf16:
   the bf16 gradient is moved onto it one tensor at a time), sharded under fsdp;
-- staged: under `none`, a second backward into an existing accumulator (fast
-  reduction, several local logical ranks) holds the staged gradient and the
-  accumulator until it commits (`training/transaction.py`);
+- staged: a second backward into an existing accumulator (several local
+  logical ranks) holds the staged gradient beside the accumulator until it
+  commits: under `none` with the fast reduction (`training/transaction.py`),
+  under `fsdp` with either (one FP32 gradient shard);
 - partials: under `none` with the deterministic reduction, every local logical
   rank after the first keeps its own gradient until the ordered fold;
 - snapshots: weights a stale graph holds per revision it lags (0 in a run: the
@@ -24,8 +25,9 @@ rank, the bytes of:
 - in flight (fsdp): the unsharded weights, their gradients and the FP32
   reduce-scatter input of three consecutive units in backward order (the unit
   whose reduce-scatter is still running, the one computing, the one
-  prefetched), plus the all-to-all receive buffer of the ordered fold under
-  the deterministic reduction;
+  prefetched), plus the ordered fold's receive buffer under the deterministic
+  reduction (one shard of the largest unit: `ranks/sharded_fold.py` scatters
+  one source's chunks at a time);
 - activations: what one forward of one logical rank's rows saves for backward
   (`a·T + c·T²` per decoder layer and row, plus the rest of the model); with
   block checkpointing, each layer's input, plus one layer recomputed;
@@ -176,9 +178,10 @@ def _in_flight(shape: ModelShape, settings: MemorySettings) -> int:
     each = [_unit_in_flight(u, settings) for u in backward]
     window = max((sum(each[i : i + 3]) for i in range(max(1, len(each) - 2))), default=0)
     if settings.reduction == "deterministic":
-        # The ordered fold receives every rank's chunk of one unit's gradient (the size of its RS input).
+        # The ordered fold receives one source's chunk of a unit's gradient at a time: one FP32 shard.
         w = settings.world_size
-        window += max((sum(p.padded_numel(w) for p in u.params if p.trainable) for u in backward), default=0) * FP32
+        largest = max((sum(p.padded_numel(w) for p in u.params if p.trainable) for u in backward), default=0)
+        window += largest // w * FP32
     return window
 
 
@@ -190,6 +193,19 @@ def _activations(shape: ModelShape, fit: ActivationFit, settings: MemorySettings
     else:
         per_row = shape.num_layers * fit.layer(t)
     return round(settings.rows_per_logical_rank * (per_row + fit.rest_linear * t))
+
+
+def _staged(n_trainable: int, accumulator_bytes: int, extra_local: int, sharded: bool, reduction: str) -> int:
+    """A backward into an existing accumulator holds the new gradient beside it until the commit.
+
+    Unsharded, only the fast reduction stages (the deterministic one keeps partials instead). Sharded, both do:
+    the committed FP32 shards are stashed while FSDP writes the turn's shards (`ranks/sharded_fold.py`).
+    """
+    if not extra_local:
+        return 0
+    if sharded:
+        return n_trainable * FP32
+    return n_trainable * accumulator_bytes if reduction == "fast" else 0
 
 
 def predict(shape: ModelShape, fit: ActivationFit, settings: MemorySettings) -> MemoryEstimate:
@@ -211,7 +227,7 @@ def predict(shape: ModelShape, fit: ActivationFit, settings: MemorySettings) -> 
         masters=0 if sharded or not bf16_masters else n_trainable * FP32,
         moments=n_trainable * 2 * FP32,
         gradients=n_trainable * FP32 if sharded or bf16_masters else n_trainable * cb,
-        staged=n_trainable * accumulator_bytes if not sharded and extra_local and settings.reduction == "fast" else 0,
+        staged=_staged(n_trainable, accumulator_bytes, extra_local, sharded, settings.reduction),
         partials=n_trainable * accumulator_bytes * extra_local
         if not sharded and settings.reduction == "deterministic"
         else 0,

@@ -90,7 +90,9 @@ def test_in_flight_is_three_consecutive_units_in_backward_plus_the_fold_buffer()
     expected = per["norm + lm_head"] + per["layer 1"] + per["layer 0"]  # the heaviest window of three
     assert predict(shape, NO_ACTIVATIONS, settings).in_flight == expected
     deterministic = MemorySettings(sharding="fsdp", world_size=4, dtype="bfloat16", reduction="deterministic")
-    receive = (8 + 100 * 8) * 4  # the largest unit's padded FP32 gradient (the norm: 2 rows per rank)
+    # One FP32 shard of the largest unit's padded gradient (the norm: 2 rows per rank; the head 25 of 100):
+    # the ordered fold receives one source's chunk at a time.
+    receive = (8 + 100 * 8) // 4 * 4
     assert predict(shape, NO_ACTIVATIONS, deterministic).in_flight == expected + receive
 
 
@@ -202,7 +204,8 @@ def test_qwen3_8b_fsdp_per_rank_terms_are_the_hand_tables(qwen3_8b):
     assert _gb(e.state) == 16.38  # 16 B/param / 8
     # one decoder layer in flight is 1.54 GB (×2 with prefetch), the [norm, lm_head] unit 4.98
     assert _gb(e.in_flight) == 8.07
-    assert _gb(_8b(qwen3_8b, "fsdp", "none", "deterministic").in_flight) == pytest.approx(8.07 + 2.49, abs=0.01)
+    # + one FP32 shard of the lm_head unit's gradient (2.49 GB / 8): the ordered fold's receive buffer
+    assert _gb(_8b(qwen3_8b, "fsdp", "none", "deterministic").in_flight) == pytest.approx(8.07 + 0.31, abs=0.01)
     assert e.activations / GB == pytest.approx(31.9, abs=0.1)  # 52.84·h·T per layer, ×36
     assert e.head / GB == pytest.approx(6.2, abs=0.05)  # T·V·(2 + 4 + 4)
     assert e.total / GB == pytest.approx(62.6, abs=0.1)  # the hand table's peak, AC none
@@ -216,3 +219,16 @@ def test_qwen3_8b_fits_80_gb_only_sharded_and_checkpointing_brings_it_to_a_third
     assert _gb(replica.state) == pytest.approx(8.191 * 18, abs=0.1)  # bf16 2 + master 4 + moments 8 + FP32 grad 4
     assert replica.total > 80 * GB > _8b(qwen3_8b, "fsdp", "none").total
     assert _8b(qwen3_8b, "none", "blocks").total > 80 * GB  # checkpointing alone does not make a replica fit
+
+
+def test_sharded_turns_after_the_first_stage_one_fp32_gradient_shard_beside_the_committed():
+    shape = toy_shape()
+    for reduction in ("fast", "deterministic"):
+        one = predict(shape, NO_ACTIVATIONS, MemorySettings(sharding="fsdp", world_size=4, reduction=reduction))
+        two = predict(
+            shape,
+            NO_ACTIVATIONS,
+            MemorySettings(sharding="fsdp", world_size=4, logical_dp=8, reduction=reduction),
+        )
+        assert one.staged == 0 and two.staged == two.gradients == one.gradients, reduction
+        assert two.partials == 0, reduction
