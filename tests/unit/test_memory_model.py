@@ -224,11 +224,13 @@ def test_qwen3_8b_fits_80_gb_only_sharded_and_checkpointing_brings_it_to_a_third
 def test_sharded_turns_after_the_first_stage_one_fp32_gradient_shard_beside_the_committed():
     shape = toy_shape()
     for reduction in ("fast", "deterministic"):
-        one = predict(shape, NO_ACTIVATIONS, MemorySettings(sharding="fsdp", world_size=4, reduction=reduction))
+        one = predict(
+            shape, NO_ACTIVATIONS, MemorySettings(sharding="fsdp", world_size=4, dtype="bfloat16", reduction=reduction)
+        )
         two = predict(
             shape,
             NO_ACTIVATIONS,
-            MemorySettings(sharding="fsdp", world_size=4, logical_dp=8, reduction=reduction),
+            MemorySettings(sharding="fsdp", world_size=4, dtype="bfloat16", logical_dp=8, reduction=reduction),
         )
         assert one.staged == 0 and two.staged == two.gradients == one.gradients, reduction
         assert two.partials == 0, reduction
