@@ -32,7 +32,9 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
+from .sharding import local_tensor
 from .versions import Version, new_identity
 
 CheckpointKind = Literal["base", "lora", "module"]
@@ -177,13 +179,20 @@ class Checkpoint:
     def gradient_norm(self) -> torch.Tensor | None:
         """The global L2 norm of the (reduced) gradient, as torch's clip_grad_norm_ computes it; None without one."""
         grads = [s.optimized.grad for s in self._slots if s.optimized.grad is not None]
-        return torch.nn.utils.get_total_norm(grads) if grads else None
+        if not grads:
+            return None
+        norm = torch.nn.utils.get_total_norm(grads)
+        # Sharded: a partial norm per rank; the whole one (collective, every rank steps) is what clips, and a
+        # non-finite shard anywhere makes it non-finite on every rank.
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
     def apply(self, norm: torch.Tensor, learning_rate: float | None) -> None:
         """Clip with the precomputed norm and take one AdamW step; the revision advances."""
         clip = self.optimizer_config.grad_clip
         tensors = [s.optimized for s in self._slots if s.optimized.grad is not None]
-        if clip > 0:
+        if clip > 0 and any(isinstance(t, DTensor) for t in tensors):
+            _clip_shards(tensors, clip, norm)
+        elif clip > 0:
             torch.nn.utils.clip_grads_with_norm_(tensors, clip, norm)
         if learning_rate is not None:
             for group in self.optimizer.param_groups:
@@ -281,6 +290,15 @@ class Checkpoint:
         self.optimizer = self._new_optimizer()
         self.identity, self.revision = new_identity(), 0
         self.clear_gradients()
+
+
+def _clip_shards(tensors: Sequence[torch.Tensor], max_norm: float, norm: torch.Tensor) -> None:
+    """`clip_grads_with_norm_` on each rank's local gradient shards: the same coefficient, computed as torch does,
+    times each element (elementwise, so bitwise the unsharded result, and no collective)."""
+    coefficient = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
+    grads = [local_tensor(t.grad) for t in tensors if t.grad is not None]
+    for grad in grads:  # one product per element, as torch's foreach multiply: the same bits
+        grad.mul_(coefficient.to(grad.device))
 
 
 def nonfinite_reason(norms: dict[str, float]) -> str | None:

@@ -28,6 +28,7 @@ import torch
 
 from .memory.base import BackwardMode, BackwardState
 from .outputs import FIELDS, HEAD_PREFIX
+from .sharding import local_tensor
 from .versions import Version
 
 GRAPH_ATTRIBUTE = "_rankflow_output"
@@ -219,7 +220,7 @@ class GraphTable:
         for graph in self._all():
             for tensors in graph.weights.values():
                 for tensor in tensors.values():
-                    storage = tensor.untyped_storage()
+                    storage = local_tensor(tensor).untyped_storage()
                     if storage.data_ptr() not in live_storages:
                         held[storage.data_ptr()] = storage.nbytes()
         return sum(held.values())

@@ -15,6 +15,13 @@ the model with that adapter active (a replay activates it again), and the
 graph depends on that adapter only (besides the base and the heads).
 Registration lives in `registry.py`, the optimizer step in `stepping.py`,
 backward state in `memory/`, the staleness rule in `staleness.py`.
+
+A sharded model trains the same way: `Trainer(model, sharding=shard_model(model, mesh))`
+(`sharding.py`). Parameters, AdamW moments and gradients are then this rank's
+shards (DTensors); the FP32 sharded parameters are the masters under a bf16
+`MixedPrecisionPolicy`; forward and backward are collectives (FSDP all-gathers
+and reduce-scatters inside them), so every rank runs the same forwards and
+backwards; gradients are summed by FSDP's reduce-scatter (`ShardedSum`).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .checkpoints import Checkpoint, StepReport
-from .gradient_reduction import GradientReduction, RankSum
+from .gradient_reduction import GradientReduction, RankSum, ShardedSum
 from .graphs import (
     Graph,
     GraphConsumedError,
@@ -56,6 +63,7 @@ from .memory.retained import saved_tensor_bytes
 from .memory.timing import Stopwatch
 from .outputs import FIELD_OF, IMPORTANCE_WEIGHTED, ForwardCall, compute_outputs, is_leaf_field
 from .registry import CheckpointRegistry
+from .sharding import ShardedModel, local_tensor
 from .staleness import StaleGraphError, StalenessPolicy, importance_weights
 from .stepping import step_checkpoints
 from .transaction import NonFinitePolicy, StagedGradients
@@ -79,10 +87,14 @@ class Trainer(CheckpointRegistry):
         offload_target: OffloadTarget | None = None,
         nonfinite: NonFinitePolicy = "error",
         vocab_size: int | None = None,
+        sharding: ShardedModel | None = None,
     ):
         """`vocab_size`: the true vocabulary when the model's embedding rows were padded past it (outputs cover
-        the true vocabulary only); None when they were not."""
-        super().__init__(model)
+        the true vocabulary only); None when they were not. `sharding`: what `shard_model(model, mesh)` returned,
+        when the model is sharded (register checkpoints after sharding: they hold the sharded parameters)."""
+        if sharding is not None and sharding.model is not model:
+            raise ValueError("sharding= describes another model; pass what shard_model(model, mesh) returned for it")
+        super().__init__(model, sharding)
         self.vocab_size = vocab_size
         self.staleness = staleness or StalenessPolicy()
         self.planner = planner or MemoryPlanner()
@@ -98,8 +110,22 @@ class Trainer(CheckpointRegistry):
         self.graphs = GraphTable()
         self.peak_saved_bytes = 0
         """The highest `resident_bytes()` seen right after a forward or a step."""
-        self.gradient_reduction: GradientReduction = RankSum()
+        self._gradient_reduction: GradientReduction = RankSum() if sharding is None else ShardedSum()
+
+    @property
+    def gradient_reduction(self) -> GradientReduction:
         """How gradients are agreed on at backward and summed over processes at step (replaced by trainer_core.ranks)."""
+        return self._gradient_reduction
+
+    @gradient_reduction.setter
+    def gradient_reduction(self, reduction: GradientReduction) -> None:
+        if self.sharding is not None and not isinstance(reduction, ShardedSum):
+            raise ValueError(
+                f"a sharded model's gradients are summed by FSDP's reduce-scatter (ShardedSum), not by "
+                f"{type(reduction).__name__}: logical ranks (train.reduction = 'deterministic') do not work on a "
+                "sharded model yet — use train.reduction = 'fast', or train.sharding = 'none'"
+            )
+        self._gradient_reduction = reduction
 
     # -- forward -----------------------------------------------------------------
 
@@ -414,7 +440,9 @@ class Trainer(CheckpointRegistry):
                     outputs = self._run(call, topk_ids)
         finally:
             self._active_adapter = active
-        weight_storages = {t.untyped_storage().data_ptr() for tensors in weights.values() for t in tensors.values()}
+        weight_storages = {
+            local_tensor(t).untyped_storage().data_ptr() for tensors in weights.values() for t in tensors.values()
+        }
         self.planner.observe(
             _graph_shape(call),
             Evidence(
@@ -428,11 +456,22 @@ class Trainer(CheckpointRegistry):
 
     def _hand_over_weights(self, checkpoint: Checkpoint) -> None:
         """Before the checkpoint's weights change: live graphs that may still be differentiated keep the old ones."""
-        if any(
-            graph.holds_weights_of(checkpoint.name, checkpoint.version)
-            and self.staleness.usable_after_step(graph.versions[checkpoint.name], checkpoint.version)
+        holders = [
+            graph
             for graph in self.graphs.live()
-        ):
+            if graph.holds_weights_of(checkpoint.name, checkpoint.version)
+            and self.staleness.usable_after_step(graph.versions[checkpoint.name], checkpoint.version)
+        ]
+        if holders and self.sharding is not None:
+            # FSDP gathers the current shards in backward: differentiated after this step, the graph would get
+            # the new weights' Jacobian. Without a snapshot of its shards it can never be differentiated right.
+            for graph in holders:
+                graph.release(
+                    "consumed",
+                    f"cannot be differentiated after checkpoint '{checkpoint.name}' stepped: stale graphs of a "
+                    "sharded model are not supported yet; run backward before step (or use stale_mode='importance')",
+                )
+        elif holders:
             checkpoint.detach_revision()
 
     def _expire_graphs(self) -> None:

@@ -1,0 +1,263 @@
+"""Run under torchrun by test_sharded_trainer: `Trainer(model, sharding=...)` against unsharded references.
+
+Every check prints one RESULT line per rank (tests/trainer/sharded_ranks.py).
+References, built on every rank from the unsharded model fed every rank's
+batch in rank order: plain autograd through the trainer's own output function
+(`compute_outputs`) on a full copy, each rank's gradient cast to FP32 and
+summed in rank order, then `clip_grad_norm_` and `torch.optim.AdamW` on full
+FP32 tensors (the masters, for the bf16 recipe).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from tests.trainer.models import tiny_qwen3
+from tests.trainer.sharded_ranks import (
+    VOCAB,
+    all_bitwise,
+    bf16_reference,
+    bitwise,
+    emit,
+    full,
+    num_tokens,
+    rank_batch,
+    start,
+    worst,
+)
+from trainer_core.run.distributed import run_rank_main
+from trainer_core.training import Trainer
+from trainer_core.training.checkpoints import OptimizerConfig
+from trainer_core.training.outputs import ForwardCall, compute_outputs
+from trainer_core.training.sharding import local_tensor, shard_model
+from trainer_core.training.transaction import NonFinitePolicy
+
+# Weight decay on. Without clipping every step is bitwise the recipe's at any W. With clipping (always active:
+# the norm is far above 0.05) the norm of a sharded gradient is summed from per-shard partial norms, which may
+# differ from the unsharded norm in the last bit at W > 1 (plan fact 8), and so may the clipped step.
+OPTIMIZER = OptimizerConfig(learning_rate=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, grad_clip=0.0)
+CLIPPED = OptimizerConfig(learning_rate=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, grad_clip=0.05)
+
+
+def grad_of(param: torch.Tensor) -> torch.Tensor:
+    """This rank's local gradient shard (the parameter must have one)."""
+    assert param.grad is not None
+    return local_tensor(param.grad)
+
+
+def token_loss(logprobs: torch.Tensor | None, mask: torch.Tensor, which: int, world_size: int) -> torch.Tensor:
+    """This rank's share of the global mean token loss (a sum over ranks gives the mean)."""
+    assert logprobs is not None
+    return -(logprobs * mask[:, 1:]).sum() / num_tokens(which, world_size)
+
+
+class Recipe:
+    """The unsharded recipe by hand: plain autograd, FP32 sum in rank order, clip, torch.optim.AdamW on FP32."""
+
+    def __init__(self, master, dtype, optimizer: OptimizerConfig = OPTIMIZER):
+        self.config = optimizer
+        self.model = bf16_reference(master) if dtype == torch.bfloat16 else copy.deepcopy(master)
+        self.masters = {n: p.detach().float().clone().requires_grad_() for n, p in master.named_parameters()}
+        c = optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.masters.values(), lr=c.learning_rate, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay
+        )
+
+    def grads(self, which: int, world_size: int) -> dict[str, torch.Tensor]:
+        total: dict[str, torch.Tensor] = {}
+        for r in range(world_size):
+            ids, mask = rank_batch(which, r)
+            self.model.zero_grad(set_to_none=True)
+            out = compute_outputs(self.model, {}, ForwardCall(ids, mask, None, None, ("logprobs",), 0, None))
+            token_loss(out["logprobs"], mask, which, world_size).backward()
+            for n, p in self.model.named_parameters():
+                total[n] = p.grad.float() if n not in total else total[n] + p.grad.float()
+        return total
+
+    def step(self, grads: dict[str, torch.Tensor]) -> float:
+        """One step; returns the gradient's norm."""
+        for n, m in self.masters.items():
+            m.grad = grads[n].clone()
+        masters = list(self.masters.values())
+        clip = self.config.grad_clip
+        norm = (
+            torch.nn.utils.clip_grad_norm_(masters, clip) if clip > 0 else torch.nn.utils.get_total_norm(grads.values())
+        )
+        self.optimizer.step()
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                p.copy_(self.masters[n])
+        return float(norm)
+
+
+def sharded_trainer(master, mesh, *, dtype=torch.float32, nonfinite: NonFinitePolicy = "error", optimizer=OPTIMIZER):
+    model = copy.deepcopy(master)
+    trainer = Trainer(model, sharding=shard_model(model, mesh, param_dtype=dtype), nonfinite=nonfinite)
+    trainer.add_base_checkpoint(optimizer=optimizer)
+    return trainer
+
+
+def backward_on(trainer, which: int, rank: int, world_size: int, mode: str = "retain"):
+    ids, mask = rank_batch(which, rank)
+    out = trainer.forward(ids, mask, mode=mode)
+    return trainer.backward(token_loss(out.logprobs, mask, which, world_size))
+
+
+def sharded_grads(trainer) -> dict[str, torch.Tensor]:
+    return {n: full(p.grad) for n, p in trainer.checkpoints["base"].parameters().items()}
+
+
+def sharded_weights(trainer) -> dict[str, torch.Tensor]:
+    return {n: full(p.detach()) for n, p in trainer.checkpoints["base"].parameters().items()}
+
+
+def moments(trainer) -> dict[str, torch.Tensor]:
+    checkpoint = trainer.checkpoints["base"]
+    optimized = checkpoint.optimized_parameters()
+    return {
+        f"{n}.{key}": full(checkpoint.optimizer.state[p][key])
+        for n, p in optimized.items()
+        for key in ("exp_avg", "exp_avg_sq")
+    }
+
+
+def reference_moments(recipe: Recipe) -> dict[str, torch.Tensor]:
+    return {
+        f"{n}.{key}": recipe.optimizer.state[m][key]
+        for n, m in recipe.masters.items()
+        for key in ("exp_avg", "exp_avg_sq")
+    }
+
+
+def check_steps(rank, world_size, mesh, dtype, label, optimizer=OPTIMIZER):
+    """Two forward/backward/step rounds (two batches accumulated in the second) vs the unsharded recipe."""
+    master = tiny_qwen3(vocab=VOCAB)
+    trainer = sharded_trainer(master, mesh, dtype=dtype, optimizer=optimizer)
+    recipe = Recipe(master, dtype, optimizer)
+    checkpoint = trainer.checkpoints["base"]
+    no_masters = not checkpoint.master_weights() and all(
+        type(p).__name__ == "DTensor" and p.dtype == torch.float32 for p in checkpoint.parameters().values()
+    )
+    ok_grads, ok_weights, diffs, norms = [], [], [], []
+    for rounds in ([1], [2, 3]):
+        grads = recipe.grads(rounds[0], world_size)
+        for which in rounds[1:]:
+            more = recipe.grads(which, world_size)
+            grads = {n: grads[n] + more[n] for n in grads}
+        for which in rounds:
+            backward_on(trainer, which, rank, world_size)
+        got = sharded_grads(trainer)
+        ok_grads.append(all_bitwise(got, grads))
+        diffs.append(worst(got, grads))
+        reports = trainer.step()
+        norms.append((reports["base"].grad_norm, recipe.step(grads)))
+        weights = sharded_weights(trainer)
+        ok_weights.append(all_bitwise(weights, recipe.masters) and reports["base"].stepped)
+        diffs.append(worst(weights, recipe.masters))
+    emit(
+        f"steps_{label}",
+        rank,
+        grads=ok_grads,
+        weights=ok_weights,
+        moments=all_bitwise(moments(trainer), reference_moments(recipe)),
+        no_masters=no_masters,
+        max_diff=max(diffs),
+        norm_rel_diff=max(abs(a - b) / b for a, b in norms),
+    )
+
+
+def check_fault_after_backward(rank, world_size, mesh):
+    """A committed gradient, then a backward that fails after autograd on the last rank: every shard unchanged."""
+    master = tiny_qwen3(vocab=VOCAB)
+    trainer = sharded_trainer(master, mesh)
+    recipe = Recipe(master, torch.float32)
+    backward_on(trainer, 1, rank, world_size)
+    before = [grad_of(p).clone() for p in trainer.checkpoints["base"].parameters().values()]
+    stage = trainer._stage
+
+    def failing_stage(*args):
+        stage(*args)
+        raise RuntimeError("injected after backward")
+
+    if rank == world_size - 1:
+        trainer._stage = failing_stage  # type: ignore[method-assign]
+    ids, mask = rank_batch(2, rank)
+    # A lone retained graph on one process is freed as autograd runs (as unsharded): replay it there instead.
+    out = trainer.forward(ids, mask, mode="retain" if world_size > 1 else "replay")
+    loss = token_loss(out.logprobs, mask, 2, world_size)
+    try:
+        trainer.backward(loss)
+        raised = None
+    except Exception as error:  # noqa: BLE001 - the check reports what was raised
+        raised = type(error).__name__
+    after = [grad_of(p) for p in trainer.checkpoints["base"].parameters().values()]
+    unchanged = len(before) == len(after) and all(bitwise(a, b) for a, b in zip(before, after))
+    trainer._stage = stage  # type: ignore[method-assign]
+    trainer.backward(token_loss(out.logprobs, mask, 2, world_size))  # the retry: the forward's graph was kept
+    grads = recipe.grads(1, world_size)
+    more = recipe.grads(2, world_size)
+    expected = {n: grads[n] + more[n] for n in grads}
+    got = sharded_grads(trainer)
+    emit(
+        "fault_after_backward",
+        rank,
+        raised=raised,
+        unchanged=unchanged,
+        retry_bitwise=all_bitwise(got, expected),
+        max_diff=worst(got, expected),
+    )
+
+
+def check_nonfinite_skip(rank, world_size, mesh):
+    """A NaN in one element of the last rank's shard: the step skips on every rank, weights bitwise unchanged."""
+    master = tiny_qwen3(vocab=VOCAB)
+    trainer = sharded_trainer(master, mesh, nonfinite="skip")
+    backward_on(trainer, 1, rank, world_size)
+    before = sharded_weights(trainer)
+    params = trainer.checkpoints["base"].parameters()
+    if rank == world_size - 1:
+        grad_of(params["model.embed_tokens.weight"]).view(-1)[-1] = float("nan")
+    report = trainer.step()["base"]
+    emit(
+        "nonfinite_skip",
+        rank,
+        stepped=report.stepped,
+        reason=report.skipped_reason,
+        unchanged=all_bitwise(sharded_weights(trainer), before),
+        grads_cleared=all(p.grad is None for p in params.values()),
+    )
+
+
+def check_refusals(rank, world_size, mesh):
+    master = tiny_qwen3(vocab=VOCAB)
+    trainer = sharded_trainer(master, mesh)
+    messages = []
+    from trainer_core.training.gradient_reduction import RankSum
+
+    for attempt in (
+        lambda: setattr(trainer, "gradient_reduction", RankSum()),
+        lambda: trainer.add_lora_checkpoint("a", None),
+    ):
+        try:
+            attempt()
+            messages.append(None)
+        except ValueError as error:
+            messages.append(str(error))
+    emit("refusals", rank, messages=messages)
+
+
+def main() -> None:
+    rank, world_size, mesh = start()
+    check_steps(rank, world_size, mesh, torch.float32, "fp32")
+    check_steps(rank, world_size, mesh, torch.bfloat16, "bf16")
+    check_steps(rank, world_size, mesh, torch.float32, "fp32_clipped", CLIPPED)
+    check_steps(rank, world_size, mesh, torch.bfloat16, "bf16_clipped", CLIPPED)
+    check_fault_after_backward(rank, world_size, mesh)
+    check_nonfinite_skip(rank, world_size, mesh)
+    check_refusals(rank, world_size, mesh)
+
+
+if __name__ == "__main__":
+    run_rank_main(main)

@@ -1,0 +1,79 @@
+"""`Trainer(model, sharding=shard_model(...))`: parameters, masters, backward, transactions and the step, W = 1 and 2.
+
+One launch per world size runs every check (tests/trainer/sharded_trainer_worker.py).
+The reference is the unsharded recipe by hand on every rank: plain autograd
+through the trainer's own output function on a full copy, every rank's
+gradient summed in FP32 in rank order, `clip_grad_norm_` and
+`torch.optim.AdamW` on full FP32 tensors (the masters, cast to bf16 for the
+forward, in the bf16 recipe).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer.sharded_ranks import launch_results
+
+pytestmark = pytest.mark.distributed
+
+WORLD_SIZES = [1, 2]
+WORKER = "tests.trainer.sharded_trainer_worker"
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[int, dict]:
+    return {world_size: launch_results(WORKER, world_size) for world_size in WORLD_SIZES}
+
+
+def each_rank(runs, world_size: int, check: str) -> list[dict]:
+    found = [runs[world_size].get((check, rank)) for rank in range(world_size)]
+    assert all(found), (check, world_size, sorted(runs[world_size]))
+    return found  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_steps_are_bitwise_the_unsharded_recipe(runs, world_size, dtype):
+    """Gradients (FSDP's reduce-scatter SUM), weights and AdamW moments after two steps, one of two backwards;
+    the FP32 sharded parameters are the masters (no second copy), under bf16 compute too."""
+    for result in each_rank(runs, world_size, f"steps_{dtype}"):
+        assert result["grads"] == [True, True], result
+        assert result["weights"] == [True, True], result
+        assert result["moments"] and result["no_masters"], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_clipping_uses_the_global_norm_over_all_shards(runs, world_size, dtype):
+    """Always clipping: the global norm is the unsharded one to float rounding (summed from per-shard partial
+    norms at W > 1, so its last bit may differ: plan fact 8), and bitwise at W = 1."""
+    for result in each_rank(runs, world_size, f"steps_{dtype}_clipped"):
+        assert result["grads"] == [True, True], result
+        assert result["norm_rel_diff"] < 1e-6, result
+        assert result["max_diff"] < 1e-6, result
+        if world_size == 1:
+            assert result["weights"] == [True, True] and result["moments"], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_fault_after_backward_leaves_every_shard_bitwise_unchanged(runs, world_size):
+    results = each_rank(runs, world_size, "fault_after_backward")
+    for rank, result in enumerate(results):
+        assert result["unchanged"], result
+        assert result["raised"] == ("RuntimeError" if rank == world_size - 1 else "GradientTransactionError"), result
+        assert result["retry_bitwise"], result  # the kept graph backpropagated again: both batches, summed
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_nan_in_one_ranks_shard_skips_the_step_on_every_rank(runs, world_size):
+    for result in each_rank(runs, world_size, "nonfinite_skip"):
+        assert result["stepped"] is False and "non-finite gradient norm" in result["reason"], result
+        assert result["unchanged"] and result["grads_cleared"], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_what_does_not_work_sharded_yet_is_refused(runs, world_size):
+    for result in each_rank(runs, world_size, "refusals"):
+        reduction, lora = result["messages"]
+        assert reduction is not None and "logical ranks (train.reduction = 'deterministic')" in reduction
+        assert lora is not None and "cannot add LoRA adapter 'a' to a sharded model" in lora
