@@ -230,6 +230,72 @@ def check_nonfinite_skip(rank, world_size, mesh):
     )
 
 
+def dropout_grads(master, which: int, world_size: int) -> dict[str, torch.Tensor]:
+    """Plain autograd on an unsharded copy in train mode, each rank's dropout seeded as its forward was."""
+    model = copy.deepcopy(master)
+    total: dict[str, torch.Tensor] = {}
+    for r in range(world_size):
+        ids, mask = rank_batch(which, r)
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1000 + r)
+        out = compute_outputs(model, {}, ForwardCall(ids, mask, None, None, ("logprobs",), 0, None))
+        token_loss(out["logprobs"], mask, which, world_size).backward()
+        for n, p in model.named_parameters():
+            total[n] = p.grad.clone() if n not in total else total[n] + p.grad
+    return total
+
+
+def graph_state(trainer, out):
+    graph = trainer.graphs.get(out.graph_id)
+    assert graph is not None and graph.state is not None
+    return graph.state
+
+
+def check_modes(rank, world_size, mesh):
+    """retain / offload / replay with dropout on: the same gradients as each other and as plain autograd; the
+    bytes a graph holds (retained) or copies out (offload) are the unsharded trainer's: weights referenced."""
+    master = tiny_qwen3(vocab=VOCAB, dropout=0.1).train()
+    expected = dropout_grads(master, 1, world_size)
+    ids, mask = rank_batch(1, rank)
+    grads, held = {}, {}
+    for mode in ("retain", "offload", "replay"):
+        trainer = sharded_trainer(master, mesh)
+        trainer.model.train()
+        torch.manual_seed(1000 + rank)
+        out = trainer.forward(ids, mask, mode=mode)
+        state = graph_state(trainer, out)
+        held[mode] = [state.saved_bytes, getattr(getattr(state, "_hooks", None), "offloaded_bytes", None)]
+        torch.manual_seed(0)  # the RNG moved on: a replay must restore the forward's
+        trainer.backward(token_loss(out.logprobs, mask, 1, world_size))
+        grads[mode] = sharded_grads(trainer)
+    # The guard: with FSDP's unsharded weights out of the keep set, offload copies them (to disk through numpy,
+    # which pins their storage), and FSDP can no longer free them after the forward.
+    trainer = sharded_trainer(master, mesh)
+    trainer._weight_impls = frozenset()
+    try:
+        trainer.forward(ids, mask, mode="offload")
+        unkept = None
+    except RuntimeError as error:
+        unkept = str(error)
+    unsharded = Trainer(copy.deepcopy(master).train())
+    unsharded.add_base_checkpoint()
+    reference_held = {}
+    for mode in ("retain", "offload"):
+        out = unsharded.forward(ids, mask, mode=mode)
+        state = graph_state(unsharded, out)
+        reference_held[mode] = [state.saved_bytes, getattr(getattr(state, "_hooks", None), "offloaded_bytes", None)]
+    emit(
+        "modes",
+        rank,
+        bitwise={mode: all_bitwise(g, expected) for mode, g in grads.items()},
+        max_diff={mode: worst(g, expected) for mode, g in grads.items()},
+        held=held,
+        reference_held=reference_held,
+        unkept=unkept,
+        weight_bytes=sum(local_tensor(p).numel() * 4 for p in trainer.model.parameters()),
+    )
+
+
 def check_refusals(rank, world_size, mesh):
     master = tiny_qwen3(vocab=VOCAB)
     trainer = sharded_trainer(master, mesh)
@@ -256,6 +322,7 @@ def main() -> None:
     check_steps(rank, world_size, mesh, torch.bfloat16, "bf16_clipped", CLIPPED)
     check_fault_after_backward(rank, world_size, mesh)
     check_nonfinite_skip(rank, world_size, mesh)
+    check_modes(rank, world_size, mesh)
     check_refusals(rank, world_size, mesh)
 
 

@@ -77,3 +77,22 @@ def test_what_does_not_work_sharded_yet_is_refused(runs, world_size):
         reduction, lora = result["messages"]
         assert reduction is not None and "logical ranks (train.reduction = 'deterministic')" in reduction
         assert lora is not None and "cannot add LoRA adapter 'a' to a sharded model" in lora
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_retain_offload_replay_give_plain_autograds_gradients_with_dropout(runs, world_size):
+    """Dropout on: the three modes are bitwise equal to each other and to plain autograd on an unsharded copy."""
+    for result in each_rank(runs, world_size, "modes"):
+        assert result["bitwise"] == {"retain": True, "offload": True, "replay": True}, result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_sharded_graph_references_fsdps_unsharded_weights_instead_of_copying_or_counting_them(runs, world_size):
+    """The bytes a retained graph holds and an offloaded one copies out are the unsharded trainer's (activations
+    only: weights referenced there too). Without FSDP's unsharded storages in the keep set (their data_ptr
+    moves), offload copies the gathered weights out, and the copy pins their storage: FSDP cannot free it."""
+    for result in each_rank(runs, world_size, "modes"):
+        retained, offloaded = result["held"]["retain"][0], result["held"]["offload"][1]
+        assert retained == result["reference_held"]["retain"][0], result
+        assert offloaded == result["reference_held"]["offload"][1], result
+        assert "storage that is not resizable" in result["unkept"], result

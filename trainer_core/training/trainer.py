@@ -95,6 +95,8 @@ class Trainer(CheckpointRegistry):
         if sharding is not None and sharding.model is not model:
             raise ValueError("sharding= describes another model; pass what shard_model(model, mesh) returned for it")
         super().__init__(model, sharding)
+        # Stable for the model's life (fsdp contract test): FSDP's unsharded parameters, whose data_ptr moves.
+        self._weight_impls = frozenset() if sharding is None else sharding.unsharded_storages()
         self.vocab_size = vocab_size
         self.staleness = staleness or StalenessPolicy()
         self.planner = planner or MemoryPlanner()
@@ -218,6 +220,7 @@ class Trainer(CheckpointRegistry):
             self._parameter_storages,
             offload_target,
             measuring,
+            lambda: self._weight_impls,
         )
         state, values = cls.record(recording)
         if measuring:
@@ -447,7 +450,9 @@ class Trainer(CheckpointRegistry):
             _graph_shape(call),
             Evidence(
                 forward_s=watch.seconds,
-                saved_bytes=saved_tensor_bytes(outputs, self._parameter_storages() | weight_storages),
+                saved_bytes=saved_tensor_bytes(
+                    outputs, self._parameter_storages() | weight_storages, self._weight_impls
+                ),
             ),
         )
         return outputs

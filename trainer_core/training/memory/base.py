@@ -78,6 +78,10 @@ class ForwardRecording:
     """Where an offloading state moves its saved tensors."""
     measuring: bool
     """Whether the planner measures: time copies and count bytes."""
+    weight_impls: Callable[[], frozenset[int]] = frozenset
+    """StorageImpl ids (`untyped_storage()._cdata`) of weights whose `data_ptr` moves: a sharded model's
+    unsharded parameters, freed after forward and allocated again for backward (`ShardedModel.unsharded_storages`).
+    A saved tensor on one of them is a weight: referenced, not copied, and not counted."""
 
     def timed(self) -> dict[str, torch.Tensor]:
         """The forward, timed by `watch`."""
