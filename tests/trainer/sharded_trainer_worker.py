@@ -10,7 +10,9 @@ FP32 tensors (the masters, for the bf16 recipe).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from unittest import mock
 
 import torch
 
@@ -31,7 +33,8 @@ from trainer_core.run.distributed import run_rank_main
 from trainer_core.training import Trainer
 from trainer_core.training.checkpoints import OptimizerConfig
 from trainer_core.training.outputs import ForwardCall, compute_outputs
-from trainer_core.training.sharding import local_tensor, shard_model
+from trainer_core.training.sharding import ShardSnapshot, local_tensor, shard_model
+from trainer_core.training.staleness import StalenessPolicy
 from trainer_core.training.transaction import NonFinitePolicy
 
 # Weight decay on. Without clipping every step is bitwise the recipe's at any W. With clipping (always active:
@@ -296,6 +299,56 @@ def check_modes(rank, world_size, mesh):
     )
 
 
+def stale_gradient(master, mesh, rank, world_size, mode, *, swap=True):
+    """Forward A, then backward and step on B, then backward A: A's gradient (gathered) and the bytes held."""
+    trainer = sharded_trainer(master, mesh)
+    ids, mask = rank_batch(1, rank)
+    out = trainer.forward(ids, mask, mode=mode)
+    backward_on(trainer, 2, rank, world_size)
+    with contextlib.ExitStack() as patches:
+        if not swap:
+            patches.enter_context(mock.patch.object(ShardSnapshot, "swapped_in", lambda self: contextlib.nullcontext()))
+        trainer.step()
+        held = trainer.graphs.held_weight_bytes(trainer._parameter_storages())
+        trainer.backward(token_loss(out.logprobs, mask, 1, world_size))
+    assert trainer.sharding is not None
+    shards = sum(fp._sharded_param_data.numel() * 4 for fp in trainer.sharding.fsdp_params())
+    return sharded_grads(trainer), held, shards
+
+
+def check_stale(rank, world_size, mesh):
+    """A stale graph is differentiated at its forward's weights (plain autograd there), in every mode; without
+    the snapshot swapped in, FSDP would gather the stepped weights (guards the test)."""
+    master = tiny_qwen3(vocab=VOCAB)
+    expected = Recipe(master, torch.float32).grads(1, world_size)
+    results = {}
+    for mode in ("retain", "offload", "replay"):
+        grads, held, shards = stale_gradient(master, mesh, rank, world_size, mode)
+        results[mode] = {"bitwise": all_bitwise(grads, expected), "held": held, "shards": shards}
+    unswapped, _, _ = stale_gradient(master, mesh, rank, world_size, "retain", swap=False)
+    emit("stale", rank, modes=results, unswapped_diff=worst(unswapped, expected))
+
+
+def check_stale_importance(rank, world_size, mesh):
+    """Importance mode: the same forwards, backwards and steps as the unsharded trainer on W processes."""
+    master = tiny_qwen3(vocab=VOCAB)
+    policy = StalenessPolicy(stale_mode="importance")
+    model = copy.deepcopy(master)
+    sharded = Trainer(model, sharding=shard_model(model, mesh), staleness=policy)
+    plain = Trainer(copy.deepcopy(master), staleness=policy)
+    for trainer in (sharded, plain):
+        trainer.add_base_checkpoint(optimizer=OPTIMIZER)
+        ids, mask = rank_batch(1, rank)
+        out = trainer.forward(ids, mask, mode="retain")
+        backward_on(trainer, 2, rank, world_size)
+        trainer.step()
+        trainer.backward(token_loss(out.logprobs, mask, 1, world_size))
+        trainer.step()
+    expected = {n: p.detach() for n, p in plain.checkpoints["base"].parameters().items()}
+    got = sharded_weights(sharded)
+    emit("stale_importance", rank, bitwise=all_bitwise(got, expected), max_diff=worst(got, expected))
+
+
 def check_refusals(rank, world_size, mesh):
     master = tiny_qwen3(vocab=VOCAB)
     trainer = sharded_trainer(master, mesh)
@@ -323,6 +376,8 @@ def main() -> None:
     check_fault_after_backward(rank, world_size, mesh)
     check_nonfinite_skip(rank, world_size, mesh)
     check_modes(rank, world_size, mesh)
+    check_stale(rank, world_size, mesh)
+    check_stale_importance(rank, world_size, mesh)
     check_refusals(rank, world_size, mesh)
 
 

@@ -1,4 +1,4 @@
-"""`Trainer(model, sharding=shard_model(...))`: parameters, masters, backward, transactions and the step, W = 1 and 2.
+"""`Trainer(model, sharding=shard_model(...))`: step, transactions, modes and stale graphs on shards, W = 1 and 2.
 
 One launch per world size runs every check (tests/trainer/sharded_trainer_worker.py).
 The reference is the unsharded recipe by hand on every rank: plain autograd
@@ -96,3 +96,21 @@ def test_a_sharded_graph_references_fsdps_unsharded_weights_instead_of_copying_o
         assert retained == result["reference_held"]["retain"][0], result
         assert offloaded == result["reference_held"]["offload"][1], result
         assert "storage that is not resizable" in result["unkept"], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_stale_graph_is_differentiated_at_its_forwards_weights(runs, world_size):
+    """Forward A, step on B, backward A: bitwise plain autograd at the forward-time weights in every mode (the
+    backward, and a replay's re-forward, gather the snapshot); without the swap FSDP gathers the stepped shards
+    and the gradient is another one (guards the test). The planner counts the snapshot: this rank's shards."""
+    for result in each_rank(runs, world_size, "stale"):
+        for mode, found in result["modes"].items():
+            assert found["bitwise"], (mode, result)
+            assert found["held"] == found["shards"] > 0, (mode, result)
+        assert result["unswapped_diff"] > 1e-3, result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_stale_graph_under_the_importance_policy_trains_as_the_unsharded_trainer(runs, world_size):
+    for result in each_rank(runs, world_size, "stale_importance"):
+        assert result["bitwise"], result

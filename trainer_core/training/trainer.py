@@ -26,6 +26,7 @@ backwards; gradients are summed by FSDP's reduce-scatter (`ShardedSum`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -63,7 +64,7 @@ from .memory.retained import saved_tensor_bytes
 from .memory.timing import Stopwatch
 from .outputs import FIELD_OF, IMPORTANCE_WEIGHTED, ForwardCall, compute_outputs, is_leaf_field
 from .registry import CheckpointRegistry
-from .sharding import ShardedModel, local_tensor
+from .sharding import ShardedModel, ShardSnapshot, fsdp_param_of, local_tensor
 from .staleness import StaleGraphError, StalenessPolicy, importance_weights
 from .stepping import step_checkpoints
 from .transaction import NonFinitePolicy, StagedGradients
@@ -398,6 +399,10 @@ class Trainer(CheckpointRegistry):
         # Parameters whose in-place changes since the forward do not matter to a replay: read at their
         # current values on purpose, or not read at all (another adapter than the graph's).
         unchecked = at_current | {name for name in self.checkpoints if name not in graph.versions}
+        # A sharded checkpoint that stepped since the forward changed its live shards in place; the replay reads
+        # the snapshot swapped in below, which holds the forward's values.
+        snapshots = [s for name, s in graph.snapshots.items() if name not in at_current]
+        unchecked |= {name for name in graph.snapshots if name not in at_current}
         rerun = Rerun(
             lambda call, topk_ids: self._rerun(call, topk_ids, weights),
             frozenset(id(p) for name in unchecked for p in self.checkpoints[name].parameters().values()),
@@ -417,7 +422,10 @@ class Trainer(CheckpointRegistry):
             }
 
         try:
-            grads = state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)
+            with contextlib.ExitStack() as swaps:
+                for snapshot in snapshots:  # collective: every rank holds the same graphs, so the same snapshots
+                    swaps.enter_context(snapshot.swapped_in())
+                grads = state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)
         except BackwardStateError as error:
             raise type(error)(f"graph {graph.graph_id}: {error}") from None
         if self.planner.measuring:
@@ -467,16 +475,17 @@ class Trainer(CheckpointRegistry):
             if graph.holds_weights_of(checkpoint.name, checkpoint.version)
             and self.staleness.usable_after_step(graph.versions[checkpoint.name], checkpoint.version)
         ]
-        if holders and self.sharding is not None:
-            # FSDP gathers the current shards in backward: differentiated after this step, the graph would get
-            # the new weights' Jacobian. Without a snapshot of its shards it can never be differentiated right.
+        if not holders:
+            return
+        params = list(checkpoint.parameters().values())
+        if self.sharding is not None and any(fsdp_param_of(p) is not None for p in params):
+            # FSDP holds the parameter objects (its units gather them), so they stay; and it gathers the shards
+            # again in backward, so a graph differentiated after this step would get the new weights' Jacobian.
+            # Its backward gathers a copy of this rank's shards at this revision instead (1/W of the weights).
+            snapshot = ShardSnapshot.capture(self.sharding.fsdp_params(params))
             for graph in holders:
-                graph.release(
-                    "consumed",
-                    f"cannot be differentiated after checkpoint '{checkpoint.name}' stepped: stale graphs of a "
-                    "sharded model are not supported yet; run backward before step (or use stale_mode='importance')",
-                )
-        elif holders:
+                graph.snapshots[checkpoint.name] = snapshot
+        else:
             checkpoint.detach_revision()
 
     def _expire_graphs(self) -> None:
