@@ -329,6 +329,61 @@ def check_stale(rank, world_size, mesh):
     emit("stale", rank, modes=results, unswapped_diff=worst(unswapped, expected))
 
 
+def check_stale_bf16(rank, world_size, mesh):
+    """Under a bf16 MixedPrecisionPolicy the snapshot is kept in bf16 (what the all-gather sends: half the bytes)
+    and the stale gradient is bitwise the unsharded bf16 recipe's at the forward-time weights."""
+    master = tiny_qwen3(vocab=VOCAB)
+    expected = Recipe(master, torch.bfloat16).grads(1, world_size)
+    trainer = sharded_trainer(master, mesh, dtype=torch.bfloat16)
+    ids, mask = rank_batch(1, rank)
+    out = trainer.forward(ids, mask, mode="retain")
+    backward_on(trainer, 2, rank, world_size)
+    trainer.step()
+    held = trainer.graphs.held_weight_bytes(trainer._parameter_storages())
+    trainer.backward(token_loss(out.logprobs, mask, 1, world_size))
+    assert trainer.sharding is not None
+    shards = sum(fp._sharded_param_data.numel() * 2 for fp in trainer.sharding.fsdp_params())
+    got = sharded_grads(trainer)
+    emit(
+        "stale_bf16", rank, bitwise=all_bitwise(got, expected), max_diff=worst(got, expected), held=held, shards=shards
+    )
+
+
+def check_two_snapshots(rank, world_size, mesh):
+    """max_gradient_staleness = 2: graphs from two revisions, each with its snapshot (two held at once), each
+    differentiated at its own forward's weights, accumulated into one gradient."""
+    master = tiny_qwen3(vocab=VOCAB)
+    recipe = Recipe(master, torch.float32)
+    grads_a = recipe.grads(1, world_size)
+    recipe.step(recipe.grads(2, world_size))
+    grads_c = recipe.grads(3, world_size)
+    expected = {n: grads_a[n] + grads_c[n] for n in grads_a}
+    trainer = sharded_trainer(master, mesh)
+    ids_a, mask_a = rank_batch(1, rank)
+    out_a = trainer.forward(ids_a, mask_a, mode="retain")
+    backward_on(trainer, 2, rank, world_size)
+    trainer.step()
+    ids_c, mask_c = rank_batch(3, rank)
+    out_c = trainer.forward(ids_c, mask_c, mode="replay")
+    backward_on(trainer, 4, rank, world_size)
+    trainer.step()
+    held = trainer.graphs.held_weight_bytes(trainer._parameter_storages())
+    trainer.backward(token_loss(out_a.logprobs, mask_a, 1, world_size))
+    trainer.backward(token_loss(out_c.logprobs, mask_c, 3, world_size))
+    assert trainer.sharding is not None
+    shards = sum(fp._sharded_param_data.numel() * 4 for fp in trainer.sharding.fsdp_params())
+    got = sharded_grads(trainer)
+    emit(
+        "two_snapshots",
+        rank,
+        bitwise=all_bitwise(got, expected),
+        max_diff=worst(got, expected),
+        held=held,
+        shards=shards,
+        held_after=trainer.graphs.held_weight_bytes(trainer._parameter_storages()),
+    )
+
+
 def check_stale_importance(rank, world_size, mesh):
     """Importance mode: the same forwards, backwards and steps as the unsharded trainer on W processes."""
     master = tiny_qwen3(vocab=VOCAB)
@@ -377,6 +432,8 @@ def main() -> None:
     check_nonfinite_skip(rank, world_size, mesh)
     check_modes(rank, world_size, mesh)
     check_stale(rank, world_size, mesh)
+    check_stale_bf16(rank, world_size, mesh)
+    check_two_snapshots(rank, world_size, mesh)
     check_stale_importance(rank, world_size, mesh)
     check_refusals(rank, world_size, mesh)
 

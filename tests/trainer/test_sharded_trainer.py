@@ -114,3 +114,17 @@ def test_a_stale_graph_is_differentiated_at_its_forwards_weights(runs, world_siz
 def test_a_stale_graph_under_the_importance_policy_trains_as_the_unsharded_trainer(runs, world_size):
     for result in each_rank(runs, world_size, "stale_importance"):
         assert result["bitwise"], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_bf16_snapshot_is_half_the_bytes_and_gives_the_bf16_recipes_stale_gradient(runs, world_size):
+    for result in each_rank(runs, world_size, "stale_bf16"):
+        assert result["bitwise"], result
+        assert result["held"] == result["shards"] > 0, result  # bf16: 2 bytes per element of the local shard
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_graphs_of_two_revisions_hold_two_snapshots_until_their_backward(runs, world_size):
+    for result in each_rank(runs, world_size, "two_snapshots"):
+        assert result["bitwise"], result
+        assert result["held"] == 2 * result["shards"] and result["held_after"] == 0, result
