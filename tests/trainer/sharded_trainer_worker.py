@@ -404,6 +404,37 @@ def check_stale_importance(rank, world_size, mesh):
     emit("stale_importance", rank, bitwise=all_bitwise(got, expected), max_diff=worst(got, expected))
 
 
+def check_head(rank, world_size, mesh):
+    """A value head (unsharded, replicated: all-reduced at the step) over a sharded base, through a stale graph:
+    base and head train bitwise as the unsharded trainer with the same head on W processes."""
+    master = tiny_qwen3(vocab=VOCAB)
+    torch.manual_seed(3)
+    head = torch.nn.Linear(master.config.hidden_size, 1)
+    model = copy.deepcopy(master)
+    sharded = Trainer(model, sharding=shard_model(model, mesh))
+    plain = Trainer(copy.deepcopy(master))
+    for trainer in (sharded, plain):
+        trainer.add_base_checkpoint(optimizer=OPTIMIZER)
+        trainer.add_module_checkpoint("value", copy.deepcopy(head), optimizer=OPTIMIZER)
+
+        def loss_of(out, which, mask):
+            return token_loss(out.logprobs, mask, which, world_size) + out.heads["value"].pow(2).sum() / 100
+
+        outs = {}
+        for which in (1, 2):
+            ids, mask = rank_batch(which, rank)
+            outs[which] = (trainer.forward(ids, mask, outputs=("logprobs", "heads"), mode="retain"), mask)
+        trainer.backward(loss_of(outs[2][0], 2, outs[2][1]))
+        trainer.step()
+        trainer.backward(loss_of(outs[1][0], 1, outs[1][1]))  # stale: the base's snapshot, the head's old revision
+        trainer.step()
+    expected = {f"{c}.{n}": p.detach() for c in ("base", "value") for n, p in plain.checkpoints[c].parameters().items()}
+    got = {
+        f"{c}.{n}": full(p.detach()) for c in ("base", "value") for n, p in sharded.checkpoints[c].parameters().items()
+    }
+    emit("head", rank, bitwise=all_bitwise(got, expected), max_diff=worst(got, expected))
+
+
 def check_refusals(rank, world_size, mesh):
     master = tiny_qwen3(vocab=VOCAB)
     trainer = sharded_trainer(master, mesh)
@@ -435,6 +466,7 @@ def main() -> None:
     check_stale_bf16(rank, world_size, mesh)
     check_two_snapshots(rank, world_size, mesh)
     check_stale_importance(rank, world_size, mesh)
+    check_head(rank, world_size, mesh)
     check_refusals(rank, world_size, mesh)
 
 

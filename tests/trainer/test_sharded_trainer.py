@@ -128,3 +128,10 @@ def test_graphs_of_two_revisions_hold_two_snapshots_until_their_backward(runs, w
     for result in each_rank(runs, world_size, "two_snapshots"):
         assert result["bitwise"], result
         assert result["held"] == 2 * result["shards"] and result["held_after"] == 0, result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_value_head_over_a_sharded_base_trains_as_the_unsharded_trainer(runs, world_size):
+    """The head is replicated (summed over ranks at the step), the base sharded; a stale graph through both."""
+    for result in each_rank(runs, world_size, "head"):
+        assert result["bitwise"], result
