@@ -444,11 +444,12 @@ def check_refusals(rank, world_size, mesh):
     for attempt in (
         lambda: setattr(trainer, "gradient_reduction", RankSum()),
         lambda: trainer.add_lora_checkpoint("a", None),
+        lambda: trainer.checkpoints["base"].detach_revision(),
     ):
         try:
             attempt()
             messages.append(None)
-        except ValueError as error:
+        except (ValueError, RuntimeError) as error:
             messages.append(str(error))
     emit("refusals", rank, messages=messages)
 

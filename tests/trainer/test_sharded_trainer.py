@@ -74,9 +74,10 @@ def test_a_nan_in_one_ranks_shard_skips_the_step_on_every_rank(runs, world_size)
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_what_does_not_work_sharded_yet_is_refused(runs, world_size):
     for result in each_rank(runs, world_size, "refusals"):
-        reduction, lora = result["messages"]
+        reduction, lora, detach = result["messages"]
         assert reduction is not None and "logical ranks (train.reduction = 'deterministic')" in reduction
         assert lora is not None and "cannot add LoRA adapter 'a' to a sharded model" in lora
+        assert detach is not None and "would replace the sharded parameter" in detach
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from .sharding import local_tensor
+from .sharding import fsdp_param_of, local_tensor
 from .versions import Version, new_identity
 
 CheckpointKind = Literal["base", "lora", "module"]
@@ -210,6 +210,7 @@ class Checkpoint:
 
     def detach_revision(self) -> None:
         """Give the optimizer fresh parameter tensors; the old ones keep this revision's values for live graphs."""
+        self._refuse_sharded("detach_revision")
         for slot in self._slots:
             old = slot.param
             new = nn.Parameter(old.detach().clone(), requires_grad=old.requires_grad)
@@ -220,6 +221,16 @@ class Checkpoint:
                     group["params"] = [new if p is old else p for p in group["params"]]
                 if old in self.optimizer.state:
                     self.optimizer.state[new] = self.optimizer.state.pop(old)
+
+    def _refuse_sharded(self, what: str) -> None:
+        """FSDP binds the module's parameter objects to its units: replacing one would leave FSDP gathering the
+        old one. A sharded revision is kept as a `sharding.ShardSnapshot` instead (the trainer does that)."""
+        sharded = next((s.name for s in self._slots if fsdp_param_of(s.param) is not None), None)
+        if sharded is not None:
+            raise RuntimeError(
+                f"checkpoint '{self.name}': {what} would replace the sharded parameter {sharded} that FSDP holds; "
+                "keep a sharded revision with ShardSnapshot.capture and swap it in around the backward"
+            )
 
     def _where(self, slot: _Slot) -> list[tuple[nn.Module, str]]:
         """Every (module, attribute) the forward reads `slot.param` from — found again if peft re-wrapped a module."""
@@ -246,6 +257,8 @@ class Checkpoint:
             if tensors[slot.name] is not slot.param
             for module, attribute in self._where(slot)
         ]
+        if swaps:
+            self._refuse_sharded("swapped_in")
         try:
             for module, attribute, tensor, _ in swaps:
                 # A plain tensor (the snapshot) stands where the forward reads the parameter, for this block only;
