@@ -435,6 +435,25 @@ def check_head(rank, world_size, mesh):
     emit("head", rank, bitwise=all_bitwise(got, expected), max_diff=worst(got, expected))
 
 
+def check_nonfinite_data(rank, world_size, mesh):
+    """A NaN in the last rank's loss (its data): accepted under nonfinite='skip', the step skips on every rank."""
+    master = tiny_qwen3(vocab=VOCAB)
+    trainer = sharded_trainer(master, mesh, nonfinite="skip")
+    before = sharded_weights(trainer)
+    ids, mask = rank_batch(1, rank)
+    out = trainer.forward(ids, mask, mode="retain")
+    loss = token_loss(out.logprobs, mask, 1, world_size)
+    trainer.backward(loss * float("nan") if rank == world_size - 1 else loss)
+    report = trainer.step()["base"]
+    emit(
+        "nonfinite_data",
+        rank,
+        stepped=report.stepped,
+        reason=report.skipped_reason,
+        unchanged=all_bitwise(sharded_weights(trainer), before),
+    )
+
+
 def check_refusals(rank, world_size, mesh):
     master = tiny_qwen3(vocab=VOCAB)
     trainer = sharded_trainer(master, mesh)
@@ -462,6 +481,7 @@ def main() -> None:
     check_steps(rank, world_size, mesh, torch.bfloat16, "bf16_clipped", CLIPPED)
     check_fault_after_backward(rank, world_size, mesh)
     check_nonfinite_skip(rank, world_size, mesh)
+    check_nonfinite_data(rank, world_size, mesh)
     check_modes(rank, world_size, mesh)
     check_stale(rank, world_size, mesh)
     check_stale_bf16(rank, world_size, mesh)

@@ -72,6 +72,13 @@ def test_a_nan_in_one_ranks_shard_skips_the_step_on_every_rank(runs, world_size)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_nan_in_one_ranks_data_skips_the_step_on_every_rank(runs, world_size):
+    for result in each_rank(runs, world_size, "nonfinite_data"):
+        assert result["stepped"] is False and "non-finite gradient norm" in result["reason"], result
+        assert result["unchanged"], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_what_does_not_work_sharded_yet_is_refused(runs, world_size):
     for result in each_rank(runs, world_size, "refusals"):
         reduction, lora, detach = result["messages"]
