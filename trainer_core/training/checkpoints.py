@@ -32,7 +32,9 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
+from .sharding import fsdp_param_of, local_tensor
 from .versions import Version, new_identity
 
 CheckpointKind = Literal["base", "lora", "module"]
@@ -177,13 +179,20 @@ class Checkpoint:
     def gradient_norm(self) -> torch.Tensor | None:
         """The global L2 norm of the (reduced) gradient, as torch's clip_grad_norm_ computes it; None without one."""
         grads = [s.optimized.grad for s in self._slots if s.optimized.grad is not None]
-        return torch.nn.utils.get_total_norm(grads) if grads else None
+        if not grads:
+            return None
+        norm = torch.nn.utils.get_total_norm(grads)
+        # Sharded: a partial norm per rank; the whole one (collective, every rank steps) is what clips, and a
+        # non-finite shard anywhere makes it non-finite on every rank.
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
     def apply(self, norm: torch.Tensor, learning_rate: float | None) -> None:
         """Clip with the precomputed norm and take one AdamW step; the revision advances."""
         clip = self.optimizer_config.grad_clip
         tensors = [s.optimized for s in self._slots if s.optimized.grad is not None]
-        if clip > 0:
+        if clip > 0 and any(isinstance(t, DTensor) for t in tensors):
+            _clip_shards(tensors, clip, norm)
+        elif clip > 0:
             torch.nn.utils.clip_grads_with_norm_(tensors, clip, norm)
         if learning_rate is not None:
             for group in self.optimizer.param_groups:
@@ -201,6 +210,7 @@ class Checkpoint:
 
     def detach_revision(self) -> None:
         """Give the optimizer fresh parameter tensors; the old ones keep this revision's values for live graphs."""
+        self._refuse_sharded("detach_revision")
         for slot in self._slots:
             old = slot.param
             new = nn.Parameter(old.detach().clone(), requires_grad=old.requires_grad)
@@ -211,6 +221,16 @@ class Checkpoint:
                     group["params"] = [new if p is old else p for p in group["params"]]
                 if old in self.optimizer.state:
                     self.optimizer.state[new] = self.optimizer.state.pop(old)
+
+    def _refuse_sharded(self, what: str) -> None:
+        """FSDP binds the module's parameter objects to its units: replacing one would leave FSDP gathering the
+        old one. A sharded revision is kept as a `sharding.ShardSnapshot` instead (the trainer does that)."""
+        sharded = next((s.name for s in self._slots if fsdp_param_of(s.param) is not None), None)
+        if sharded is not None:
+            raise RuntimeError(
+                f"checkpoint '{self.name}': {what} would replace the sharded parameter {sharded} that FSDP holds; "
+                "keep a sharded revision with ShardSnapshot.capture and swap it in around the backward"
+            )
 
     def _where(self, slot: _Slot) -> list[tuple[nn.Module, str]]:
         """Every (module, attribute) the forward reads `slot.param` from — found again if peft re-wrapped a module."""
@@ -237,6 +257,8 @@ class Checkpoint:
             if tensors[slot.name] is not slot.param
             for module, attribute in self._where(slot)
         ]
+        if swaps:
+            self._refuse_sharded("swapped_in")
         try:
             for module, attribute, tensor, _ in swaps:
                 # A plain tensor (the snapshot) stands where the forward reads the parameter, for this block only;
@@ -281,6 +303,15 @@ class Checkpoint:
         self.optimizer = self._new_optimizer()
         self.identity, self.revision = new_identity(), 0
         self.clear_gradients()
+
+
+def _clip_shards(tensors: Sequence[torch.Tensor], max_norm: float, norm: torch.Tensor) -> None:
+    """`clip_grads_with_norm_` on each rank's local gradient shards: the same coefficient, computed as torch does,
+    times each element (elementwise, so bitwise the unsharded result, and no collective)."""
+    coefficient = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
+    grads = [local_tensor(t.grad) for t in tensors if t.grad is not None]
+    for grad in grads:  # one product per element, as torch's foreach multiply: the same bits
+        grad.mul_(coefficient.to(grad.device))
 
 
 def nonfinite_reason(norms: dict[str, float]) -> str | None:

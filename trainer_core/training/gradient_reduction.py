@@ -6,7 +6,9 @@ accumulates into `.grad`, and the step sums `.grad` over processes with one
 all-reduce. `trainer_core.ranks` installs a logical-rank reduction instead
 (`Trainer.gradient_reduction`), which keeps each logical rank's gradient
 apart and folds them in logical order, so results do not depend on the
-number of processes.
+number of processes. `ShardedSum` is the reduction of a sharded model
+(`Trainer(model, sharding=...)`): FSDP's reduce-scatter SUM already ran in
+backward, so the step only all-reduces what is not sharded (heads).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from .checkpoints import Checkpoint
 from .transaction import ranks_agree
@@ -55,6 +58,32 @@ class RankSum:
         for checkpoint, flags in zip(checkpoints, anywhere, strict=True):
             grads += checkpoint.gather_gradients(flags)
         all_reduce_sum_(grads)
+
+    def clear(self) -> None:
+        return None
+
+
+class ShardedSum:
+    """A sharded model's `fast` reduction: FSDP's native reduce-scatter SUM, run inside every backward.
+
+    Each rank's `.grad` of a sharded parameter is already its shard of the sum over ranks (the backward was a
+    collective: `backward_is_collective`), so `reduce` adds nothing for them; parameters that are not sharded
+    (a head registered with add_module_checkpoint, replicated on every rank) are summed as `RankSum` does.
+    """
+
+    backward_is_collective = True
+
+    def agree_on_backward(self, error: BaseException | None) -> BaseException | None:
+        return ranks_agree(error)
+
+    def local_flags(self, checkpoints: Sequence[Checkpoint]) -> list[list[bool]]:
+        return [checkpoint.has_gradient() for checkpoint in checkpoints]
+
+    def reduce(self, checkpoints: Sequence[Checkpoint], anywhere: Sequence[Sequence[bool]]) -> None:
+        replicated: list[torch.Tensor] = []
+        for checkpoint, flags in zip(checkpoints, anywhere, strict=True):
+            replicated += [g for g in checkpoint.gather_gradients(flags) if not isinstance(g, DTensor)]
+        all_reduce_sum_(replicated)
 
     def clear(self) -> None:
         return None

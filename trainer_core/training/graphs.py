@@ -28,6 +28,7 @@ import torch
 
 from .memory.base import BackwardMode, BackwardState
 from .outputs import FIELDS, HEAD_PREFIX
+from .sharding import ShardSnapshot, local_tensor
 from .versions import Version
 
 GRAPH_ATTRIBUTE = "_rankflow_output"
@@ -52,6 +53,9 @@ class Graph:
     status: GraphStatus = "live"
     consumed_because: str = ""
     """Why a consumed graph cannot be differentiated again, when not because a backward succeeded."""
+    snapshots: dict[str, ShardSnapshot] = field(default_factory=dict)
+    """Per sharded checkpoint that stepped since the forward, its shards at the forward's revision (this rank's
+    1/W): swapped in for the backward, since FSDP gathers the weights again there (`sharding.ShardSnapshot`)."""
     mode: BackwardMode = field(init=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +81,7 @@ class Graph:
             if state is not None:
                 state.release()
         self.state, self.stale_replay, self.weights, self.status = None, None, {}, status
+        self.snapshots = {}
         self.consumed_because = because
 
 
@@ -219,7 +224,9 @@ class GraphTable:
         for graph in self._all():
             for tensors in graph.weights.values():
                 for tensor in tensors.values():
-                    storage = tensor.untyped_storage()
+                    storage = local_tensor(tensor).untyped_storage()
                     if storage.data_ptr() not in live_storages:
                         held[storage.data_ptr()] = storage.nbytes()
-        return sum(held.values())
+        # A sharded checkpoint's revision is a snapshot of this rank's shards, shared by the graphs that hold it.
+        snapshots = {id(s): s.nbytes for graph in self._all() for s in graph.snapshots.values()}
+        return sum(held.values()) + sum(snapshots.values())

@@ -25,11 +25,14 @@ import torch
 from torch import nn
 
 from .checkpoints import Checkpoint, OptimizerConfig
+from .sharding import ShardedModel, local_tensor
 
 
 class CheckpointRegistry:
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, sharding: ShardedModel | None = None):
         self.model = model
+        self.sharding = sharding
+        """The model's FSDP sharding (`shard_model`), None when every rank holds all of it."""
         self.checkpoints: dict[str, Checkpoint] = {}
         self.heads: dict[str, nn.Module] = {}
         self._active_adapter: str | None = None
@@ -64,6 +67,11 @@ class CheckpointRegistry:
         """A LoRA adapter injected with peft. Weights no checkpoint owns stay frozen; registered ones keep training."""
         from peft import inject_adapter_in_model
 
+        if self.sharding is not None:
+            raise ValueError(
+                f"cannot add LoRA adapter '{name}' to a sharded model: peft would inject unsharded parameters "
+                "into FSDP's units; LoRA over a sharded base is not supported yet"
+            )
         if name in self.checkpoints:
             raise ValueError(f"a checkpoint named '{name}' is already registered; choose another name")
         owned = self.parameter_owners()
@@ -140,7 +148,8 @@ class CheckpointRegistry:
         return [p for root in (self.model, *self.heads.values()) for p in root.parameters()]
 
     def _parameter_storages(self) -> set[int]:
-        return {p.untyped_storage().data_ptr() for p in self._all_parameters()}
+        # A sharded parameter's storage is its local shard's.
+        return {local_tensor(p).untyped_storage().data_ptr() for p in self._all_parameters()}
 
     @contextlib.contextmanager
     def weights_swapped_in(self, weights: Mapping[str, Mapping[str, torch.Tensor]]):

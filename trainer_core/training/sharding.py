@@ -1,7 +1,7 @@
 """Shard a Hugging Face causal LM with FSDP2 (`torch.distributed.fsdp.fully_shard`), and snapshot its shards.
 
-A library piece, not wired into the config, the Trainer or the pipeline yet:
-nothing selects it until every Trainer guarantee holds under sharding (issue 16).
+Not wired into the config or the pipeline yet; `Trainer(model, sharding=shard_model(...))`
+trains a sharded model (issue 16).
 
 `shard_model` makes these FSDP units, bottom-up (torchtitan's layout, except
 that every unit reshards after forward):
@@ -45,7 +45,8 @@ reads), `FSDPParam.param_dtype` and `FSDPParam.sharded_state`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -54,8 +55,22 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam, ShardedState
+from torch.distributed.tensor import DTensor
 
-__all__ = ["ShardSnapshot", "ShardedModel", "decoder_layers", "fsdp_params", "shard_model"]
+__all__ = [
+    "ShardSnapshot",
+    "ShardedModel",
+    "backward_to_shards",
+    "decoder_layers",
+    "fsdp_param_of",
+    "fsdp_params",
+    "local_tensor",
+    "shard_model",
+]
+
+# id(sharded parameter) → its FSDPParam, for every model `shard_model` sharded. Weak values: an entry lives as
+# long as its FSDPParam, which holds the parameter, so an id here always names a live parameter.
+_FSDP_PARAM_OF: weakref.WeakValueDictionary[int, FSDPParam] = weakref.WeakValueDictionary()
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -175,7 +190,52 @@ def shard_model(
         units.append(shard(head_group))
     units.append(shard(model))
     _lazy_init(model)
+    for fp in fsdp_params(model):
+        _FSDP_PARAM_OF[id(fp.sharded_param)] = fp
     return ShardedModel(model=model, units=tuple(units))
+
+
+def fsdp_param_of(tensor: torch.Tensor) -> FSDPParam | None:
+    """The FSDPParam whose sharded parameter `tensor` is (a model `shard_model` sharded), else None."""
+    fp = _FSDP_PARAM_OF.get(id(tensor))
+    return fp if fp is not None and fp.sharded_param is tensor else None
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's local shard of a DTensor (no copy, no collective); a plain tensor as it is."""
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
+def backward_to_shards(
+    outputs: Sequence[torch.Tensor],
+    grad_outputs: Sequence[torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+    retain_graph: bool,
+) -> tuple[torch.Tensor | None, ...]:
+    """`torch.autograd.grad(outputs, inputs, grad_outputs, allow_unused=True)` where inputs may be sharded params.
+
+    Collective (FSDP reduce-scatters inside it): every rank calls it. `autograd.grad` w.r.t. a sharded
+    parameter silently gives None (the graph's leaves are FSDP's unsharded parameters, and FSDP reduces only
+    what `.backward()` accumulated into them), so this runs `torch.autograd.backward` into the unsharded
+    leaves, lets FSDP reduce-scatter (SUM) into `sharded_param.grad`, and returns what arrived there: each
+    sharded input's gradient is this rank's shard of the sum over ranks, a plain input's its own gradient.
+    Every input's `.grad` is stashed and set to None first (FSDP then assigns the reduced shard instead of
+    adding to it) and restored after, error or not, so the caller's accumulators are as they were.
+    """
+    owners = [fsdp_param_of(t) for t in inputs]
+    leaves = [fp.unsharded_param if fp is not None else t for fp, t in zip(owners, inputs)]
+    stash = [t.grad for t in inputs]
+    try:
+        for t in inputs:
+            t.grad = None
+        torch.autograd.backward(list(outputs), list(grad_outputs), retain_graph=retain_graph, inputs=leaves)
+        return tuple(t.grad for t in inputs)
+    finally:
+        for fp in owners:
+            if fp is not None:  # a backward that failed midway leaves no partial sum for the next one to add to
+                fp.unsharded_param.grad = None
+        for t, grad in zip(inputs, stash):
+            t.grad = grad
 
 
 def _lazy_init(model: nn.Module) -> None:

@@ -15,10 +15,18 @@ the model with that adapter active (a replay activates it again), and the
 graph depends on that adapter only (besides the base and the heads).
 Registration lives in `registry.py`, the optimizer step in `stepping.py`,
 backward state in `memory/`, the staleness rule in `staleness.py`.
+
+A sharded model trains the same way: `Trainer(model, sharding=shard_model(model, mesh))`
+(`sharding.py`). Parameters, AdamW moments and gradients are then this rank's
+shards (DTensors); the FP32 sharded parameters are the masters under a bf16
+`MixedPrecisionPolicy`; forward and backward are collectives (FSDP all-gathers
+and reduce-scatters inside them), so every rank runs the same forwards and
+backwards; gradients are summed by FSDP's reduce-scatter (`ShardedSum`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -28,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .checkpoints import Checkpoint, StepReport
-from .gradient_reduction import GradientReduction, RankSum
+from .gradient_reduction import GradientReduction, RankSum, ShardedSum
 from .graphs import (
     Graph,
     GraphConsumedError,
@@ -56,6 +64,7 @@ from .memory.retained import saved_tensor_bytes
 from .memory.timing import Stopwatch
 from .outputs import FIELD_OF, IMPORTANCE_WEIGHTED, ForwardCall, compute_outputs, is_leaf_field
 from .registry import CheckpointRegistry
+from .sharding import ShardedModel, ShardSnapshot, fsdp_param_of, local_tensor
 from .staleness import StaleGraphError, StalenessPolicy, importance_weights
 from .stepping import step_checkpoints
 from .transaction import NonFinitePolicy, StagedGradients
@@ -79,10 +88,16 @@ class Trainer(CheckpointRegistry):
         offload_target: OffloadTarget | None = None,
         nonfinite: NonFinitePolicy = "error",
         vocab_size: int | None = None,
+        sharding: ShardedModel | None = None,
     ):
         """`vocab_size`: the true vocabulary when the model's embedding rows were padded past it (outputs cover
-        the true vocabulary only); None when they were not."""
-        super().__init__(model)
+        the true vocabulary only); None when they were not. `sharding`: what `shard_model(model, mesh)` returned,
+        when the model is sharded (register checkpoints after sharding: they hold the sharded parameters)."""
+        if sharding is not None and sharding.model is not model:
+            raise ValueError("sharding= describes another model; pass what shard_model(model, mesh) returned for it")
+        super().__init__(model, sharding)
+        # Stable for the model's life (fsdp contract test): FSDP's unsharded parameters, whose data_ptr moves.
+        self._weight_impls = frozenset() if sharding is None else sharding.unsharded_storages()
         self.vocab_size = vocab_size
         self.staleness = staleness or StalenessPolicy()
         self.planner = planner or MemoryPlanner()
@@ -98,8 +113,22 @@ class Trainer(CheckpointRegistry):
         self.graphs = GraphTable()
         self.peak_saved_bytes = 0
         """The highest `resident_bytes()` seen right after a forward or a step."""
-        self.gradient_reduction: GradientReduction = RankSum()
+        self._gradient_reduction: GradientReduction = RankSum() if sharding is None else ShardedSum()
+
+    @property
+    def gradient_reduction(self) -> GradientReduction:
         """How gradients are agreed on at backward and summed over processes at step (replaced by trainer_core.ranks)."""
+        return self._gradient_reduction
+
+    @gradient_reduction.setter
+    def gradient_reduction(self, reduction: GradientReduction) -> None:
+        if self.sharding is not None and not isinstance(reduction, ShardedSum):
+            raise ValueError(
+                f"a sharded model's gradients are summed by FSDP's reduce-scatter (ShardedSum), not by "
+                f"{type(reduction).__name__}: logical ranks (train.reduction = 'deterministic') do not work on a "
+                "sharded model yet — use train.reduction = 'fast', or train.sharding = 'none'"
+            )
+        self._gradient_reduction = reduction
 
     # -- forward -----------------------------------------------------------------
 
@@ -192,6 +221,7 @@ class Trainer(CheckpointRegistry):
             self._parameter_storages,
             offload_target,
             measuring,
+            lambda: self._weight_impls,
         )
         state, values = cls.record(recording)
         if measuring:
@@ -369,6 +399,10 @@ class Trainer(CheckpointRegistry):
         # Parameters whose in-place changes since the forward do not matter to a replay: read at their
         # current values on purpose, or not read at all (another adapter than the graph's).
         unchecked = at_current | {name for name in self.checkpoints if name not in graph.versions}
+        # A sharded checkpoint that stepped since the forward changed its live shards in place; the replay reads
+        # the snapshot swapped in below, which holds the forward's values.
+        snapshots = [s for name, s in graph.snapshots.items() if name not in at_current]
+        unchecked |= {name for name in graph.snapshots if name not in at_current}
         rerun = Rerun(
             lambda call, topk_ids: self._rerun(call, topk_ids, weights),
             frozenset(id(p) for name in unchecked for p in self.checkpoints[name].parameters().values()),
@@ -388,7 +422,10 @@ class Trainer(CheckpointRegistry):
             }
 
         try:
-            grads = state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)
+            with contextlib.ExitStack() as swaps:
+                for snapshot in snapshots:  # collective: every rank holds the same graphs, so the same snapshots
+                    swaps.enter_context(snapshot.swapped_in())
+                grads = state.differentiate(inputs, cotangents_for, keep_graph=keep_graph, rerun=rerun)
         except BackwardStateError as error:
             raise type(error)(f"graph {graph.graph_id}: {error}") from None
         if self.planner.measuring:
@@ -414,12 +451,16 @@ class Trainer(CheckpointRegistry):
                     outputs = self._run(call, topk_ids)
         finally:
             self._active_adapter = active
-        weight_storages = {t.untyped_storage().data_ptr() for tensors in weights.values() for t in tensors.values()}
+        weight_storages = {
+            local_tensor(t).untyped_storage().data_ptr() for tensors in weights.values() for t in tensors.values()
+        }
         self.planner.observe(
             _graph_shape(call),
             Evidence(
                 forward_s=watch.seconds,
-                saved_bytes=saved_tensor_bytes(outputs, self._parameter_storages() | weight_storages),
+                saved_bytes=saved_tensor_bytes(
+                    outputs, self._parameter_storages() | weight_storages, self._weight_impls
+                ),
             ),
         )
         return outputs
@@ -428,11 +469,23 @@ class Trainer(CheckpointRegistry):
 
     def _hand_over_weights(self, checkpoint: Checkpoint) -> None:
         """Before the checkpoint's weights change: live graphs that may still be differentiated keep the old ones."""
-        if any(
-            graph.holds_weights_of(checkpoint.name, checkpoint.version)
-            and self.staleness.usable_after_step(graph.versions[checkpoint.name], checkpoint.version)
+        holders = [
+            graph
             for graph in self.graphs.live()
-        ):
+            if graph.holds_weights_of(checkpoint.name, checkpoint.version)
+            and self.staleness.usable_after_step(graph.versions[checkpoint.name], checkpoint.version)
+        ]
+        if not holders:
+            return
+        params = list(checkpoint.parameters().values())
+        if self.sharding is not None and any(fsdp_param_of(p) is not None for p in params):
+            # FSDP holds the parameter objects (its units gather them), so they stay; and it gathers the shards
+            # again in backward, so a graph differentiated after this step would get the new weights' Jacobian.
+            # Its backward gathers a copy of this rank's shards at this revision instead (1/W of the weights).
+            snapshot = ShardSnapshot.capture(self.sharding.fsdp_params(params))
+            for graph in holders:
+                graph.snapshots[checkpoint.name] = snapshot
+        else:
             checkpoint.detach_revision()
 
     def _expire_graphs(self) -> None:

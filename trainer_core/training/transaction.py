@@ -14,6 +14,11 @@ the cotangent itself — and an accumulator sharing storage would be summed into
 twice, or fail the next in-place add after some accumulators already changed.
 A staged gradient is adopted as it is only when it provably has none of those
 properties; otherwise it is copied.
+
+Under sharding a gradient is a DTensor, this rank's shard of the sum over ranks
+(FSDP reduce-scattered it in backward). Every test here reads the local shard
+only: no check may start a collective, because a rank that failed earlier
+would not join it. The commit's add is elementwise on the shards.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoints import Checkpoint
+from .sharding import local_tensor
 from .versions import Version
 
 NonFinitePolicy = Literal["error", "skip"]
@@ -35,6 +41,7 @@ class GradientTransactionError(RuntimeError):
 
 
 def _owns_its_storage(tensor: torch.Tensor) -> bool:
+    tensor = local_tensor(tensor)
     return (
         tensor.is_contiguous()
         and tensor.storage_offset() == 0
@@ -58,7 +65,7 @@ class StagedGradients:
         self._summed: set[tuple[str, str]] = set()
         self._built: list[tuple[torch.Tensor, torch.Tensor]] = []
         # Storages a gradient may alias but that are not ours to keep (the caller's `gradient=`, cotangents).
-        self._foreign = {t.untyped_storage().data_ptr() for t in foreign}
+        self._foreign = {local_tensor(t).untyped_storage().data_ptr() for t in foreign}
 
     def __len__(self) -> int:
         return len(self._grads)
@@ -97,8 +104,9 @@ class StagedGradients:
             # One fused test over all gradients (a non-finite element makes its sum
             # non-finite); the per-tensor pass runs only then, to name the culprit
             # (or to clear a sum that merely overflowed).
-            if nonfinite == "error" and not bool(torch.stack([g.sum() for _, g in items]).isfinite().all()):
-                culprit = next((p for p, g in items if not bool(torch.isfinite(g).all())), None)
+            local = [(p, local_tensor(g)) for p, g in items]
+            if nonfinite == "error" and not bool(torch.stack([g.sum() for _, g in local]).isfinite().all()):
+                culprit = next((p for p, g in local if not bool(torch.isfinite(g).all())), None)
                 if culprit is None:
                     continue
                 raise GradientTransactionError(
@@ -113,10 +121,10 @@ class StagedGradients:
         for key, grad in self._grads.items():
             if key in self._summed:
                 continue
-            storage = grad.untyped_storage().data_ptr()
+            storage = local_tensor(grad).untyped_storage().data_ptr()
             storages[storage] = storages.get(storage, 0) + 1
         for key, grad in self._grads.items():
-            storage = grad.untyped_storage().data_ptr()
+            storage = local_tensor(grad).untyped_storage().data_ptr()
             if (
                 key not in self._summed
                 and storages[storage] == 1

@@ -33,8 +33,10 @@ from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..outputs import ForwardCall
+from ..sharding import backward_to_shards
 from .costs import Evidence, OffloadTarget, PlanInputs
 from .timing import Stopwatch
 
@@ -76,6 +78,10 @@ class ForwardRecording:
     """Where an offloading state moves its saved tensors."""
     measuring: bool
     """Whether the planner measures: time copies and count bytes."""
+    weight_impls: Callable[[], frozenset[int]] = frozenset
+    """StorageImpl ids (`untyped_storage()._cdata`) of weights whose `data_ptr` moves: a sharded model's
+    unsharded parameters, freed after forward and allocated again for backward (`ShardedModel.unsharded_storages`).
+    A saved tensor on one of them is a weight: referenced, not copied, and not counted."""
 
     def timed(self) -> dict[str, torch.Tensor]:
         """The forward, timed by `watch`."""
@@ -220,9 +226,16 @@ def gradients(
     inputs: Sequence[torch.Tensor],
     keep_graph: bool,
 ) -> Gradients:
-    """Autograd from the outputs `names` (see `differentiable_outputs`) to `inputs`."""
+    """Autograd from the outputs `names` (see `differentiable_outputs`) to `inputs`.
+
+    Inputs that are sharded parameters (DTensors) get this rank's shard of the gradient summed over ranks, FSDP's
+    reduce-scatter inside the backward (`sharding.backward_to_shards`): a collective, like the forward was."""
     if not names or not inputs:
         return tuple(None for _ in inputs)
+    if any(isinstance(t, DTensor) for t in inputs):
+        return backward_to_shards(
+            [outputs[n] for n in names], [cotangents[n] for n in names], list(inputs), retain_graph=keep_graph
+        )
     return torch.autograd.grad(
         [outputs[n] for n in names],
         list(inputs),

@@ -41,10 +41,19 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
 
 class OffloadHooks:
     def __init__(
-        self, target: OffloadTarget, keep_storages: set[int], directory: str | None = None, *, timed: bool = False
+        self,
+        target: OffloadTarget,
+        keep_storages: set[int],
+        directory: str | None = None,
+        *,
+        timed: bool = False,
+        keep_impls: frozenset[int] = frozenset(),
     ):
+        """`keep_storages`: data_ptrs of weights, `keep_impls`: StorageImpl ids of weights whose data_ptr moves
+        (FSDP's unsharded parameters): tensors on either are referenced, not copied."""
         self.target: OffloadTarget = target
         self._keep = keep_storages
+        self._keep_impls = keep_impls
         self._directory = directory
         self._owns_directory = directory is None
         self._files: list[str] = []
@@ -74,7 +83,7 @@ class OffloadHooks:
     def pack(self, tensor: torch.Tensor):
         storage = tensor.untyped_storage()
         storage_key = storage.data_ptr()
-        if storage_key in self._keep or tensor.numel() == 0:
+        if storage_key in self._keep or storage._cdata in self._keep_impls or tensor.numel() == 0:
             return ("ref", tensor.detach(), tensor._version)  # parameters: referenced, not copied
         self._count_storage(tensor, storage)
         key = (storage_key, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
@@ -169,7 +178,9 @@ class OffloadedGraph(RetainedGraph):
     @classmethod
     def record(cls, forward: ForwardRecording) -> tuple["OffloadedGraph", dict]:
         target = forward.offload_target
-        hooks = OffloadHooks(target, forward.parameter_storages(), timed=forward.measuring)
+        hooks = OffloadHooks(
+            target, forward.parameter_storages(), timed=forward.measuring, keep_impls=forward.weight_impls()
+        )
         try:
             with hooks.hooks():
                 values = forward.timed()

@@ -41,8 +41,11 @@ def _saved_attributes(node_type: type) -> tuple[str, ...]:
     return tuple(names)
 
 
-def saved_tensor_bytes(outputs: Outputs, excluded_storages: set[int]) -> int:
-    """Bytes of the distinct storages the graph behind `outputs` saved, parameters' storages excluded."""
+def saved_tensor_bytes(
+    outputs: Outputs, excluded_storages: set[int], excluded_impls: frozenset[int] = frozenset()
+) -> int:
+    """Bytes of the distinct storages the graph behind `outputs` saved, parameters' storages excluded (by data_ptr,
+    or by StorageImpl id for weights whose data_ptr moves: FSDP's unsharded parameters)."""
     counted: dict[int, int] = {}
     seen: set = set()
     stack: list[torch.autograd.graph.Node | None] = [t.grad_fn for t in outputs.values() if t.grad_fn is not None]
@@ -65,7 +68,7 @@ def saved_tensor_bytes(outputs: Outputs, excluded_storages: set[int]) -> int:
                 if isinstance(tensor, torch.Tensor):
                     storage = tensor.untyped_storage()
                     key = storage.data_ptr()
-                    if key not in excluded_storages:
+                    if key not in excluded_storages and storage._cdata not in excluded_impls:
                         counted[key] = storage.nbytes()
         stack.extend(next_node for next_node, _ in node.next_functions)
     return sum(counted.values())
@@ -107,7 +110,7 @@ class RetainedGraph:
     @classmethod
     def record(cls, forward: ForwardRecording) -> tuple["RetainedGraph", dict]:
         values = forward.timed()
-        return cls(values, saved_tensor_bytes(values, forward.parameter_storages())), values
+        return cls(values, saved_tensor_bytes(values, forward.parameter_storages(), forward.weight_impls())), values
 
     def forward_evidence(self, forward_s: float) -> Evidence:
         return Evidence(forward_s=forward_s, saved_bytes=self.saved_bytes)

@@ -1,0 +1,495 @@
+"""Run under torchrun by test_sharded_trainer: `Trainer(model, sharding=...)` against unsharded references.
+
+Every check prints one RESULT line per rank (tests/trainer/sharded_ranks.py).
+References, built on every rank from the unsharded model fed every rank's
+batch in rank order: plain autograd through the trainer's own output function
+(`compute_outputs`) on a full copy, each rank's gradient cast to FP32 and
+summed in rank order, then `clip_grad_norm_` and `torch.optim.AdamW` on full
+FP32 tensors (the masters, for the bf16 recipe).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from unittest import mock
+
+import torch
+
+from tests.trainer.models import tiny_qwen3
+from tests.trainer.sharded_ranks import (
+    VOCAB,
+    all_bitwise,
+    bf16_reference,
+    bitwise,
+    emit,
+    full,
+    num_tokens,
+    rank_batch,
+    start,
+    worst,
+)
+from trainer_core.run.distributed import run_rank_main
+from trainer_core.training import Trainer
+from trainer_core.training.checkpoints import OptimizerConfig
+from trainer_core.training.outputs import ForwardCall, compute_outputs
+from trainer_core.training.sharding import ShardSnapshot, local_tensor, shard_model
+from trainer_core.training.staleness import StalenessPolicy
+from trainer_core.training.transaction import NonFinitePolicy
+
+# Weight decay on. Without clipping every step is bitwise the recipe's at any W. With clipping (always active:
+# the norm is far above 0.05) the norm of a sharded gradient is summed from per-shard partial norms, which may
+# differ from the unsharded norm in the last bit at W > 1 (plan fact 8), and so may the clipped step.
+OPTIMIZER = OptimizerConfig(learning_rate=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, grad_clip=0.0)
+CLIPPED = OptimizerConfig(learning_rate=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, grad_clip=0.05)
+
+
+def grad_of(param: torch.Tensor) -> torch.Tensor:
+    """This rank's local gradient shard (the parameter must have one)."""
+    assert param.grad is not None
+    return local_tensor(param.grad)
+
+
+def token_loss(logprobs: torch.Tensor | None, mask: torch.Tensor, which: int, world_size: int) -> torch.Tensor:
+    """This rank's share of the global mean token loss (a sum over ranks gives the mean)."""
+    assert logprobs is not None
+    return -(logprobs * mask[:, 1:]).sum() / num_tokens(which, world_size)
+
+
+class Recipe:
+    """The unsharded recipe by hand: plain autograd, FP32 sum in rank order, clip, torch.optim.AdamW on FP32."""
+
+    def __init__(self, master, dtype, optimizer: OptimizerConfig = OPTIMIZER):
+        self.config = optimizer
+        self.model = bf16_reference(master) if dtype == torch.bfloat16 else copy.deepcopy(master)
+        self.masters = {n: p.detach().float().clone().requires_grad_() for n, p in master.named_parameters()}
+        c = optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.masters.values(), lr=c.learning_rate, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay
+        )
+
+    def grads(self, which: int, world_size: int) -> dict[str, torch.Tensor]:
+        total: dict[str, torch.Tensor] = {}
+        for r in range(world_size):
+            ids, mask = rank_batch(which, r)
+            self.model.zero_grad(set_to_none=True)
+            out = compute_outputs(self.model, {}, ForwardCall(ids, mask, None, None, ("logprobs",), 0, None))
+            token_loss(out["logprobs"], mask, which, world_size).backward()
+            for n, p in self.model.named_parameters():
+                total[n] = p.grad.float() if n not in total else total[n] + p.grad.float()
+        return total
+
+    def step(self, grads: dict[str, torch.Tensor]) -> float:
+        """One step; returns the gradient's norm."""
+        for n, m in self.masters.items():
+            m.grad = grads[n].clone()
+        masters = list(self.masters.values())
+        clip = self.config.grad_clip
+        norm = (
+            torch.nn.utils.clip_grad_norm_(masters, clip) if clip > 0 else torch.nn.utils.get_total_norm(grads.values())
+        )
+        self.optimizer.step()
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                p.copy_(self.masters[n])
+        return float(norm)
+
+
+def sharded_trainer(master, mesh, *, dtype=torch.float32, nonfinite: NonFinitePolicy = "error", optimizer=OPTIMIZER):
+    model = copy.deepcopy(master)
+    trainer = Trainer(model, sharding=shard_model(model, mesh, param_dtype=dtype), nonfinite=nonfinite)
+    trainer.add_base_checkpoint(optimizer=optimizer)
+    return trainer
+
+
+def backward_on(trainer, which: int, rank: int, world_size: int, mode: str = "retain"):
+    ids, mask = rank_batch(which, rank)
+    out = trainer.forward(ids, mask, mode=mode)
+    return trainer.backward(token_loss(out.logprobs, mask, which, world_size))
+
+
+def sharded_grads(trainer) -> dict[str, torch.Tensor]:
+    return {n: full(p.grad) for n, p in trainer.checkpoints["base"].parameters().items()}
+
+
+def sharded_weights(trainer) -> dict[str, torch.Tensor]:
+    return {n: full(p.detach()) for n, p in trainer.checkpoints["base"].parameters().items()}
+
+
+def moments(trainer) -> dict[str, torch.Tensor]:
+    checkpoint = trainer.checkpoints["base"]
+    optimized = checkpoint.optimized_parameters()
+    return {
+        f"{n}.{key}": full(checkpoint.optimizer.state[p][key])
+        for n, p in optimized.items()
+        for key in ("exp_avg", "exp_avg_sq")
+    }
+
+
+def reference_moments(recipe: Recipe) -> dict[str, torch.Tensor]:
+    return {
+        f"{n}.{key}": recipe.optimizer.state[m][key]
+        for n, m in recipe.masters.items()
+        for key in ("exp_avg", "exp_avg_sq")
+    }
+
+
+def check_steps(rank, world_size, mesh, dtype, label, optimizer=OPTIMIZER):
+    """Two forward/backward/step rounds (two batches accumulated in the second) vs the unsharded recipe."""
+    master = tiny_qwen3(vocab=VOCAB)
+    trainer = sharded_trainer(master, mesh, dtype=dtype, optimizer=optimizer)
+    recipe = Recipe(master, dtype, optimizer)
+    checkpoint = trainer.checkpoints["base"]
+    no_masters = not checkpoint.master_weights() and all(
+        type(p).__name__ == "DTensor" and p.dtype == torch.float32 for p in checkpoint.parameters().values()
+    )
+    ok_grads, ok_weights, diffs, norms = [], [], [], []
+    for rounds in ([1], [2, 3]):
+        grads = recipe.grads(rounds[0], world_size)
+        for which in rounds[1:]:
+            more = recipe.grads(which, world_size)
+            grads = {n: grads[n] + more[n] for n in grads}
+        for which in rounds:
+            backward_on(trainer, which, rank, world_size)
+        got = sharded_grads(trainer)
+        ok_grads.append(all_bitwise(got, grads))
+        diffs.append(worst(got, grads))
+        reports = trainer.step()
+        norms.append((reports["base"].grad_norm, recipe.step(grads)))
+        weights = sharded_weights(trainer)
+        ok_weights.append(all_bitwise(weights, recipe.masters) and reports["base"].stepped)
+        diffs.append(worst(weights, recipe.masters))
+    emit(
+        f"steps_{label}",
+        rank,
+        grads=ok_grads,
+        weights=ok_weights,
+        moments=all_bitwise(moments(trainer), reference_moments(recipe)),
+        no_masters=no_masters,
+        max_diff=max(diffs),
+        norm_rel_diff=max(abs(a - b) / b for a, b in norms),
+    )
+
+
+def check_fault_after_backward(rank, world_size, mesh):
+    """A committed gradient, then a backward that fails after autograd on the last rank: every shard unchanged."""
+    master = tiny_qwen3(vocab=VOCAB)
+    trainer = sharded_trainer(master, mesh)
+    recipe = Recipe(master, torch.float32)
+    backward_on(trainer, 1, rank, world_size)
+    before = [grad_of(p).clone() for p in trainer.checkpoints["base"].parameters().values()]
+    stage = trainer._stage
+
+    def failing_stage(*args):
+        stage(*args)
+        raise RuntimeError("injected after backward")
+
+    if rank == world_size - 1:
+        trainer._stage = failing_stage  # type: ignore[method-assign]
+    ids, mask = rank_batch(2, rank)
+    # A lone retained graph on one process is freed as autograd runs (as unsharded): replay it there instead.
+    out = trainer.forward(ids, mask, mode="retain" if world_size > 1 else "replay")
+    loss = token_loss(out.logprobs, mask, 2, world_size)
+    try:
+        trainer.backward(loss)
+        raised = None
+    except Exception as error:  # noqa: BLE001 - the check reports what was raised
+        raised = type(error).__name__
+    after = [grad_of(p) for p in trainer.checkpoints["base"].parameters().values()]
+    unchanged = len(before) == len(after) and all(bitwise(a, b) for a, b in zip(before, after))
+    trainer._stage = stage  # type: ignore[method-assign]
+    trainer.backward(token_loss(out.logprobs, mask, 2, world_size))  # the retry: the forward's graph was kept
+    grads = recipe.grads(1, world_size)
+    more = recipe.grads(2, world_size)
+    expected = {n: grads[n] + more[n] for n in grads}
+    got = sharded_grads(trainer)
+    emit(
+        "fault_after_backward",
+        rank,
+        raised=raised,
+        unchanged=unchanged,
+        retry_bitwise=all_bitwise(got, expected),
+        max_diff=worst(got, expected),
+    )
+
+
+def check_nonfinite_skip(rank, world_size, mesh):
+    """A NaN in one element of the last rank's shard: the step skips on every rank, weights bitwise unchanged."""
+    master = tiny_qwen3(vocab=VOCAB)
+    trainer = sharded_trainer(master, mesh, nonfinite="skip")
+    backward_on(trainer, 1, rank, world_size)
+    before = sharded_weights(trainer)
+    params = trainer.checkpoints["base"].parameters()
+    if rank == world_size - 1:
+        grad_of(params["model.embed_tokens.weight"]).view(-1)[-1] = float("nan")
+    report = trainer.step()["base"]
+    emit(
+        "nonfinite_skip",
+        rank,
+        stepped=report.stepped,
+        reason=report.skipped_reason,
+        unchanged=all_bitwise(sharded_weights(trainer), before),
+        grads_cleared=all(p.grad is None for p in params.values()),
+    )
+
+
+def dropout_grads(master, which: int, world_size: int) -> dict[str, torch.Tensor]:
+    """Plain autograd on an unsharded copy in train mode, each rank's dropout seeded as its forward was."""
+    model = copy.deepcopy(master)
+    total: dict[str, torch.Tensor] = {}
+    for r in range(world_size):
+        ids, mask = rank_batch(which, r)
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1000 + r)
+        out = compute_outputs(model, {}, ForwardCall(ids, mask, None, None, ("logprobs",), 0, None))
+        token_loss(out["logprobs"], mask, which, world_size).backward()
+        for n, p in model.named_parameters():
+            total[n] = p.grad.clone() if n not in total else total[n] + p.grad
+    return total
+
+
+def graph_state(trainer, out):
+    graph = trainer.graphs.get(out.graph_id)
+    assert graph is not None and graph.state is not None
+    return graph.state
+
+
+def check_modes(rank, world_size, mesh):
+    """retain / offload / replay with dropout on: the same gradients as each other and as plain autograd; the
+    bytes a graph holds (retained) or copies out (offload) are the unsharded trainer's: weights referenced."""
+    master = tiny_qwen3(vocab=VOCAB, dropout=0.1).train()
+    expected = dropout_grads(master, 1, world_size)
+    ids, mask = rank_batch(1, rank)
+    grads, held = {}, {}
+    for mode in ("retain", "offload", "replay"):
+        trainer = sharded_trainer(master, mesh)
+        trainer.model.train()
+        torch.manual_seed(1000 + rank)
+        out = trainer.forward(ids, mask, mode=mode)
+        state = graph_state(trainer, out)
+        held[mode] = [state.saved_bytes, getattr(getattr(state, "_hooks", None), "offloaded_bytes", None)]
+        torch.manual_seed(0)  # the RNG moved on: a replay must restore the forward's
+        trainer.backward(token_loss(out.logprobs, mask, 1, world_size))
+        grads[mode] = sharded_grads(trainer)
+    # The guard: with FSDP's unsharded weights out of the keep set, offload copies them (to disk through numpy,
+    # which pins their storage), and FSDP can no longer free them after the forward.
+    trainer = sharded_trainer(master, mesh)
+    trainer._weight_impls = frozenset()
+    try:
+        trainer.forward(ids, mask, mode="offload")
+        unkept = None
+    except RuntimeError as error:
+        unkept = str(error)
+    unsharded = Trainer(copy.deepcopy(master).train())
+    unsharded.add_base_checkpoint()
+    reference_held = {}
+    for mode in ("retain", "offload"):
+        out = unsharded.forward(ids, mask, mode=mode)
+        state = graph_state(unsharded, out)
+        reference_held[mode] = [state.saved_bytes, getattr(getattr(state, "_hooks", None), "offloaded_bytes", None)]
+    emit(
+        "modes",
+        rank,
+        bitwise={mode: all_bitwise(g, expected) for mode, g in grads.items()},
+        max_diff={mode: worst(g, expected) for mode, g in grads.items()},
+        held=held,
+        reference_held=reference_held,
+        unkept=unkept,
+        weight_bytes=sum(local_tensor(p).numel() * 4 for p in trainer.model.parameters()),
+    )
+
+
+def stale_gradient(master, mesh, rank, world_size, mode, *, swap=True):
+    """Forward A, then backward and step on B, then backward A: A's gradient (gathered) and the bytes held."""
+    trainer = sharded_trainer(master, mesh)
+    ids, mask = rank_batch(1, rank)
+    out = trainer.forward(ids, mask, mode=mode)
+    backward_on(trainer, 2, rank, world_size)
+    with contextlib.ExitStack() as patches:
+        if not swap:
+            patches.enter_context(mock.patch.object(ShardSnapshot, "swapped_in", lambda self: contextlib.nullcontext()))
+        trainer.step()
+        held = trainer.graphs.held_weight_bytes(trainer._parameter_storages())
+        trainer.backward(token_loss(out.logprobs, mask, 1, world_size))
+    assert trainer.sharding is not None
+    shards = sum(fp._sharded_param_data.numel() * 4 for fp in trainer.sharding.fsdp_params())
+    return sharded_grads(trainer), held, shards
+
+
+def check_stale(rank, world_size, mesh):
+    """A stale graph is differentiated at its forward's weights (plain autograd there), in every mode; without
+    the snapshot swapped in, FSDP would gather the stepped weights (guards the test)."""
+    master = tiny_qwen3(vocab=VOCAB)
+    expected = Recipe(master, torch.float32).grads(1, world_size)
+    results = {}
+    for mode in ("retain", "offload", "replay"):
+        grads, held, shards = stale_gradient(master, mesh, rank, world_size, mode)
+        results[mode] = {"bitwise": all_bitwise(grads, expected), "held": held, "shards": shards}
+    unswapped, _, _ = stale_gradient(master, mesh, rank, world_size, "retain", swap=False)
+    emit("stale", rank, modes=results, unswapped_diff=worst(unswapped, expected))
+
+
+def check_stale_bf16(rank, world_size, mesh):
+    """Under a bf16 MixedPrecisionPolicy the snapshot is kept in bf16 (what the all-gather sends: half the bytes)
+    and the stale gradient is bitwise the unsharded bf16 recipe's at the forward-time weights."""
+    master = tiny_qwen3(vocab=VOCAB)
+    expected = Recipe(master, torch.bfloat16).grads(1, world_size)
+    trainer = sharded_trainer(master, mesh, dtype=torch.bfloat16)
+    ids, mask = rank_batch(1, rank)
+    out = trainer.forward(ids, mask, mode="retain")
+    backward_on(trainer, 2, rank, world_size)
+    trainer.step()
+    held = trainer.graphs.held_weight_bytes(trainer._parameter_storages())
+    trainer.backward(token_loss(out.logprobs, mask, 1, world_size))
+    assert trainer.sharding is not None
+    shards = sum(fp._sharded_param_data.numel() * 2 for fp in trainer.sharding.fsdp_params())
+    got = sharded_grads(trainer)
+    emit(
+        "stale_bf16", rank, bitwise=all_bitwise(got, expected), max_diff=worst(got, expected), held=held, shards=shards
+    )
+
+
+def check_two_snapshots(rank, world_size, mesh):
+    """max_gradient_staleness = 2: graphs from two revisions, each with its snapshot (two held at once), each
+    differentiated at its own forward's weights, accumulated into one gradient."""
+    master = tiny_qwen3(vocab=VOCAB)
+    recipe = Recipe(master, torch.float32)
+    grads_a = recipe.grads(1, world_size)
+    recipe.step(recipe.grads(2, world_size))
+    grads_c = recipe.grads(3, world_size)
+    expected = {n: grads_a[n] + grads_c[n] for n in grads_a}
+    trainer = sharded_trainer(master, mesh)
+    ids_a, mask_a = rank_batch(1, rank)
+    out_a = trainer.forward(ids_a, mask_a, mode="retain")
+    backward_on(trainer, 2, rank, world_size)
+    trainer.step()
+    ids_c, mask_c = rank_batch(3, rank)
+    out_c = trainer.forward(ids_c, mask_c, mode="replay")
+    backward_on(trainer, 4, rank, world_size)
+    trainer.step()
+    held = trainer.graphs.held_weight_bytes(trainer._parameter_storages())
+    trainer.backward(token_loss(out_a.logprobs, mask_a, 1, world_size))
+    trainer.backward(token_loss(out_c.logprobs, mask_c, 3, world_size))
+    assert trainer.sharding is not None
+    shards = sum(fp._sharded_param_data.numel() * 4 for fp in trainer.sharding.fsdp_params())
+    got = sharded_grads(trainer)
+    emit(
+        "two_snapshots",
+        rank,
+        bitwise=all_bitwise(got, expected),
+        max_diff=worst(got, expected),
+        held=held,
+        shards=shards,
+        held_after=trainer.graphs.held_weight_bytes(trainer._parameter_storages()),
+    )
+
+
+def check_stale_importance(rank, world_size, mesh):
+    """Importance mode: the same forwards, backwards and steps as the unsharded trainer on W processes."""
+    master = tiny_qwen3(vocab=VOCAB)
+    policy = StalenessPolicy(stale_mode="importance")
+    model = copy.deepcopy(master)
+    sharded = Trainer(model, sharding=shard_model(model, mesh), staleness=policy)
+    plain = Trainer(copy.deepcopy(master), staleness=policy)
+    for trainer in (sharded, plain):
+        trainer.add_base_checkpoint(optimizer=OPTIMIZER)
+        ids, mask = rank_batch(1, rank)
+        out = trainer.forward(ids, mask, mode="retain")
+        backward_on(trainer, 2, rank, world_size)
+        trainer.step()
+        trainer.backward(token_loss(out.logprobs, mask, 1, world_size))
+        trainer.step()
+    expected = {n: p.detach() for n, p in plain.checkpoints["base"].parameters().items()}
+    got = sharded_weights(sharded)
+    emit("stale_importance", rank, bitwise=all_bitwise(got, expected), max_diff=worst(got, expected))
+
+
+def check_head(rank, world_size, mesh):
+    """A value head (unsharded, replicated: all-reduced at the step) over a sharded base, through a stale graph:
+    base and head train bitwise as the unsharded trainer with the same head on W processes."""
+    master = tiny_qwen3(vocab=VOCAB)
+    torch.manual_seed(3)
+    head = torch.nn.Linear(master.config.hidden_size, 1)
+    model = copy.deepcopy(master)
+    sharded = Trainer(model, sharding=shard_model(model, mesh))
+    plain = Trainer(copy.deepcopy(master))
+    for trainer in (sharded, plain):
+        trainer.add_base_checkpoint(optimizer=OPTIMIZER)
+        trainer.add_module_checkpoint("value", copy.deepcopy(head), optimizer=OPTIMIZER)
+
+        def loss_of(out, which, mask):
+            return token_loss(out.logprobs, mask, which, world_size) + out.heads["value"].pow(2).sum() / 100
+
+        outs = {}
+        for which in (1, 2):
+            ids, mask = rank_batch(which, rank)
+            outs[which] = (trainer.forward(ids, mask, outputs=("logprobs", "heads"), mode="retain"), mask)
+        trainer.backward(loss_of(outs[2][0], 2, outs[2][1]))
+        trainer.step()
+        trainer.backward(loss_of(outs[1][0], 1, outs[1][1]))  # stale: the base's snapshot, the head's old revision
+        trainer.step()
+    expected = {f"{c}.{n}": p.detach() for c in ("base", "value") for n, p in plain.checkpoints[c].parameters().items()}
+    got = {
+        f"{c}.{n}": full(p.detach()) for c in ("base", "value") for n, p in sharded.checkpoints[c].parameters().items()
+    }
+    emit("head", rank, bitwise=all_bitwise(got, expected), max_diff=worst(got, expected))
+
+
+def check_nonfinite_data(rank, world_size, mesh):
+    """A NaN in the last rank's loss (its data): accepted under nonfinite='skip', the step skips on every rank."""
+    master = tiny_qwen3(vocab=VOCAB)
+    trainer = sharded_trainer(master, mesh, nonfinite="skip")
+    before = sharded_weights(trainer)
+    ids, mask = rank_batch(1, rank)
+    out = trainer.forward(ids, mask, mode="retain")
+    loss = token_loss(out.logprobs, mask, 1, world_size)
+    trainer.backward(loss * float("nan") if rank == world_size - 1 else loss)
+    report = trainer.step()["base"]
+    emit(
+        "nonfinite_data",
+        rank,
+        stepped=report.stepped,
+        reason=report.skipped_reason,
+        unchanged=all_bitwise(sharded_weights(trainer), before),
+    )
+
+
+def check_refusals(rank, world_size, mesh):
+    master = tiny_qwen3(vocab=VOCAB)
+    trainer = sharded_trainer(master, mesh)
+    messages = []
+    from trainer_core.training.gradient_reduction import RankSum
+
+    for attempt in (
+        lambda: setattr(trainer, "gradient_reduction", RankSum()),
+        lambda: trainer.add_lora_checkpoint("a", None),
+        lambda: trainer.checkpoints["base"].detach_revision(),
+    ):
+        try:
+            attempt()
+            messages.append(None)
+        except (ValueError, RuntimeError) as error:
+            messages.append(str(error))
+    emit("refusals", rank, messages=messages)
+
+
+def main() -> None:
+    rank, world_size, mesh = start()
+    check_steps(rank, world_size, mesh, torch.float32, "fp32")
+    check_steps(rank, world_size, mesh, torch.bfloat16, "bf16")
+    check_steps(rank, world_size, mesh, torch.float32, "fp32_clipped", CLIPPED)
+    check_steps(rank, world_size, mesh, torch.bfloat16, "bf16_clipped", CLIPPED)
+    check_fault_after_backward(rank, world_size, mesh)
+    check_nonfinite_skip(rank, world_size, mesh)
+    check_nonfinite_data(rank, world_size, mesh)
+    check_modes(rank, world_size, mesh)
+    check_stale(rank, world_size, mesh)
+    check_stale_bf16(rank, world_size, mesh)
+    check_two_snapshots(rank, world_size, mesh)
+    check_stale_importance(rank, world_size, mesh)
+    check_head(rank, world_size, mesh)
+    check_refusals(rank, world_size, mesh)
+
+
+if __name__ == "__main__":
+    run_rank_main(main)
