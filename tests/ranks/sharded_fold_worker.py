@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import (
@@ -53,6 +53,44 @@ def reference_fold(reference, loss_of) -> dict[str, torch.Tensor]:
         per_rank.append({n: p.grad.clone() for n, p in reference.named_parameters()})
     reference.zero_grad(set_to_none=True)
     return {name: ordered_fold(torch.stack([g[name] for g in per_rank])) for name in per_rank[0]}
+
+
+def reference_turns(reference, losses, logical_dp: int) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """Plain autograd for each loss over logical ranks 0 … logical_dp − 1, all folded in that order (zeros where
+    a loss's graph does not reach a parameter); and the parameters some loss reached."""
+    per_rank: list[dict[str, torch.Tensor]] = []
+    reached: set[str] = set()
+    for loss_of in losses:
+        for logical in range(logical_dp):
+            reference.zero_grad(set_to_none=True)
+            loss_of(reference, logical).backward()
+            grads = {}
+            for name, p in reference.named_parameters():
+                grads[name] = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                if p.grad is not None:
+                    reached.add(name)
+            per_rank.append(grads)
+    reference.zero_grad(set_to_none=True)
+    return {name: ordered_fold(torch.stack([g[name] for g in per_rank])) for name in per_rank[0]}, reached
+
+
+def full_loss_of(logical_dp: int):
+    """The LM loss of a logical rank, normalised over `logical_dp` logical ranks."""
+    return lambda model, logical: loss(model, 0, logical, logical_dp)
+
+
+def hidden_loss(model, logical: int) -> torch.Tensor:
+    """A loss on the final norm's output: it reaches the norm but not the lm_head, which share one FSDP unit."""
+    ids, mask = rank_batch(2, logical)
+    hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    return hidden.float().square().mean() * 1e-2
+
+
+def _raise_in_backward(module, inputs, output):
+    def fail(grad):
+        raise RuntimeError("injected inside backward")
+
+    (output[0] if isinstance(output, tuple) else output).register_hook(fail)
 
 
 def full_loss(model, logical: int) -> torch.Tensor:
@@ -120,11 +158,15 @@ def check_norm(model, expected: dict[str, torch.Tensor], rank: int, world_size: 
     wide = torch.randn(1001, 3, generator=generator, dtype=torch.float64) * torch.logspace(-6, 6, 1001).view(-1, 1)
     mesh = model.lm_head.weight.device_mesh
     wide_sharded = distribute_tensor(wide.float(), mesh, [Shard(0)])
+    narrow = torch.randn(1, 3, generator=generator)  # one row: every process after the first holds none
+    narrow_sharded = distribute_tensor(narrow, mesh, [Shard(0)])
     emit(
         "norm",
         rank,
         wide_hex64=hex_of(canonical_norm([wide_sharded], dtype=torch.float64)),
         wide_unsharded_hex64=hex_of(canonical_norm([wide.float()], dtype=torch.float64)),
+        narrow_hex64=hex_of(canonical_norm([narrow_sharded, wide_sharded], dtype=torch.float64)),
+        narrow_unsharded_hex64=hex_of(canonical_norm([narrow, wide.float()], dtype=torch.float64)),
         hex=hex_of(sharded_norm),
         hex64=hex_of(canonical_norm(shards, dtype=torch.float64)),
         unsharded_hex64=hex_of(canonical_norm([expected[n] for n, _ in model.named_parameters()], dtype=torch.float64)),
@@ -171,31 +213,53 @@ def main() -> None:
     check_norm(model, expected, rank, world_size)
 
     # After the step's clear: reset, then a turn whose graph reaches two units only.
-    for p in model.parameters():
-        p.grad = None
     folds.reset()
-    reached_turns = round_robin_logical_ranks(rank, world_size, world_size)
-    for logical in reached_turns:
+    for logical in round_robin_logical_ranks(rank, world_size, world_size):
         assert turn(model, folds, logical, partial_loss, fail=False)
-    partial = {n: p.grad for n, p in model.named_parameters()}
-    reference.zero_grad(set_to_none=True)
-    per_rank = []
-    for logical in range(world_size):
-        reference.zero_grad(set_to_none=True)
-        partial_loss(reference, logical).backward()
-        per_rank.append({n: p.grad.clone() for n, p in reference.named_parameters() if p.grad is not None})
-    reference_partial = {name: ordered_fold(torch.stack([g[name] for g in per_rank])) for name in per_rank[0]}
-    none_as_expected = {n for n, g in partial.items() if g is None} == (
-        {n for n, _ in model.named_parameters()} - set(reference_partial)
-    )
-    got = {n: g.full_tensor() for n, g in partial.items() if g is not None}  # type: ignore[union-attr]
+    expected_partial, reached = reference_turns(reference, [partial_loss], world_size)
+    grads = gathered_grads(model)
+    unreached = [n for n in grads if n not in reached]
     emit(
         "partial_after_reset",
         rank,
-        bitwise=got.keys() == reference_partial.keys()
-        and all(bitwise(got[n], reference_partial[n]) for n in reference_partial),
-        untouched_units_have_no_gradient=none_as_expected,
-        reached=len(reference_partial),
+        bitwise=all_bitwise(grads, expected_partial),
+        untouched_are_zero=bool(unreached) and all(not grads[n].any() for n in unreached),
+        reached=len(reached),
+    )
+
+    # A full turn, then one that reaches the final norm but not the lm_head of the same unit.
+    folds.reset()
+    for loss_of in (full_loss_of(world_size), hidden_loss):
+        for logical in round_robin_logical_ranks(rank, world_size, world_size):
+            assert turn(model, folds, logical, loss_of, fail=False)
+    expected_mixed, _ = reference_turns(reference, [full_loss_of(world_size), hidden_loss], world_size)
+    mixed = gathered_grads(model)
+    emit("part_of_a_unit", rank, bitwise=all_bitwise(mixed, expected_mixed), max_diff=worst(mixed, expected_mixed))
+
+    # An exception inside the backward (a hook on layer 0's output raises on every rank), an abort, a retry.
+    folds.reset()
+    first = round_robin_logical_ranks(rank, world_size, world_size)[0]
+    folds.begin()
+    raised = False
+    handle = model.model.layers[0].register_forward_hook(_raise_in_backward)
+    try:
+        full_loss_of(world_size)(model, first).backward()
+    except RuntimeError as exc:
+        raised = "injected inside backward" in str(exc)
+    finally:
+        handle.remove()
+    folds.abort()
+    resharded = all(isinstance(p, DTensor) for p in model.parameters())
+    assert turn(model, folds, first, full_loss_of(world_size), fail=False)
+    expected_retry, _ = reference_turns(reference, [full_loss_of(world_size)], world_size)
+    retried = gathered_grads(model)
+    emit(
+        "exception_inside_backward",
+        rank,
+        raised=raised,
+        resharded_after_abort=resharded,
+        bitwise=all_bitwise(retried, expected_retry),
+        max_diff=worst(retried, expected_retry),
     )
 
     # A backward outside a turn is refused at W > 1 (its fold would have no turn to belong to). At W = 1 FSDP

@@ -68,10 +68,30 @@ def test_the_gradients_are_bitwise_the_same_at_every_world_size(runs):
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_after_a_reset_a_partial_graph_folds_the_reached_units_and_leaves_the_rest_without_gradient(runs, world_size):
+def test_after_a_reset_a_partial_graph_folds_the_reached_units_and_adds_zero_to_the_rest(runs, world_size):
     for result in each_rank(runs, world_size, "partial_after_reset"):
-        assert result["bitwise"] and result["untouched_units_have_no_gradient"], result
+        assert result["bitwise"] and result["untouched_are_zero"], result
         assert 0 < result["reached"], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_turn_reaching_part_of_a_unit_after_a_full_one_folds_both(runs, world_size):
+    for result in each_rank(runs, world_size, "part_of_a_unit"):
+        assert result["bitwise"], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_an_exception_inside_the_backward_is_aborted_and_the_retry_is_bitwise(runs, world_size):
+    for result in each_rank(runs, world_size, "exception_inside_backward"):
+        assert result["raised"] and result["resharded_after_abort"], result
+        assert result["bitwise"], result
+
+
+def test_a_missing_gradient_is_named_not_crashed_on():
+    from trainer_core.ranks.canonical_norm import canonical_norm
+
+    with pytest.raises(ValueError, match=r"canonical_norm got None at position\(s\) \[1\]: pass only gradients"):
+        canonical_norm([torch.ones(2), None])  # type: ignore[list-item]
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
@@ -89,6 +109,7 @@ def test_the_canonical_norm_of_the_shards_is_the_unsharded_norm_to_the_bit_and_a
         assert result["dtype"] == "torch.float32" and result["equals_unsharded"], result
         assert result["hex64"] == result["unsharded_hex64"], result  # float64 too: the sums' order is fixed
         assert result["wide_hex64"] == result["wide_unsharded_hex64"], result
+        assert result["narrow_hex64"] == result["narrow_unsharded_hex64"], result  # empty shards at W > 1
         assert result["relative_to_oracle"] < 1e-7, result
         assert result["nan_anywhere_is_nan_everywhere"], result
     assert len({result["hex"] for result in results}) == 1

@@ -200,6 +200,28 @@ def check_write_failure(rank, world_size, mesh, out):
         emit("write_failure", rank, raised=True, message=str(error))
 
 
+def check_non_empty_directory(rank, world_size, mesh, out):
+    """A staging holding a stale index and a symlink out of it: refused on every rank, nothing written through."""
+    model = tiny_qwen3(vocab=97)
+    sharded = shard_model(model, mesh)
+    target, outside = out / f"stale_{world_size}", out / f"outside_{world_size}.bin"
+    if rank == 0:
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        outside.write_bytes(b"not yours")
+        (target / "model.safetensors.index.json").write_text("{}")
+        (target / "model.safetensors").symlink_to(outside)
+    torch.distributed.barrier()
+    try:
+        export_sharded_hf(sharded, target)
+        emit("non_empty", rank, raised=False)
+    except ShardedExportError as error:
+        untouched = (
+            outside.read_bytes() == b"not yours" and (target / "model.safetensors.index.json").read_text() == "{}"
+        )
+        emit("non_empty", rank, raised=True, message=str(error), untouched=untouched)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -215,6 +237,7 @@ def main() -> None:
     check_export(rank, world_size, mesh, out, "merged_bf16", lora=True, merge="adapter", dtype=torch.bfloat16)
     check_corruption(rank, world_size, mesh, out)
     check_write_failure(rank, world_size, mesh, out)
+    check_non_empty_directory(rank, world_size, mesh, out)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ line per check (tests/trainer/sharded_ranks.py).
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 import torch
@@ -86,6 +87,15 @@ def load(directory: Path, rank: int, world_size: int, mesh) -> None:
         weights_only = checkpoint_of(tiny_qwen3(seed=1))
         restore_sharded_checkpoint(weights_only, directory / "base", with_optimizer=False)
         params = {k: v for k, v in expected["state"].items() if k.startswith("param/")}
+        damaged = directory / "damaged"
+        shutil.copytree(directory / "base", damaged)
+        shard = damaged / "dcp" / "__1_0.distcp"
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+        try:
+            restore_sharded_checkpoint(checkpoint_of(tiny_qwen3(seed=1)), damaged)
+            emit("damaged", rank, raised=False)
+        except ValueError as error:
+            emit("damaged", rank, raised=True, message=str(error))
         emit(
             "restored_weights_only",
             rank,

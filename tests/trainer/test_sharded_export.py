@@ -107,3 +107,10 @@ def test_a_merged_export_holds_the_merged_weights_and_verifies_the_rest(runs, wo
     assert merged[0]["weights_sha256"] != base[0]["weights_sha256"], merged  # the merge changed q_proj and v_proj
     # Merged tensors are in no rank's shards: only the others are read back.
     assert sum(r["verified_bytes"] for r in merged) < sum(r["verified_bytes"] for r in base), (merged, base)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_staging_that_is_not_empty_is_refused_on_every_rank_and_nothing_is_written_through_a_link(runs, world_size):
+    for result in each_rank(runs, world_size, "non_empty"):
+        assert result["raised"] and result["untouched"], result
+        assert "is not empty" in result["message"] and "export into an empty staging" in result["message"], result

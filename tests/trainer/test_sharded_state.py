@@ -51,3 +51,9 @@ def test_a_sharded_state_restores_bitwise_into_an_unsharded_model(runs):
 def test_a_weights_only_restore_leaves_the_optimizer_fresh(runs):
     (result,) = each_rank(runs, 1, "restored_weights_only")
     assert result["bitwise"] and result["optimizer_empty"], result
+
+
+def test_a_truncated_shard_file_is_named_as_damaged_not_raised_as_a_base_exception(runs):
+    (result,) = each_rank(runs, 1, "damaged")
+    assert result["raised"], result
+    assert "cannot be read" in result["message"] and "resume from the stored run-state bundle" in result["message"]

@@ -29,6 +29,7 @@ For Qwen3-8B the row vector has ~2.0 M entries: a 16 MB all-reduce per step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -59,7 +60,10 @@ def _owned_rows(gradient: torch.Tensor) -> tuple[int, torch.Tensor]:
         start = min(coordinate * -(-whole_rows // world_size), whole_rows)
     else:
         local, start = gradient, 0
-    rows = local.detach().reshape(row_count(local.shape), -1) if local.dim() else local.detach().reshape(1, 1)
+    # An explicit row width: a shard with no rows (fewer rows than processes, e.g. LoRA's r = 1 at W = 2) is a
+    # [0, width] block, which reshape(0, -1) cannot infer.
+    width = math.prod(local.shape[1:]) if local.dim() else 1
+    rows = local.detach().reshape(row_count(local.shape), width)
     return start, rows.to(torch.float64)
 
 
@@ -75,6 +79,12 @@ def canonical_norm(
     Collective when any gradient is a DTensor: every process of `group` (its mesh's group by default) calls it
     with the same list. Plain tensors are taken as replicated: whole on every process.
     """
+    missing = [i for i, g in enumerate(gradients) if g is None]
+    if missing:
+        raise ValueError(
+            f"canonical_norm got None at position(s) {missing}: pass only gradients that exist "
+            "(a frozen parameter, or one no backward reached, has none)"
+        )
     sizes = [row_count(g.shape) for g in gradients]
     device = gradients[0].device if gradients else torch.device("cpu")
     rows = torch.zeros(sum(sizes), dtype=torch.float64, device=device)

@@ -41,7 +41,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
 from torch.distributed.tensor import DTensor
 
-from trainer_core.training.sharding import ShardedModel
+from trainer_core.training.sharding import ShardedModel, recover_after_failed_pass
 
 __all__ = ["OrderedFolds", "OrderedScatterFold", "round_robin_logical_ranks"]
 
@@ -121,7 +121,11 @@ class OrderedFolds:
             params = [fp for group in state._fsdp_param_groups for fp in group.fsdp_params]
             fold = OrderedScatterFold(self)
             unit.set_custom_reduce_scatter(fold)
+            # Every parameter that requires grad is reduced (a zero where the turn's graph did not reach it), so a
+            # unit's flat layout, and with it the committed accumulator's, is the same at every turn.
+            unit.set_reduce_scatter_unused_params(True, recurse=False)
             self._units.append((fold, params))
+        self._sharded = sharded
         self.in_turn = False
         self.empty = False
         self._stash: dict[FSDPParam, torch.Tensor | None] = {}
@@ -158,19 +162,27 @@ class OrderedFolds:
         self._end()
 
     def abort(self) -> None:
-        """Drop the turn's fold: every committed gradient shard is back, bitwise as it was."""
+        """Drop the turn's fold: every committed gradient shard is back, bitwise as it was.
+
+        Also after an exception inside the forward or the backward: FSDP is put back in a clean state first
+        (`sharding.recover_after_failed_pass`), so the retried turn starts from resharded units.
+        """
         self._require_turn("abort")
+        recover_after_failed_pass(self._sharded)
         for fold, params in self._units:
             fold.staged = None
             self._restore(params)
         self._end()
 
     def reset(self) -> None:
-        """Forget the committed folds, after the optimizer step cleared (`.grad = None`) the gradients."""
+        """Drop every gradient shard and the committed folds: the next turn starts a new sum (after a step)."""
         if self.in_turn:
             raise RuntimeError("OrderedFolds.reset() inside a turn: commit() or abort() it first")
-        for fold, _ in self._units:
+        for fold, params in self._units:
             fold.committed = fold.staged = None
+            for fp in params:
+                # At W = 1 the next turn would add onto a gradient left here in place; at W > 1 replace it.
+                fp.sharded_param.grad = None
 
     def _fold_in_place(self, params: list[FSDPParam]) -> None:
         # W = 1: FSDP copied this turn's gradient into fresh shards (no custom comm); add them onto the committed.

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -70,7 +71,11 @@ def save_sharded_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
 def restore_sharded_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimizer: bool = True) -> None:
     """Load a state `save_sharded_checkpoint` wrote, at this world size and layout (collective).
 
-    The checkpoint gets a new identity (graphs recorded before cannot be backwarded) and no gradient.
+    The checkpoint gets a new identity (graphs recorded before cannot be backwarded) and no gradient. With
+    `with_optimizer=False` only the weights and revision are read: the optimizer keeps whatever state it has (as
+    `checkpoint_io.restore_checkpoint` does; for an export, which never steps). Damaged or missing files raise
+    ValueError naming the directory. DCP checks sizes, not contents: a flipped byte is caught by the run-state
+    bundle's sha256, which every download verifies.
     """
     meta = json.loads((directory / VERSION_FILE).read_text())
     if meta.get("format") != "dcp":
@@ -87,7 +92,14 @@ def restore_sharded_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_
     if with_optimizer:
         # Materialises the AdamW state tensors (a zero-learning-rate step) so DCP has targets to load into.
         state["optimizer"] = get_optimizer_state_dict(checkpoint.owner, checkpoint.optimizer)
-    dcp_load(state, checkpoint_id=str(directory / DCP_DIR))
+    try:
+        dcp_load(state, checkpoint_id=str(directory / DCP_DIR))
+    except CheckpointException as failed:  # a BaseException: callers' `except Exception` would miss it
+        first = str(failed).strip().splitlines()[0] if str(failed).strip() else type(failed).__name__
+        raise ValueError(
+            f"the sharded state in {directory} cannot be read ({first[:200]}); its files are damaged or "
+            "incomplete: resume from the stored run-state bundle, whose digests are verified"
+        ) from None
     if with_optimizer:
         set_optimizer_state_dict(checkpoint.owner, checkpoint.optimizer, state["optimizer"])
     checkpoint.load_state_dict({"params": params, "optimizer": None, "revision": meta["revision"]})

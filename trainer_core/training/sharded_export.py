@@ -176,8 +176,15 @@ def write_sharded_hf(
         handles: dict[str, BinaryIO] = {}
         if rank == 0:
             try:
+                left = sorted(p.name for p in directory.iterdir())
+                if left:
+                    # A stale index or shard beside the new files would be what a loader reads (an index wins).
+                    raise FileExistsError(
+                        f"{directory} is not empty ({', '.join(left[:3])}); export into an empty staging"
+                    )
                 for file, header in plan.headers.items():
-                    handle = files.enter_context(open(directory / file, "wb"))
+                    # Exclusive create: never through a symlink or onto a file that appeared since the check.
+                    handle = files.enter_context(open(directory / file, "xb"))
                     handle.write(header)
                     handle.truncate(plan.sizes[file])
                     handles[file] = handle

@@ -155,6 +155,23 @@ class ShardedModel:
         return frozenset(fp.unsharded_param.untyped_storage()._cdata for fp in self.fsdp_params())
 
 
+def recover_after_failed_pass(sharded: ShardedModel) -> None:
+    """Put FSDP back in a clean state after an exception aborted a forward or a backward midway (every rank).
+
+    FSDP leaves the units the failed pass had gathered unsharded (`model.parameters()` then yields the gathered
+    tensors), and the gradients autograd had already written on them in place: the next backward would add onto
+    them. `FSDPModule.reset_iter_state` (torch's supported recovery) reshards every unit and clears its
+    per-iteration state; the leftover unsharded gradients are dropped here. No collective. The failed pass's
+    gradients are lost by design: the caller's transaction restores the committed ones.
+    """
+    root = sharded.units[-1]
+    root.reset_iter_state()
+    for fp in sharded.fsdp_params():
+        if hasattr(fp, "_unsharded_param"):
+            fp.unsharded_param.grad = None
+        fp.unsharded_accumulated_grad = None
+
+
 def shard_model(
     model: nn.Module,
     mesh: DeviceMesh,
