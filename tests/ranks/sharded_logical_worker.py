@@ -35,10 +35,11 @@ def digest(tensor: torch.Tensor) -> str:
 
 def state_digests(trainer) -> dict[str, str]:
     """One digest of every whole weight, one of every whole AdamW moment (a RESULT line must stay short)."""
-    checkpoint = trainer.checkpoints["base"]
-    weights = [digest(p) for p in checkpoint.parameters().values()]
+    checkpoints = list(trainer.checkpoints.values())
+    weights = [digest(p) for checkpoint in checkpoints for p in checkpoint.parameters().values()]
     moments = [
         digest(checkpoint.optimizer.state[p][key])
+        for checkpoint in checkpoints
         for p in checkpoint.optimized_parameters().values()
         for key in ("exp_avg", "exp_avg_sq")
     ]
@@ -66,8 +67,13 @@ class FaultOnce:
         self.trainer._stage = stage
 
 
-def train(rank, world_size, mesh, *, sharded: bool, optimizer=OPTIMIZER, fault: bool = False) -> dict:
+def train(
+    rank, world_size, mesh, *, sharded: bool, optimizer=OPTIMIZER, fault: bool = False, head: bool = False
+) -> dict:
+    """`head`: a value head (replicated, unsharded: its logical ranks' partials folded at the step) in the loss."""
     master = tiny_qwen3(vocab=VOCAB)
+    torch.manual_seed(3)
+    value_head = torch.nn.Linear(master.config.hidden_size, 1)
     model = copy.deepcopy(master)
     if sharded:
         trainer = Trainer(model, sharding=shard_model(model, mesh))
@@ -75,6 +81,9 @@ def train(rank, world_size, mesh, *, sharded: bool, optimizer=OPTIMIZER, fault: 
     else:
         trainer, topology = Trainer(model), Topology(0, 1, LOGICAL_DP)
     trainer.add_base_checkpoint(optimizer=optimizer)
+    if head:
+        trainer.add_module_checkpoint("value", value_head, optimizer=optimizer)
+    outputs = ("logprobs", "heads") if head else ("logprobs",)
     ldp = LogicalDataParallel(trainer, topology, seed=7)
     local = list(ldp.topology.local_logical_ranks)
     # The fault: on the last process, at its last logical rank of the first step (after a committed turn at W < 4).
@@ -89,10 +98,17 @@ def train(rank, world_size, mesh, *, sharded: bool, optimizer=OPTIMIZER, fault: 
             with shard:
                 if shard.empty:
                     continue  # the facade runs the dummy turn a sharded model needs
-                out = trainer.forward(shard.rows["input_ids"], shard.rows["attention_mask"], mode="retain")
+                out = trainer.forward(
+                    shard.rows["input_ids"], shard.rows["attention_mask"], outputs=outputs, mode="retain"
+                )
                 assert out.logprobs is not None
-                logprobs, rows_mask = out.logprobs, shard.rows["attention_mask"][:, 1:]
-                loss_sum = -(logprobs * rows_mask).sum()
+                rows_mask = shard.rows["attention_mask"][:, 1:]
+
+                def loss_of(out, rows_mask=rows_mask):
+                    loss_sum = -(out.logprobs * rows_mask).sum()
+                    return loss_sum + out.heads["value"].pow(2).sum() / 100 if head else loss_sum
+
+                loss_sum = loss_of(out)
                 if fault and step == 0 and shard.logical_rank == local[-1]:
                     before = [None if p.grad is None else local_tensor(p.grad).clone() for p in _params(trainer)]
                     try:
@@ -111,13 +127,13 @@ def train(rank, world_size, mesh, *, sharded: bool, optimizer=OPTIMIZER, fault: 
                     }
                     if world_size == 1:  # alone, autograd freed the graph as it went (no peer could fail): again
                         out = trainer.forward(shard.rows["input_ids"], shard.rows["attention_mask"], mode="retain")
-                        assert out.logprobs is not None
-                        logprobs = out.logprobs
                 # The retry (the forward's graph was kept; the loss is built again), or the only backward.
-                trainer.backward(-(logprobs * rows_mask).sum() / num_tokens)
+                trainer.backward(loss_of(out) / num_tokens)
                 sums[shard.logical_rank] = loss_sum.detach()
         losses.append(float(ldp.reduce(sums, "sum") / num_tokens).hex())
-        report = ldp.step()["base"]
+        reports = ldp.step()
+        report = reports["base"]
+        assert all(r.stepped for r in reports.values()), reports
         norms.append(float(report.grad_norm).hex())
         assert report.stepped, report
     return {"losses": losses, "norms": norms, "state": state_digests(trainer), "fault": fault_result}
@@ -132,8 +148,10 @@ def main() -> None:
     emit("sharded", rank, **train(rank, world_size, mesh, sharded=True))
     emit("sharded_clipped", rank, **train(rank, world_size, mesh, sharded=True, optimizer=CLIPPED))
     emit("sharded_fault", rank, **train(rank, world_size, mesh, sharded=True, fault=True))
+    emit("sharded_head", rank, **train(rank, world_size, mesh, sharded=True, head=True))
     if world_size == 1:
         emit("unsharded", rank, **train(rank, world_size, mesh, sharded=False))
+        emit("unsharded_head", rank, **train(rank, world_size, mesh, sharded=False, head=True))
 
 
 if __name__ == "__main__":

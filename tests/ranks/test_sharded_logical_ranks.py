@@ -65,11 +65,14 @@ def test_losses_weights_and_moments_are_bitwise_the_same_at_every_world_size(run
 
 
 @distributed
-def test_without_clipping_they_are_bitwise_the_unsharded_deterministic_run(runs):
-    """Losses, whole weights and AdamW moments; an empty logical rank at the third step included."""
-    unsharded = results(runs, 1, "unsharded")[0]
+@pytest.mark.parametrize("check", ["sharded", "sharded_head"])
+def test_without_clipping_they_are_bitwise_the_unsharded_deterministic_run(runs, check):
+    """Losses, whole weights and AdamW moments; an empty logical rank at the third step included. With a value
+    head (replicated: each logical rank's partial kept apart and folded in logical order at the step), the head's
+    weights and moments too."""
+    unsharded = results(runs, 1, check.replace("sharded", "unsharded"))[0]
     for world_size in WORLD_SIZES:
-        for result in results(runs, world_size, "sharded"):
+        for result in results(runs, world_size, check):
             assert result["losses"] == unsharded["losses"], world_size
             assert result["state"] == unsharded["state"], world_size
 
