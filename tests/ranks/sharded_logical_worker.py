@@ -139,6 +139,30 @@ def train(
     return {"losses": losses, "norms": norms, "state": state_digests(trainer), "fault": fault_result}
 
 
+def check_second_backward(rank, world_size, mesh) -> None:
+    """A second backward inside one logical rank's block is refused on every process; the first one stays."""
+    model = tiny_qwen3(vocab=VOCAB)
+    trainer = Trainer(model, sharding=shard_model(model, mesh))
+    trainer.add_base_checkpoint(optimizer=OPTIMIZER)
+    ldp = LogicalDataParallel(trainer, Topology(rank, world_size, LOGICAL_DP), seed=7)
+    ids, mask = batch(seed=50, size=4, vocab=VOCAB)
+    messages, kept = [], []
+    for shard in ldp.forward_batches({"input_ids": ids, "attention_mask": mask}, step=0):
+        with shard:
+            out = trainer.forward(shard.rows["input_ids"], shard.rows["attention_mask"], mode="retain")
+            assert out.logprobs is not None
+            trainer.backward(out.logprobs.sum(), retain_graph=True)
+            first = [local_tensor(p.grad).clone() for p in _params(trainer) if p.grad is not None]
+            try:
+                trainer.backward(out.logprobs.sum())
+                messages.append(None)
+            except ValueError as error:
+                messages.append(str(error))
+            after = [local_tensor(p.grad) for p in _params(trainer) if p.grad is not None]
+            kept.append(len(first) == len(after) > 0 and all(bitwise(a, b) for a, b in zip(first, after)))
+    emit("second_backward", rank, messages=messages, kept=kept)
+
+
 def _params(trainer) -> list[torch.Tensor]:
     return list(trainer.checkpoints["base"].parameters().values())
 
@@ -148,6 +172,7 @@ def main() -> None:
     emit("sharded", rank, **train(rank, world_size, mesh, sharded=True))
     emit("sharded_clipped", rank, **train(rank, world_size, mesh, sharded=True, optimizer=CLIPPED))
     emit("sharded_fault", rank, **train(rank, world_size, mesh, sharded=True, fault=True))
+    check_second_backward(rank, world_size, mesh)
     emit("sharded_head", rank, **train(rank, world_size, mesh, sharded=True, head=True))
     if world_size == 1:
         emit("unsharded", rank, **train(rank, world_size, mesh, sharded=False))

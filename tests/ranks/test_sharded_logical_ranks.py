@@ -89,3 +89,15 @@ def test_an_aborted_logical_rank_backward_leaves_every_shard_unchanged_and_the_r
         assert fault["unchanged"], fault
         assert (fault["committed_before"] > 0) == (world_size < 4), fault
         assert trained(result) == clean, rank
+
+
+@distributed
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_second_backward_in_one_logical_ranks_block_is_refused_on_every_process(runs, world_size):
+    """It would fold as a turn of its own (another association than the unsharded partial's): refused before
+    autograd runs, on every process alike, and the block's committed gradient stays bitwise as it was."""
+    for result in results(runs, world_size, "second_backward"):
+        assert len(result["messages"]) == 4 // world_size, result
+        for message in result["messages"]:
+            assert message is not None and "a second backward inside logical rank" in message, result
+        assert all(result["kept"]), result
