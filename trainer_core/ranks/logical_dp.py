@@ -24,6 +24,13 @@ seeded with (seed, step, logical rank); at the block's end the caller's
 streams are back as they were (`rng`), so draws outside the blocks — a
 shuffle of the next batch — are the same on every process and at every W.
 
+On a sharded trainer (`Trainer(model, sharding=...)`) with the deterministic
+reduction, the logical ranks run round-robin (`self.topology.assignment`:
+process p runs ℓ = j·W + p) and every process's j-th block runs in lockstep
+(`sharded_gradients`): each block runs one forward and one backward, or
+none — then the facade runs a dummy forward/backward (`empty_mode`) whose
+gradient counts as zeros, so an empty shard may still be skipped.
+
 All work of a logical rank belongs inside `with shard:`: the block is one
 command of `coordination` — an exception in it, on any process, fails every
 process at the block's end with the failing rank named. Work outside a block
@@ -34,17 +41,20 @@ their next collective loses it (or torchrun stops them).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from trainer_core.run.faults import maybe_inject_command_fault
+from trainer_core.training.memory import BackwardMode
 
 from .coordination import coordinated
 from .logical_gradients import LogicalGradients, ReductionMode
 from .reduction import ReduceOp, reduce_over_logical_ranks
 from .rng import logical_rank_rng, model_device
+from .sharded_gradients import ShardedLogicalGradients
 from .topology import Topology, step_seed
 
 
@@ -92,11 +102,27 @@ class LogicalShard:
 class LogicalDataParallel:
     """SPMD over logical ranks: a trainer, the topology, and the order-preserving reduction installed on the trainer."""
 
-    def __init__(self, trainer, topology: Topology, *, reduction: ReductionMode = "deterministic", seed: int = 0):
+    def __init__(
+        self,
+        trainer,
+        topology: Topology,
+        *,
+        reduction: ReductionMode = "deterministic",
+        seed: int = 0,
+        empty_mode: BackwardMode = "retain",
+    ):
+        """On a sharded trainer (`Trainer(..., sharding=...)`) with the deterministic reduction, the logical
+        ranks run round-robin (`self.topology`; `sharded_gradients`), and an empty logical rank's block runs a
+        dummy forward/backward in `empty_mode` (the mode of the real blocks' forwards, retain or offload)."""
         self.trainer = trainer
-        self.topology = topology
         self.seed = seed
-        self.gradients = LogicalGradients(trainer, topology, reduction)
+        self.gradients: LogicalGradients | ShardedLogicalGradients
+        if getattr(trainer, "sharding", None) is not None and reduction == "deterministic":
+            topology = dataclasses.replace(topology, assignment="round_robin")
+            self.gradients = ShardedLogicalGradients(trainer, topology, empty_mode=empty_mode)
+        else:
+            self.gradients = LogicalGradients(trainer, topology, reduction)
+        self.topology = topology
         trainer.gradient_reduction = self.gradients
 
     def forward_batches(

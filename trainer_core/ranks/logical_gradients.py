@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from ..training.checkpoints import Checkpoint
 from ..training.gradient_reduction import RankSum
@@ -40,7 +41,11 @@ _Key = tuple[str, str]  # (checkpoint, parameter)
 class LogicalGradients:
     backward_is_collective = False
 
-    def __init__(self, trainer, topology: Topology, mode: ReductionMode = "deterministic"):
+    def __init__(
+        self, trainer, topology: Topology, mode: ReductionMode = "deterministic", *, replicated_only: bool = False
+    ):
+        """`replicated_only`: keep apart only parameters that are not sharded (DTensors are the sharded fold's,
+        `sharded_gradients.ShardedLogicalGradients`, which uses this for a sharded model's heads)."""
         if mode not in REDUCTION_MODES:
             raise ValueError(
                 f"reduction={mode!r}; choose 'deterministic' (bitwise the same at any world size) or 'fast'"
@@ -48,6 +53,7 @@ class LogicalGradients:
         self._trainer = trainer
         self.topology = topology
         self.mode = mode
+        self._replicated_only = replicated_only
         self._partials: dict[int, dict[_Key, torch.Tensor]] = {rank: {} for rank in topology.local_logical_ranks}
         self.active: int | None = None
         """The logical rank whose backwards run now, or None."""
@@ -59,7 +65,8 @@ class LogicalGradients:
     def _parameters(self) -> Iterator[tuple[_Key, torch.nn.Parameter]]:
         for checkpoint_name, checkpoint in self._trainer.checkpoints.items():
             for param_name, param in checkpoint.parameters().items():
-                yield (checkpoint_name, param_name), param
+                if not (self._replicated_only and isinstance(param, DTensor)):
+                    yield (checkpoint_name, param_name), param
 
     @contextlib.contextmanager
     def scope(self, logical_rank: int) -> Iterator[None]:

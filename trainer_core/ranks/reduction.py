@@ -70,8 +70,13 @@ def sharded_ordered_fold(local_partials: torch.Tensor, topology: Topology) -> to
     # Rank w receives, from each rank p in turn, p's partials of the slice w owns.
     received = torch.empty_like(local_partials)
     dist.all_to_all_single(received, local_partials)
-    # Rank p's block holds logical ranks p·L/W …, so the rows are in logical order.
-    folded_slice = ordered_fold(received.view(world_size * num_local, chunk))
+    if topology.assignment == "round_robin":
+        # Rank p's block holds logical ranks p, p + W, …: row (p, j) is ℓ = j·W + p, so read it j-major.
+        in_order = received.transpose(0, 1).reshape(world_size * num_local, chunk)
+    else:
+        # Rank p's block holds logical ranks p·L/W …, so the rows are in logical order.
+        in_order = received.view(world_size * num_local, chunk)
+    folded_slice = ordered_fold(in_order)
     gathered = torch.empty(world_size * chunk, dtype=local_partials.dtype, device=local_partials.device)
     _all_gather_single(gathered, folded_slice)
     return gathered

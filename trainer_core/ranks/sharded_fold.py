@@ -83,6 +83,12 @@ class OrderedScatterFold(ReduceScatter):
         # scales the input). The fold is synchronous, so there is no work handle to return.
         if not self._folds.in_turn:
             raise RuntimeError("an FSDP backward ran outside OrderedFolds.begin()/commit(): its fold has no turn")
+        if self.staged is not None:
+            # A second reduction of this unit in one turn (two graphs in one backward) would start again from the
+            # committed shard and lose the first one's fold.
+            raise RuntimeError(
+                "one turn reduced an FSDP unit twice (several graphs in one backward); backward each once"
+            )
         world_size, rank = group.size(), group.rank()
         chunks = input_tensor.view(world_size, -1)
         if self._folds.empty:

@@ -2,7 +2,10 @@
 
 A run declares `logical_dp` (L) logical ranks; each of the W physical ranks
 runs L/W of them, contiguous and in logical order (rank p owns logical ranks
-p·L/W … (p+1)·L/W − 1). Everything that decides a result — which rows a
+p·L/W … (p+1)·L/W − 1). A sharded model assigns them round-robin instead
+(`assignment="round_robin"`: rank p runs ℓ = j·W + p at its j-th turn), so
+that every process's j-th logical rank runs in lockstep with its peers'
+(forward and backward are collectives under FSDP). Everything that decides a result — which rows a
 logical rank gets, its RNG seed, the order its gradient is folded in — is a
 function of the logical rank alone, never of W or of the process that runs it.
 
@@ -19,15 +22,22 @@ import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
+Assignment = Literal["contiguous", "round_robin"]
+ASSIGNMENTS = ("contiguous", "round_robin")
+
 
 @dataclass(frozen=True)
 class Topology:
     rank: int
     world_size: int
     logical_dp: int
+    assignment: Assignment = "contiguous"
+    """How logical ranks map to processes: contiguous blocks (unsharded), or round-robin (a sharded model)."""
 
     def __post_init__(self) -> None:
         check_topology(self.world_size, self.logical_dp)
+        if self.assignment not in ASSIGNMENTS:
+            raise ValueError(f"assignment={self.assignment!r}; choose one of {ASSIGNMENTS}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(
                 f"rank {self.rank} is outside world_size={self.world_size}; torchrun sets RANK below WORLD_SIZE"
@@ -39,12 +49,16 @@ class Topology:
 
     @property
     def local_logical_ranks(self) -> range:
-        """The logical ranks this physical rank runs, in logical order."""
+        """The logical ranks this physical rank runs, in logical order (its turn order, round-robin)."""
+        if self.assignment == "round_robin":
+            return range(self.rank, self.logical_dp, self.world_size)
         start = self.rank * self.logical_per_rank
         return range(start, start + self.logical_per_rank)
 
     def owner_of(self, logical_rank: int) -> int:
         """The physical rank that runs `logical_rank`."""
+        if self.assignment == "round_robin":
+            return logical_rank % self.world_size
         return logical_rank // self.logical_per_rank
 
     def logical_row_ranges(self, num_rows: int) -> list[range]:

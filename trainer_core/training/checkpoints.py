@@ -176,11 +176,18 @@ class Checkpoint:
             grads.append(slot.optimized.grad)
         return grads
 
-    def gradient_norm(self) -> torch.Tensor | None:
-        """The global L2 norm of the (reduced) gradient, as torch's clip_grad_norm_ computes it; None without one."""
+    def gradient_norm(self, *, canonical: bool = False) -> torch.Tensor | None:
+        """The global L2 norm of the (reduced) gradient, as torch's clip_grad_norm_ computes it; None without one.
+
+        `canonical`: `ranks.canonical_norm` instead, whose bits depend neither on W nor on sharding (the
+        deterministic reduction of a sharded model asks for it)."""
         grads = [s.optimized.grad for s in self._slots if s.optimized.grad is not None]
         if not grads:
             return None
+        if canonical:
+            from ..ranks.canonical_norm import canonical_norm  # ranks imports training: not at module load
+
+            return canonical_norm(grads)
         norm = torch.nn.utils.get_total_norm(grads)
         # Sharded: a partial norm per rank; the whole one (collective, every rank steps) is what clips, and a
         # non-finite shard anywhere makes it non-finite on every rank.

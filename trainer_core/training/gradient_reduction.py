@@ -8,7 +8,8 @@ all-reduce. `trainer_core.ranks` installs a logical-rank reduction instead
 apart and folds them in logical order, so results do not depend on the
 number of processes. `ShardedSum` is the reduction of a sharded model
 (`Trainer(model, sharding=...)`): FSDP's reduce-scatter SUM already ran in
-backward, so the step only all-reduces what is not sharded (heads).
+backward, so the step only all-reduces what is not sharded (heads). Its
+deterministic counterpart is `trainer_core.ranks.sharded_gradients`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from .transaction import ranks_agree
 class GradientReduction(Protocol):
     backward_is_collective: bool
     """Whether `agree_on_backward` talks to the other ranks (then a failed backward's graphs are kept for a retry)."""
+
+    # Optional, read with getattr by the trainer: `for_sharded_model` (True: it reduces a sharded model's
+    # gradients), `begin_backward()` (called before a backward differentiates anything; an error it raises aborts
+    # that backward as any other), `canonical_norm` (True: the step's norm is `ranks.canonical_norm`).
 
     def agree_on_backward(self, error: BaseException | None) -> BaseException | None:
         """The error this backward raises (None: publish its gradients), given this rank's own outcome."""
@@ -72,6 +77,7 @@ class ShardedSum:
     """
 
     backward_is_collective = True
+    for_sharded_model = True
 
     def agree_on_backward(self, error: BaseException | None) -> BaseException | None:
         return ranks_agree(error)

@@ -73,7 +73,8 @@ def step_checkpoints(
         per_checkpoint.append(anywhere[offset : offset + len(local)])
         offset += len(local)
     reduction.reduce(checkpoints, per_checkpoint)
-    norms = {c.name: c.gradient_norm() for c in checkpoints}
+    canonical = bool(getattr(reduction, "canonical_norm", False))  # a reduction may fix the norm's bits too
+    norms = {c.name: c.gradient_norm(canonical=canonical) for c in checkpoints}
     values = {name: float(norm) if norm is not None else 0.0 for name, norm in norms.items()}
     reason = nonfinite_reason(values)
     reports = {}

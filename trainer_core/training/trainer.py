@@ -21,7 +21,9 @@ A sharded model trains the same way: `Trainer(model, sharding=shard_model(model,
 shards (DTensors); the FP32 sharded parameters are the masters under a bf16
 `MixedPrecisionPolicy`; forward and backward are collectives (FSDP all-gathers
 and reduce-scatters inside them), so every rank runs the same forwards and
-backwards; gradients are summed by FSDP's reduce-scatter (`ShardedSum`).
+backwards; gradients are summed by FSDP's reduce-scatter (`ShardedSum`), or, under
+the logical-DP facade with the deterministic reduction, folded in logical order
+(`trainer_core.ranks.sharded_gradients`).
 """
 
 from __future__ import annotations
@@ -122,11 +124,11 @@ class Trainer(CheckpointRegistry):
 
     @gradient_reduction.setter
     def gradient_reduction(self, reduction: GradientReduction) -> None:
-        if self.sharding is not None and not isinstance(reduction, ShardedSum):
+        if self.sharding is not None and not getattr(reduction, "for_sharded_model", False):
             raise ValueError(
-                f"a sharded model's gradients are summed by FSDP's reduce-scatter (ShardedSum), not by "
-                f"{type(reduction).__name__}: logical ranks (train.reduction = 'deterministic') do not work on a "
-                "sharded model yet — use train.reduction = 'fast', or train.sharding = 'none'"
+                f"a sharded model's gradients are summed by FSDP's reduce-scatter (ShardedSum) or, for logical ranks "
+                "(train.reduction = 'deterministic'), folded by trainer_core.ranks.ShardedLogicalGradients; not by "
+                f"{type(reduction).__name__}, which reduces full gradients — use one of those two"
             )
         self._gradient_reduction = reduction
 
@@ -292,6 +294,9 @@ class Trainer(CheckpointRegistry):
         error: BaseException | None = None
         entered: list[Graph] = []
         try:
+            begin = getattr(self.gradient_reduction, "begin_backward", None)
+            if begin is not None:  # e.g. a sharded fold's turn opens before FSDP reduces anything
+                begin()
             graphs, staged, ages = self._stage(loss, gradient, retain_graph, entered)
             staged.validate(self.nonfinite)
             staged.build()

@@ -1,0 +1,196 @@
+"""Deterministic logical ranks on a sharded model: the trainer's gradient reduction that drives `OrderedFolds`.
+
+`ShardedLogicalGradients` is what `LogicalGradients` is for a replicated
+model, for `Trainer(model, sharding=...)`: the sum over L logical ranks is
+`(((g0 + g1) + g2) + …) + g(L−1)` element by element, bitwise the same at any
+W and bitwise the unsharded trainer's, but it never holds L/W full gradients:
+
+- logical ranks run round-robin (`Topology(assignment="round_robin")`:
+  process p runs ℓ = j·W + p at its j-th turn), every process's j-th logical
+  rank in lockstep with its peers', because forward and backward are
+  collectives under FSDP;
+- each logical rank's one backward is a turn of `OrderedFolds`: `begin`
+  before autograd runs (`begin_backward`), FSDP's reduce-scatter replaced by
+  the ordered fold onto the committed shards, then every process's outcome
+  exchanged (`ranks_agree`) and the turn committed, or aborted on every
+  process (every shard bitwise as before) — the trainer's own transaction
+  publishes the fold's output as the new `.grad` (at W > 1 the fold already
+  added the committed gradient, so the turn starts from `.grad = None`; at
+  W = 1 FSDP calls no reduce-scatter and the transaction's `existing +
+  staged` is the same fold);
+- a logical rank whose block ran no backward (an empty share of the batch)
+  runs a dummy forward/backward at the block's end, as an empty turn whose
+  chunks are sent as +0 (`begin(empty=True)`); at W = 1 it has no peers to
+  keep in step and adds +0 in place instead (the unsharded fold's zeros);
+- at the step the sharded `.grad` already holds the global sum (`reduce` is
+  a no-op for shards); parameters that are not sharded (a head registered
+  with `add_module_checkpoint`, replicated) keep one partial per logical rank
+  and are folded in logical order as the unsharded path does
+  (`LogicalGradients(replicated_only=True)`);
+- the step's norm is `canonical_norm` (its bits depend neither on W nor on
+  sharding).
+
+Limits (refused, with the fix named): one backward per logical rank's block
+(a second one would fold as its own turn, another association than the
+unsharded partial's); a step must select every checkpoint that holds sharded
+gradients (the folds are reset after it). The dummy forward runs in
+`empty_mode` ("retain" by default): the real blocks must use a mode with the
+same collectives (retain or offload, not replay or the planner's choice), or
+pass their mode as `empty_mode`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from ..training.checkpoints import Checkpoint
+from ..training.memory import BackwardMode
+from ..training.sharding import local_tensor
+from ..training.transaction import ranks_agree
+from .logical_gradients import LogicalGradients
+from .sharded_fold import OrderedFolds
+from .topology import Topology
+
+__all__ = ["ShardedLogicalGradients"]
+
+
+class ShardedLogicalGradients:
+    """The deterministic reduction of a sharded trainer over logical ranks (module docstring)."""
+
+    backward_is_collective = True
+    for_sharded_model = True
+    canonical_norm = True
+    mode = "deterministic"
+    deterministic = True
+
+    def __init__(self, trainer, topology: Topology, *, empty_mode: BackwardMode = "retain"):
+        if trainer.sharding is None:
+            raise ValueError("ShardedLogicalGradients reduces a sharded model; an unsharded one uses LogicalGradients")
+        if topology.assignment != "round_robin":
+            raise ValueError(
+                "a sharded model runs its logical ranks round-robin (every process's j-th in lockstep); "
+                "pass dataclasses.replace(topology, assignment='round_robin')"
+            )
+        self._trainer = trainer
+        self.topology = topology
+        self.empty_mode: BackwardMode = empty_mode
+        self.folds = OrderedFolds(trainer.sharding)
+        self._heads = LogicalGradients(trainer, topology, "deterministic", replicated_only=True)
+        self.active: int | None = None
+        """The logical rank whose block runs now, or None."""
+        self._turns = 0
+        self._pending = False
+        self._dummy = False
+
+    # -- a logical rank's block --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def scope(self, logical_rank: int) -> Iterator[None]:
+        """Run `logical_rank`'s one backward (or none: then a dummy one runs at the end, an empty turn)."""
+        with self._heads.scope(logical_rank):
+            self.active, self._turns = logical_rank, 0
+            try:
+                yield
+                if self._turns == 0:
+                    self._empty_turn()
+            finally:
+                self.active = None
+
+    def _empty_turn(self) -> None:
+        if self.topology.world_size == 1:
+            # No peer waits in a collective; the unsharded fold adds this logical rank's zeros: +0 in place.
+            with torch.no_grad():
+                for param in self._sharded_parameters():
+                    if param.grad is not None:
+                        local_tensor(param.grad).add_(0.0)
+            return
+        # Every unit must reduce in lockstep with the peers' real turn: a 2-token forward/backward whose chunks the
+        # fold sends as +0 (a loss times zero could still carry NaN or -0.0).
+        device = next(self._trainer.model.parameters()).device
+        ids = torch.zeros((1, 2), dtype=torch.long, device=device)
+        self._dummy = True
+        try:
+            out = self._trainer.forward(ids, outputs=("logprobs",), mode=self.empty_mode)
+            assert out.logprobs is not None
+            self._trainer.backward(out.logprobs.sum())
+        finally:
+            self._dummy = False
+
+    def _sharded_parameters(self) -> Iterator[torch.Tensor]:
+        for checkpoint in self._trainer.checkpoints.values():
+            for param in checkpoint.parameters().values():
+                if isinstance(param, DTensor):
+                    yield param
+
+    # -- the trainer's GradientReduction ----------------------------------------------
+
+    def begin_backward(self) -> None:
+        if self.active is None:
+            raise ValueError(
+                "backward ran outside any logical rank, so its gradient belongs to none; run it inside "
+                "`with shard:` (logical-DP facade) — nothing was accumulated"
+            )
+        if self._turns:
+            raise ValueError(
+                f"a second backward inside logical rank {self.active}: on a sharded model each logical rank's "
+                "block runs one backward (sum the losses and backward once) — nothing was accumulated"
+            )
+        self._pending = True  # counted once committed: an aborted turn may be retried in the same block
+        if self.topology.world_size > 1:
+            self.folds.begin(empty=self._dummy)
+
+    def agree_on_backward(self, error: BaseException | None) -> BaseException | None:
+        error = ranks_agree(error)  # the turn is collective: every process commits it, or none
+        if self._pending and error is None:
+            self._turns += 1
+        self._pending = False
+        if self.folds.in_turn:
+            if error is None:
+                self.folds.commit()
+            else:
+                self.folds.abort()
+        return error
+
+    def check_ready(self) -> None:
+        """Refuse a step inside a logical rank, or with replicated gradients outside any logical rank."""
+        self._heads.check_ready()
+
+    def local_flags(self, checkpoints: Sequence[Checkpoint]) -> list[list[bool]]:
+        heads = self._heads.local_flags(checkpoints)  # also refuses a step inside a logical rank
+        return [
+            [
+                (param.grad is not None) if isinstance(param, DTensor) else head
+                for param, head in zip(checkpoint.parameters().values(), per, strict=True)
+            ]
+            for checkpoint, per in zip(checkpoints, heads, strict=True)
+        ]
+
+    def reduce(self, checkpoints: Sequence[Checkpoint], anywhere: Sequence[Sequence[bool]]) -> None:
+        left_out = [
+            name
+            for name, checkpoint in self._trainer.checkpoints.items()
+            if all(checkpoint is not c for c in checkpoints)
+            and any(p.grad is not None for p in checkpoint.parameters().values())
+        ]
+        if left_out:
+            raise ValueError(
+                f"step() leaves out checkpoint(s) {left_out} holding sharded fold gradients; on a sharded model "
+                "with logical ranks step every checkpoint together (or zero_grad first)"
+            )
+        sharded, replicated = [], []
+        for checkpoint, flags in zip(checkpoints, anywhere, strict=True):
+            kinds = [isinstance(p, DTensor) for p in checkpoint.parameters().values()]
+            sharded.append([f and k for f, k in zip(flags, kinds, strict=True)])
+            replicated.append([f and not k for f, k in zip(flags, kinds, strict=True)])
+        for checkpoint, flags in zip(checkpoints, sharded, strict=True):
+            checkpoint.gather_gradients(flags)  # the fold's global sum is already there: nothing to add
+        self._heads.reduce(checkpoints, replicated)
+        self.folds.reset()
+
+    def clear(self) -> None:
+        self._heads.clear()
+        self.folds.reset()
