@@ -15,6 +15,7 @@ import copy
 from unittest import mock
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import (
@@ -208,6 +209,52 @@ def check_fault_after_backward(rank, world_size, mesh):
         rank,
         raised=raised,
         unchanged=unchanged,
+        retry_bitwise=all_bitwise(got, expected),
+        max_diff=worst(got, expected),
+    )
+
+
+def check_fault_inside_backward(rank, world_size, mesh):
+    """A backward that raises inside autograd (a hook on layer 0's output, every rank), then a new forward and
+    backward: FSDP is recovered (units resharded, no partial gradient left), the committed shards unchanged, and
+    the sum bitwise the recipe's."""
+    master = tiny_qwen3(vocab=VOCAB)
+    trainer = sharded_trainer(master, mesh)
+    recipe = Recipe(master, torch.float32)
+    backward_on(trainer, 1, rank, world_size)
+    before = [grad_of(p).clone() for p in trainer.checkpoints["base"].parameters().values()]
+
+    def raise_in_backward(module, inputs, output):
+        def fail(grad):
+            raise RuntimeError("injected inside backward")
+
+        hidden = output[0] if isinstance(output, tuple) else output
+        if hidden.requires_grad:  # replay records without grad, then runs the forward again inside backward
+            hidden.register_hook(fail)
+
+    handle = trainer.model.model.layers[0].register_forward_hook(raise_in_backward)
+    ids, mask = rank_batch(2, rank)
+    out = trainer.forward(ids, mask, mode="replay")
+    try:
+        trainer.backward(token_loss(out.logprobs, mask, 2, world_size))
+        raised = None
+    except Exception as error:  # noqa: BLE001 - the check reports what was raised
+        raised = str(error)
+    finally:
+        handle.remove()
+    after = [grad_of(p) for p in trainer.checkpoints["base"].parameters().values()]
+    unchanged = len(before) == len(after) and all(bitwise(a, b) for a, b in zip(before, after))
+    resharded = all(isinstance(p, DTensor) for p in trainer.model.parameters())
+    backward_on(trainer, 2, rank, world_size)
+    grads, more = recipe.grads(1, world_size), recipe.grads(2, world_size)
+    expected = {n: grads[n] + more[n] for n in grads}
+    got = sharded_grads(trainer)
+    emit(
+        "fault_inside_backward",
+        rank,
+        raised=raised,
+        unchanged=unchanged,
+        resharded=resharded,
         retry_bitwise=all_bitwise(got, expected),
         max_diff=worst(got, expected),
     )
@@ -480,6 +527,7 @@ def main() -> None:
     check_steps(rank, world_size, mesh, torch.float32, "fp32_clipped", CLIPPED)
     check_steps(rank, world_size, mesh, torch.bfloat16, "bf16_clipped", CLIPPED)
     check_fault_after_backward(rank, world_size, mesh)
+    check_fault_inside_backward(rank, world_size, mesh)
     check_nonfinite_skip(rank, world_size, mesh)
     check_nonfinite_data(rank, world_size, mesh)
     check_modes(rank, world_size, mesh)

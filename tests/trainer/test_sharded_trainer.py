@@ -143,3 +143,11 @@ def test_a_value_head_over_a_sharded_base_trains_as_the_unsharded_trainer(runs, 
     """The head is replicated (summed over ranks at the step), the base sharded; a stale graph through both."""
     for result in each_rank(runs, world_size, "head"):
         assert result["bitwise"], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_fault_inside_backward_recovers_fsdp_and_the_next_backward_is_bitwise(runs, world_size):
+    for result in each_rank(runs, world_size, "fault_inside_backward"):
+        assert result["raised"] and "injected inside backward" in result["raised"], result
+        assert result["unchanged"] and result["resharded"], result
+        assert result["retry_bitwise"], result

@@ -132,6 +132,7 @@ class OrderedFolds:
             unit.set_reduce_scatter_unused_params(True, recurse=False)
             self._units.append((fold, params))
         self._sharded = sharded
+        self._has_committed = False  # at W = 1 the folds hold no buffer: whether `.grad` is a sum to add onto
         self.in_turn = False
         self.empty = False
         self._stash: dict[FSDPParam, torch.Tensor | None] = {}
@@ -165,6 +166,7 @@ class OrderedFolds:
                 self._restore(params)  # this unit's parameters were not in the turn's graph: nothing to add
             else:
                 fold.committed, fold.staged = fold.staged, None
+        self._has_committed = True
         self._end()
 
     def abort(self) -> None:
@@ -181,19 +183,20 @@ class OrderedFolds:
         self._end()
 
     def reset(self) -> None:
-        """Drop every gradient shard and the committed folds: the next turn starts a new sum (after a step)."""
+        """Forget the committed folds (after a step used them): the next turn starts a new sum.
+
+        The gradients stay in `.grad` until the next turn replaces them, at any W (the step may still read them).
+        """
         if self.in_turn:
             raise RuntimeError("OrderedFolds.reset() inside a turn: commit() or abort() it first")
-        for fold, params in self._units:
+        for fold, _ in self._units:
             fold.committed = fold.staged = None
-            for fp in params:
-                # At W = 1 the next turn would add onto a gradient left here in place; at W > 1 replace it.
-                fp.sharded_param.grad = None
+        self._has_committed = False
 
     def _fold_in_place(self, params: list[FSDPParam]) -> None:
         # W = 1: FSDP copied this turn's gradient into fresh shards (no custom comm); add them onto the committed.
         for fp in params:
-            fresh, committed = fp.sharded_param.grad, self._stash[fp]
+            fresh, committed = fp.sharded_param.grad, self._stash[fp] if self._has_committed else None
             if fresh is not None and self.empty:
                 _local(fresh).zero_()
             if fresh is None:

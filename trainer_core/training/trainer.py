@@ -66,7 +66,7 @@ from .memory.retained import saved_tensor_bytes
 from .memory.timing import Stopwatch
 from .outputs import FIELD_OF, IMPORTANCE_WEIGHTED, ForwardCall, compute_outputs, is_leaf_field
 from .registry import CheckpointRegistry
-from .sharding import ShardedModel, ShardSnapshot, fsdp_param_of, local_tensor
+from .sharding import ShardedModel, ShardSnapshot, fsdp_param_of, local_tensor, recover_after_failed_pass
 from .staleness import StaleGraphError, StalenessPolicy, importance_weights
 from .stepping import step_checkpoints
 from .transaction import NonFinitePolicy, StagedGradients
@@ -303,6 +303,10 @@ class Trainer(CheckpointRegistry):
         except Exception as failure:  # noqa: BLE001 - every rank must hear of it before anyone raises
             error = failure
         error = self.gradient_reduction.agree_on_backward(error)
+        if error is not None and self.sharding is not None:
+            # An exception inside autograd leaves FSDP's gathered units and partial gradients behind: the next
+            # backward would add onto them (every rank heard of the error, so every rank recovers).
+            recover_after_failed_pass(self.sharding)
         self._settle(entered, error, retain_graph=retain_graph)
         if error is not None:
             raise error
