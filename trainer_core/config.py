@@ -169,6 +169,10 @@ class TrainSection(_Section):
     snapshots stale graphs hold."""
     max_gradient_staleness: int = Field(default=2, ge=0, strict=True)
     """Optimizer steps a forward's graph may lag behind at backward (0 = strict)."""
+    sharding: Literal["none", "fsdp"] = "none"
+    """`fsdp`: every decoder layer and the root are FSDP2-sharded over the W processes (weights, FP32 masters, AdamW
+    moments and gradients live as 1/W shards; the state is saved with torch.distributed.checkpoint and resumes at
+    any W); needs train.reduction = "fast" and no [model.lora] for now. `none`: every process holds a full replica."""
     activation_checkpointing: Literal["none", "blocks"] = "none"
     """`blocks`: every decoder layer keeps only its input and runs again in backward (about one more forward per
     layer) for far fewer saved bytes; gradients, weights and run id are bitwise those of `none`."""
@@ -213,6 +217,11 @@ class TrainSection(_Section):
             from .node_topology import check_nodes
 
             check_nodes(self.nnodes, self.nproc_per_node, self.logical_dp, self.node_deployment, self.rdzv_endpoint)
+        if self.sharding == "fsdp" and self.reduction == "deterministic":
+            raise ValueError(
+                'train.sharding = "fsdp" with train.reduction = "deterministic": logical ranks do not run on a sharded '
+                'model yet; set train.reduction = "fast", or train.sharding = "none"'
+            )
         # One node's processes: with several nodes check_nodes has already held their world to the rule.
         problem = topology_problem(self.nproc_per_node, self.logical_dp, self.global_batch_size)
         if problem is not None and problem.what == "logical_dp":
@@ -320,6 +329,15 @@ class RunConfig(_Section):
             raise ValueError(
                 "export.merge_lora = true but there is no [model.lora] adapter to merge; add a [model.lora] "
                 "section, or set export.merge_lora = false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_is_not_sharded(self) -> "RunConfig":
+        if self.train.sharding == "fsdp" and self.model.lora is not None:
+            raise ValueError(
+                'train.sharding = "fsdp" with [model.lora]: a LoRA adapter on a sharded base is not supported yet; '
+                'remove the [model.lora] section, or set train.sharding = "none"'
             )
         return self
 

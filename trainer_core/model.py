@@ -19,27 +19,40 @@ What the trainer trains follows the config:
   vocabulary (`training/vocab.py`);
 - `train.activation_checkpointing = "blocks"`: every decoder layer keeps only
   its input and recomputes in backward (`training/activation_checkpointing.py`);
-  parameter names and so saved states and exports are those of `"none"`.
+  parameter names and so saved states and exports are those of `"none"`;
+- `train.sharding = "fsdp"`: the model is built in FP32 and FSDP2-sharded
+  over the mesh the caller passes (`training/sharding.py`); with
+  `train.dtype = "bfloat16"` the FP32 shards are the masters and bf16 is the
+  all-gather and compute dtype (FSDP's `MixedPrecisionPolicy`), so no second
+  copy of the weights exists. FP32 at build keeps RoPE's `inv_freq` FP32, as
+  the unsharded bf16 run has it.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .config import RunConfig
 from .model_config import peft_lora_config, read_model_config
 from .training import MemoryPlanner, MissReports, OptimizerConfig, StalenessPolicy, Trainer, pad_vocabulary
 from .training.activation_checkpointing import checkpoint_blocks
+from .training.sharding import shard_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BASE_CHECKPOINT = "base"
 LORA_CHECKPOINT = "lora"
 
 
+def build_dtype(config: RunConfig) -> torch.dtype:
+    """The dtype the model's parameters are built in: `train.dtype`, or FP32 under fsdp (the shards are the masters)."""
+    return torch.float32 if config.train.sharding == "fsdp" else DTYPES[config.train.dtype]
+
+
 def build_model(config: RunConfig) -> tuple[PreTrainedModel, int | None]:
-    """The initial model in `train.dtype`, and its true vocabulary size when its rows were padded (else None)."""
-    dtype = DTYPES[config.train.dtype]
+    """The initial model in `build_dtype`, and its true vocabulary size when its rows were padded (else None)."""
+    dtype = build_dtype(config)
     if config.model.path is not None:
         model = AutoModelForCausalLM.from_pretrained(config.model.path, local_files_only=True, dtype=dtype)
     else:
@@ -58,15 +71,24 @@ def build_model(config: RunConfig) -> tuple[PreTrainedModel, int | None]:
     return model, true_vocab
 
 
-def build_trainer(config: RunConfig, *, miss_reports: MissReports | None = None) -> Trainer:
+def build_trainer(
+    config: RunConfig, *, miss_reports: MissReports | None = None, mesh: DeviceMesh | None = None
+) -> Trainer:
     """The model of `config` in a Trainer with its checkpoint, as segments and exports use it.
 
     `miss_reports` receives the memory planner's miss reports (a segment passes one under the run directory).
+    `mesh`: the training processes' mesh, required under `train.sharding = "fsdp"` (collective: every rank calls).
     """
     train = config.train
     model, true_vocab = build_model(config)
+    sharding = None
+    if train.sharding == "fsdp":
+        if mesh is None:
+            raise ValueError('train.sharding = "fsdp" needs the mesh of the training processes (mesh=)')
+        sharding = shard_model(model, mesh, param_dtype=DTYPES[train.dtype] if train.dtype != "float32" else None)
     trainer = Trainer(
         model,
+        sharding=sharding,
         staleness=StalenessPolicy(max_gradient_staleness=train.max_gradient_staleness),
         planner=MemoryPlanner(
             budget_bytes=train.saved_bytes_budget,

@@ -91,7 +91,7 @@ def test_a_limit_just_above_the_prediction_passes_and_just_below_is_refused(tmp_
 
 def test_sharding_is_offered_first_once_the_config_has_the_key(tmp_path, monkeypatch):
     monkeypatch.setattr(device_memory, "can_shard", lambda: True)
-    config = _config(tmp_path, device_memory_gb=1e-6)
+    config = _config(tmp_path, device_memory_gb=1e-6, reduction="fast")
     with pytest.raises(ConfigError, match=r'try, in order: train\.sharding = "fsdp"; \[model\.lora\]'):
         check_device_memory(config, read_model_config(config), 64)
 

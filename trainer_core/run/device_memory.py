@@ -11,8 +11,9 @@ terms, and the fixes in the order to try them. Called by `validate_inputs`,
 so `rankflow run`, `rankflow deploy` and the plan stage all refuse before
 anything is written.
 
-`train.sharding` is read when the config has it (until then every run is
-unsharded, and the fixes do not offer it).
+The fixes offer `train.sharding = "fsdp"` (and more processes, which only
+help a sharded model) where the config could take it: not with `[model.lora]`,
+which is not sharded yet, and with the `train.reduction = "fast"` it needs.
 """
 
 from __future__ import annotations
@@ -51,10 +52,21 @@ def can_shard() -> bool:
     return "sharding" in TrainSection.model_fields
 
 
+SHARD_FIX = 'train.sharding = "fsdp"'
+
+
+def _advice(config: RunConfig, settings: MemorySettings) -> list[str]:
+    lora = config.model.lora is not None
+    found = fixes(settings, lora=lora, can_shard=can_shard() and not lora)  # a LoRA adapter is not sharded yet
+    if config.train.reduction == "deterministic":  # fsdp is refused with it (trainer_core/config.py)
+        found = [f'{fix} (with train.reduction = "fast")' if fix == SHARD_FIX else fix for fix in found]
+    return found
+
+
 def memory_settings(config: RunConfig, row_len: int) -> MemorySettings:
     train = config.train
     return MemorySettings(
-        sharding=getattr(train, "sharding", "none"),
+        sharding=train.sharding,
         world_size=train.nnodes * train.nproc_per_node,
         dtype=train.dtype,
         logical_dp=train.logical_dp,
@@ -128,7 +140,7 @@ def check_device_memory(config: RunConfig, model_config: PretrainedConfig, row_l
     largest = sorted(((v, k) for k, v in estimate.terms().items() if v), reverse=True)[:3]
     terms = ", ".join(f"{LABELS[name]} {human(value)}" for value, name in largest)
     settings = report.settings
-    advice = "; ".join(fixes(settings, lora=config.model.lora is not None, can_shard=can_shard()))
+    advice = "; ".join(_advice(config, settings))
     where = (
         "set train.device_memory_gb to the training GPUs' memory if they are not this machine's"
         if config.train.device_memory_gb is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,9 @@ from trainer_core.ranks.coordination import RankFailure
 from trainer_core.ranks.topology import Topology, check_topology
 from trainer_core.run.process_boot import die_with_parent
 from trainer_core.run.rank_process import dump_stacks_on, record_error, write_line
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["Topology", "init_distributed", "log", "run_rank_main", "shutdown_distributed"]
 
@@ -49,6 +53,21 @@ def init_distributed(logical_dp: int, timeout_s: float, global_batch_size: int |
         # A bounded timeout turns a dead peer into an error instead of a hang.
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return topology
+
+
+def training_mesh(topology: Topology) -> DeviceMesh:
+    """The 1-D mesh of the training processes FSDP shards over (`train.sharding = "fsdp"`; collective).
+
+    A run of one process has no process group (init_distributed runs it alone): FSDP still needs one, so a
+    single-process group over an in-memory store is made, and shut down with the others.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not dist.is_initialized():
+        store = dist.HashStore()  # pyright: ignore[reportPrivateImportUsage] - public, missing from __all__
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", store=store, rank=0, world_size=1)
+    return init_device_mesh(device, (topology.world_size,))
 
 
 def shutdown_distributed() -> None:

@@ -4,7 +4,8 @@
 
 Every rank loads segment K's state (a rank that fails to load fails every rank
 at once, through `trainer_core.ranks.exchange`, with its rank and error named)
-and takes part in preparing the checkpoint (trainer_core/run/export_prepare.py): if
+and takes part in preparing the checkpoint (trainer_core/run/export_prepare.py; from the shards,
+rank by rank, under train.sharding = "fsdp": sharded_export_prepare.py): if
 any rank fails, every rank aborts and the error names the failing rank. A
 staged directory whose manifest still verifies with the same weights is kept as
 it is: a retried export does not serialize the same checkpoint again. The
@@ -24,13 +25,14 @@ import torch.distributed as dist
 from trainer_core.config import RunConfig
 from trainer_core.model import build_trainer
 from trainer_core.ranks import exchange
-from trainer_core.run.distributed import init_distributed, log, run_rank_main
+from trainer_core.run.distributed import init_distributed, log, run_rank_main, training_mesh
 from trainer_core.run.export_prepare import prepare_export
 from trainer_core.run.faults import maybe_inject_export_fault
 from trainer_core.run.manifest import checkpoint_name
 from trainer_core.run.plan import Plan, read_plan
 from trainer_core.run.progress import ProgressWriter, export_progress_path
 from trainer_core.run.records import ExportResult, StateMeta, export_result_path
+from trainer_core.run.sharded_export_prepare import prepare_sharded_export
 from trainer_core.run.state import load_training_state, state_dir_for
 
 
@@ -66,7 +68,8 @@ def _export(
 ) -> None:
     error = trainer = meta = None
     try:
-        trainer = build_trainer(config)
+        sharded = config.train.sharding == "fsdp"
+        trainer = build_trainer(config, mesh=training_mesh(topology) if sharded else None)
         meta = load_training_state(state_dir_for(run_dir, segment_index), trainer.checkpoints, with_optimizer=False)
     except Exception as failure:  # noqa: BLE001 - every rank hears of it in the exchange, then raises
         error = failure
@@ -89,7 +92,8 @@ def _export(
         if phase == "weights":
             maybe_inject_export_fault(rank)
 
-    prepared = prepare_export(topology, config, trainer, out_dir, provenance, at_phase)
+    prepare = prepare_sharded_export if trainer.sharding is not None else prepare_export
+    prepared = prepare(topology, config, trainer, out_dir, provenance, at_phase)
     if topology.rank == 0:
         ExportResult(
             segment=segment_index,

@@ -142,7 +142,11 @@ def _objective_of_the_data(config: RunConfig) -> str:
     return DEFAULT_FOR_DATA[config.data.kind]
 
 
-ADDED_LATER = {("train", "objective"): _objective_of_the_data}
+ADDED_LATER = {
+    ("train", "objective"): _objective_of_the_data,
+    # The state's format (DCP shards) and the fast reduction's last bits differ from a replicated run's.
+    ("train", "sharding"): lambda _: "none",
+}
 """Keys added after run ids were first given out, each with its default for a config: at that default a key leaves the
 digest, so every run planned before the key existed keeps its run id (tests/unit/test_run_ids.py pins them). A new key
 that decides the result joins this table; one that does not is popped below with the other operational keys."""

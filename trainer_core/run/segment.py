@@ -2,7 +2,7 @@
 
     run = SegmentRun.set_up(run_dir, segment_index)  # plan, threads, process group, trainer + resume, shard, objective
     steps = run.train_steps()                        # every optimizer step; progress records as it goes
-    saved = run.save_state()                         # rank 0 writes, every rank waits and hears if it failed
+    saved = run.save_state()                         # rank 0 writes (every rank its shards under fsdp); all hear of a failure
     run.write_result(steps, saved)                   # rank 0: the SegmentResult the task reads
 
 The entry point (`trainer_core.run.segment_main`) runs these in order on every rank.
@@ -16,18 +16,26 @@ from pathlib import Path
 
 import torch
 
-from trainer_core.run.distributed import Topology, init_distributed, log
+from trainer_core.run.distributed import Topology, init_distributed, log, training_mesh
 from trainer_core.run.plan import Plan, SegmentPlan, load_segment_shard, read_plan
 from trainer_core.run.progress import ProgressWriter, progress_path
-from trainer_core.run.state import load_training_state, save_training_state, state_dir_for
+from trainer_core.run.sharded_facade import ShardedLogicalDataParallel
+from trainer_core.run.state import (
+    load_training_state,
+    save_sharded_training_state,
+    save_training_state,
+    state_dir_for,
+)
 
 from ..config import RunConfig
 from ..model import build_trainer
 from ..objectives import Objective, objective_for
 from ..ranks import LogicalDataParallel, pin_threads, threads_for
+from ..ranks.coordination import coordinated
 from ..schedule import learning_rate_at
 from ..training import Checkpoint, MissReports, Trainer
 from ..training.gradient_reduction import all_reduce_sum_
+from .faults import maybe_inject_command_fault
 from .figures import FigureLayout
 from .layout import RunDir
 from .records import PlannerSummary, SegmentResult, StateMeta
@@ -96,17 +104,23 @@ class SegmentRun:
             config.train.logical_dp, config.train.collective_timeout_s, config.train.global_batch_size
         )
 
+        sharded = config.train.sharding == "fsdp"
         trainer = build_trainer(
             config,
             miss_reports=MissReports(
                 planner_reports_dir(run_dir), prefix=f"segment-{segment_index:04d}-rank-{topology.rank}-"
             ),
+            mesh=training_mesh(topology) if sharded else None,
         )
         (base,) = trainer.checkpoints.values()  # the full model, or the LoRA adapter
         if segment_index > 0:
             _resume(trainer, state_dir_for(run_dir, segment_index - 1), segment)
         trainer.model.train()
-        ldp = LogicalDataParallel(trainer, topology, reduction=config.train.reduction, seed=config.run.seed)
+        ldp = (
+            ShardedLogicalDataParallel(trainer, topology, seed=config.run.seed)
+            if sharded
+            else LogicalDataParallel(trainer, topology, reduction=config.train.reduction, seed=config.run.seed)
+        )
         shard = load_segment_shard(run_dir, segment)
         objective = objective_for(config)
         layout = FigureLayout.for_objective(objective.figures)
@@ -191,12 +205,18 @@ class SegmentRun:
         save_started = time.perf_counter()
         self.progress.write("saving", segment=self.segment_index)
         state_bytes = 0
-        with self.ldp.command("save"):
-            if self.topology.rank == 0:
-                meta = StateMeta(
-                    next_step=self.segment.end_step, segment=self.segment_index, plan_digest=self.plan.digest
+        meta = StateMeta(next_step=self.segment.end_step, segment=self.segment_index, plan_digest=self.plan.digest)
+        if self.trainer.sharding is not None:
+            # Every rank writes its shards (collectives inside: a failing rank fails the others' save with it).
+            with coordinated("save", collectives=True):
+                maybe_inject_command_fault("save", self.topology.rank)
+                state_bytes = save_sharded_training_state(
+                    state_dir, self.trainer.checkpoints, meta.model_dump(), self.topology.rank
                 )
-                state_bytes = save_training_state(state_dir, self.trainer.checkpoints, meta.model_dump())
+        else:
+            with self.ldp.command("save"):
+                if self.topology.rank == 0:
+                    state_bytes = save_training_state(state_dir, self.trainer.checkpoints, meta.model_dump())
         save_s = time.perf_counter() - save_started
         self.progress.write("saved", segment=self.segment_index, save_s=save_s)
         self.progress.close()

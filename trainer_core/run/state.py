@@ -7,6 +7,15 @@ directory either exists whole or not at all; a crashed segment never leaves a
 half-written state for its retry to resume from. Weights are replicated over
 data-parallel ranks, so one copy is enough.
 
+Under `train.sharding = "fsdp"` no rank holds the weights whole: every rank
+takes part (`save_sharded_training_state`). Rank 0 makes the temporary
+directory, every rank writes its shards of each checkpoint into it
+(`sharded_checkpoint_io`, torch.distributed.checkpoint), and rank 0 writes
+`meta.json` and renames it into place, with a barrier between the steps; the
+ranks share the run directory (one node). The files are still plain files
+under the state directory, so they travel as run-state bundles as before.
+Restoring reshards: a state saved at one world size resumes at another.
+
 RNG needs no saving: every random draw is seeded from (seed, step, logical
 rank), which also makes dropout independent of the physical world size.
 """
@@ -19,8 +28,15 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+import torch.distributed as dist
+
 from trainer_core.run.layout import RunDir
 from trainer_core.training import Checkpoint, restore_checkpoint, save_checkpoint
+from trainer_core.training.sharded_checkpoint_io import (
+    is_sharded,
+    restore_sharded_checkpoint,
+    save_sharded_checkpoint,
+)
 
 META_FILE = "meta.json"
 
@@ -47,10 +63,35 @@ def save_training_state(state_dir: Path, checkpoints: Mapping[str, Checkpoint], 
     return sum(p.stat().st_size for p in state_dir.rglob("*") if p.is_file())
 
 
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_sharded_training_state(state_dir: Path, checkpoints: Mapping[str, Checkpoint], meta: dict, rank: int) -> int:
+    """Every rank writes its shards; the state appears whole or not at all (collective). Returns its bytes."""
+    tmp = state_dir.with_name(state_dir.name + ".tmp")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()  # no rank writes into a directory rank 0 is still clearing
+    for name, checkpoint in checkpoints.items():
+        save_sharded_checkpoint(checkpoint, tmp / name)  # ends in a barrier: every rank's shards are written
+    if rank == 0:
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        if state_dir.exists():
+            shutil.rmtree(state_dir)
+        os.replace(tmp, state_dir)
+    _barrier()  # no rank reports the state saved before it is in place
+    return sum(p.stat().st_size for p in state_dir.rglob("*") if p.is_file())
+
+
 def load_training_state(state_dir: Path, checkpoints: Mapping[str, Checkpoint], *, with_optimizer: bool = True) -> dict:
     """Restore every checkpoint (weights, revision, and AdamW state unless told not to); returns meta."""
     if not has_state(state_dir):
         raise FileNotFoundError(f"no complete training state at {state_dir}; rerun the segment that writes it")
     for name, checkpoint in checkpoints.items():
-        restore_checkpoint(checkpoint, state_dir / name, with_optimizer=with_optimizer)
+        # A sharded checkpoint restores collectively, resharding to this world size.
+        restore = restore_sharded_checkpoint if is_sharded(checkpoint) else restore_checkpoint
+        restore(checkpoint, state_dir / name, with_optimizer=with_optimizer)
     return json.loads((state_dir / META_FILE).read_text())

@@ -19,6 +19,7 @@ from . import (
     plan_size,
     records,
     serve,
+    sharding,
     storage,
     tokenizer,
 )
@@ -36,6 +37,7 @@ CASES = [
     *data_file.CASES,
     *plan_size.CASES,
     *device_memory.CASES,
+    *sharding.CASES,
     *serve.CASES,
     *records.CASES,
 ]

@@ -1,0 +1,93 @@
+"""The segment runner's sharded pieces at W = 1 (one process, its own group): DCP state and the export from shards.
+
+`save_sharded_training_state` then `load_training_state` into a trainer built
+from another seed gives back the saved weights and revision, bitwise; the
+export from the shards loads in transformers with those weights, and a fault
+in any phase leaves no staging behind. The W = 2 path runs in
+tests/e2e/flows/test_fsdp_pipeline.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
+
+from tests.conftest import tiny_tree
+from trainer_core.config import config_from_dict
+from trainer_core.model import build_trainer
+from trainer_core.ranks.topology import Topology
+from trainer_core.run.distributed import training_mesh
+from trainer_core.run.export_prepare import ExportPreparationError
+from trainer_core.run.sharded_export_prepare import prepare_sharded_export
+from trainer_core.run.state import has_state, load_training_state, save_sharded_training_state
+
+TOPOLOGY = Topology(rank=0, world_size=1, logical_dp=2)
+
+
+@pytest.fixture
+def mesh():
+    assert not dist.is_initialized()
+    yield training_mesh(TOPOLOGY)
+    dist.destroy_process_group()
+
+
+def _trainer(tmp_path: Path, mesh, seed: int):
+    config = config_from_dict(
+        tiny_tree(tmp_path, run={"seed": seed}, train={"sharding": "fsdp", "reduction": "fast", "nproc_per_node": 1}),
+        config_dir=tmp_path,
+    )
+    return config, build_trainer(config, mesh=mesh)
+
+
+def _full(trainer) -> dict[str, torch.Tensor]:
+    return {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for name, p in trainer.model.named_parameters()
+    }
+
+
+def test_a_sharded_state_restores_bitwise_into_a_trainer_built_otherwise(tmp_path, mesh):
+    _, saved = _trainer(tmp_path, mesh, seed=1)
+    assert all(isinstance(p, DTensor) for p in saved.model.parameters())
+    state_dir = tmp_path / "state" / "segment-0000"
+    size = save_sharded_training_state(state_dir, saved.checkpoints, {"next_step": 3}, rank=0)
+    assert has_state(state_dir) and size > 0 and not state_dir.with_name("segment-0000.tmp").exists()
+    assert any(state_dir.rglob("*.distcp"))
+    _, restored = _trainer(tmp_path, mesh, seed=2)
+    before = _full(restored)
+    assert any(not torch.equal(before[n], t) for n, t in _full(saved).items())  # the seeds built other weights
+    assert load_training_state(state_dir, restored.checkpoints) == {"next_step": 3}
+    for name, tensor in _full(saved).items():
+        assert torch.equal(_full(restored)[name], tensor), name
+
+
+def test_the_export_from_shards_loads_in_transformers_with_the_trainer_s_weights(tmp_path, mesh):
+    config, trainer = _trainer(tmp_path, mesh, seed=1)
+    out = tmp_path / "export"
+    done = prepare_sharded_export(TOPOLOGY, config, trainer, out, {"run_id": "r", "step": 0})
+    assert not done["reused"] and (out / "MANIFEST.json").is_file() and (out / "tokenizer.json").is_file()
+    loaded = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True, dtype=torch.float32)
+    weights = _full(trainer)
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name
+    again = prepare_sharded_export(TOPOLOGY, config, trainer, out, {"run_id": "r", "step": 0})
+    assert again == {**done, "reused": True}  # the same shards: the staging is kept
+
+
+@pytest.mark.parametrize("phase", ["weights", "write", "verify", "manifest"])
+def test_a_fault_in_any_phase_aborts_and_leaves_no_staging(tmp_path, mesh, phase):
+    config, trainer = _trainer(tmp_path, mesh, seed=1)
+    out = tmp_path / "export"
+
+    def fault(rank: int, at: str) -> None:
+        if at == phase:
+            raise OSError(f"injected at {at}")
+
+    with pytest.raises(ExportPreparationError, match=f"failed on rank 0 .*OSError: injected at {phase}"):
+        prepare_sharded_export(TOPOLOGY, config, trainer, out, {"run_id": "r", "step": 0}, fault)
+    assert not out.exists() and not out.with_name("export.tmp").exists()

@@ -1,0 +1,64 @@
+"""`train.sharding`: absent from the digest at its default "none", part of it under "fsdp"; refused combinations."""
+
+import pytest
+
+from tests.conftest import EXAMPLES, tiny_tree
+from trainer_core.config import config_from_dict, load_config
+from trainer_core.errors import ConfigError
+from trainer_core.model_config import read_model_config
+from trainer_core.run.device_memory import check_device_memory
+from trainer_core.run.plan import digest_view
+
+
+def _config(tmp_path, *overrides: str):
+    return load_config(
+        EXAMPLES / "tiny_sft.toml",
+        [f"run.work_dir={tmp_path / 'work'}", f"storage.url={tmp_path / 'store'}", *overrides],
+    )
+
+
+def test_the_default_leaves_the_digest_as_it_was(tmp_path):
+    view = digest_view(_config(tmp_path, "train.sharding=none"))
+    assert "sharding" not in view["train"]
+
+
+def test_fsdp_enters_the_digest(tmp_path):
+    fast = digest_view(_config(tmp_path, "train.reduction=fast"))
+    sharded = digest_view(_config(tmp_path, "train.reduction=fast", "train.sharding=fsdp"))
+    assert sharded["train"]["sharding"] == "fsdp"
+    assert {**sharded["train"], "sharding": None} == {**fast["train"], "sharding": None}
+
+
+def test_fsdp_with_deterministic_reduction_is_refused_naming_both_keys(tmp_path):
+    with pytest.raises(ConfigError, match=r'train\.sharding = "fsdp" with train\.reduction = "deterministic"'):
+        _config(tmp_path, "train.sharding=fsdp")
+
+
+def test_fsdp_at_one_process_is_legal(tmp_path):
+    config = _config(tmp_path, "train.sharding=fsdp", "train.reduction=fast", "train.nproc_per_node=1")
+    assert config.train.sharding == "fsdp"
+
+
+def _past_memory(tmp_path, **sections) -> str:
+    """The device-memory refusal's message for the tiny config with `sections` merged in."""
+    tree = tiny_tree(tmp_path)
+    for section, values in sections.items():
+        tree[section] = {**tree.get(section, {}), **values}
+    tree["train"] = {**tree.get("train", {}), "device_memory_gb": 1e-6}
+    config = config_from_dict(tree, config_dir=tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        check_device_memory(config, read_model_config(config), 64)
+    return str(refused.value)
+
+
+def test_the_memory_refusal_offers_sharding_with_the_reduction_it_needs(tmp_path):
+    assert 'try, in order: train.sharding = "fsdp" (with train.reduction = "fast"); [model.lora]' in _past_memory(
+        tmp_path, train={"reduction": "deterministic"}
+    )
+    assert 'try, in order: train.sharding = "fsdp"; [model.lora]' in _past_memory(tmp_path, train={"reduction": "fast"})
+
+
+def test_the_memory_refusal_offers_no_sharding_to_a_lora_run(tmp_path):
+    lora = {"lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}}
+    message = _past_memory(tmp_path, model=lora)
+    assert "train.sharding" not in message and "more processes" not in message
