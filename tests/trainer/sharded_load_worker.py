@@ -23,8 +23,8 @@ from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import bitwise, emit, rank_batch, start
 from trainer_core.run.distributed import run_rank_main
 from trainer_core.training.hf_weights import save_hf_model
-from trainer_core.training.sharded_load import _shard_units, load_sharded
-from trainer_core.training.sharding import fsdp_params, shard_model
+from trainer_core.training.sharded_load import load_sharded
+from trainer_core.training.sharding import fsdp_params, shard_model, shard_units
 from trainer_core.training.vocab import pad_vocabulary
 
 
@@ -150,7 +150,7 @@ def check_load(rank, world_size, mesh, out, check, *, param_dtype=None, pad=None
 
 
 def check_same_units(rank, world_size, mesh):
-    """`_shard_units` makes the units `shard_model` makes: the same parameters in each, in the same order."""
+    """`shard_units` (what the loader calls on meta) makes the units `shard_model` makes: same parameters, same order."""
 
     def layout(model, units) -> list[list[str]]:
         from torch.distributed.fsdp import fully_shard
@@ -170,7 +170,7 @@ def check_same_units(rank, world_size, mesh):
                 m.config.tie_word_embeddings = True
                 m.lm_head.weight = m.model.embed_tokens.weight
         reference = shard_model(a, mesh)
-        units = _shard_units(b, mesh, MixedPrecisionPolicy(reduce_dtype=torch.float32))
+        units = shard_units(b, mesh, MixedPrecisionPolicy(reduce_dtype=torch.float32))
         emit(f"same_units_tied_{tied}", rank, same=layout(a, reference.units) == layout(b, units), num=len(units))
 
 

@@ -27,9 +27,8 @@ The result is bitwise the model `from_pretrained` then `shard_model` gives:
 shards (padding included), buffers and logits.
 
 `shard_model` cannot be called on a meta model (its lazy-init forward would
-all-gather meta tensors), so `_shard_units` here repeats its unit layout
-before the lazy init; `tests/trainer/test_sharded_load.py` checks that the
-two layouts are the same unit by unit.
+all-gather meta tensors), so the loader calls `sharding.shard_units`, the same
+units without the lazy init, and runs the lazy init once the shards are filled.
 """
 
 from __future__ import annotations
@@ -43,12 +42,12 @@ import safetensors
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-from .sharding import ShardedModel, _embeddings, _final_norm, _lazy_init, decoder_layers
+from .sharding import ShardedModel, _lazy_init, shard_units
 from .vocab import _vocab_parameters, pad_vocabulary
 
 __all__ = ["LoadReport", "load_sharded"]
@@ -76,30 +75,6 @@ def _weight_map(directory: Path) -> dict[str, str]:
         raise FileNotFoundError(f"{directory} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
     with safetensors.safe_open(str(single), framework="pt") as opened:
         return dict.fromkeys(opened.keys(), SINGLE_FILE)
-
-
-def _shard_units(model: nn.Module, mesh: DeviceMesh, policy: MixedPrecisionPolicy) -> tuple[FSDPModule, ...]:
-    """`fully_shard` `model` into `shard_model`'s units (sharding.py's docstring), without its lazy init."""
-    layers = decoder_layers(model)
-    embed, head = _embeddings(model)
-    norm = _final_norm(model)
-
-    def shard(module: nn.Module | list[nn.Module]) -> FSDPModule:
-        unit = fully_shard(module, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
-        first = unit[0] if isinstance(unit, list) else unit
-        first.set_force_sum_reduction_for_comms(True)
-        first.set_gradient_divide_factor(1.0)
-        return first
-
-    units: list[FSDPModule] = []
-    if embed is not None:
-        units.append(shard(embed))
-    units.extend(shard(layer) for layer in layers)
-    head_group = [m for m in (norm, head) if m is not None]
-    if head_group:
-        units.append(shard(head_group))
-    units.append(shard(model))
-    return tuple(units)
 
 
 def _rows(tensor: torch.Tensor) -> tuple[int, int, torch.Tensor]:
@@ -229,7 +204,7 @@ def load_sharded(
     true_vocab = None
     if pad_vocab_to_multiple_of is not None:
         true_vocab = pad_vocabulary(model, pad_vocab_to_multiple_of)  # on meta: the shapes only; rows filled below
-    units = _shard_units(model, mesh, MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype))
+    units = shard_units(model, mesh, MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype))
     model.to_empty(device=mesh.device_type)  # this rank's shards only; FSDP zeroes the padding of each
     report = _fill(model, directory, true_vocab)
     _rebuild_buffers(model)

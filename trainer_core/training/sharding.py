@@ -66,6 +66,7 @@ __all__ = [
     "fsdp_params",
     "local_tensor",
     "shard_model",
+    "shard_units",
 ]
 
 # id(sharded parameter) → its FSDPParam, for every model `shard_model` sharded. Weak values: an entry lives as
@@ -172,23 +173,15 @@ def recover_after_failed_pass(sharded: ShardedModel) -> None:
         fp.unsharded_accumulated_grad = None
 
 
-def shard_model(
-    model: nn.Module,
-    mesh: DeviceMesh,
-    *,
-    param_dtype: torch.dtype | None = None,
-    reduce_dtype: torch.dtype | None = torch.float32,
-) -> ShardedModel:
-    """Apply `fully_shard` to `model` in place (units in the module docstring), then run FSDP's lazy init.
+def shard_units(model: nn.Module, mesh: DeviceMesh, policy: MixedPrecisionPolicy) -> tuple[FSDPModule, ...]:
+    """`fully_shard` `model` in place into the units of the module docstring, root last, without the lazy init.
 
-    Collective: every rank of `mesh` calls it with the same model. `param_dtype` is the all-gather and compute
-    dtype (None: the parameters' own); `reduce_dtype` the gradient reduction's. Raises ValueError, before
-    anything is sharded, for a model whose decoder layers cannot be found.
+    `shard_model` adds the lazy init; `sharded_load` calls this on a meta-device model, where a forward cannot
+    run. Raises ValueError, before anything is sharded, for a model whose decoder layers cannot be found.
     """
     layers = decoder_layers(model)
     embed, head = _embeddings(model)
     norm = _final_norm(model)
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
     def shard(module: nn.Module | list[nn.Module]) -> FSDPModule:
         # Every unit reshards after forward, the root too (FSDP's default keeps the root unsharded): see above.
@@ -206,10 +199,28 @@ def shard_model(
     if head_group:
         units.append(shard(head_group))
     units.append(shard(model))
+    return tuple(units)
+
+
+def shard_model(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = torch.float32,
+) -> ShardedModel:
+    """Apply `fully_shard` to `model` in place (units in the module docstring), then run FSDP's lazy init.
+
+    Collective: every rank of `mesh` calls it with the same model. `param_dtype` is the all-gather and compute
+    dtype (None: the parameters' own); `reduce_dtype` the gradient reduction's. Raises ValueError, before
+    anything is sharded, for a model whose decoder layers cannot be found.
+    """
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    units = shard_units(model, mesh, policy)
     _lazy_init(model)
     for fp in fsdp_params(model):
         _FSDP_PARAM_OF[id(fp.sharded_param)] = fp
-    return ShardedModel(model=model, units=tuple(units))
+    return ShardedModel(model=model, units=units)
 
 
 def fsdp_param_of(tensor: torch.Tensor) -> FSDPParam | None:
