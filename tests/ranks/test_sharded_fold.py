@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.trainer.sharded_ranks import bitwise, launch_results
+from tests.trainer.sharded_ranks import each_rank as each_rank_of
 from trainer_core.ranks.sharded_fold import round_robin_logical_ranks
 
 pytestmark = pytest.mark.distributed
@@ -32,10 +33,7 @@ def runs(tmp_path_factory) -> tuple[dict[int, dict], object]:
 
 
 def each_rank(runs, world_size: int, check: str) -> list[dict]:
-    results = runs[0][world_size]
-    found = [results.get((check, rank)) for rank in range(world_size)]
-    assert all(found), (check, world_size, sorted(results))
-    return found  # type: ignore[return-value]
+    return each_rank_of(runs[0], world_size, check)  # `runs` is (results by world size, the output folder)
 
 
 def test_round_robin_runs_every_logical_rank_once_in_turn_order():

@@ -45,6 +45,13 @@ def launch_results(module: str, world_size: int, args: list[str] | None = None) 
     return results
 
 
+def each_rank(runs: dict[int, dict], world_size: int, check: str) -> list[dict]:
+    """Check `check`'s result on every rank of the `world_size` launch, in rank order; fails if a rank has none."""
+    found = [runs[world_size].get((check, rank)) for rank in range(world_size)]
+    assert all(found), (check, world_size, sorted(runs[world_size]))
+    return found  # type: ignore[return-value]
+
+
 # ---------------------------------------------------------------------------------------------- rank side
 
 

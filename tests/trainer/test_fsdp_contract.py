@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.sharded_ranks import launch_results
+from tests.trainer.sharded_ranks import each_rank, launch_results
 
 pytestmark = pytest.mark.distributed
 
@@ -19,12 +19,6 @@ WORLD_SIZES = [1, 2]
 @pytest.fixture(scope="module")
 def runs() -> dict[int, dict]:
     return {w: launch_results("tests.trainer.fsdp_contract_worker", w) for w in WORLD_SIZES}
-
-
-def each_rank(runs, world_size: int, check: str) -> list[dict]:
-    found = [runs[world_size].get((check, rank)) for rank in range(world_size)]
-    assert all(found), (check, world_size, sorted(runs[world_size]))
-    return found  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

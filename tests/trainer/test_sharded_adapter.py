@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.sharded_ranks import launch_results
+from tests.trainer.sharded_ranks import each_rank, launch_results
 
 pytestmark = pytest.mark.distributed
 
@@ -22,12 +22,6 @@ WORKER = "tests.trainer.sharded_adapter_worker"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[int, dict]:
     return {w: launch_results(WORKER, w, ["--out", str(tmp_path_factory.mktemp(f"w{w}"))]) for w in WORLD_SIZES}
-
-
-def each_rank(runs, world_size: int, check: str) -> list[dict]:
-    found = [runs[world_size].get((check, rank)) for rank in range(world_size)]
-    assert all(found), (check, world_size, sorted(runs[world_size]))
-    return found  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

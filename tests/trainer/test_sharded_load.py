@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.sharded_ranks import launch_results
+from tests.trainer.sharded_ranks import each_rank, launch_results
 
 pytestmark = pytest.mark.distributed
 
@@ -25,12 +25,6 @@ LOADS = ["fp32_files", "fp32_one_file", "bf16_checkpoint", "bf16_compute", "tied
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[int, dict]:
     return {w: launch_results(WORKER, w, ["--out", str(tmp_path_factory.mktemp(f"w{w}"))]) for w in WORLD_SIZES}
-
-
-def each_rank(runs, world_size: int, check: str) -> list[dict]:
-    found = [runs[world_size].get((check, rank)) for rank in range(world_size)]
-    assert all(found), (check, world_size, sorted(runs[world_size]))
-    return found  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.sharded_ranks import launch_results
+from tests.trainer.sharded_ranks import each_rank, launch_results
 
 pytestmark = pytest.mark.distributed
 
@@ -21,12 +21,6 @@ def runs(tmp_path_factory) -> dict[int, dict]:
     directory = tmp_path_factory.mktemp("sharded_state")
     saved = launch_results(WORKER, 2, ["--save", str(directory)])
     return {2: saved, **{w: launch_results(WORKER, w, ["--load", str(directory)]) for w in (1, 4)}}
-
-
-def each_rank(runs, world_size: int, check: str) -> list[dict]:
-    found = [runs[world_size].get((check, rank)) for rank in range(world_size)]
-    assert all(found), (check, world_size, sorted(runs[world_size]))
-    return found  # type: ignore[return-value]
 
 
 def test_every_rank_writes_its_own_shards_and_the_coordinator_the_metadata(runs):

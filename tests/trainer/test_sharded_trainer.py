@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.sharded_ranks import launch_results
+from tests.trainer.sharded_ranks import each_rank, launch_results
 
 pytestmark = pytest.mark.distributed
 
@@ -23,12 +23,6 @@ WORKER = "tests.trainer.sharded_trainer_worker"
 @pytest.fixture(scope="module")
 def runs() -> dict[int, dict]:
     return {world_size: launch_results(WORKER, world_size) for world_size in WORLD_SIZES}
-
-
-def each_rank(runs, world_size: int, check: str) -> list[dict]:
-    found = [runs[world_size].get((check, rank)) for rank in range(world_size)]
-    assert all(found), (check, world_size, sorted(runs[world_size]))
-    return found  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.trainer.models import tiny_qwen3
-from tests.trainer.sharded_ranks import launch_results
+from tests.trainer.sharded_ranks import each_rank, launch_results
 from trainer_core.training.sharding import decoder_layers, shard_model
 
 pytestmark = pytest.mark.distributed
@@ -30,12 +30,6 @@ def runs(tmp_path_factory) -> dict[int, dict]:
     two = launch_results(WORKER, 2, ["--dcp-save", str(state)])
     one = launch_results(WORKER, 1, ["--dcp-load", str(state), "--saved-world-size", "2"])
     return {1: one, 2: two}
-
-
-def each_rank(runs, world_size: int, check: str) -> list[dict]:
-    found = [runs[world_size].get((check, rank)) for rank in range(world_size)]
-    assert all(found), (check, world_size, sorted(runs[world_size]))
-    return found  # type: ignore[return-value]
 
 
 def test_decoder_layers_are_the_no_split_module_classes():
