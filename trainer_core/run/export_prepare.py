@@ -101,6 +101,14 @@ def _verify_share(
     return entries
 
 
+def take_its_place(topology: Topology, tmp: Path, out_dir: Path) -> None:
+    """Every rank agreed on every phase: only now does rank 0 move the staging `tmp` into `out_dir`'s place."""
+    if topology.rank == 0:
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+
+
 def prepare_export(
     topology: Topology,
     config: RunConfig,
@@ -162,11 +170,7 @@ def prepare_export(
                     write_checkpoint_manifest(tmp, manifest)
 
             _phase(topology, "writing the manifest", write_the_manifest)
-            # Every rank agreed: only now does the staging take its place.
-            if topology.rank == 0:
-                if out_dir.exists():
-                    shutil.rmtree(out_dir)
-                tmp.rename(out_dir)
+            take_its_place(topology, tmp, out_dir)
     except ExportPreparationError:
         if topology.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -32,7 +32,7 @@ from trainer_core.config import RunConfig
 from trainer_core.export import build_export_tokenizer
 from trainer_core.files import tensors_sha256
 from trainer_core.run.distributed import Topology
-from trainer_core.run.export_prepare import ExportPreparationError, _phase
+from trainer_core.run.export_prepare import ExportPreparationError, _phase, take_its_place
 from trainer_core.run.manifest import (
     FileEntry,
     file_entry,
@@ -113,10 +113,7 @@ def prepare_sharded_export(
                     write_checkpoint_manifest(tmp, manifest)
 
             _phase(topology, "writing the manifest", write_the_manifest)
-            if topology.rank == 0:
-                if out_dir.exists():
-                    shutil.rmtree(out_dir)
-                tmp.rename(out_dir)
+            take_its_place(topology, tmp, out_dir)
     except ExportPreparationError:
         if topology.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
