@@ -1,8 +1,9 @@
 """The pipeline's segment runner with `train.sharding = "fsdp"` and the deterministic reduction: W-independent.
 
-One plan (L = 4, two segments of two steps, grad_clip = 0) trained through
-real torchrun launches of `trainer_core.run.segment_main`: at W = 2 for both
-segments, and resumed from segment 0's DCP state (saved at W = 2) at W = 1.
+One plan (L = 4, three segments of two steps, grad_clip = 0) trained through
+real torchrun launches of `trainer_core.run.segment_main`: at W = 2 for every
+segment, and with W changing 2 → 1 → 2 (segment 1 resumes at W = 1 from the
+DCP state saved at W = 2, segment 2 at W = 2 from the one saved at W = 1).
 The reference is the unsharded deterministic run of the same data and config
 (`sharding = "none"`, W = 1, in this process). Losses, the final weights and
 the AdamW moments must be bitwise equal in all three, and the checkpoint
@@ -34,26 +35,28 @@ from trainer_core.run.state import load_training_state, state_dir_for
 from trainer_core.training import Trainer
 from trainer_core.training.sharded_checkpoint_io import restore_sharded_checkpoint
 
-UNCLIPPED = {"train": {"grad_clip": 0.0}}
-SHARDED = {"train": {"grad_clip": 0.0, "sharding": "fsdp"}}
+UNCLIPPED = {"train": {"grad_clip": 0.0, "steps": 6}}
+SHARDED = {"train": {**UNCLIPPED["train"], "sharding": "fsdp"}}
+SEGMENTS = range(3)
+LAST = SEGMENTS[-1]
 
 
 def results(run_dir: Path) -> list[SegmentResult]:
-    return [SegmentResult.read(segment_result_path(run_dir, s)) for s in (0, 1)]
+    return [SegmentResult.read(segment_result_path(run_dir, s)) for s in SEGMENTS]
 
 
 def sharded_state(run_dir: Path, reference_dir: Path) -> dict[str, torch.Tensor]:
     """The final DCP state (weights and AdamW moments), read into the unsharded reference's model in this process."""
     trainer = build_trainer(read_plan(reference_dir).run_config())
     (checkpoint,) = trainer.checkpoints.values()
-    restore_sharded_checkpoint(checkpoint, state_dir_for(run_dir, 1) / checkpoint.name)
+    restore_sharded_checkpoint(checkpoint, state_dir_for(run_dir, LAST) / checkpoint.name)
     return _state(checkpoint)
 
 
 def unsharded_state(run_dir: Path) -> dict[str, torch.Tensor]:
     trainer = build_trainer(read_plan(run_dir).run_config())
     (checkpoint,) = trainer.checkpoints.values()
-    load_training_state(state_dir_for(run_dir, 1), trainer.checkpoints)
+    load_training_state(state_dir_for(run_dir, LAST), trainer.checkpoints)
     return _state(checkpoint)
 
 
@@ -73,12 +76,12 @@ def assert_bitwise(actual: dict[str, torch.Tensor], expected: dict[str, torch.Te
 
 def exported(run_dir: Path, out: Path, world_size: int) -> dict[str, torch.Tensor]:
     if world_size == 1:
-        export_segment(run_dir, 1, out)
+        export_segment(run_dir, LAST, out)
     else:
         lines: list[str] = []
         result = launch(
             "trainer_core.run.export_main",
-            ["--run-dir", str(run_dir), "--segment", "1", "--out", str(out)],
+            ["--run-dir", str(run_dir), "--segment", str(LAST), "--out", str(out)],
             nproc_per_node=world_size,
             timeout_s=300,
             on_line=lines.append,
@@ -116,7 +119,7 @@ def test_an_unsharded_trainer_keeps_the_facade_of_its_reduction():
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP read in this process, on purpose
 def test_a_sharded_deterministic_run_is_bitwise_the_unsharded_one_at_any_w_and_resumed_at_another_w(tmp_path):
     reference_dir = planned(tmp_path / "none", UNCLIPPED)
-    for segment in (0, 1):
+    for segment in SEGMENTS:
         train_segment(reference_dir, segment)  # W = 1, unsharded, in this process
     reference = results(reference_dir)
 
@@ -128,15 +131,17 @@ def test_a_sharded_deterministic_run_is_bitwise_the_unsharded_one_at_any_w_and_r
     shutil.copytree(state_dir_for(steady, 0), state_dir_for(changing, 0))
     segment_result_path(changing, 0).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(segment_result_path(steady, 0), segment_result_path(changing, 0))
-    launch_segment(steady, 1, 2)
+    for segment in SEGMENTS[1:]:
+        launch_segment(steady, segment, 2)
     launch_segment(changing, 1, 1)
+    launch_segment(changing, 2, 2)  # and back: the W = 1 state resharded over 2 processes
 
     for run in (steady, changing):
         found = results(run)
         assert [r.losses for r in found] == [r.losses for r in reference], run.name
         assert [r.num_tokens for r in found] == [r.num_tokens for r in reference]
-    assert [r.world_size for r in results(steady)] == [2, 2]
-    assert [r.world_size for r in results(changing)] == [2, 1]
+    assert [r.world_size for r in results(steady)] == [2, 2, 2]
+    assert [r.world_size for r in results(changing)] == [2, 1, 2]
     expected = unsharded_state(reference_dir)
     assert_bitwise(sharded_state(steady, reference_dir), expected)
     assert_bitwise(sharded_state(changing, reference_dir), expected)
