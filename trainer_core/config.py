@@ -171,8 +171,11 @@ class TrainSection(_Section):
     """Optimizer steps a forward's graph may lag behind at backward (0 = strict)."""
     sharding: Literal["none", "fsdp"] = "none"
     """`fsdp`: every decoder layer and the root are FSDP2-sharded over the W processes (weights, FP32 masters, AdamW
-    moments and gradients live as 1/W shards; the state is saved with torch.distributed.checkpoint and resumes at
-    any W); needs train.reduction = "fast" and no [model.lora] for now. `none`: every process holds a full replica."""
+    moments and gradients live as 1/W shards; the state is saved with torch.distributed.checkpoint). With
+    train.reduction = "deterministic" the logical ranks run round-robin over the processes and their gradient
+    shards are folded in logical-rank order: bitwise the same at any W, so a run resumes at another W (W stays out
+    of the run id); with `fast`, FSDP's reduce-scatter. Needs no [model.lora] for now. `none`: every process holds
+    a full replica."""
     activation_checkpointing: Literal["none", "blocks"] = "none"
     """`blocks`: every decoder layer keeps only its input and runs again in backward (about one more forward per
     layer) for far fewer saved bytes; gradients, weights and run id are bitwise those of `none`."""
@@ -217,11 +220,6 @@ class TrainSection(_Section):
             from .node_topology import check_nodes
 
             check_nodes(self.nnodes, self.nproc_per_node, self.logical_dp, self.node_deployment, self.rdzv_endpoint)
-        if self.sharding == "fsdp" and self.reduction == "deterministic":
-            raise ValueError(
-                'train.sharding = "fsdp" with train.reduction = "deterministic": logical ranks do not run on a sharded '
-                'model yet; set train.reduction = "fast", or train.sharding = "none"'
-            )
         # One node's processes: with several nodes check_nodes has already held their world to the rule.
         problem = topology_problem(self.nproc_per_node, self.logical_dp, self.global_batch_size)
         if problem is not None and problem.what == "logical_dp":

@@ -29,9 +29,13 @@ def test_fsdp_enters_the_digest(tmp_path):
     assert {**sharded["train"], "sharding": None} == {**fast["train"], "sharding": None}
 
 
-def test_fsdp_with_deterministic_reduction_is_refused_naming_both_keys(tmp_path):
-    with pytest.raises(ConfigError, match=r'train\.sharding = "fsdp" with train\.reduction = "deterministic"'):
-        _config(tmp_path, "train.sharding=fsdp")
+def test_fsdp_with_deterministic_reduction_is_legal_and_keeps_w_out_of_the_digest(tmp_path):
+    """The deterministic fold is bitwise the same at any W (tests/ranks/test_sharded_logical_ranks.py): a run resumed
+    at another W is the same run, so nproc_per_node stays out of its digest, as it does unsharded."""
+    one, two = (_config(tmp_path, "train.sharding=fsdp", f"train.nproc_per_node={w}") for w in (1, 2))
+    assert (one.train.sharding, one.train.reduction) == ("fsdp", "deterministic")
+    assert digest_view(one) == digest_view(two) and "nproc_per_node" not in digest_view(one)["train"]
+    assert digest_view(one)["train"]["sharding"] == "fsdp"  # the state format differs from an unsharded run's
 
 
 def test_fsdp_at_one_process_is_legal(tmp_path):
@@ -51,11 +55,11 @@ def _past_memory(tmp_path, **sections) -> str:
     return str(refused.value)
 
 
-def test_the_memory_refusal_offers_sharding_with_the_reduction_it_needs(tmp_path):
-    assert 'try, in order: train.sharding = "fsdp" (with train.reduction = "fast"); [model.lora]' in _past_memory(
-        tmp_path, train={"reduction": "deterministic"}
-    )
-    assert 'try, in order: train.sharding = "fsdp"; [model.lora]' in _past_memory(tmp_path, train={"reduction": "fast"})
+def test_the_memory_refusal_offers_sharding_under_either_reduction(tmp_path):
+    for reduction in ("deterministic", "fast"):  # fsdp takes both now: no reduction to switch to first
+        assert 'try, in order: train.sharding = "fsdp"; [model.lora]' in _past_memory(
+            tmp_path, train={"reduction": reduction}
+        )
 
 
 def test_the_memory_refusal_offers_no_sharding_to_a_lora_run(tmp_path):

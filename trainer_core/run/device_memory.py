@@ -13,7 +13,8 @@ anything is written.
 
 The fixes offer `train.sharding = "fsdp"` (and more processes, which only
 help a sharded model) where the config could take it: not with `[model.lora]`,
-which is not sharded yet, and with the `train.reduction = "fast"` it needs.
+which is not sharded yet. Either reduction shards (a deterministic one keeps
+its results, and its run id, at any W).
 """
 
 from __future__ import annotations
@@ -52,15 +53,9 @@ def can_shard() -> bool:
     return "sharding" in TrainSection.model_fields
 
 
-SHARD_FIX = 'train.sharding = "fsdp"'
-
-
 def _advice(config: RunConfig, settings: MemorySettings) -> list[str]:
     lora = config.model.lora is not None
-    found = fixes(settings, lora=lora, can_shard=can_shard() and not lora)  # a LoRA adapter is not sharded yet
-    if config.train.reduction == "deterministic":  # fsdp is refused with it (trainer_core/config.py)
-        found = [f'{fix} (with train.reduction = "fast")' if fix == SHARD_FIX else fix for fix in found]
-    return found
+    return fixes(settings, lora=lora, can_shard=can_shard() and not lora)  # a LoRA adapter is not sharded yet
 
 
 def memory_settings(config: RunConfig, row_len: int) -> MemorySettings:

@@ -1,7 +1,9 @@
 """Process-group set-up for the ranks torchrun starts.
 
 A run declares `logical_dp` logical data-parallel ranks; each of the W physical
-ranks runs `logical_dp / W` of them, in order (`trainer_core.ranks.Topology`).
+ranks runs `logical_dp / W` of them (`trainer_core.ranks.Topology`): a
+contiguous block in logical order, or round-robin where the segment asks for it
+(a sharded model under the deterministic reduction, `sharded_facade`).
 The topology is checked before the process group is created, so a bad one
 fails at once on every rank. Every rank prints through `log`, which names the
 rank, so the launcher can stream all ranks' lines as one log.
@@ -17,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from trainer_core.ranks.coordination import RankFailure
-from trainer_core.ranks.topology import Topology, check_topology
+from trainer_core.ranks.topology import Assignment, Topology, check_topology
 from trainer_core.run.process_boot import die_with_parent
 from trainer_core.run.rank_process import dump_stacks_on, record_error, write_line
 
@@ -34,18 +36,22 @@ def log(message: str) -> None:
         write_line(f"[rank {rank}] {line}")
 
 
-def init_distributed(logical_dp: int, timeout_s: float, global_batch_size: int | None = None) -> Topology:
+def init_distributed(
+    logical_dp: int, timeout_s: float, global_batch_size: int | None = None, *, assignment: Assignment = "contiguous"
+) -> Topology:
     """Check the topology, then join torchrun's process group (gloo on CPU, NCCL on GPU), or run alone.
 
     A world size that does not divide `logical_dp` (or a `logical_dp` that does
     not divide `global_batch_size`) raises ValueError before any process group
     exists. `timeout_s` (train.collective_timeout_s) bounds every collective,
     set here explicitly rather than inherited from the backend's default (30 min for gloo).
+    `assignment`: how logical ranks map to processes (`Topology.assignment`); rows, seeds and the fold order
+    depend on the logical rank alone, so it decides only which process runs which logical rank.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     check_topology(world_size, logical_dp, global_batch_size)
-    topology = Topology(rank=rank, world_size=world_size, logical_dp=logical_dp)
+    topology = Topology(rank=rank, world_size=world_size, logical_dp=logical_dp, assignment=assignment)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":

@@ -19,7 +19,7 @@ import torch
 from trainer_core.run.distributed import Topology, init_distributed, log, training_mesh
 from trainer_core.run.plan import Plan, SegmentPlan, load_segment_shard, read_plan
 from trainer_core.run.progress import ProgressWriter, progress_path
-from trainer_core.run.sharded_facade import ShardedLogicalDataParallel
+from trainer_core.run.sharded_facade import assignment_for, segment_facade
 from trainer_core.run.state import (
     load_training_state,
     save_sharded_training_state,
@@ -101,7 +101,10 @@ class SegmentRun:
         # Before any compute: the thread count decides the last bits of every kernel's reductions.
         num_threads = pin_threads(threads_for(config.train.reduction, config.train.threads_per_process))
         topology: Topology = init_distributed(
-            config.train.logical_dp, config.train.collective_timeout_s, config.train.global_batch_size
+            config.train.logical_dp,
+            config.train.collective_timeout_s,
+            config.train.global_batch_size,
+            assignment=assignment_for(config.train.sharding, config.train.reduction),
         )
 
         sharded = config.train.sharding == "fsdp"
@@ -116,10 +119,12 @@ class SegmentRun:
         if segment_index > 0:
             _resume(trainer, state_dir_for(run_dir, segment_index - 1), segment)
         trainer.model.train()
-        ldp = (
-            ShardedLogicalDataParallel(trainer, topology, seed=config.run.seed)
-            if sharded
-            else LogicalDataParallel(trainer, topology, reduction=config.train.reduction, seed=config.run.seed)
+        ldp = segment_facade(
+            trainer,
+            topology,
+            reduction=config.train.reduction,
+            seed=config.run.seed,
+            mode=config.train.forward_mode,
         )
         shard = load_segment_shard(run_dir, segment)
         objective = objective_for(config)

@@ -10,7 +10,7 @@ CASES: list[Case] = [
         "plan",
         r"train\.device_memory_gb: this run needs about [\d.]+ [kMG]?B per rank \(.*\), more than the 1\.00 MB of "
         r"train\.device_memory_gb=0\.001",
-        r'try, in order: train\.sharding = "fsdp" \(with train\.reduction = "fast"\); \[model\.lora\]; '
+        r'try, in order: train\.sharding = "fsdp"; \[model\.lora\]; '
         r'train\.dtype = "bfloat16"; train\.activation_checkpointing = "blocks"; more processes '
         r"\(train\.nproc_per_node, train\.nnodes\); lower train\.global_batch_size or data\.max_seq_len",
         config={"train": {"device_memory_gb": 0.001}},

@@ -13,13 +13,6 @@ _NO_LAYERS = json.dumps(
 
 CASES: list[Case] = [
     Case(
-        "fsdp_deterministic_reduction",
-        "config-value",
-        r'train\.sharding = "fsdp" with train\.reduction = "deterministic"',
-        r'set train\.reduction = "fast", or train\.sharding = "none"',
-        config={"train": {"sharding": "fsdp", "reduction": "deterministic"}},
-    ),
-    Case(
         "fsdp_with_lora",
         "config-value",
         r'train\.sharding = "fsdp" with \[model\.lora\]',
