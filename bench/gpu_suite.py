@@ -1,6 +1,6 @@
 """The trainer's device checks in one prepared run: its CUDA-path tests, two-rank NCCL, and the trainer benchmarks.
 
-    python -m bench.gpu_suite                  # on a GPU machine (≈3-5 min on one GPU; under 8)
+    python -m bench.gpu_suite                  # on a GPU machine (≈3-5 min on one GPU before the sharded parts)
     python -m bench.gpu_suite --device cpu     # the same suite on the CPU (the cuda cases skip)
     python -m bench.gpu_suite --device cpu --quick   # a smoke run: the tests and reduced benchmarks
 
@@ -9,8 +9,16 @@
    `test_optimizer_step.py` (FP32 masters against AdamW on an FP32 copy);
 2. with two GPUs, `tests/trainer/device_rank_worker.py` on 2 ranks over NCCL
    (on the CPU, over gloo; skipped with `--quick` and on one GPU);
-3. `bench.trainer_overhead`, `bench.backward_state` and `bench.planner_choices`
-   with `--device` (reduced with `--quick`).
+3. the sharded trainer's tests (`tests/trainer/test_sharded_trainer.py`,
+   `tests/ranks/test_sharded_*.py`: torchrun over gloo at W = 1, 2, 4), on
+   the CPU with the GPUs hidden from them (`CUDA_VISIBLE_DEVICES=""`: their
+   workers build gloo meshes of CPU tensors; skipped with `--quick`; 69
+   tests, 4.5 min on 2 CPU cores);
+4. `bench.trainer_overhead`, `bench.backward_state` and `bench.planner_choices`
+   with `--device` (reduced with `--quick`), and `bench.sharding` with
+   `--device`: on CUDA over NCCL at W = 2 with two GPUs, else at W = 1 on
+   the one GPU (the sharded trainer's CUDA path and its bitwise losses; the
+   bytes ratio means something at W = 2 only).
 
 The last line of standard output is one JSON object: every part's outcome,
 the benchmarks' headline figures, the device, the wall time and `ok`. Exit
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,9 +46,29 @@ DEVICE_TESTS = [
 ]
 
 
-def run_tests(device: str) -> dict:
-    """pytest on the device tests (the other device's cases deselected); counts from its JUnit report."""
-    paths = DEVICE_TESTS
+SHARDED_TESTS = [
+    "tests/trainer/test_sharded_trainer.py",
+    "tests/ranks/test_sharded_fold.py",
+    "tests/ranks/test_sharded_logical_ranks.py",
+]
+
+
+def run_sharded_tests(quick: bool) -> dict:
+    """The sharded trainer's tests (torchrun over gloo), with the GPUs hidden: their workers' meshes are CPU ones."""
+    if quick:
+        return {"ok": True, "skipped": "--quick"}
+    return run_tests("cpu", SHARDED_TESTS, env={"CUDA_VISIBLE_DEVICES": ""}, select=None)
+
+
+def run_tests(
+    device: str, paths: list[str] | None = None, *, env: dict[str, str] | None = None, select: str | None = ""
+) -> dict:
+    """pytest on the device tests (the other device's cases deselected); counts from its JUnit report.
+
+    `paths` other tests instead, with `env` added to the environment and `select` as `-k` (None: every test)."""
+    paths = paths or DEVICE_TESTS
+    if select == "":
+        select = "not cpu" if device == "cuda" else "not cuda"
     with tempfile.TemporaryDirectory(prefix="rankflow-gpu-suite-") as scratch:
         report = Path(scratch) / "junit.xml"
         command = [
@@ -51,12 +80,18 @@ def run_tests(device: str) -> dict:
             "no:cacheprovider",
             f"--junitxml={report}",
             f"--basetemp={scratch}/tmp",
-            "-k",
-            "not cpu" if device == "cuda" else "not cuda",
+            *(["-k", select] if select is not None else []),
             *paths,
         ]
         started = time.perf_counter()
-        completed = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        completed = subprocess.run(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         wall_s = time.perf_counter() - started
         print(completed.stdout[-4000:], flush=True)
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
@@ -104,6 +139,28 @@ def run_two_ranks(device: str, quick: bool) -> dict:
     }
 
 
+def run_sharding_bench(device: str, quick: bool) -> dict:
+    """`bench.sharding` on the device: W = 2 (NCCL needs a GPU per process: W = 1 on one GPU)."""
+    from bench import sharding
+
+    world_size = 2 if device == "cpu" else min(2, torch.cuda.device_count())
+    argv = ["--device", device, "--world-size", str(world_size)] + (["--quick"] if quick else [])
+    started = time.perf_counter()
+    try:
+        result = sharding.main(argv)
+    except Exception as error:  # noqa: BLE001 - reported; the other parts still count
+        return {"ok": False, "error": f"{type(error).__name__}: {error}"}
+    keys = ("bytes_ratio", "meets_target", "tokens_per_s_ratio", "losses_bitwise", "max_abs_loss_diff")
+    return {
+        "ok": result["losses_bitwise"] and (result["meets_target"] or world_size == 1),
+        **{key: result[key] for key in keys},
+        "ratio": result["bytes_ratio"],
+        "world_size": world_size,
+        "backend": result["backend"],
+        "wall_s": time.perf_counter() - started,
+    }
+
+
 def run_benchmarks(device: str, quick: bool) -> dict:
     from bench import backward_state, planner_choices, trainer_overhead
 
@@ -128,6 +185,7 @@ def run_benchmarks(device: str, quick: bool) -> dict:
         if name == "planner_choices":
             figures[name]["choices"] = result["candidate"]["choices"]
             figures[name]["ok"] = result["peak_to_budget"] <= 1.0
+    figures["sharding"] = run_sharding_bench(device, quick)
     return figures
 
 
@@ -141,6 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     tests = run_tests(args.device)
     ranks = run_two_ranks(args.device, args.quick)
+    sharded = run_sharded_tests(args.quick)
     benchmarks = run_benchmarks(args.device, args.quick)
     result = {
         "bench": "gpu_suite",
@@ -151,10 +210,11 @@ def main(argv: list[str] | None = None) -> dict:
         "quick": args.quick,
         "tests": tests,
         "two_ranks": ranks,
+        "sharded_tests": sharded,
         "benchmarks": benchmarks,
         "wall_s": time.perf_counter() - started,
     }
-    result["ok"] = tests["ok"] and ranks["ok"] and all(b["ok"] for b in benchmarks.values())
+    result["ok"] = tests["ok"] and ranks["ok"] and sharded["ok"] and all(b["ok"] for b in benchmarks.values())
     print(json.dumps(result), flush=True)
     return result
 

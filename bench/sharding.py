@@ -1,27 +1,42 @@
 """Sharding (FSDP2) against replicas: what each rank holds, and what it costs.
 
+    python -m bench.sharding [--world-size 2] [--steps 4] [--device cpu|cuda] [--dtype float32|bfloat16] [--quick]
     python -m bench.sharding --model-config 8b --dry-run [--world-size 8] [--seq-len 4096] [--device-memory-gb 80]
+
+Measured (the default): the benchmark model (`bench._models.ModelSpec`,
+about 21M parameters) at W = `--world-size` processes (default 2), one
+torchrun launch (`bench/_sharding_worker.py`) in which every process trains
+both sides, interleaved step by step from the same weights on the same
+batches: `train.sharding = "none"` (a replica per process) and `"fsdp"`
+(`training.sharding.shard_model`). Both use the deterministic reduction over
+`--logical-dp` logical ranks (default 2), so their losses are bitwise equal:
+the JSON says whether they are (`losses_bitwise`, also the grad norms and
+the final weights) and the largest loss difference. Per side and rank it
+counts the bytes of the tensors the process holds just before an optimizer
+step — parameters (a DTensor's local shard), FP32 masters (bf16 replicas
+only: under fsdp the FP32 shards are the masters), AdamW moments and the
+reduced gradients, each storage once — next to the memory model's
+prediction; `bytes_ratio` is fsdp over none for the most loaded rank (target
+≤ 0.55 at W = 2). Tokens/s per side (rank 0's median step after
+`--warmup`, global tokens) and their ratio: on CPU gloo the all-gathers cost
+what they cost. `--device cuda` runs it over NCCL, one GPU per process (W
+GPUs needed). `--quick`: a tiny model, short rows, 3 steps.
 
 `--dry-run`: no training, nothing allocated. The memory model
 (trainer_core/memory_model.py) gives the per-rank bytes of a full fine-tune
-in bf16 over `--world-size` GPUs, one logical rank per GPU, one row of
-`--seq-len` tokens per forward, for `train.sharding` none vs fsdp, each with
-and without block activation checkpointing, and whether each fits
-`--device-memory-gb`. The model is built on the meta device from its config:
-`8b` is Qwen3-8B (its config.json values below, nothing downloaded), or give
-the path of a config.json. The last line is one JSON object.
+in bf16 over `--world-size` GPUs (default 8), one logical rank per GPU, one
+row of `--seq-len` tokens per forward (default 4096), for `train.sharding`
+none vs fsdp, each with and without block activation checkpointing, and
+whether each fits `--device-memory-gb`. The model is built on the meta
+device from its config: `8b` is Qwen3-8B (its config.json values below,
+nothing downloaded), or give the path of a config.json.
 
-The measured half (the benchmark model at W = 2, fsdp vs none: parameter +
-master + moment + gradient bytes per rank, tokens/s, losses bitwise equal)
-drives the sharded Trainer through `train.sharding`, which the config does not
-offer yet (issue 16); until then the command refuses to run without
-`--dry-run` rather than report figures it did not measure.
+Either way the last line is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from bench._models import emit
@@ -124,23 +139,51 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         prog="python -m bench.sharding", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model-config", default="8b", help="8b (Qwen3-8B), or the path of a config.json")
     parser.add_argument("--dry-run", action="store_true", help="the memory model only: nothing is trained")
-    parser.add_argument("--world-size", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=4096)
-    parser.add_argument("--device-memory-gb", type=float, default=80.0)
-    parser.add_argument("--reduction", choices=("deterministic", "fast"), default="deterministic")
+    parser.add_argument("--model-config", default="8b", help="dry run: 8b (Qwen3-8B), or the path of a config.json")
+    parser.add_argument("--world-size", type=int, default=None, help="processes (default: 2 measured, 8 dry run)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per row (default: 512 measured, 4096 dry)")
+    parser.add_argument("--device-memory-gb", type=float, default=80.0, help="dry run: the device's memory")
+    parser.add_argument("--reduction", choices=("deterministic", "fast"), default="deterministic", help="dry run")
+    parser.add_argument("--steps", type=int, default=4, help="measured: optimizer steps per side")
+    parser.add_argument("--warmup", type=int, default=1, help="measured: untimed steps per side (of --steps)")
+    parser.add_argument("--batch-size", type=int, default=4, help="measured: rows per global batch")
+    parser.add_argument("--logical-dp", type=int, default=2, help="measured: logical ranks (a multiple of W)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="measured")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="measured: gloo on cpu, NCCL on cuda")
+    parser.add_argument("--quick", action="store_true", help="measured: a tiny model, 64-token rows, 3 steps")
     args = parser.parse_args(argv)
-    if not args.dry_run:
-        print(
-            "bench.sharding: the measured W = 2 comparison needs the sharded Trainer (train.sharding), which is not "
-            "wired yet; run with --dry-run for the memory model's figures",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
-    result = dry_run(args)
+    if args.dry_run:
+        args.world_size = args.world_size or 8
+        args.seq_len = args.seq_len or 4096
+        result = dry_run(args)
+    else:
+        _check_measured(parser, args)
+        from bench._sharding_measured import measure
+
+        result = measure(args)
     emit(result)
     return result
+
+
+def _check_measured(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, before anything is launched, settings the measured comparison cannot run."""
+    if args.quick:
+        args.seq_len, args.steps = min(args.seq_len or 64, 64), min(args.steps, 3)
+    args.world_size = args.world_size or 2
+    args.seq_len = args.seq_len or 512
+    if args.steps <= args.warmup or args.steps < 2:
+        parser.error(f"--steps {args.steps}: needs at least 2 and more than --warmup {args.warmup} (timed steps)")
+    if args.logical_dp % args.world_size:
+        parser.error(f"--logical-dp {args.logical_dp} is not a multiple of --world-size {args.world_size}")
+    if args.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < args.world_size:
+            parser.error(
+                f"--device cuda at --world-size {args.world_size} needs {args.world_size} GPUs (NCCL: one per "
+                f"process), found {torch.cuda.device_count()}; lower --world-size or run on the CPU"
+            )
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ Every scenario trains three steps through the logical-DP facade (the third
 step's batch has 3 rows for 4 logical ranks: one logical rank is empty) and
 prints one RESULT line per rank (tests/trainer/sharded_ranks.py) with a
 digest of every loss, every whole weight and every whole AdamW moment. The
-test compares the digests across W = 1, 2, 4 and, in the W = 1 launch, with
-the unsharded trainer's deterministic run of the same scenario.
+test compares the digests across W = 1, 2, 4 and with the unsharded
+trainer's deterministic run of the same scenario (W = 1 launch; clipped at
+W = 1 and 2, replicated over the launch's processes).
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def train(
     if sharded:
         trainer = Trainer(model, sharding=shard_model(model, mesh))
         topology = Topology(rank, world_size, LOGICAL_DP)
-    else:
-        trainer, topology = Trainer(model), Topology(0, 1, LOGICAL_DP)
+    else:  # replicated on every process: the unsharded deterministic reduction (LogicalGradients)
+        trainer, topology = Trainer(model), Topology(rank, world_size, LOGICAL_DP)
     trainer.add_base_checkpoint(optimizer=optimizer)
     if head:
         trainer.add_module_checkpoint("value", value_head, optimizer=optimizer)
@@ -177,6 +178,8 @@ def main() -> None:
     if world_size == 1:
         emit("unsharded", rank, **train(rank, world_size, mesh, sharded=False))
         emit("unsharded_head", rank, **train(rank, world_size, mesh, sharded=False, head=True))
+    if world_size <= 2:  # clipped: both deterministic reductions take canonical_norm, so they agree to the bit
+        emit("unsharded_clipped", rank, **train(rank, world_size, mesh, sharded=False, optimizer=CLIPPED))
 
 
 if __name__ == "__main__":

@@ -4,16 +4,17 @@ One torchrun launch per world size (tests/ranks/sharded_logical_worker.py)
 trains three steps through the logical-DP facade on an FSDP2-sharded model;
 the third step's batch has 3 rows for 4 logical ranks (an empty logical rank:
 a dummy turn sending +0). References: the other world sizes, and the
-unsharded trainer's deterministic run of the same scenario (W = 1 launch).
-The unsharded deterministic norm is still `get_total_norm` (fp32), while the
-sharded one is `canonical_norm`: the comparison with the unsharded run is
-without clipping (grad_clip = 0); clipped runs are compared across W only.
+unsharded trainer's deterministic run of the same scenario (W = 1 launch,
+and clipped at W = 1 and 2). Both deterministic reductions take their step's
+norm from `canonical_norm`, so even clipped runs agree to the bit, norms
+included.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from tests.ranks.sharded_logical_worker import CLIPPED
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import launch_results
 from trainer_core.ranks import ShardedLogicalGradients, Topology
@@ -75,6 +76,18 @@ def test_without_clipping_they_are_bitwise_the_unsharded_deterministic_run(runs,
         for result in results(runs, world_size, check):
             assert result["losses"] == unsharded["losses"], world_size
             assert result["state"] == unsharded["state"], world_size
+
+
+@distributed
+def test_clipped_the_sharded_and_the_unsharded_deterministic_runs_are_bitwise_equal_at_one_and_two_processes(runs):
+    """Clipping bites at every step (norm > grad_clip), so the step's norm reaches the weights: the sharded and
+    the replicated trainer at W = 1 and 2 agree on losses, norms, whole weights and AdamW moments to the bit."""
+    reference = trained(results(runs, 1, "unsharded_clipped")[0])
+    assert all(float.fromhex(norm) > 2 * CLIPPED.grad_clip for norm in reference[1]), reference[1]
+    for world_size in (1, 2):
+        for check in ("sharded_clipped", "unsharded_clipped"):
+            for result in results(runs, world_size, check):
+                assert trained(result) == reference, (check, world_size, result["rank"])
 
 
 @distributed

@@ -9,10 +9,13 @@ facades (see `trainer_core.training.gradient_reduction`):
   transactional backward accumulates each logical rank's micro-batches alone.
   The step folds the L partial gradients in logical order
   (`reduction.sharded_ordered_fold`), a logical rank without a gradient
-  counting as zeros: the same sum, bit for bit, at any W.
+  counting as zeros: the same sum, bit for bit, at any W. The step's norm
+  is `canonical_norm` (float64 rows, a fixed pairwise tree), as the sharded
+  deterministic reduction's, so the two agree to the bit even when clipping;
 - **fast**: backwards accumulate straight into `.grad` and the step
   all-reduces each process's sum, as plain data parallelism does; the
-  association then depends on W (results differ from W = 1 in the last bits).
+  association then depends on W (results differ from W = 1 in the last bits),
+  and the norm is torch's `get_total_norm` in float32.
 
 In both modes a backward agrees with nobody: its outcome is exchanged when the
 logical rank's command ends (`coordination`), and a backward outside any
@@ -61,6 +64,11 @@ class LogicalGradients:
     @property
     def deterministic(self) -> bool:
         return self.mode == "deterministic"
+
+    @property
+    def canonical_norm(self) -> bool:
+        """Read by the step (`gradient_reduction`): deterministic steps clip with `ranks.canonical_norm`."""
+        return self.deterministic
 
     def _parameters(self) -> Iterator[tuple[_Key, torch.nn.Parameter]]:
         for checkpoint_name, checkpoint in self._trainer.checkpoints.items():

@@ -179,8 +179,8 @@ class Checkpoint:
     def gradient_norm(self, *, canonical: bool = False) -> torch.Tensor | None:
         """The global L2 norm of the (reduced) gradient, as torch's clip_grad_norm_ computes it; None without one.
 
-        `canonical`: `ranks.canonical_norm` instead, whose bits depend neither on W nor on sharding (the
-        deterministic reduction of a sharded model asks for it)."""
+        `canonical`: `ranks.canonical_norm` instead, whose bits depend neither on W nor on sharding (both
+        deterministic reductions ask for it, sharded and unsharded: the two then agree to the bit when clipping)."""
         grads = [s.optimized.grad for s in self._slots if s.optimized.grad is not None]
         if not grads:
             return None

@@ -31,7 +31,8 @@ class GradientReduction(Protocol):
 
     # Optional, read with getattr by the trainer: `for_sharded_model` (True: it reduces a sharded model's
     # gradients), `begin_backward()` (called before a backward differentiates anything; an error it raises aborts
-    # that backward as any other), `canonical_norm` (True: the step's norm is `ranks.canonical_norm`).
+    # that backward as any other), `canonical_norm` (True: the step's norm is `ranks.canonical_norm`;
+    # both deterministic logical-rank reductions set it, `fast` and `RankSum` keep torch's float32 norm).
 
     def agree_on_backward(self, error: BaseException | None) -> BaseException | None:
         """The error this backward raises (None: publish its gradients), given this rank's own outcome."""
