@@ -1,6 +1,7 @@
 """The pipeline's segment runner with `train.sharding = "fsdp"` and the deterministic reduction: W-independent.
 
-One plan (L = 4, three segments of two steps, grad_clip = 0) trained through
+One plan (L = 4, three segments of two steps, grad_clip = 0.05 so that every
+step clips) trained through
 real torchrun launches of `trainer_core.run.segment_main`: at W = 2 for every
 segment, and with W changing 2 → 1 → 2 (segment 1 resumes at W = 1 from the
 DCP state saved at W = 2, segment 2 at W = 2 from the one saved at W = 1).
@@ -8,8 +9,8 @@ The reference is the unsharded deterministic run of the same data and config
 (`sharding = "none"`, W = 1, in this process). Losses, the final weights and
 the AdamW moments must be bitwise equal in all three, and the checkpoint
 exported from the W = 2 shards must be bitwise the unsharded run's export.
-Without clipping: the unsharded deterministic norm is still `get_total_norm`
-(fp32), the sharded one `canonical_norm` (tests/ranks/test_sharded_logical_ranks.py).
+Clipped: both deterministic reductions take the step's norm from
+`ranks.canonical_norm`, so the clipped update is bitwise the same too.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from trainer_core.run.state import load_training_state, state_dir_for
 from trainer_core.training import Trainer
 from trainer_core.training.sharded_checkpoint_io import restore_sharded_checkpoint
 
-UNCLIPPED = {"train": {"grad_clip": 0.0, "steps": 6}}
-SHARDED = {"train": {**UNCLIPPED["train"], "sharding": "fsdp"}}
+CLIP = 0.05
+CLIPPED = {"train": {"grad_clip": CLIP, "steps": 6}}
+SHARDED = {"train": {**CLIPPED["train"], "sharding": "fsdp"}}
 SEGMENTS = range(3)
 LAST = SEGMENTS[-1]
 
@@ -118,10 +120,11 @@ def test_an_unsharded_trainer_keeps_the_facade_of_its_reduction():
 @pytest.mark.distributed
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP read in this process, on purpose
 def test_a_sharded_deterministic_run_is_bitwise_the_unsharded_one_at_any_w_and_resumed_at_another_w(tmp_path):
-    reference_dir = planned(tmp_path / "none", UNCLIPPED)
+    reference_dir = planned(tmp_path / "none", CLIPPED)
     for segment in SEGMENTS:
         train_segment(reference_dir, segment)  # W = 1, unsharded, in this process
     reference = results(reference_dir)
+    assert all(norm > 2 * CLIP for r in reference for norm in r.grad_norms)  # every step clips
 
     steady = planned(tmp_path / "fsdp", SHARDED)
     changing = copy_plan(steady, tmp_path / "changing")
@@ -140,6 +143,7 @@ def test_a_sharded_deterministic_run_is_bitwise_the_unsharded_one_at_any_w_and_r
         found = results(run)
         assert [r.losses for r in found] == [r.losses for r in reference], run.name
         assert [r.num_tokens for r in found] == [r.num_tokens for r in reference]
+        assert [r.grad_norms for r in found] == [r.grad_norms for r in reference], run.name
     assert [r.world_size for r in results(steady)] == [2, 2, 2]
     assert [r.world_size for r in results(changing)] == [2, 1, 2]
     expected = unsharded_state(reference_dir)
