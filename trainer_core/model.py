@@ -25,7 +25,11 @@ What the trainer trains follows the config:
   `train.dtype = "bfloat16"` the FP32 shards are the masters and bf16 is the
   all-gather and compute dtype (FSDP's `MixedPrecisionPolicy`), so no second
   copy of the weights exists. FP32 at build keeps RoPE's `inv_freq` FP32, as
-  the unsharded bf16 run has it.
+  the unsharded bf16 run has it. With `[model.lora]` the adapter is injected
+  before sharding (build → inject → shard → register): its parameters are
+  shards of their layers' units, drawn from the same seeded RNG as the
+  unsharded run's (and rounded through bf16 under `train.dtype = "bfloat16"`,
+  as that run builds it), over the frozen sharded base.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from .config import RunConfig
 from .model_config import peft_lora_config, read_model_config
 from .training import MemoryPlanner, MissReports, OptimizerConfig, StalenessPolicy, Trainer, pad_vocabulary
 from .training.activation_checkpointing import checkpoint_blocks
+from .training.lora_injection import inject_lora
 from .training.sharding import shard_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -82,10 +87,18 @@ def build_trainer(
     train = config.train
     model, true_vocab = build_model(config)
     sharding = None
+    lora = None if config.model.lora is None else peft_lora_config(config, config.model.lora)
     if train.sharding == "fsdp":
         if mesh is None:
             raise ValueError('train.sharding = "fsdp" needs the mesh of the training processes (mesh=)')
-        sharding = shard_model(model, mesh, param_dtype=DTYPES[train.dtype] if train.dtype != "float32" else None)
+        compute = DTYPES[train.dtype] if train.dtype != "float32" else None
+        if lora is not None:
+            # Before fully_shard, so the adapter's parameters become shards of their layers' units; drawn as the
+            # unsharded run draws it (the same seed; rounded to the dtype that run builds the adapter in).
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(config.run.seed)
+                inject_lora(model, LORA_CHECKPOINT, lora, round_to=compute)
+        sharding = shard_model(model, mesh, param_dtype=compute)
     trainer = Trainer(
         model,
         sharding=sharding,
@@ -107,13 +120,13 @@ def build_trainer(
         weight_decay=train.weight_decay,
         grad_clip=train.grad_clip,
     )
-    if config.model.lora is None:
+    if lora is None:
         trainer.add_base_checkpoint(BASE_CHECKPOINT, optimizer=optimizer)
+    elif sharding is not None:
+        trainer.add_lora_checkpoint(LORA_CHECKPOINT, lora, optimizer=optimizer)  # adopts the injected adapter
     else:
         # peft draws the adapter's initial A matrices from the global RNG: seed it, so every rank agrees.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.run.seed)
-            trainer.add_lora_checkpoint(
-                LORA_CHECKPOINT, peft_lora_config(config, config.model.lora), optimizer=optimizer
-            )
+            trainer.add_lora_checkpoint(LORA_CHECKPOINT, lora, optimizer=optimizer)
     return trainer

@@ -34,6 +34,18 @@ def test_fsdp_with_deterministic_reduction_is_refused_naming_both_keys(tmp_path)
         _config(tmp_path, "train.sharding=fsdp")
 
 
+def test_fsdp_with_a_lora_adapter_is_legal(tmp_path):
+    config = _config(
+        tmp_path,
+        "train.sharding=fsdp",
+        "train.reduction=fast",
+        "model.lora.rank=4",
+        "model.lora.alpha=8",
+        'model.lora.target_modules=["q_proj"]',
+    )
+    assert config.train.sharding == "fsdp" and config.model.lora is not None
+
+
 def test_fsdp_at_one_process_is_legal(tmp_path):
     config = _config(tmp_path, "train.sharding=fsdp", "train.reduction=fast", "train.nproc_per_node=1")
     assert config.train.sharding == "fsdp"
@@ -58,7 +70,8 @@ def test_the_memory_refusal_offers_sharding_with_the_reduction_it_needs(tmp_path
     assert 'try, in order: train.sharding = "fsdp"; [model.lora]' in _past_memory(tmp_path, train={"reduction": "fast"})
 
 
-def test_the_memory_refusal_offers_no_sharding_to_a_lora_run(tmp_path):
+def test_the_memory_refusal_offers_sharding_to_a_lora_run_but_not_lora_again(tmp_path):
     lora = {"lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}}
-    message = _past_memory(tmp_path, model=lora)
-    assert "train.sharding" not in message and "more processes" not in message
+    message = _past_memory(tmp_path, model=lora, train={"reduction": "fast"})
+    assert 'try, in order: train.sharding = "fsdp"; train.dtype' in message, message
+    assert "more processes" in message and "[model.lora]" not in message, message

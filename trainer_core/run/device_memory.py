@@ -57,7 +57,7 @@ SHARD_FIX = 'train.sharding = "fsdp"'
 
 def _advice(config: RunConfig, settings: MemorySettings) -> list[str]:
     lora = config.model.lora is not None
-    found = fixes(settings, lora=lora, can_shard=can_shard() and not lora)  # a LoRA adapter is not sharded yet
+    found = fixes(settings, lora=lora, can_shard=can_shard())
     if config.train.reduction == "deterministic":  # fsdp is refused with it (trainer_core/config.py)
         found = [f'{fix} (with train.reduction = "fast")' if fix == SHARD_FIX else fix for fix in found]
     return found
