@@ -25,7 +25,9 @@ from collections.abc import Collection
 import torch
 from torch import nn
 
-__all__ = ["adapter_parameters", "inject_lora"]
+__all__ = ["adapter_parameters", "inject_lora", "inject_lora_on_meta"]
+
+WRAPPED = "_checkpoint_wrapped_module."  # activation checkpointing's wrapper, absent from state dict names
 
 
 def adapter_parameters(model: nn.Module, name: str) -> list[tuple[str, nn.Parameter]]:
@@ -76,3 +78,43 @@ def inject_lora(model: nn.Module, name: str, lora_config, *, round_to: torch.dty
 
 def _every_adapter(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [pair for adapter in getattr(model, "peft_config", {}) for pair in adapter_parameters(model, adapter)]
+
+
+def inject_lora_on_meta(
+    model: nn.Module, name: str, lora_config, *, round_to: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """`inject_lora` into a meta-device model (`sharded_load`); returns the adapter's initial values, whole, on CPU.
+
+    peft creates and initialises the adapter's layers on the CPU, drawing from the global RNG as it does for a
+    CPU model, then moves them to the base layer's device: on meta, the values would be lost. They are kept
+    here, by parameter name (activation checkpointing's wrapper name folded away, as in the model's state
+    dict), for the loader to fill each rank's rows with: bitwise the unsharded run's initial adapter.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    kept: dict[int, dict[str, torch.Tensor]] = {}
+    move = BaseTunerLayer._move_adapter_to_device_of_base_layer
+
+    def keep_then_move(layer: BaseTunerLayer, adapter_name: str, device: torch.device | None = None) -> None:
+        for attribute in (*layer.adapter_layer_names, *layer.other_param_names):
+            held = getattr(layer, attribute, None)
+            if isinstance(held, nn.ModuleDict) and adapter_name in held:
+                for param_name, param in held[adapter_name].named_parameters():
+                    if not param.is_meta:
+                        key = f"{attribute}.{adapter_name}.{param_name}"
+                        kept.setdefault(id(layer), {})[key] = param.detach().clone()
+            elif isinstance(held, nn.ParameterDict) and adapter_name in held and not held[adapter_name].is_meta:
+                kept.setdefault(id(layer), {})[f"{attribute}.{adapter_name}"] = held[adapter_name].detach().clone()
+        move(layer, adapter_name, device)
+
+    BaseTunerLayer._move_adapter_to_device_of_base_layer = keep_then_move  # pyright: ignore[reportAttributeAccessIssue]
+    try:
+        inject_lora(model, name, lora_config)
+    finally:
+        BaseTunerLayer._move_adapter_to_device_of_base_layer = move
+    values = {}
+    for module_name, module in model.named_modules():
+        for key, value in kept.get(id(module), {}).items():
+            qualified = f"{module_name}.{key}".replace(WRAPPED, "")
+            values[qualified] = value if round_to is None else value.to(round_to).to(value.dtype)
+    return values
