@@ -331,15 +331,6 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _lora_is_not_sharded(self) -> "RunConfig":
-        if self.train.sharding == "fsdp" and self.model.lora is not None:
-            raise ValueError(
-                'train.sharding = "fsdp" with [model.lora]: a LoRA adapter on a sharded base is not supported yet; '
-                'remove the [model.lora] section, or set train.sharding = "none"'
-            )
-        return self
-
-    @model_validator(mode="after")
     def _objective_fits_the_data(self) -> "RunConfig":
         from .data.shards import PACKED_NAMES, RL_NAMES, UNPACKED_NAMES
         from .objectives import DEFAULT_FOR_DATA, OBJECTIVES

@@ -25,10 +25,21 @@ What the trainer trains follows the config:
   `train.dtype = "bfloat16"` the FP32 shards are the masters and bf16 is the
   all-gather and compute dtype (FSDP's `MixedPrecisionPolicy`), so no second
   copy of the weights exists. FP32 at build keeps RoPE's `inv_freq` FP32, as
-  the unsharded bf16 run has it.
+  the unsharded bf16 run has it. With `[model.lora]` the adapter is injected
+  before sharding (build → inject → shard → register): its parameters are
+  shards of their layers' units, drawn from the same seeded RNG as the
+  unsharded run's (and rounded through bf16 under `train.dtype = "bfloat16"`,
+  as that run builds it), over the frozen sharded base. A `model.path` run
+  does not load the whole model on every rank: it is built on the meta
+  device and each rank reads only its own rows (`training/sharded_load.py`),
+  activation checkpointing and the adapter applied on meta, the adapter's
+  initial weights peft's own draws at the seed: bitwise what from_pretrained
+  then `shard_model` give.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -38,7 +49,9 @@ from .config import RunConfig
 from .model_config import peft_lora_config, read_model_config
 from .training import MemoryPlanner, MissReports, OptimizerConfig, StalenessPolicy, Trainer, pad_vocabulary
 from .training.activation_checkpointing import checkpoint_blocks
-from .training.sharding import shard_model
+from .training.lora_injection import inject_lora, inject_lora_on_meta
+from .training.sharded_load import load_sharded
+from .training.sharding import ShardedModel, shard_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BASE_CHECKPOINT = "base"
@@ -71,6 +84,39 @@ def build_model(config: RunConfig) -> tuple[PreTrainedModel, int | None]:
     return model, true_vocab
 
 
+def _compute_dtype(config: RunConfig) -> torch.dtype | None:
+    """FSDP's all-gather and compute dtype: `train.dtype`, None for FP32 (the shards' own)."""
+    return DTYPES[config.train.dtype] if config.train.dtype != "float32" else None
+
+
+def _load_sharded(config: RunConfig, mesh: DeviceMesh, lora) -> tuple[ShardedModel, int | None]:
+    """`model.path` under fsdp: built on meta, each rank reading its own rows (`sharded_load`); the true vocabulary.
+
+    Bitwise the model `build_model` then `shard_model` give: activation checkpointing and the LoRA adapter are
+    applied on meta, and the adapter's initial weights are peft's own draws at the seed, as unsharded.
+    """
+    assert config.model.path is not None
+
+    def prepare(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        if config.train.activation_checkpointing == "blocks":
+            checkpoint_blocks(model)
+        if lora is None:
+            return {}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.run.seed)
+            return inject_lora_on_meta(model, LORA_CHECKPOINT, lora, round_to=_compute_dtype(config))
+
+    sharding, report = load_sharded(
+        Path(config.model.path),
+        mesh,
+        dtype=build_dtype(config),
+        param_dtype=_compute_dtype(config),
+        pad_vocab_to_multiple_of=config.model.pad_vocab_to_multiple_of,
+        prepare=prepare,
+    )
+    return sharding, report.true_vocab
+
+
 def build_trainer(
     config: RunConfig, *, miss_reports: MissReports | None = None, mesh: DeviceMesh | None = None
 ) -> Trainer:
@@ -80,12 +126,24 @@ def build_trainer(
     `mesh`: the training processes' mesh, required under `train.sharding = "fsdp"` (collective: every rank calls).
     """
     train = config.train
-    model, true_vocab = build_model(config)
     sharding = None
-    if train.sharding == "fsdp":
-        if mesh is None:
-            raise ValueError('train.sharding = "fsdp" needs the mesh of the training processes (mesh=)')
-        sharding = shard_model(model, mesh, param_dtype=DTYPES[train.dtype] if train.dtype != "float32" else None)
+    lora = None if config.model.lora is None else peft_lora_config(config, config.model.lora)
+    if train.sharding != "fsdp":
+        model, true_vocab = build_model(config)
+    elif mesh is None:
+        raise ValueError('train.sharding = "fsdp" needs the mesh of the training processes (mesh=)')
+    elif config.model.path is not None:
+        sharding, true_vocab = _load_sharded(config, mesh, lora)
+        model = sharding.model
+    else:
+        model, true_vocab = build_model(config)
+        if lora is not None:
+            # Before fully_shard, so the adapter's parameters become shards of their layers' units; drawn as the
+            # unsharded run draws it (the same seed; rounded to the dtype that run builds the adapter in).
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(config.run.seed)
+                inject_lora(model, LORA_CHECKPOINT, lora, round_to=_compute_dtype(config))
+        sharding = shard_model(model, mesh, param_dtype=_compute_dtype(config))
     trainer = Trainer(
         model,
         sharding=sharding,
@@ -107,13 +165,13 @@ def build_trainer(
         weight_decay=train.weight_decay,
         grad_clip=train.grad_clip,
     )
-    if config.model.lora is None:
+    if lora is None:
         trainer.add_base_checkpoint(BASE_CHECKPOINT, optimizer=optimizer)
+    elif sharding is not None:
+        trainer.add_lora_checkpoint(LORA_CHECKPOINT, lora, optimizer=optimizer)  # adopts the injected adapter
     else:
         # peft draws the adapter's initial A matrices from the global RNG: seed it, so every rank agrees.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.run.seed)
-            trainer.add_lora_checkpoint(
-                LORA_CHECKPOINT, peft_lora_config(config, config.model.lora), optimizer=optimizer
-            )
+            trainer.add_lora_checkpoint(LORA_CHECKPOINT, lora, optimizer=optimizer)
     return trainer

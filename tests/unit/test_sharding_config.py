@@ -38,6 +38,18 @@ def test_fsdp_with_deterministic_reduction_is_legal_and_keeps_w_out_of_the_diges
     assert digest_view(one)["train"]["sharding"] == "fsdp"  # the state format differs from an unsharded run's
 
 
+def test_fsdp_with_a_lora_adapter_is_legal(tmp_path):
+    config = _config(
+        tmp_path,
+        "train.sharding=fsdp",
+        "train.reduction=fast",
+        "model.lora.rank=4",
+        "model.lora.alpha=8",
+        'model.lora.target_modules=["q_proj"]',
+    )
+    assert config.train.sharding == "fsdp" and config.model.lora is not None
+
+
 def test_fsdp_at_one_process_is_legal(tmp_path):
     config = _config(tmp_path, "train.sharding=fsdp", "train.reduction=fast", "train.nproc_per_node=1")
     assert config.train.sharding == "fsdp"
@@ -62,7 +74,8 @@ def test_the_memory_refusal_offers_sharding_under_either_reduction(tmp_path):
         )
 
 
-def test_the_memory_refusal_offers_no_sharding_to_a_lora_run(tmp_path):
+def test_the_memory_refusal_offers_sharding_to_a_lora_run_but_not_lora_again(tmp_path):
     lora = {"lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}}
-    message = _past_memory(tmp_path, model=lora)
-    assert "train.sharding" not in message and "more processes" not in message
+    message = _past_memory(tmp_path, model=lora, train={"reduction": "fast"})
+    assert 'try, in order: train.sharding = "fsdp"; train.dtype' in message, message
+    assert "more processes" in message and "[model.lora]" not in message, message

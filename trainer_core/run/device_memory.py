@@ -55,7 +55,7 @@ def can_shard() -> bool:
 
 def _advice(config: RunConfig, settings: MemorySettings) -> list[str]:
     lora = config.model.lora is not None
-    return fixes(settings, lora=lora, can_shard=can_shard() and not lora)  # a LoRA adapter is not sharded yet
+    return fixes(settings, lora=lora, can_shard=can_shard())
 
 
 def memory_settings(config: RunConfig, row_len: int) -> MemorySettings:

@@ -10,10 +10,12 @@ because no rank holds the weights whole:
    go into the manifest's provenance;
 2. write: rank 0 reuses a staging whose manifest verifies with this digest, or
    makes `<staging>.tmp`; then every rank takes part in
-   `training.sharded_export.export_sharded_hf`, which gathers one tensor at a
-   time, has rank 0 write the files (byte for byte what `save_hf_model` writes
-   for the same weights), and makes every rank read back the rows it owns and
-   compare them bitwise with its shard; rank 0 then writes the tokenizer;
+   `sharded_checkpoint_layout.write_sharded_checkpoint_files` (the unsharded
+   run's layout: the full model, or a LoRA adapter with its base and merged
+   weights), whose exports gather one tensor at a time, have rank 0 write the
+   files (byte for byte what `save_hf_model` / the unsharded adapter export
+   write for the same weights), and make every rank read back the rows it
+   owns and compare them bitwise with its shard; rank 0 writes the tokenizer;
 3. verify: every rank hashes its share of the files for the manifest (file i
    goes to rank i mod W; the tensors were compared in the write phase);
 4. manifest: rank 0, then the staging moves into place, as unsharded.
@@ -25,8 +27,6 @@ import hashlib
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
 
 from trainer_core.config import RunConfig
 from trainer_core.export import build_export_tokenizer
@@ -41,8 +41,8 @@ from trainer_core.run.manifest import (
     verify_staged,
     write_checkpoint_manifest,
 )
+from trainer_core.run.sharded_checkpoint_layout import write_sharded_checkpoint_files
 from trainer_core.training import Trainer
-from trainer_core.training.sharded_export import export_sharded_hf
 from trainer_core.training.sharding import local_tensor
 
 
@@ -84,15 +84,8 @@ def prepare_sharded_export(
 
             def write_from_the_shards() -> None:
                 # Collective: a failure on any rank raises ShardedExportError on every rank, inside this phase.
-                export_sharded_hf(
-                    sharded,
-                    tmp,
-                    vocab_size=trainer.vocab_size,
-                    dtype=torch.bfloat16 if config.train.dtype == "bfloat16" else None,
-                    max_shard_size=config.export.max_shard_size,
-                )
-                if topology.rank == 0:
-                    build_export_tokenizer(config).save_pretrained(str(tmp))
+                tokenizer = build_export_tokenizer(config) if topology.rank == 0 else None
+                write_sharded_checkpoint_files(config, trainer, tmp, topology.rank, tokenizer)
 
             _phase(topology, "writing the checkpoint files from the shards", write_from_the_shards)
             share = staged_files(tmp)[topology.rank :: topology.world_size]

@@ -13,19 +13,26 @@ runs only its *active* adapter, and activating one freezes the others; so
 each forward activates the adapter it was asked for (`activate_adapter`, with
 peft's own `set_adapter`) and turns every registered parameter back on, so an
 adapter's live graphs still get their gradients while another is active.
+
+On a sharded model (`shard_model`) peft cannot inject any more: its new
+parameters would sit unsharded inside FSDP's units. Its adapters are injected
+before sharding (`lora_injection.inject_lora`, drawn as here), and
+`add_lora_checkpoint` adopts the injected, now sharded, adapter by name. The
+base stays frozen there (a base checkpoint beside adapters is refused); heads
+(`add_module_checkpoint`) stay unsharded beside it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from .checkpoints import Checkpoint, OptimizerConfig
-from .sharding import ShardedModel, local_tensor
+from .lora_injection import adapter_parameters, inject
+from .sharding import ShardedModel, fsdp_param_of, local_tensor
 
 
 class CheckpointRegistry:
@@ -53,6 +60,13 @@ class CheckpointRegistry:
 
     def add_base_checkpoint(self, name: str = "base", optimizer: OptimizerConfig = OptimizerConfig()) -> Checkpoint:
         """Full fine-tuning: every trainable parameter of the model that no other checkpoint owns."""
+        injected = sorted(getattr(self.model, "peft_config", {}))
+        if self.sharding is not None and injected:
+            raise ValueError(
+                f"cannot register a base checkpoint on a sharded model with LoRA adapters ({', '.join(injected)}): "
+                "inject_lora froze the base before sharding; a sharded LoRA run trains the adapters (and heads) "
+                "over a frozen base — register the adapters with add_lora_checkpoint"
+            )
         lora = [c.name for c in self.checkpoints.values() if c.kind == "lora"]
         if lora:
             raise ValueError(
@@ -64,31 +78,49 @@ class CheckpointRegistry:
         return self._add(Checkpoint(name, "base", self.model, params, optimizer))
 
     def add_lora_checkpoint(self, name: str, lora_config, optimizer: OptimizerConfig = OptimizerConfig()) -> Checkpoint:
-        """A LoRA adapter injected with peft. Weights no checkpoint owns stay frozen; registered ones keep training."""
-        from peft import inject_adapter_in_model
+        """A LoRA adapter injected with peft. Weights no checkpoint owns stay frozen; registered ones keep training.
 
-        if self.sharding is not None:
-            raise ValueError(
-                f"cannot add LoRA adapter '{name}' to a sharded model: peft would inject unsharded parameters "
-                "into FSDP's units; LoRA over a sharded base is not supported yet"
-            )
+        On a sharded model the adapter was injected before sharding (`lora_injection.inject_lora`, with the same
+        `lora_config`); this adopts its sharded parameters by name."""
         if name in self.checkpoints:
             raise ValueError(f"a checkpoint named '{name}' is already registered; choose another name")
-        owned = self.parameter_owners()
-        before = {id(p) for p in self.model.parameters()}
-        for param in self.model.parameters():
-            if id(param) not in owned:
-                param.requires_grad_(False)
-        with warnings.catch_warnings():
-            # A second adapter: peft warns that the model holds several; that is what the slots are for.
-            warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")
-            inject_adapter_in_model(lora_config, self.model, adapter_name=name)
-        adapter = [(n, p) for n, p in self.model.named_parameters() if id(p) not in before]
-        self._active_adapter = name  # peft activated the new adapter
-        self._keep_registered_trainable()
+        if self.sharding is not None:
+            adapter = self._injected_adapter(name, lora_config)
+            # peft left the last injected adapter active; the newest registered one is, as unsharded.
+            self._active_adapter = None
+            self.activate_adapter(name)
+            for _, param in adapter:
+                param.requires_grad_(True)
+        else:
+            adapter = inject(self.model, name, lora_config, keep=self.parameter_owners())
+            self._active_adapter = name  # peft activated the new adapter
+            self._keep_registered_trainable()
         checkpoint = self._add(Checkpoint(name, "lora", self.model, adapter, optimizer))
         checkpoint.adapter_config = lora_config
         return checkpoint
+
+    def _injected_adapter(self, name: str, lora_config) -> list[tuple[str, nn.Parameter]]:
+        """The sharded parameters of adapter `name`, injected before `shard_model`; ValueError when it was not."""
+        injected = getattr(self.model, "peft_config", {})
+        if name not in injected:
+            raise ValueError(
+                f"cannot add LoRA adapter '{name}' to a sharded model: peft would inject unsharded parameters "
+                f"into FSDP's units; inject it before sharding (lora_injection.inject_lora(model, '{name}', "
+                f"lora_config), then shard_model) and register it here by name (injected: {sorted(injected) or 'none'})"
+            )
+        if lora_config is not None and injected[name].to_dict() != lora_config.to_dict():
+            raise ValueError(
+                f"LoRA adapter '{name}' was injected with another config than the one given here; pass the config "
+                "it was injected with (its adapter_config.json is written from this one)"
+            )
+        adapter = adapter_parameters(self.model, name)
+        unsharded = [n for n, p in adapter if fsdp_param_of(p) is None]
+        if unsharded:
+            raise ValueError(
+                f"LoRA adapter '{name}' is not sharded ({unsharded[0]} is a plain parameter): inject it before "
+                "shard_model, which makes its parameters shards of their decoder layer's unit"
+            )
+        return adapter
 
     def add_module_checkpoint(
         self, name: str, module: nn.Module, optimizer: OptimizerConfig = OptimizerConfig()

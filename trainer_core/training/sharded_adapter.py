@@ -41,15 +41,21 @@ def _adapter_state(sharded: ShardedModel, adapter: str) -> dict[str, torch.Tenso
     return {_PREFIX + name: tensor for name, tensor in state.items()}
 
 
-def _plan(state: dict[str, torch.Tensor]) -> ExportPlan:
-    entries = tuple(Entry(name, t, None, t.dtype, ADAPTER_FILE, 0, 0) for name, t in state.items())
+def _export_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+
+def _plan(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> ExportPlan:
+    entries = tuple(Entry(name, t, None, _export_dtype(t, dtype), ADAPTER_FILE, 0, 0) for name, t in state.items())
     return ExportPlan(entries, (entries,), {}, {}, None)
 
 
-def verify_sharded_adapter(sharded: ShardedModel, adapter: str, directory: Path) -> int:
+def verify_sharded_adapter(
+    sharded: ShardedModel, adapter: str, directory: Path, *, dtype: torch.dtype | None = None
+) -> int:
     """Every rank checks its rows of `directory`'s adapter file bitwise (collective); returns the bytes it read."""
     rank, _, _ = _rank_group(sharded.model)
-    plan = _plan(_adapter_state(sharded, adapter))
+    plan = _plan(_adapter_state(sharded, adapter), dtype)
     error, read = None, 0
     try:
         read = _verify(plan, directory, rank)
@@ -59,11 +65,15 @@ def verify_sharded_adapter(sharded: ShardedModel, adapter: str, directory: Path)
     return read
 
 
-def export_sharded_adapter(sharded: ShardedModel, adapter: str, adapter_config: Any, directory: Path) -> int:
+def export_sharded_adapter(
+    sharded: ShardedModel, adapter: str, adapter_config: Any, directory: Path, *, dtype: torch.dtype | None = None
+) -> int:
     """Write adapter `adapter` (peft config `adapter_config`) into `directory` (which exists), then verify it.
 
-    Collective: every rank calls it with the same arguments; only rank 0 writes. Returns the bytes this rank
-    verified. Raises ShardedExportError on every rank when any rank failed to write or verify.
+    Collective: every rank calls it with the same arguments; only rank 0 writes. `dtype`: the export dtype of
+    its tensors (None: their own; bf16 for a bf16 run, whose FP32 shards cast to bf16 are bitwise the unsharded
+    run's bf16 adapter). Returns the bytes this rank verified. Raises ShardedExportError on every rank when any
+    rank failed to write or verify.
     """
     rank, _, _ = _rank_group(sharded.model)
     state = _adapter_state(sharded, adapter)
@@ -72,7 +82,7 @@ def export_sharded_adapter(sharded: ShardedModel, adapter: str, adapter_config: 
         for name, tensor in state.items():
             gathered = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
             if rank == 0:
-                whole[name] = gathered.contiguous()
+                whole[name] = gathered.to(_export_dtype(gathered, dtype)).contiguous()
     error = None
     if rank == 0:
         try:
@@ -82,4 +92,4 @@ def export_sharded_adapter(sharded: ShardedModel, adapter: str, adapter_config: 
             error = f"{type(failed).__name__}: {failed}"
     del whole
     _agree(sharded.model, "writing the adapter files", error)
-    return verify_sharded_adapter(sharded, adapter, directory)
+    return verify_sharded_adapter(sharded, adapter, directory, dtype=dtype)

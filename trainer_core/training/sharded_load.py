@@ -23,6 +23,13 @@ model's host memory per rank (an 8B FP32 model on 8 ranks: 262 GB). Here:
    buffers that cannot be rebuilt from the config is refused;
 5. FSDP's lazy init runs (a one-token no-grad forward, as in `shard_model`).
 
+`prepare(model)` runs on the meta model before it is sharded: the pipeline
+wraps the decoder layers for activation checkpointing there and injects the
+LoRA adapter (`lora_injection.inject_lora_on_meta`, which returns the
+adapter's initial values, whole: no file holds them; each rank fills its rows
+from them). A peft-wrapped base weight (`q_proj.base_layer.weight`) is read
+from the file under the model's own name (`q_proj.weight`).
+
 The result is bitwise the model `from_pretrained` then `shard_model` gives:
 shards (padding included), buffers and logits.
 
@@ -34,6 +41,7 @@ units without the lazy init, and runs the lazy init once the shards are filled.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +55,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-from .sharding import ShardedModel, _lazy_init, shard_units
+from .sharding import ShardedModel, _know_fsdp_params, _lazy_init, shard_units
 from .vocab import _vocab_parameters, pad_vocabulary
 
 __all__ = ["LoadReport", "load_sharded"]
@@ -87,20 +95,31 @@ def _rows(tensor: torch.Tensor) -> tuple[int, int, torch.Tensor]:
     return offset[0], offset[0] + local_shape[0], tensor.to_local()
 
 
-def _fill(model: nn.Module, directory: Path, true_vocab: int | None) -> LoadReport:
+def _stored(name: str) -> str:
+    return name.replace(".base_layer.", ".")
+
+
+def _fill(model: nn.Module, directory: Path, true_vocab: int | None, given: Mapping[str, torch.Tensor]) -> LoadReport:
     """Copy this rank's rows of every parameter and persistent buffer from the files; returns the bytes read.
 
     With `true_vocab`, the per-token tensors hold padded rows the files do not have: those are set to zero.
+    `given`: whole values of tensors the files do not hold (a LoRA adapter's initial weights), by name.
     """
     padded = {id(p) for p in _vocab_parameters(model)} if true_vocab is not None else set()
     weight_map = _weight_map(directory)
     targets: dict[str, torch.Tensor] = model.state_dict(keep_vars=True)  # tied weights: every name they have
     filled: set[int] = set()
     by_file: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    with torch.no_grad():
+        for name, value in given.items():
+            first, stop, local = _rows(targets[name])
+            local.copy_(value[first:stop].to(local.dtype))
+            filled.add(id(targets[name]))
     for name, tensor in targets.items():
         if id(tensor) in filled:
             continue
-        sources = [n for n, t in targets.items() if t is tensor and n in weight_map]
+        # peft's wrapper holds a base weight as `.base_layer.`; the file, under the model's own name.
+        sources = [stored for n, t in targets.items() if t is tensor and (stored := _stored(n)) in weight_map]
         if not sources:
             raise ValueError(f"{directory}: no tensor named {name} (nor any name tied to it) in the checkpoint")
         filled.add(id(tensor))
@@ -185,13 +204,16 @@ def load_sharded(
     reduce_dtype: torch.dtype | None = torch.float32,
     attn_implementation: str | None = None,
     pad_vocab_to_multiple_of: int | None = None,
+    prepare: Callable[[nn.Module], Mapping[str, torch.Tensor]] | None = None,
 ) -> tuple[ShardedModel, LoadReport]:
     """The checkpoint at `directory` (a `from_pretrained` directory) as a sharded model (module docstring).
 
     Collective: every rank of `mesh` calls it. `dtype`: the parameters' (the masters'); `param_dtype` and
     `reduce_dtype` as in `shard_model`. `pad_vocab_to_multiple_of`: pad the vocabulary rows as
     `vocab.pad_vocabulary` does after `from_pretrained` (zero rows; `LoadReport.true_vocab` says the true size).
-    The model is in eval mode, as `from_pretrained` leaves it.
+    The model is in eval mode, as `from_pretrained` leaves it. `prepare(model)`: what the caller does to the
+    meta model before it is sharded (activation checkpointing, LoRA injection), returning the whole values of
+    the parameters it added (they are in no file), by state-dict name.
     """
     config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     kwargs: dict[str, Any] = {"dtype": dtype}
@@ -204,13 +226,15 @@ def load_sharded(
     true_vocab = None
     if pad_vocab_to_multiple_of is not None:
         true_vocab = pad_vocabulary(model, pad_vocab_to_multiple_of)  # on meta: the shapes only; rows filled below
+    given = {} if prepare is None else dict(prepare(model))
     units = shard_units(model, mesh, MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype))
     model.to_empty(device=mesh.device_type)  # this rank's shards only; FSDP zeroes the padding of each
-    report = _fill(model, directory, true_vocab)
+    report = _fill(model, directory, true_vocab, given)
     _rebuild_buffers(model)
     left = _left_on_meta(model)
     if left:
         raise ValueError(f"cannot load {directory} sharded: {left[:4]} have no value (neither stored nor rebuilt)")
     model.eval()
     _lazy_init(model)
+    _know_fsdp_params(model)
     return ShardedModel(model=model, units=units), report

@@ -218,9 +218,14 @@ def shard_model(
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     units = shard_units(model, mesh, policy)
     _lazy_init(model)
+    _know_fsdp_params(model)
+    return ShardedModel(model=model, units=units)
+
+
+def _know_fsdp_params(model: nn.Module) -> None:
+    """Make `fsdp_param_of` find each sharded parameter of `model` (after its lazy init: the final objects)."""
     for fp in fsdp_params(model):
         _FSDP_PARAM_OF[id(fp.sharded_param)] = fp
-    return ShardedModel(model=model, units=units)
 
 
 def fsdp_param_of(tensor: torch.Tensor) -> FSDPParam | None:

@@ -23,7 +23,10 @@ shards (DTensors); the FP32 sharded parameters are the masters under a bf16
 and reduce-scatters inside them), so every rank runs the same forwards and
 backwards; gradients are summed by FSDP's reduce-scatter (`ShardedSum`), or, under
 the logical-DP facade with the deterministic reduction, folded in logical order
-(`trainer_core.ranks.sharded_gradients`).
+(`trainer_core.ranks.sharded_gradients`). LoRA adapters over a sharded frozen
+base are injected before sharding (`lora_injection.inject_lora`) and then
+registered by name with `add_lora_checkpoint`; their stale graphs snapshot the
+adapter's shards only.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ CASES: list[Case] = [
         "lora_bf16_checkpointed_past_device_memory",
         "plan",
         r"train\.device_memory_gb: this run needs about",
-        r"try, in order: lower train\.global_batch_size or data\.max_seq_len; or raise train\.device_memory_gb",
+        r'try, in order: train\.sharding = "fsdp"; more processes \(train\.nproc_per_node, train\.nnodes\); lower '
+        r"train\.global_batch_size or data\.max_seq_len; or raise train\.device_memory_gb",
         config={
             "train": {"device_memory_gb": 0.000001, "dtype": "bfloat16", "activation_checkpointing": "blocks"},
             "model": {"lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},

@@ -13,16 +13,6 @@ _NO_LAYERS = json.dumps(
 
 CASES: list[Case] = [
     Case(
-        "fsdp_with_lora",
-        "config-value",
-        r'train\.sharding = "fsdp" with \[model\.lora\]',
-        r'remove the \[model\.lora\] section, or set train\.sharding = "none"',
-        config={
-            "train": {"sharding": "fsdp", "reduction": "fast"},
-            "model": {"lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
-        },
-    ),
-    Case(
         "fsdp_sharding_unknown",
         "config-value",
         r"train\.sharding",

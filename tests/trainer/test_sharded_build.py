@@ -1,0 +1,42 @@
+"""`build_trainer` for `model.path` under fsdp: the meta-device load (each rank reads its rows) vs from_pretrained.
+
+One launch per world size (tests/trainer/sharded_build_worker.py). The
+reference is the path the load replaces: `from_pretrained` of the whole model
+on every rank, the LoRA adapter injected at the run's seed, `shard_model`.
+Both must give the same shards, and the same first step bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer.sharded_ranks import each_rank, launch_results
+
+pytestmark = pytest.mark.distributed
+
+WORLD_SIZES = [1, 2]
+WORKER = "tests.trainer.sharded_build_worker"
+CHECKS = ["full_fp32", "lora_fp32", "lora_bf16_blocks_padded"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[int, dict]:
+    return {w: launch_results(WORKER, w, ["--out", str(tmp_path_factory.mktemp(f"w{w}"))]) for w in WORLD_SIZES}
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("check", CHECKS)
+def test_the_loaded_trainer_holds_the_from_pretrained_trainers_shards(runs, world_size, check):
+    """The base rows read from the files, the adapter's initial weights as peft draws them at the seed."""
+    for result in each_rank(runs, world_size, check):
+        assert result["same_shards"] and result["num_shards"] > 0, result
+        assert (result["adapter_shards"] > 0) == check.startswith("lora"), result
+        assert result["vocab"][0] == result["vocab"][1], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("check", CHECKS)
+def test_the_first_step_is_bitwise_the_from_pretrained_paths(runs, world_size, check):
+    for result in each_rank(runs, world_size, check):
+        assert result["loss_bitwise"] and result["grads_bitwise"], result
+        assert result["stepped_bitwise"] and result["moved"], result
