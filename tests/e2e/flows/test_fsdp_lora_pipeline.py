@@ -2,13 +2,13 @@
 
 The config is examples/tiny_lora.toml's adapter (rank 16 on every projection,
 dropout 0.05, merged export) on the test's tiny run, two segments of one step
-(so the second resumes from the first one's DCP state), W = 2, fast reduction.
-The reference is the same config with `train.sharding = "none"`. Clipping is
-off: the sharded gradient norm is summed from per-shard partial norms, which
-can differ from the unsharded norm in the last bit (plan fact 8) and so the
-clipped step; without it every step is the unsharded run's bit for bit, and
-the test pins that: the committed adapter, base and merged weights are
-bitwise the unsharded run's, and peft loads the adapter over the shipped base.
+(so the second resumes from the first one's DCP state), W = 2, the
+deterministic reduction with clipping at every step (`grad_clip = 0.05`).
+The reference is the same config with `train.sharding = "none"`: the
+sharded ordered fold and both reductions' `canonical_norm` make every step
+the unsharded run's bit for bit, clipped included, and the test pins that:
+the committed adapter, base and merged weights are bitwise the unsharded
+run's, and peft loads the adapter over the shipped base.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ LORA = {
     "dropout": 0.05,
     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
 }
-TRAIN = {"reduction": "fast", "threads_per_process": 1, "steps": 2, "steps_per_segment": 1, "grad_clip": 0.0}
+TRAIN = {"reduction": "deterministic", "steps": 2, "steps_per_segment": 1, "grad_clip": 0.05}
 ADAPTER = "adapter_model.safetensors"
 
 
@@ -90,3 +90,5 @@ def test_a_sharded_lora_run_commits_the_unsharded_runs_adapter_bit_for_bit(tmp_p
     for segment in ("segment-0000.json", "segment-0001.json"):  # the second resumed from the DCP state
         ours, theirs = (json.loads((d / "segments" / segment).read_text()) for d in (run_dir, reference_run))
         assert ours["losses"] == theirs["losses"], segment  # same adapter init, dropout and data: bitwise
+        assert ours["grad_norms"] == theirs["grad_norms"], segment
+        assert all(norm > 2 * TRAIN["grad_clip"] for norm in ours["grad_norms"]), segment  # clipping bites
