@@ -174,8 +174,8 @@ class TrainSection(_Section):
     moments and gradients live as 1/W shards; the state is saved with torch.distributed.checkpoint). With
     train.reduction = "deterministic" the logical ranks run round-robin over the processes and their gradient
     shards are folded in logical-rank order: bitwise the same at any W, so a run resumes at another W (W stays out
-    of the run id); with `fast`, FSDP's reduce-scatter. Needs no [model.lora] for now. `none`: every process holds
-    a full replica."""
+    of the run id); with `fast`, FSDP's reduce-scatter. With [model.lora] the adapter trains as shards over the
+    frozen sharded base. `none`: every process holds a full replica."""
     activation_checkpointing: Literal["none", "blocks"] = "none"
     """`blocks`: every decoder layer keeps only its input and runs again in backward (about one more forward per
     layer) for far fewer saved bytes; gradients, weights and run id are bitwise those of `none`."""
