@@ -20,21 +20,15 @@ What the trainer trains follows the config:
 - `train.activation_checkpointing = "blocks"`: every decoder layer keeps only
   its input and recomputes in backward (`training/activation_checkpointing.py`);
   parameter names and so saved states and exports are those of `"none"`;
-- `train.sharding = "fsdp"`: the model is built in FP32 and FSDP2-sharded
-  over the mesh the caller passes (`training/sharding.py`); with
-  `train.dtype = "bfloat16"` the FP32 shards are the masters and bf16 is the
-  all-gather and compute dtype (FSDP's `MixedPrecisionPolicy`), so no second
-  copy of the weights exists. FP32 at build keeps RoPE's `inv_freq` FP32, as
-  the unsharded bf16 run has it. With `[model.lora]` the adapter is injected
-  before sharding (build → inject → shard → register): its parameters are
-  shards of their layers' units, drawn from the same seeded RNG as the
-  unsharded run's (and rounded through bf16 under `train.dtype = "bfloat16"`,
-  as that run builds it), over the frozen sharded base. A `model.path` run
-  does not load the whole model on every rank: it is built on the meta
-  device and each rank reads only its own rows (`training/sharded_load.py`),
-  activation checkpointing and the adapter applied on meta, the adapter's
-  initial weights peft's own draws at the seed: bitwise what from_pretrained
-  then `shard_model` give.
+- `train.sharding = "fsdp"`: the model is built as the unsharded run builds
+  it, its parameters upcast to FP32, and FSDP2-sharded over the mesh the
+  caller passes (`training/sharding.py`); with `train.dtype = "bfloat16"`
+  the FP32 shards are the masters and bf16 is the all-gather and compute
+  dtype (FSDP's `MixedPrecisionPolicy`), so no second copy of the weights
+  exists, and the masters are bitwise a replica's (its bf16 weights upcast).
+  A `model.path` run is loaded straight into shards on the meta device, each
+  rank reading its own rows (`training/sharded_load.py`), rounded through
+  bf16 the same way.
 """
 
 from __future__ import annotations
@@ -64,8 +58,14 @@ def build_dtype(config: RunConfig) -> torch.dtype:
 
 
 def build_model(config: RunConfig) -> tuple[PreTrainedModel, int | None]:
-    """The initial model in `build_dtype`, and its true vocabulary size when its rows were padded (else None)."""
-    dtype = build_dtype(config)
+    """The initial model in `build_dtype`, and its true vocabulary size when its rows were padded (else None).
+
+    Under fsdp with a bf16 `train.dtype` the model is built in bf16, exactly as the unsharded run builds it, and
+    its parameters are then upcast to FP32: the FP32 shards are the masters, and a replica's masters are its bf16
+    weights upcast, so both runs start from bitwise the same masters (from an FP32 checkpoint too, which both
+    round through bf16; buffers stay as built, RoPE's `inv_freq` FP32).
+    """
+    dtype = DTYPES[config.train.dtype]
     if config.model.path is not None:
         model = AutoModelForCausalLM.from_pretrained(config.model.path, local_files_only=True, dtype=dtype)
     else:
@@ -79,9 +79,23 @@ def build_model(config: RunConfig) -> tuple[PreTrainedModel, int | None]:
     true_vocab = None
     if config.model.pad_vocab_to_multiple_of is not None:
         true_vocab = pad_vocabulary(model, config.model.pad_vocab_to_multiple_of)
+    if config.train.sharding == "fsdp":
+        _upcast_parameters(model, build_dtype(config))
     if config.train.activation_checkpointing == "blocks":
         checkpoint_blocks(model)
     return model, true_vocab
+
+
+def _upcast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Every floating parameter in `dtype` (tied ones stay one parameter); buffers are left as built."""
+    upcast: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}  # id -> (old, new): old kept alive
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or not param.is_floating_point() or param.dtype == dtype:
+                continue
+            if id(param) not in upcast:
+                upcast[id(param)] = (param, torch.nn.Parameter(param.detach().to(dtype), param.requires_grad))
+            module._parameters[name] = upcast[id(param)][1]
 
 
 def _compute_dtype(config: RunConfig) -> torch.dtype | None:
@@ -111,6 +125,7 @@ def _load_sharded(config: RunConfig, mesh: DeviceMesh, lora) -> tuple[ShardedMod
         mesh,
         dtype=build_dtype(config),
         param_dtype=_compute_dtype(config),
+        round_through=_compute_dtype(config),  # the unsharded run's weights are the file's values in train.dtype
         pad_vocab_to_multiple_of=config.model.pad_vocab_to_multiple_of,
         prepare=prepare,
     )

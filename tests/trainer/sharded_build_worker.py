@@ -90,6 +90,41 @@ def check(rank, mesh, out: Path, label: str, **sections):
     )
 
 
+def check_masters(rank, out: Path, label: str, mesh, *, from_path: bool, **sections):
+    """A sharded bf16 run's FP32 shards vs the unsharded bf16 run's masters, and their first forward's loss.
+
+    The unsharded run builds (or loads) the model in bf16 and steps FP32 masters upcast from those weights; the
+    sharded run's shards are its masters. Both must start bitwise equal, from an FP32 checkpoint too (both round
+    its values through bf16).
+    """
+    tree = tiny_tree(out / label, **sections)
+    if from_path:
+        tree["model"] = {"path": str(out / "model"), **{k: v for k, v in tree["model"].items() if k != "config"}}
+    sharded = build_trainer(config_from_dict(tree, config_dir=out), mesh=mesh)
+    tree["train"] = {**tree["train"], "sharding": "none"}
+    replica = build_trainer(config_from_dict(tree, config_dir=out))
+    (ours,), (theirs,) = sharded.checkpoints.values(), replica.checkpoints.values()
+    masters = {n: p.full_tensor() for n, p in ours.optimized_parameters().items()}
+    expected = theirs.optimized_parameters()
+    ids = torch.randint(3, 200, (2, 16), generator=torch.Generator().manual_seed(rank))
+    mask = torch.ones_like(ids)
+    losses = []
+    for trainer in (sharded, replica):
+        trainer.model.eval()
+        with torch.no_grad():
+            out_ = trainer.forward(ids, mask, mode="retain")
+            losses.append(-(out_.logprobs * mask[:, 1:]).sum())
+    emit(
+        label,
+        rank,
+        masters_bitwise=masters.keys() == expected.keys() and all(bitwise(masters[k], expected[k]) for k in masters),
+        masters_fp32=all(m.dtype == torch.float32 for m in masters.values()),
+        num_masters=len(masters),
+        replica_bf16=all(p.dtype == torch.bfloat16 for p in theirs.parameters().values()),
+        loss_bitwise=bitwise(losses[0], losses[1]),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -110,6 +145,9 @@ def main() -> None:
         train={**fsdp, "dtype": "bfloat16", "activation_checkpointing": "blocks"},
         model={"lora": LORA, "pad_vocab_to_multiple_of": 64},
     )
+    bf16 = {**fsdp, "dtype": "bfloat16"}
+    check_masters(rank, out, "bf16_masters_from_fp32_checkpoint", mesh, from_path=True, train=bf16)
+    check_masters(rank, out, "bf16_masters_from_config", mesh, from_path=False, train=bf16)
 
 
 if __name__ == "__main__":

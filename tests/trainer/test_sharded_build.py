@@ -3,7 +3,9 @@
 One launch per world size (tests/trainer/sharded_build_worker.py). The
 reference is the path the load replaces: `from_pretrained` of the whole model
 on every rank, the LoRA adapter injected at the run's seed, `shard_model`.
-Both must give the same shards, and the same first step bit for bit.
+Both must give the same shards, and the same first step bit for bit. And under
+bf16 the sharded run's FP32 shards are bitwise the unsharded bf16 run's
+masters (its bf16 weights upcast), from an FP32 checkpoint and from a config.
 """
 
 from __future__ import annotations
@@ -40,3 +42,11 @@ def test_the_first_step_is_bitwise_the_from_pretrained_paths(runs, world_size, c
     for result in each_rank(runs, world_size, check):
         assert result["loss_bitwise"] and result["grads_bitwise"], result
         assert result["stepped_bitwise"] and result["moved"], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("check", ["bf16_masters_from_fp32_checkpoint", "bf16_masters_from_config"])
+def test_a_sharded_bf16_run_starts_from_the_unsharded_bf16_runs_masters(runs, world_size, check):
+    for result in each_rank(runs, world_size, check):
+        assert result["num_masters"] > 0 and result["masters_fp32"] and result["replica_bf16"], result
+        assert result["masters_bitwise"] and result["loss_bitwise"], result

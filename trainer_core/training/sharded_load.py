@@ -99,7 +99,25 @@ def _stored(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
-def _fill(model: nn.Module, directory: Path, true_vocab: int | None, given: Mapping[str, torch.Tensor]) -> LoadReport:
+def _rounding(model: nn.Module, round_through: torch.dtype | None) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """What a value read for the tensor named `name` passes through before it is cast to the shard's dtype."""
+    kept = tuple(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+
+    def rounded(name: str, value: torch.Tensor) -> torch.Tensor:
+        if round_through is None or not value.is_floating_point() or any(k in name for k in kept):
+            return value
+        return value.to(round_through)
+
+    return rounded
+
+
+def _fill(
+    model: nn.Module,
+    directory: Path,
+    true_vocab: int | None,
+    given: Mapping[str, torch.Tensor],
+    rounded: Callable[[str, torch.Tensor], torch.Tensor] = lambda _, value: value,
+) -> LoadReport:
     """Copy this rank's rows of every parameter and persistent buffer from the files; returns the bytes read.
 
     With `true_vocab`, the per-token tensors hold padded rows the files do not have: those are set to zero.
@@ -141,7 +159,7 @@ def _fill(model: nn.Module, directory: Path, true_vocab: int | None, given: Mapp
                         )
                     if tensor.dim() == 0:
                         loaded = opened.get_tensor(name)
-                        tensor.copy_(loaded.to(tensor.dtype))
+                        tensor.copy_(rounded(name, loaded).to(tensor.dtype))
                         read += loaded.numel() * loaded.element_size()
                         continue
                     first, stop, local = _rows(tensor)
@@ -149,7 +167,7 @@ def _fill(model: nn.Module, directory: Path, true_vocab: int | None, given: Mapp
                     if kept > first:
                         loaded = part[first:kept]
                         read += loaded.numel() * loaded.element_size()
-                        local[: kept - first].copy_(loaded.to(local.dtype))
+                        local[: kept - first].copy_(rounded(name, loaded).to(local.dtype))
                     local[max(kept - first, 0) :].zero_()  # padded vocabulary rows (to_empty left them unset)
     return LoadReport(read, total, true_vocab)
 
@@ -205,6 +223,7 @@ def load_sharded(
     attn_implementation: str | None = None,
     pad_vocab_to_multiple_of: int | None = None,
     prepare: Callable[[nn.Module], Mapping[str, torch.Tensor]] | None = None,
+    round_through: torch.dtype | None = None,
 ) -> tuple[ShardedModel, LoadReport]:
     """The checkpoint at `directory` (a `from_pretrained` directory) as a sharded model (module docstring).
 
@@ -213,7 +232,10 @@ def load_sharded(
     `vocab.pad_vocabulary` does after `from_pretrained` (zero rows; `LoadReport.true_vocab` says the true size).
     The model is in eval mode, as `from_pretrained` leaves it. `prepare(model)`: what the caller does to the
     meta model before it is sharded (activation checkpointing, LoRA injection), returning the whole values of
-    the parameters it added (they are in no file), by state-dict name.
+    the parameters it added (they are in no file), by state-dict name. `round_through`: every floating value read
+    from the files is cast to this dtype before `dtype` (bf16: the masters are what a replica that loaded the
+    checkpoint in bf16 holds, its weights upcast), except in the model's `_keep_in_fp32_modules_strict`, which
+    `from_pretrained` keeps in FP32.
     """
     config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     kwargs: dict[str, Any] = {"dtype": dtype}
@@ -229,7 +251,7 @@ def load_sharded(
     given = {} if prepare is None else dict(prepare(model))
     units = shard_units(model, mesh, MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype))
     model.to_empty(device=mesh.device_type)  # this rank's shards only; FSDP zeroes the padding of each
-    report = _fill(model, directory, true_vocab, given)
+    report = _fill(model, directory, true_vocab, given, _rounding(model, round_through))
     _rebuild_buffers(model)
     left = _left_on_meta(model)
     if left:
