@@ -28,7 +28,13 @@ What the trainer trains follows the config:
   exists, and the masters are bitwise a replica's (its bf16 weights upcast).
   A `model.path` run is loaded straight into shards on the meta device, each
   rank reading its own rows (`training/sharded_load.py`), rounded through
-  bf16 the same way.
+  bf16 the same way, activation checkpointing and the adapter applied on
+  meta: bitwise what from_pretrained then `shard_model` give. With
+  `[model.lora]` the adapter is injected before sharding (build → inject →
+  shard → register): its parameters are shards of their layers' units,
+  drawn from the same seeded RNG as the unsharded run's (and rounded through
+  bf16 under `train.dtype = "bfloat16"`, as that run builds it), over the
+  frozen sharded base.
 """
 
 from __future__ import annotations
