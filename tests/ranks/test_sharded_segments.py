@@ -15,6 +15,7 @@ Clipped: both deterministic reductions take the step's norm from
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from infra.launch.failures import FailureClass, diagnose_launch
 from infra.launch.launcher import launch
 from tests.ranks.test_segments_across_world_sizes import copy_plan, launch_segment, planned
 from tests.trainer.models import tiny_qwen3
@@ -151,3 +153,24 @@ def test_a_sharded_deterministic_run_is_bitwise_the_unsharded_one_at_any_w_and_r
     assert_bitwise(sharded_state(changing, reference_dir), expected)
 
     assert_bitwise(exported(steady, tmp_path / "export-fsdp", 2), exported(reference_dir, tmp_path / "export-none", 1))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("reduction", ["deterministic", "fast"])
+def test_a_code_error_on_one_rank_of_a_sharded_step_is_diagnosed_as_its_own_not_retried(tmp_path, reduction):
+    """Its peers are inside FSDP's collectives: a status exchange there would be matched against an all-gather
+    (gloo aborts the process, no rank says why, and the launch reads as a dead rank a retry could help). The failing
+    rank leaves with its error instead, and the launch names it from its record."""
+    run_dir = planned(tmp_path / "run", {"train": {"sharding": "fsdp", "reduction": reduction}})
+    env = {"RANKFLOW_FAULT_ONCE": f"1:1:{tmp_path / 'marker'}", "RANKFLOW_FAULT_KIND": "code"}
+    result = launch(
+        "trainer_core.run.segment_main",
+        ["--run-dir", str(run_dir), "--segment", "0"],
+        nproc_per_node=2,
+        timeout_s=300,
+        on_line=lambda _: None,
+        env={**os.environ, **env},
+    )
+    failure = diagnose_launch(result, "segment")
+    assert failure.cause is FailureClass.CODE_ERROR and not failure.retriable, failure.headline()
+    assert failure.rank == 1 and "TypeError: injected fault at step 1 on rank 1" in failure.detail, failure.headline()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -59,6 +60,33 @@ def save(directory: Path, rank: int, world_size: int, mesh) -> None:
         torch.save({"state": expected, "identity": checkpoint.identity}, directory / "expected.pt")
     files = sorted(p.name for p in (directory / "base" / "dcp").iterdir())
     emit("saved", rank, sharded=is_sharded(checkpoint), files=files)
+    rank_zero_failure(directory / "failing", checkpoint, rank)
+
+
+def rank_zero_failure(state_dir: Path, checkpoint: Checkpoint, rank: int) -> None:
+    """Rank 0 fails putting the state in place (its part alone): every rank must hear it at once, naming it."""
+    from unittest import mock
+
+    import trainer_core.run.state as state
+
+    def fail(*_):
+        raise OSError("injected: the disk refused meta.json")
+
+    started = time.perf_counter()
+    with mock.patch.object(state, "_put_in_place", fail if rank == 0 else state._put_in_place):
+        try:
+            state.save_sharded_training_state(state_dir, {"base": checkpoint}, {"next_step": 1}, rank)
+            raised = None
+        except BaseException as error:  # noqa: BLE001 - the test reads what each rank raised
+            raised = error
+    emit(
+        "rank_zero_failure",
+        rank,
+        raised=type(raised).__name__ if raised is not None else None,
+        message=str(raised),
+        seconds=time.perf_counter() - started,
+        in_place=(state_dir / "meta.json").exists(),
+    )
 
 
 def load(directory: Path, rank: int, world_size: int, mesh) -> None:

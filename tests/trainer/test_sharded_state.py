@@ -51,3 +51,12 @@ def test_a_truncated_shard_file_is_named_as_damaged_not_raised_as_a_base_excepti
     (result,) = each_rank(runs, 1, "damaged")
     assert result["raised"], result
     assert "cannot be read" in result["message"] and "resume from the stored run-state bundle" in result["message"]
+
+
+def test_a_rank_zero_failure_in_the_sharded_save_fails_every_rank_at_once_naming_it(runs):
+    """Not a peer waiting in the next barrier until the collective timeout, with the cause hidden."""
+    for result in each_rank(runs, 2, "rank_zero_failure"):
+        expected = "OSError" if result["rank"] == 0 else "RankFailure"
+        assert result["raised"] == expected, result
+        assert "injected: the disk refused meta.json" in result["message"], result
+        assert result["seconds"] < 30 and not result["in_place"], result

@@ -66,6 +66,22 @@ def test_a_sharded_state_restores_bitwise_into_a_trainer_built_otherwise(tmp_pat
         assert torch.equal(_full(restored)[name], tensor), name
 
 
+def test_a_state_directory_that_is_a_symlink_is_replaced_never_written_through(tmp_path, mesh):
+    _, trainer = _trainer(tmp_path, mesh, seed=1)
+    elsewhere, other_tmp = tmp_path / "elsewhere", tmp_path / "elsewhere-tmp"
+    for target in (elsewhere, other_tmp):
+        target.mkdir()
+        (target / "keep.txt").write_text("not the run's")
+    state_dir = tmp_path / "state" / "segment-0000"
+    state_dir.parent.mkdir(parents=True)
+    state_dir.symlink_to(elsewhere, target_is_directory=True)
+    state_dir.with_name("segment-0000.tmp").symlink_to(other_tmp, target_is_directory=True)
+    save_sharded_training_state(state_dir, trainer.checkpoints, {"next_step": 3}, rank=0)
+    assert not state_dir.is_symlink() and has_state(state_dir)
+    for target in (elsewhere, other_tmp):
+        assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]  # the links' targets untouched
+
+
 def test_the_export_from_shards_loads_in_transformers_with_the_trainer_s_weights(tmp_path, mesh):
     config, trainer = _trainer(tmp_path, mesh, seed=1)
     out = tmp_path / "export"

@@ -123,18 +123,29 @@ def reportable(error: BaseException, *, collectives: bool = False) -> bool:
 
 
 @contextlib.contextmanager
-def coordinated(command: str, *, where: str | None = None, collectives: bool = False) -> Iterator[None]:
+def coordinated(
+    command: str, *, where: str | None = None, collectives: bool = False, lockstep: bool = False
+) -> Iterator[None]:
     """Run the body as one command: whatever it raises, this rank joins the status exchange first.
 
     The failing rank's own exception — a KeyboardInterrupt included — is
     raised again once every rank knows of it (with a note naming the command).
     `collectives`: the body runs collectives of its own (see `reportable`).
+    `lockstep`: the body is a chain of collectives every rank runs with no
+    exchange before them (a sharded model's forward and backward: FSDP's
+    all-gathers and reduce-scatters). A rank that fails anywhere in it may
+    leave its peers inside a collective it never joins, where an exchange
+    would be matched against the wrong collective (gloo aborts the process on
+    the size mismatch, and no rank says why). So a failure is not exchanged:
+    the rank leaves with its error (recorded by `run_rank_main`), its peers
+    fail on the lost connection, and the launch names this rank and its cause
+    from its error record (`infra.launch.failures.diagnose_launch`).
     """
     error: BaseException | None = None
     try:
         yield
     except BaseException as failure:  # noqa: BLE001 - reported to every rank, then raised
-        if is_coordinated(failure) or not reportable(failure, collectives=collectives):
+        if is_coordinated(failure) or lockstep or not reportable(failure, collectives=collectives):
             raise  # every rank raised it together (nobody waits in an exchange), or it cannot be exchanged here
         error = failure
     exchange(command, error, where=where)

@@ -91,8 +91,13 @@ class LogicalShard:
     @contextlib.contextmanager
     def _run(self) -> Iterator[None]:
         facade = self._facade
-        # Outermost: the status exchange, which runs whatever the inner parts raise.
-        with coordinated(f"the logical ranks' work of step {self._step}", where=f"logical rank {self.logical_rank}"):
+        # Outermost: the status exchange, which runs whatever the inner parts raise; on a sharded model the work is
+        # FSDP's collectives in lockstep, and a failing rank leaves instead (`coordinated`'s `lockstep`).
+        with coordinated(
+            f"the logical ranks' work of step {self._step}",
+            where=f"logical rank {self.logical_rank}",
+            lockstep=getattr(facade.trainer, "sharding", None) is not None,
+        ):
             seed = step_seed(facade.seed, self._step, self.logical_rank)
             with facade.gradients.scope(self.logical_rank), logical_rank_rng(seed, model_device(facade.trainer.model)):
                 maybe_inject_command_fault("logical_rank", facade.topology.rank)

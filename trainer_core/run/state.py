@@ -11,8 +11,11 @@ Under `train.sharding = "fsdp"` no rank holds the weights whole: every rank
 takes part (`save_sharded_training_state`). Rank 0 makes the temporary
 directory, every rank writes its shards of each checkpoint into it
 (`sharded_checkpoint_io`, torch.distributed.checkpoint), and rank 0 writes
-`meta.json` and renames it into place, with a barrier between the steps; the
-ranks share the run directory (one node). The files are still plain files
+`meta.json` and renames it into place, with a status exchange after each
+rank-0 part (a failure there fails every rank at once, naming it, instead of
+leaving the peers in the next collective until it times out); the ranks
+share the run directory (one node). A state directory (or its temporary one)
+that is a symlink is replaced, never written through. The files are still plain files
 under the state directory, so they travel as run-state bundles as before.
 Restoring reshards: a state saved at one world size resumes at another.
 
@@ -51,38 +54,59 @@ def has_state(state_dir: Path) -> bool:
 
 def save_training_state(state_dir: Path, checkpoints: Mapping[str, Checkpoint], meta: dict) -> int:
     """Write the state atomically; returns its size in bytes."""
-    tmp = state_dir.with_name(state_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = _fresh(state_dir.with_name(state_dir.name + ".tmp"))
     for name, checkpoint in checkpoints.items():
         save_checkpoint(checkpoint, tmp / name)
-    (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
-    if state_dir.exists():
-        shutil.rmtree(state_dir)
-    os.replace(tmp, state_dir)
+    _put_in_place(tmp, state_dir, meta)
     return sum(p.stat().st_size for p in state_dir.rglob("*") if p.is_file())
 
 
-def _barrier() -> None:
+def _remove(path: Path) -> None:
+    """Remove whatever is at `path`: a link itself (never what it points to: nothing is written through one)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _fresh(tmp: Path) -> Path:
+    _remove(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _put_in_place(tmp: Path, state_dir: Path, meta: dict) -> None:
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    _remove(state_dir)
+    os.replace(tmp, state_dir)
+
+
+def _rank_zero_part(rank: int, what: str, work) -> None:
+    """Rank 0 does `work`, then every rank hears whether it failed (rank 0 re-raises its own error, the others
+    RankFailure naming it): a rank-0-only failure never leaves its peers waiting in the next collective."""
+    from trainer_core.ranks.coordination import exchange
+
+    error: BaseException | None = None
+    if rank == 0:
+        try:
+            work()
+        except Exception as failure:  # noqa: BLE001 - exchanged, then raised on every rank
+            error = failure
     if dist.is_initialized():
-        dist.barrier()
+        exchange(what, error)
+    elif error is not None:
+        raise error
 
 
 def save_sharded_training_state(state_dir: Path, checkpoints: Mapping[str, Checkpoint], meta: dict, rank: int) -> int:
     """Every rank writes its shards; the state appears whole or not at all (collective). Returns its bytes."""
     tmp = state_dir.with_name(state_dir.name + ".tmp")
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _barrier()  # no rank writes into a directory rank 0 is still clearing
+    # No rank writes into a directory rank 0 is still clearing (the exchange is the barrier).
+    _rank_zero_part(rank, "making the state's temporary directory", lambda: _fresh(tmp))
     for name, checkpoint in checkpoints.items():
         save_sharded_checkpoint(checkpoint, tmp / name)  # ends in a barrier: every rank's shards are written
-    if rank == 0:
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
-        if state_dir.exists():
-            shutil.rmtree(state_dir)
-        os.replace(tmp, state_dir)
-    _barrier()  # no rank reports the state saved before it is in place
+    # No rank reports the state saved before it is in place.
+    _rank_zero_part(rank, "putting the state in place", lambda: _put_in_place(tmp, state_dir, meta))
     return sum(p.stat().st_size for p in state_dir.rglob("*") if p.is_file())
 
 
