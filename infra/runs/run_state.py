@@ -210,6 +210,23 @@ def publish_bundle(
     }
 
 
+def _unlink_links_between(run_dir: Path, target: Path) -> None:
+    """Remove every symlink among `target`'s directories below `run_dir` (the link, never what it points to).
+
+    The run directory's layout is the run's own: a directory there that is a link (to another run's state, a
+    shared cache) would have the verified download written through it, outside the run. Without the link the
+    file is fetched into a directory of the run's own (`fetch_verified` makes it).
+    """
+    below = target.parent
+    chain = []
+    while below != run_dir and run_dir in below.parents:
+        chain.append(below)
+        below = below.parent
+    for directory in reversed(chain):  # outermost first: a link there hides everything under it
+        if directory.is_symlink():
+            directory.unlink()
+
+
 def fetch_bundle(
     store: ObjectStore, run_id: str, run_dir: Path, bundle: str, *, only: Callable[[str], bool] | None = None
 ) -> dict:
@@ -231,6 +248,7 @@ def fetch_bundle(
             if only is not None and not only(entry.path):
                 continue
             target = run_dir / entry.path
+            _unlink_links_between(run_dir, target)
             if local_copy_matches(target, entry):
                 kept += 1
                 continue

@@ -77,6 +77,20 @@ def test_a_corrupt_local_copy_is_replaced_by_the_stored_bytes(store, tmp_path):
     assert read_tree(source) == FILES
 
 
+def test_a_symlinked_directory_in_the_run_dir_is_replaced_never_written_through(store, tmp_path):
+    source = write_run_dir(tmp_path / "worker")
+    publish_bundle(store, RUN, source, "segment-0000", FILES)
+    fresh = tmp_path / "fresh"
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "base").mkdir(parents=True)
+    (elsewhere / "base" / "params.safetensors").write_bytes(b"another run's bytes")
+    (fresh / "state").mkdir(parents=True)
+    (fresh / "state" / "segment-0000").symlink_to(elsewhere, target_is_directory=True)
+    fetch_bundle(store, RUN, fresh, "segment-0000")
+    assert not (fresh / "state" / "segment-0000").is_symlink() and read_tree(fresh) == FILES
+    assert (elsewhere / "base" / "params.safetensors").read_bytes() == b"another run's bytes"  # untouched
+
+
 def test_a_corrupt_stored_object_is_named_and_never_used(store, tmp_path):
     publish_bundle(store, RUN, write_run_dir(tmp_path / "worker"), "segment-0000", FILES)
     damaged = store.path(RUN, "state/segment-0000/base/params.safetensors")
