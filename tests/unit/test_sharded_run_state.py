@@ -25,6 +25,7 @@ from trainer_core.run.distributed import training_mesh
 from trainer_core.run.export_prepare import ExportPreparationError
 from trainer_core.run.sharded_export_prepare import prepare_sharded_export
 from trainer_core.run.state import has_state, load_training_state, save_sharded_training_state
+from trainer_core.training.sharded_checkpoint_io import restore_sharded_checkpoint
 
 TOPOLOGY = Topology(rank=0, world_size=1, logical_dp=2)
 
@@ -64,6 +65,21 @@ def test_a_sharded_state_restores_bitwise_into_a_trainer_built_otherwise(tmp_pat
     assert load_training_state(state_dir, restored.checkpoints) == {"next_step": 3}
     for name, tensor in _full(saved).items():
         assert torch.equal(_full(restored)[name], tensor), name
+
+
+def test_a_sharded_state_into_an_unsharded_bf16_checkpoint_takes_the_weights_and_refuses_the_moments(tmp_path, mesh):
+    _, saved = _trainer(tmp_path, mesh, seed=1)
+    state_dir = tmp_path / "state" / "segment-0000"
+    save_sharded_training_state(state_dir, saved.checkpoints, {"next_step": 3}, rank=0)
+    tree = tiny_tree(tmp_path / "bf16", run={"seed": 2}, train={"dtype": "bfloat16", "nproc_per_node": 1})
+    (replica,) = build_trainer(config_from_dict(tree, config_dir=tmp_path)).checkpoints.values()
+    assert replica.master_weights()
+    with pytest.raises(ValueError, match="FP32 master weights .* with_optimizer=False"):
+        restore_sharded_checkpoint(replica, state_dir / "base")
+    restore_sharded_checkpoint(replica, state_dir / "base", with_optimizer=False)
+    weights = _full(saved)
+    for name, param in replica.parameters().items():
+        assert torch.equal(param, weights[name].to(torch.bfloat16)), name
 
 
 def test_a_state_directory_that_is_a_symlink_is_replaced_never_written_through(tmp_path, mesh):

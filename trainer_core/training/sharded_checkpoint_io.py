@@ -11,9 +11,10 @@ like any other.
 
 Restoring reshards: DCP reads each target tensor's rows from whichever files
 hold them, so a state saved by W processes restores at any other W, and into
-an unsharded model too. The optimizer state is keyed by parameter name
-(`get_optimizer_state_dict`), never by position, so it lands on the right
-tensor whatever the layout.
+an unsharded model too (with its AdamW state when that model has no FP32
+masters, i.e. is not bf16; a bf16 one takes the weights only). The optimizer
+state is keyed by parameter name (`get_optimizer_state_dict`), never by
+position, so it lands on the right tensor whatever the layout.
 
 Both functions are collective: every rank of the checkpoint's mesh calls them
 with the same directory, which all ranks see (one local or shared directory).
@@ -84,6 +85,14 @@ def restore_sharded_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_
         raise ValueError(
             f"{directory} holds a '{meta['kind']}' checkpoint, not '{checkpoint.kind}'; "
             "restore it into a checkpoint of that kind"
+        )
+    if with_optimizer and not is_sharded(checkpoint) and checkpoint.master_weights():
+        # AdamW steps the FP32 masters, which are no module's parameters: DCP's optimizer state dict cannot name
+        # them (it would fail on a bare KeyError).
+        raise ValueError(
+            f"cannot restore the AdamW state of the sharded state in {directory} into '{checkpoint.name}', an "
+            "unsharded checkpoint with FP32 master weights (a bf16 model): restore it with with_optimizer=False "
+            '(the weights only), or into a sharded checkpoint (train.sharding = "fsdp")'
         )
     # Templates, not the live tensors: DCP writes in place, and the live weights change only through the
     # checkpoint's own load (one copy, after everything was read).
