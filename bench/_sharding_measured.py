@@ -13,14 +13,11 @@ import argparse
 import dataclasses
 import json
 import statistics
-import tempfile
-from pathlib import Path
 
 from bench._models import ModelSpec
 from bench._segments import machine
-from infra.launch.launcher import launch
+from bench._worker_launch import worker_figures
 
-ROOT = Path(__file__).resolve().parent.parent
 TARGET_RATIO = 0.55
 """fsdp's parameter + master + moment + gradient bytes per rank over a replica's, at W = 2 (issue 16)."""
 QUICK_SPEC = ModelSpec(hidden_size=128, num_layers=2, intermediate_size=384, vocab_size=1024)
@@ -66,40 +63,25 @@ def _side(name: str, figures: dict, num_tokens: int, predicted: int) -> dict:
 def measure(args: argparse.Namespace) -> dict:
     spec = QUICK_SPEC if args.quick else ModelSpec()
     world_size = args.world_size or 2
-    with tempfile.TemporaryDirectory(prefix="bench-sharding-") as tmp:
-        out = Path(tmp) / "figures.json"
-        lines: list[str] = []
-        worker_args = [
-            "--out",
-            str(out),
-            "--spec",
-            json.dumps(dataclasses.asdict(spec)),
-            "--steps",
-            str(args.steps),
-            "--warmup",
-            str(args.warmup),
-            "--batch-size",
-            str(args.batch_size),
-            "--seq-len",
-            str(args.seq_len),
-            "--logical-dp",
-            str(args.logical_dp),
-            "--dtype",
-            args.dtype,
-            "--device",
-            args.device,
-        ]
-        result = launch(
-            "bench._sharding_worker",
-            worker_args,
-            nproc_per_node=world_size,
-            timeout_s=1800,
-            env={"PYTHONPATH": str(ROOT)},
-            on_line=lines.append,
-        )
-        if result.returncode != 0:
-            raise RuntimeError("the benchmark launch failed:\n" + "\n".join(lines[-30:]))
-        figures = json.loads(out.read_text())
+    worker_args = [
+        "--spec",
+        json.dumps(dataclasses.asdict(spec)),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--batch-size",
+        str(args.batch_size),
+        "--seq-len",
+        str(args.seq_len),
+        "--logical-dp",
+        str(args.logical_dp),
+        "--dtype",
+        args.dtype,
+        "--device",
+        args.device,
+    ]
+    figures = worker_figures("bench._sharding_worker", worker_args, world_size=world_size)
     num_tokens = args.batch_size * args.seq_len
     none, fsdp = (
         _side(name, figures[name], num_tokens, _predicted_state(spec, name, args, world_size))

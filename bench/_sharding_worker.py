@@ -197,6 +197,9 @@ def main() -> None:
         figures["world_size"] = world_size
         figures["num_params"] = sum(p.numel() for p in sides[0].trainer.model.parameters())
         args.out.write_text(json.dumps(figures))
+    # Every rank leaves together: none tears its process group down while a peer may still be in a collective
+    # (a gloo teardown racing a peer's last one aborted a rank once, SIGABRT, with the figures already gathered).
+    dist.barrier()
 
 
 def dist_gather(value: dict, world_size: int) -> list[dict]:

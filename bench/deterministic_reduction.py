@@ -17,14 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
-from pathlib import Path
 
 from bench._models import emit
 from bench._segments import machine
-from infra.launch.launcher import launch
-
-ROOT = Path(__file__).resolve().parent.parent
+from bench._worker_launch import worker_figures
 
 
 def _case(figures: dict) -> dict:
@@ -50,20 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     spec = {"hidden_size": 128, "num_layers": 2, "intermediate_size": 384, "vocab_size": 1024} if args.quick else {}
     reps = 2 if args.quick else args.reps
-    with tempfile.TemporaryDirectory(prefix="bench-reduction-") as tmp:
-        out = Path(tmp) / "figures.json"
-        lines: list[str] = []
-        result = launch(
-            "bench._reduction_worker",
-            ["--out", str(out), "--reps", str(reps), "--spec", json.dumps(spec)],
-            nproc_per_node=2,
-            timeout_s=1800,
-            env={"PYTHONPATH": str(ROOT)},
-            on_line=lines.append,
-        )
-        if result.returncode != 0:
-            raise RuntimeError("the benchmark launch failed:\n" + "\n".join(lines[-30:]))
-        figures = json.loads(out.read_text())
+    figures = worker_figures("bench._reduction_worker", ["--reps", str(reps), "--spec", json.dumps(spec)], world_size=2)
     cases = {f"L={logical_dp}": _case(case) for logical_dp, case in figures["cases"].items()}
     headline = cases["L=4"]
     report = {

@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
-from pathlib import Path
 
 from bench._models import emit
 from bench._segments import machine
-from infra.launch.launcher import launch
+from bench._worker_launch import worker_figures
 
-ROOT = Path(__file__).resolve().parent.parent
 TARGET_RATIO = 0.95
 SPEC = {"hidden_size": 256, "num_layers": 4, "intermediate_size": 768, "vocab_size": 4096}
 """≈ 5.3M parameters: a step of 8×256 tokens takes about a second on one core per process."""
@@ -42,31 +39,21 @@ def main(argv: list[str] | None = None) -> dict:
         else ({"hidden_size": 128, "num_layers": 2, "intermediate_size": 384, "vocab_size": 1024}, 64)
     )
     reps = 2 if args.quick else args.reps
-    with tempfile.TemporaryDirectory(prefix="bench-rank-zero-") as tmp:
-        out = Path(tmp) / "figures.json"
-        lines: list[str] = []
-        result = launch(
-            "bench._rank_zero_worker",
-            [
-                "--out",
-                str(out),
-                "--reps",
-                str(reps),
-                "--warmup",
-                str(args.warmup),
-                "--seq-len",
-                str(seq_len),
-                "--spec",
-                json.dumps(spec),
-            ],
-            nproc_per_node=args.world_size,
-            timeout_s=1800,
-            env={"PYTHONPATH": str(ROOT)},
-            on_line=lambda line: (lines.append(line), print(line, flush=True)),
-        )
-        if result.returncode != 0:
-            raise RuntimeError("the benchmark launch failed:\n" + "\n".join(lines[-30:]))
-        figures = json.loads(out.read_text())
+    figures = worker_figures(
+        "bench._rank_zero_worker",
+        [
+            "--reps",
+            str(reps),
+            "--warmup",
+            str(args.warmup),
+            "--seq-len",
+            str(seq_len),
+            "--spec",
+            json.dumps(spec),
+        ],
+        world_size=args.world_size,
+        echo=True,
+    )
     num_tokens = figures["num_tokens"]
 
     def side(name: str) -> dict:
