@@ -25,6 +25,11 @@ RESULT = "RESULT "
 VOCAB = 97
 
 
+def launches_with_out(module: str, world_sizes: list[int], tmp_path_factory) -> dict[int, dict]:
+    """`launch_results` of `module` at each world size, each launch given `--out` a fresh directory of its own."""
+    return {w: launch_results(module, w, ["--out", str(tmp_path_factory.mktemp(f"w{w}"))]) for w in world_sizes}
+
+
 def launch_results(module: str, world_size: int, args: list[str] | None = None) -> dict[tuple[str, int], dict]:
     """Run `module` on `world_size` gloo ranks; {(check, rank): result}. Fails the test unless every rank exits 0."""
     lines: list[str] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.sharded_ranks import each_rank, launch_results
+from tests.trainer.sharded_ranks import each_rank, launches_with_out
 
 pytestmark = pytest.mark.distributed
 
@@ -21,7 +21,7 @@ WORKER = "tests.trainer.sharded_lora_worker"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[int, dict]:
-    return {w: launch_results(WORKER, w, ["--out", str(tmp_path_factory.mktemp(f"w{w}"))]) for w in WORLD_SIZES}
+    return launches_with_out(WORKER, WORLD_SIZES, tmp_path_factory)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
