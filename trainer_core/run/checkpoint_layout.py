@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainer_core.config import RunConfig
@@ -34,47 +36,82 @@ BASE_DIR = "base"
 ADAPTER_CONFIG = "adapter_config.json"
 
 
-def write_checkpoint_files(config: RunConfig, trainer: Trainer, directory: Path, tokenizer) -> None:
-    """Write every file of the checkpoint but its manifest into `directory` (which exists)."""
-    adapters = [c.name for c in trainer.checkpoints.values() if c.kind == "lora"]
-    model_dirs = []
-    if not adapters:
-        save_hf_model(
-            trainer.model, directory, vocab_size=trainer.vocab_size, max_shard_size=config.export.max_shard_size
-        )
-        model_dirs.append(directory)
-    elif len(adapters) == 1:
-        export_checkpoint_module(trainer, adapters[0], directory)
-        model_dirs.append(directory)
-    else:
-        for name in adapters:
-            export_checkpoint_module(trainer, name, directory / name)
-    if adapters and config.model.path is None:
-        # Built from model.config and run.seed, the base exists nowhere else: ship it, and name it in each adapter.
+@dataclass(frozen=True)
+class LayoutWriter:
+    """How the layout's pieces get written: by the one process that holds the model whole (the default), or
+    collectively from shards (`sharded_checkpoint_layout`). The layout itself is decided once, below."""
+
+    model: Callable[[Path, str | None], None]
+    """Write the full model into a directory that exists: (directory, the adapter merged into it or None)."""
+    adapter: Callable[[str, Path], None]
+    """Write adapter NAME in PEFT layout into a directory that exists."""
+    writes_files: bool = True
+    """This process writes the files only one process writes (directories, the base's name in each adapter's
+    config, heads, tokenizer): True but on the other ranks of a collective export."""
+
+
+def replicated_writer(config: RunConfig, trainer: Trainer) -> LayoutWriter:
+    """The writer of a trainer that holds every weight (unsharded)."""
+
+    def model(directory: Path, merge_adapter: str | None) -> None:
         save_hf_model(
             trainer.model,
-            directory / BASE_DIR,
+            directory,
             vocab_size=trainer.vocab_size,
+            merge_adapter=merge_adapter,
             max_shard_size=config.export.max_shard_size,
         )
-        model_dirs.append(directory / BASE_DIR)
-        for adapter_dir in [directory] if len(adapters) == 1 else [directory / name for name in adapters]:
-            _name_base(adapter_dir, os.path.relpath(directory / BASE_DIR, adapter_dir))
+
+    def adapter(name: str, directory: Path) -> None:
+        export_checkpoint_module(trainer, name, directory)
+
+    return LayoutWriter(model=model, adapter=adapter)
+
+
+def write_checkpoint_files(
+    config: RunConfig, trainer: Trainer, directory: Path, tokenizer, writer: LayoutWriter | None = None
+) -> None:
+    """Write every file of the checkpoint but its manifest into `directory` (which exists, empty).
+
+    `writer`: how the pieces are written (default: `replicated_writer`). `tokenizer`: used where
+    `writer.writes_files`.
+    """
+    writer = writer or replicated_writer(config, trainer)
+
+    def subdirectory(name: str) -> Path:
+        path = directory / name
+        if writer.writes_files:  # a collective export's other ranks only read it, after its first agreement
+            path.mkdir(parents=True)
+        return path
+
+    adapters = [c.name for c in trainer.checkpoints.values() if c.kind == "lora"]
+    model_dirs: list[Path] = []
+    if not adapters:
+        writer.model(directory, None)
+        model_dirs.append(directory)
+    adapter_dirs = [directory] if len(adapters) == 1 else [subdirectory(name) for name in adapters]
+    for name, adapter_dir in zip(adapters, adapter_dirs, strict=True):
+        writer.adapter(name, adapter_dir)
+    if len(adapters) == 1:
+        model_dirs.append(directory)
+    if adapters and config.model.path is None:
+        # Built from model.config and run.seed, the base exists nowhere else: ship it, and name it in each adapter.
+        base = subdirectory(BASE_DIR)
+        writer.model(base, None)
+        model_dirs.append(base)
+        if writer.writes_files:
+            for adapter_dir in adapter_dirs:
+                _name_base(adapter_dir, os.path.relpath(base, adapter_dir))
     if config.export.merge_lora:
         if len(adapters) != 1:
             raise ValueError(f"export.merge_lora merges one adapter; this trainer has {len(adapters)} ({adapters})")
-        merged = directory / MERGED_DIR
-        merged.mkdir()
-        save_hf_model(
-            trainer.model,
-            merged,
-            vocab_size=trainer.vocab_size,
-            merge_adapter=adapters[0],
-            max_shard_size=config.export.max_shard_size,
-        )
+        merged = subdirectory(MERGED_DIR)
+        writer.model(merged, adapters[0])
         model_dirs.append(merged)
+    if not writer.writes_files:
+        return
     for name, checkpoint in trainer.checkpoints.items():
-        if checkpoint.kind == "module":
+        if checkpoint.kind == "module":  # heads are never sharded: whoever writes holds them whole
             export_checkpoint_module(trainer, name, directory / HEADS_DIR / name)
     for model_dir in model_dirs:
         tokenizer.save_pretrained(str(model_dir))
