@@ -31,8 +31,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch.distributed as dist
-
+from trainer_core.ranks.coordination import exchange
 from trainer_core.run.layout import RunDir
 from trainer_core.training import Checkpoint, restore_checkpoint, save_checkpoint
 from trainer_core.training.sharded_checkpoint_io import (
@@ -84,18 +83,13 @@ def _put_in_place(tmp: Path, state_dir: Path, meta: dict) -> None:
 def _rank_zero_part(rank: int, what: str, work) -> None:
     """Rank 0 does `work`, then every rank hears whether it failed (rank 0 re-raises its own error, the others
     RankFailure naming it): a rank-0-only failure never leaves its peers waiting in the next collective."""
-    from trainer_core.ranks.coordination import exchange
-
     error: BaseException | None = None
     if rank == 0:
         try:
             work()
         except Exception as failure:  # noqa: BLE001 - exchanged, then raised on every rank
             error = failure
-    if dist.is_initialized():
-        exchange(what, error)
-    elif error is not None:
-        raise error
+    exchange(what, error)  # alone (no process group), it raises the error itself
 
 
 def save_sharded_training_state(state_dir: Path, checkpoints: Mapping[str, Checkpoint], meta: dict, rank: int) -> int:

@@ -10,10 +10,10 @@ dim-0 shards inside their decoder layer's unit), and the sharded trainer's
 `inject_lora` draws the initial weights exactly as the unsharded
 `add_lora_checkpoint` does (peft's own initialisation, from the global RNG,
 in the same order adapter by adapter), so at the same RNG state the adapters
-are bitwise the unsharded ones. A sharded bf16 model is built in FP32 (its
-shards are the masters) while the unsharded bf16 run builds the adapter in
-bf16, where peft casts the FP32 initialisation to bf16 and the trainer's FP32
-master is that bf16 value: `round_to=torch.bfloat16` rounds the new adapter
+are bitwise the unsharded ones. A sharded bf16 model's parameters are FP32
+when the adapter is injected (its shards are the masters) while the unsharded
+bf16 run builds the adapter in bf16, where peft casts the FP32 initialisation
+to bf16 and the trainer's FP32 master is that bf16 value: `round_to=torch.bfloat16` rounds the new adapter
 through bf16 so the masters start from the same bits.
 """
 
