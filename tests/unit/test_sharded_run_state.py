@@ -25,6 +25,7 @@ from trainer_core.run.distributed import training_mesh
 from trainer_core.run.export_prepare import ExportPreparationError
 from trainer_core.run.sharded_export_prepare import prepare_sharded_export
 from trainer_core.run.state import has_state, load_training_state, save_sharded_training_state
+from trainer_core.training.lora_injection import inject_lora
 from trainer_core.training.sharded_checkpoint_io import restore_sharded_checkpoint
 
 TOPOLOGY = Topology(rank=0, world_size=1, logical_dp=2)
@@ -80,6 +81,17 @@ def test_a_sharded_state_into_an_unsharded_bf16_checkpoint_takes_the_weights_and
     weights = _full(saved)
     for name, param in replica.parameters().items():
         assert torch.equal(param, weights[name].to(torch.bfloat16)), name
+
+
+def test_an_adapter_injected_after_sharding_is_refused_and_the_model_left_as_it_was(tmp_path, mesh):
+    from peft import LoraConfig
+
+    _, trainer = _trainer(tmp_path, mesh, seed=1)
+    before = [name for name, _ in trainer.model.named_parameters()]
+    with pytest.raises(ValueError, match="already sharded: inject every adapter before shard_model"):
+        inject_lora(trainer.model, "late", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+    assert [name for name, _ in trainer.model.named_parameters()] == before
+    assert not hasattr(trainer.model, "peft_config")
 
 
 def test_a_state_directory_that_is_a_symlink_is_replaced_never_written_through(tmp_path, mesh):

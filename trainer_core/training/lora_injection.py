@@ -64,6 +64,14 @@ def inject_lora(model: nn.Module, name: str, lora_config, *, round_to: torch.dty
     """
     if name in getattr(model, "peft_config", {}):
         raise ValueError(f"the model already holds a LoRA adapter named '{name}'; choose another name")
+    from torch.distributed.fsdp import FSDPModule
+
+    if any(isinstance(module, FSDPModule) for module in model.modules()):
+        # Checked before peft touches it: an adapter injected now would sit unsharded inside FSDP's units.
+        raise ValueError(
+            f"cannot inject LoRA adapter '{name}' into a model that is already sharded: inject every adapter "
+            "before shard_model"
+        )
     injected = {id(p) for n, p in _every_adapter(model)}
     new = inject(model, name, lora_config, keep=injected)
     if round_to is not None:
