@@ -73,7 +73,11 @@ def build_model(config: RunConfig) -> tuple[PreTrainedModel, int | None]:
     """
     dtype = DTYPES[config.train.dtype]
     if config.model.path is not None:
-        model = AutoModelForCausalLM.from_pretrained(config.model.path, local_files_only=True, dtype=dtype)
+        # use_kernels=False: the model trains as transformers' own modules (a `kernels` hub layer would be
+        # downloaded, and would differ from the model built from a config).
+        model = AutoModelForCausalLM.from_pretrained(
+            config.model.path, local_files_only=True, dtype=dtype, use_kernels=False
+        )
     else:
         # The same seed on every rank gives every rank the same initial weights
         # without a broadcast.

@@ -86,8 +86,10 @@ def _check_pretrained_loads(config: RunConfig, label: str) -> None:
     try:
         # transformers types from_pretrained as returning the model alone; with output_loading_info=True it
         # returns (model, loading info).
+        # use_kernels=False: transformers >= 5.2x defaults to its `kernels` hub layers, which refuse the meta
+        # device ("Unsupported device type 'meta'") and would fetch kernels from the hub.
         _, info = AutoModelForCausalLM.from_pretrained(  # pyright: ignore[reportGeneralTypeIssues]
-            path, local_files_only=True, device_map="meta", output_loading_info=True
+            path, local_files_only=True, device_map="meta", output_loading_info=True, use_kernels=False
         )
     except (OSError, RuntimeError, ValueError) as error:
         raise ConfigError(
