@@ -76,4 +76,6 @@ def test_a_bad_record_leaves_no_scratch_and_no_work_dir(tmp_path, monkeypatch):
     config = config_from_dict(tiny_tree(tmp_path, data={"path": str(data)}), config_dir=tmp_path)
     with pytest.raises(DataError, match=rf"^{data}:101: field messages\.\d+\.role"):
         validate_inputs(config)
-    assert os.listdir(scratch) == [] and not (tmp_path / "work").exists()
+    # (torch may keep its own cache there: only the plan's scratch stores are looked for)
+    assert not [n for n in os.listdir(scratch) if n.startswith("rankflow-stages-")]
+    assert not (tmp_path / "work").exists()

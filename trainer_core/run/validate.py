@@ -189,12 +189,16 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
     from_cache = store is not None
     if store is None:
         store = stage_file_to_scratch(config.data.path, tokenizer, template, options.advantage_normalization)
-    _check_kind(config, store)
-    prepared = fit_store(store, str(Path(config.data.path)), options)
-    _check_positions(config, prepared, model_config)
-    size = check_plan_size(config, prepared)
-    with quiet_transformers():
-        memory = check_device_memory(config, model_config, size.row_len)
+    try:
+        _check_kind(config, store)
+        prepared = fit_store(store, str(Path(config.data.path)), options)
+        _check_positions(config, prepared, model_config)
+        size = check_plan_size(config, prepared)
+        with quiet_transformers():
+            memory = check_device_memory(config, model_config, size.row_len)
+    except BaseException:
+        store.close()  # a scratch store goes at once, not when the garbage collector finds it
+        raise
     return CheckedInputs(
         config=config,
         tokenizer=tokenizer,
