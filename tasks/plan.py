@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra.runs import ledger
 from trainer_core.config import RunConfig
 from trainer_core.run.plan import Plan, build_plan, read_plan, run_dir_for, write_plan
+from trainer_core.run.plan_shards import StagedShards
 
 from .failure_report import reports_failures
 from .outcomes import PlannedRun
@@ -32,7 +32,8 @@ class ComputedPlan:
     """A plan in memory, not yet written: its run id is known, its run directory untouched."""
 
     plan: Plan
-    shards: dict[int, dict[str, torch.Tensor]]
+    shards: StagedShards
+    """Laid out and staged under `run.work_dir/cache`, one file a segment; `write_plan` puts them in the run dir."""
     compute_s: float
 
     @property

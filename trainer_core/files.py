@@ -31,5 +31,6 @@ def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     digest = hashlib.sha256()
     for name in sorted(tensors):
         digest.update(name.encode())
-        digest.update(tensors[name].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        # The buffer itself, not a bytes copy: a plan hashes each segment's shard, and a copy would double it.
+        digest.update(tensors[name].detach().cpu().contiguous().view(torch.uint8).numpy().data)
     return digest.hexdigest()

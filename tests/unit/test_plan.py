@@ -9,7 +9,7 @@ import torch
 
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import config_from_dict
-from trainer_core.data import pipeline
+from trainer_core.data import streaming
 from trainer_core.run.plan import build_plan, read_plan, run_dir_for, write_plan
 
 
@@ -66,8 +66,8 @@ def test_plan_records_one_digest_per_data_stage(tmp_path, tiny_config):
 
 def test_replanning_unchanged_inputs_reuses_the_stage_cache(tiny_config, monkeypatch):
     first, shards_first = build_plan(tiny_config)
-    assert len(list((Path(tiny_config.run.work_dir) / "cache").glob("*.safetensors"))) == 1
-    monkeypatch.setattr(pipeline, "tokenize", lambda *args, **kwargs: pytest.fail("tokenized again despite the cache"))
+    assert len(list((Path(tiny_config.run.work_dir) / "cache").glob("*.store"))) == 1
+    monkeypatch.setattr(streaming, "tokenize", lambda *args, **kwargs: pytest.fail("tokenized again despite the cache"))
     second, shards_second = build_plan(tiny_config)
     assert (second.digest, second.stage_digests) == (first.digest, first.stage_digests)
     for index in shards_first:

@@ -27,7 +27,7 @@ def test_good_inputs_pass_and_nothing_is_written(tmp_path):
     checked = validate_inputs(config)
     assert checked.prepared.num_records > 0 and not (tmp_path / "work").exists()
     checked.store_cache()  # the caller decides: only then is the stage cache written
-    assert list((tmp_path / "work" / "cache").glob("*.safetensors"))
+    assert list((tmp_path / "work" / "cache").glob("*.store"))
 
 
 def test_plan_after_preflight_is_the_plan_without_it(tmp_path):
@@ -117,18 +117,21 @@ def test_the_estimate_bounds_the_real_shards(tmp_path):
     batch=st.integers(1, 512),
     bytes_per_row=st.integers(8, 10**5),
     memory_bytes=st.integers(0, 10**12),
+    conversations=st.integers(0, 10**9),
 )
-def test_the_steps_that_fit_are_the_most_that_fit(steps_per_segment, batch, bytes_per_row, memory_bytes):
+def test_the_steps_that_fit_are_the_most_that_fit(steps_per_segment, batch, bytes_per_row, memory_bytes, conversations):
     from types import SimpleNamespace
 
     config = SimpleNamespace(train=SimpleNamespace(global_batch_size=batch, steps_per_segment=steps_per_segment))
-    size = PlanSize(row_len=8, bytes_per_row=bytes_per_row, shard_bytes=0, peak_memory_bytes=0)
+    size = PlanSize(
+        row_len=8, bytes_per_row=bytes_per_row, shard_bytes=0, peak_memory_bytes=0, conversation_bytes=conversations
+    )
 
-    def peak(steps):  # estimate_plan_size's peak, for `steps`
-        return steps * batch * (bytes_per_row + 16) + min(steps_per_segment, steps) * batch * bytes_per_row
+    def peak(steps):  # estimate_plan_size's peak, for `steps`: one segment held twice, the order, the conversations
+        return conversations + steps * batch * 16 + 2 * min(steps_per_segment, steps) * batch * bytes_per_row
 
     fit = _steps_in_memory(config, size, memory_bytes)
-    assert peak(fit) <= memory_bytes < peak(fit + 1)
+    assert peak(fit) <= memory_bytes < peak(fit + 1) or (fit == 0 and memory_bytes < peak(1))
 
 
 def test_the_advised_steps_do_fit(tmp_path):

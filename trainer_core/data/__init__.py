@@ -3,15 +3,16 @@
     read_records → render → tokenize → mask → align (+ advantages) → fit_length → pack / layout
 
 Each stage is a pure function whose output has a `digest()`; `prepare` runs
-the first ones over a whole file, and `shards` documents the tensors the plan
-writes.
+the first ones over a whole file in memory, `streaming` runs them chunk by
+chunk into a `store` on disk (what the plan does), and `shards` documents the
+tensors the plan writes.
 """
 
 from .advantages import AdvantageStats, group_relative_advantages, resolve_advantages
 from .align import Aligned, align
 from .mask import Masked, mask
 from .pack import Rows, assign_rows, layout_rows, pack, packed_attention_inputs
-from .pipeline import DataOptions, Prepared, Staged, finish, fit_length, prepare, stage_documents, store_staged
+from .pipeline import DataOptions, Prepared, Staged, finish, fit_length, prepare, stage_documents
 from .render import CHATML_TEMPLATE, Rendered, load_chat_template, render, render_chatml, render_with_template
 from .schema import Conversation, DataError, Message, Record, ToolCall, parse_record, read_conversations, read_records
 from .tokenize import Tokenized, array_digest, load_tokenizer, tokenize
@@ -52,7 +53,6 @@ __all__ = [
     "render_chatml",
     "render_with_template",
     "stage_documents",
-    "store_staged",
     "resolve_advantages",
     "tokenize",
 ]

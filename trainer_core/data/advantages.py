@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
-from .schema import Conversation, DataError
+from .schema import DataError
 
 Normalization = Literal["mean_std", "mean"]
 STD_EPS = 1e-6
@@ -55,8 +55,30 @@ class AdvantageStats:
     """Groups whose rewards are all equal (advantage 0 throughout)."""
 
 
+class MessageRewards(Protocol):
+    """What a message says about its own reward (a schema `Message` is one)."""
+
+    @property
+    def reward(self) -> float | None: ...
+    @property
+    def advantage(self) -> float | None: ...
+
+
+class TrajectoryRewards(Protocol):
+    """What advantages are computed from (a schema `Conversation` is one; the plan keeps only these fields)."""
+
+    @property
+    def reward(self) -> float | None: ...
+    @property
+    def advantage(self) -> float | None: ...
+    @property
+    def group_id(self) -> str | int | None: ...
+    @property
+    def messages(self) -> Sequence[MessageRewards]: ...
+
+
 def resolve_advantages(
-    conversations: Sequence[Conversation], wheres: Sequence[str], normalization: Normalization = "mean_std"
+    conversations: Sequence[TrajectoryRewards], wheres: Sequence[str], normalization: Normalization = "mean_std"
 ) -> tuple[list[np.ndarray], AdvantageStats]:
     """Per record, the advantage of each message (float64 [num_messages], NaN where none applies)."""
     per_record = [np.full(len(c.messages), np.nan) for c in conversations]

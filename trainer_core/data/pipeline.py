@@ -2,16 +2,18 @@
 
     render → tokenize (one batch) → mask → [advantages] → align → fit_length
 
-The stages up to align depend only on the file, the tokenizer, the template
-and the advantage normalisation, so the plan caches their outputs (cache.py);
-fit_length, which depends on the length limit, always runs.
+This module holds a whole file in memory (tests, golden files, the tokenize
+benchmark); the plan streams the same stages chunk by chunk into a store on
+disk (streaming.py), with the same outputs and digests. The stages up to align
+depend only on the file, the tokenizer, the template and the advantage
+normalisation, so the plan caches their store (cache.py); fit_length, which
+depends on the length limit, always runs.
 
-Every stage is pure; `stage_documents` runs (or loads) the cached stages
-without writing anything, `finish` applies the length limit, and `prepare`
-chains them and stores the cache and keeps one digest per stage (a
-sha256 over its outputs, in record order, as each output's `digest` hashes
-itself), so a change in any
-stage shows in the plan as the stage where the outputs first differ.
+Every stage is pure; `stage_documents` runs the stages up to align without
+writing anything, `finish` applies the length limit, and `prepare` chains
+them and keeps one digest per stage (a sha256 over its outputs, in record
+order, as each output's `digest` hashes itself), so a change in any stage
+shows in the plan as the stage where the outputs first differ.
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from .advantages import AdvantageStats, Normalization, resolve_advantages
 from .align import Aligned, align
-from .cache import load_staged, save_staged
 from .mask import mask
 from .render import render
 from .schema import DataError, Record
@@ -57,10 +58,12 @@ class DataOptions:
 
 @dataclass(frozen=True)
 class Prepared:
-    documents: list[Aligned]
-    """The documents kept, in file order."""
-    wheres: list[str]
+    documents: Sequence[Aligned]
+    """The documents kept, in file order (a list, or read from the plan's store on access)."""
+    wheres: Sequence[str]
     """`FILE:LINE` of each kept document."""
+    lengths: np.ndarray
+    """int64 [documents]: each kept document's token count (what ordering and packing need, without the tokens)."""
     is_rl: bool
     num_records: int
     num_truncated: int = 0
@@ -78,8 +81,6 @@ class Staged:
     is_rl: bool
     advantage_stats: AdvantageStats | None
     stage_digests: dict[str, str]
-    from_cache: bool
-    """Loaded from the cache (so there is nothing to store)."""
 
 
 def _stage_digest(outputs: Sequence[Any]) -> str:
@@ -147,30 +148,11 @@ def _stage_outputs(
 
 
 def stage_documents(
-    records: Sequence[Record],
-    tokenizer: Tokenizer,
-    template: str | None,
-    normalization: Normalization,
-    *,
-    cache_dir: Path | None = None,
-    cache_key: str | None = None,
+    records: Sequence[Record], tokenizer: Tokenizer, template: str | None, normalization: Normalization
 ) -> Staged:
-    """render → tokenize → mask → [advantages] → align over `records`, or their cached outputs.
-
-    Writes nothing: the first bad record raises DataError, and a caller stores
-    the outputs (`store_staged`) only once every later check has passed too.
-    """
-    cached = load_staged(cache_dir, cache_key) if cache_dir and cache_key else None
-    if cached is not None and len(cached[0]) == len(records):
-        return Staged(*cached, from_cache=True)
+    """render → tokenize → mask → [advantages] → align over `records`; the first bad record raises DataError."""
     aligned, is_rl, stats, digests = _stage_outputs(records, tokenizer, template, normalization)
-    return Staged(aligned, is_rl, stats, digests, from_cache=False)
-
-
-def store_staged(staged: Staged, cache_dir: Path, cache_key: str) -> None:
-    """Write staged outputs to the cache, unless they came from it."""
-    if not staged.from_cache:
-        save_staged(cache_dir, cache_key, staged.documents, staged.is_rl, staged.advantage_stats, staged.stage_digests)
+    return Staged(aligned, is_rl, stats, digests)
 
 
 def finish(staged: Staged, records: Sequence[Record], options: DataOptions) -> Prepared:
@@ -189,6 +171,7 @@ def finish(staged: Staged, records: Sequence[Record], options: DataOptions) -> P
     return Prepared(
         documents=documents,
         wheres=kept_wheres,
+        lengths=np.array([d.num_tokens for d in documents], dtype=np.int64),
         is_rl=staged.is_rl,
         num_records=len(records),
         num_truncated=truncated,
@@ -198,25 +181,6 @@ def finish(staged: Staged, records: Sequence[Record], options: DataOptions) -> P
     )
 
 
-def prepare(
-    records: Sequence[Record],
-    tokenizer: Tokenizer,
-    template: str | None,
-    options: DataOptions,
-    *,
-    cache_dir: Path | None = None,
-    cache_key: str | None = None,
-) -> Prepared:
-    """Run every per-document stage over `records`; the first bad record raises DataError.
-
-    With `cache_dir` and `cache_key`, the stages' outputs are loaded from the
-    cache when present and stored there otherwise (see cache.py), and only
-    for data that passed every check: bad input writes nothing.
-    """
-    staged = stage_documents(
-        records, tokenizer, template, options.advantage_normalization, cache_dir=cache_dir, cache_key=cache_key
-    )
-    prepared = finish(staged, records, options)
-    if cache_dir and cache_key:
-        store_staged(staged, cache_dir, cache_key)
-    return prepared
+def prepare(records: Sequence[Record], tokenizer: Tokenizer, template: str | None, options: DataOptions) -> Prepared:
+    """Run every per-document stage over `records`, in memory; the first bad record raises DataError."""
+    return finish(stage_documents(records, tokenizer, template, options.advantage_normalization), records, options)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -300,21 +301,22 @@ def parse_record(raw: bytes | str, where: str) -> Conversation:
     return conversation
 
 
-def read_records(path: str | Path) -> list[Record]:
-    """Parse and validate every line of a JSONL file; the first problem raises DataError.
+def iter_records(path: str | Path) -> Iterator[Record]:
+    """Parse and validate the lines of a JSONL file one at a time; the first problem raises DataError.
 
-    A file holds one kind of record: SFT conversations, or RL trajectories.
+    A file holds one kind of record: SFT conversations, or RL trajectories. Only
+    the first record is kept (to check the others' kind against it), so a file
+    of any size streams through in constant memory.
     """
     path = Path(path)
-    records: list[Record] = []
+    first: Record | None = None
     with open_input(path, f"data.path={str(path)!r}", "point data.path at a JSONL file of conversations") as handle:
         for line_number, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue  # blank lines (often a trailing newline) carry nothing
             where = f"{path}:{line_number}"
             conversation = parse_record(raw, where)
-            if records and conversation.is_trajectory != records[0].conversation.is_trajectory:
-                first = records[0]
+            if first is not None and conversation.is_trajectory != first.conversation.is_trajectory:
                 kind = (
                     "an RL trajectory (it has a reward or an advantage)"
                     if first.conversation.is_trajectory
@@ -324,10 +326,16 @@ def read_records(path: str | Path) -> list[Record]:
                     f"{where}: field reward: {first.where} is {kind} but this record is not; "
                     "a file holds one kind of record, so split the file or complete this record"
                 )
-            records.append(Record(where=where, conversation=conversation))
-    if not records:
+            record = Record(where=where, conversation=conversation)
+            first = first or record
+            yield record
+    if first is None:
         raise DataError(f"{path}: no conversations found; the file is empty")
-    return records
+
+
+def read_records(path: str | Path) -> list[Record]:
+    """Every record of a JSONL file in memory (see `iter_records`); the first problem raises DataError."""
+    return list(iter_records(path))
 
 
 def read_conversations(path: str | Path) -> list[Conversation]:

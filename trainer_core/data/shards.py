@@ -70,10 +70,22 @@ def unpacked_steps(documents: Sequence[Aligned], order: np.ndarray, pad_id: int)
 
 
 def packed_steps(
-    documents: Sequence[Aligned], stream: Iterator[int], num_steps: int, num_rows: int, row_len: int, pad_id: int
+    documents: Sequence[Aligned],
+    stream: Iterator[int],
+    num_steps: int,
+    num_rows: int,
+    row_len: int,
+    pad_id: int,
+    *,
+    shortest: int | None = None,
 ) -> list[Rows]:
-    """Fill each step's `num_rows` rows from `stream` (document indices, in data order) by first fit."""
-    shortest = min(d.num_tokens for d in documents)
+    """Fill each step's `num_rows` rows from `stream` (document indices, in data order) by first fit.
+
+    `shortest`: the shortest document's length, when the caller knows it (a
+    plan's documents are read from disk on access: finding it would read them all).
+    """
+    if shortest is None:
+        shortest = min(d.num_tokens for d in documents)
     window_size = num_rows * (row_len // max(shortest, 1)) + 1  # more than can ever fit in one step
     window: list[int] = []
     steps = []

@@ -6,7 +6,15 @@ a shard file that every rank reads. The digest covers everything that decides
 the training result, so the same inputs always give the same run id, and a
 re-run of the same config finds (and resumes) the same run directory.
 
-Nothing is written until the whole input has been validated.
+The plan streams: the data goes through the stages chunk by chunk into a store
+on disk (`trainer_core.data.streaming`), the order and the packing need only
+each document's length, and each segment's shard is laid out, hashed and
+written (staged, see plan_shards.py) before the next, so its memory is one
+segment's rows and a few integers a conversation (`plan_size`), whatever the
+dataset's size.
+
+Nothing is written until the whole input has been validated (the tokens stream
+to a scratch store in the system's temporary space until then).
 
 The data goes through the stages of `trainer_core.data` (render → tokenize →
 mask → align → pack); the tensors of a shard, and what each means, are the
@@ -18,19 +26,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from trainer_core.config import RunConfig
 from trainer_core.data import DataOptions, Prepared
 from trainer_core.data.shards import packed_steps, round_up, stack_rows, unpacked_steps
 from trainer_core.files import tensors_sha256, write_text_atomic
+from trainer_core.run.plan_shards import StagedShards, staging_root
 from trainer_core.run.validate import CheckedInputs, validate_inputs
 
 PLAN_FILE = "plan.json"
@@ -117,23 +126,22 @@ def _pad_id(tokenizer: Tokenizer) -> int:
 
 def _segment_shards(
     prepared: Prepared, config: RunConfig, options: DataOptions, pad_id: int, bounds: list[tuple[int, int]]
-) -> dict[int, dict[str, torch.Tensor]]:
+) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+    """Each segment's shard in turn, laid out from the documents it uses (read from the store as needed)."""
     documents = prepared.documents
     if options.pack:
         stream = _document_stream(len(documents), config.run.seed)
         row_len = round_up(options.max_seq_len)
-        return {
-            index: stack_rows(
-                packed_steps(documents, stream, end - start, config.train.global_batch_size, row_len, pad_id),
-                packed=True,
+        shortest = int(prepared.lengths.min())
+        for index, (start, end) in enumerate(bounds):
+            steps = packed_steps(
+                documents, stream, end - start, config.train.global_batch_size, row_len, pad_id, shortest=shortest
             )
-            for index, (start, end) in enumerate(bounds)
-        }
+            yield index, stack_rows(steps, packed=True)
+        return
     order = _step_order(len(documents), config)
-    return {
-        index: stack_rows(unpacked_steps(documents, order[start:end], pad_id), packed=False)
-        for index, (start, end) in enumerate(bounds)
-    }
+    for index, (start, end) in enumerate(bounds):
+        yield index, stack_rows(unpacked_steps(documents, order[start:end], pad_id), packed=False)
 
 
 def _objective_of_the_data(config: RunConfig) -> str:
@@ -187,35 +195,46 @@ def digest_view(config: RunConfig) -> dict:
     return training_config
 
 
-def build_plan(
-    config: RunConfig, checked: CheckedInputs | None = None
-) -> tuple[Plan, dict[int, dict[str, torch.Tensor]]]:
-    """Validate, tokenize and lay out the run in memory.
+def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple[Plan, StagedShards]:
+    """Validate, tokenize and lay out the run, one segment at a time.
 
     Everything comes from the config (the data stages from `config.data`), so
     the digest really names the plan. The inputs are checked first
     (`validate_inputs`, unless the caller passes what it already checked); the
-    only thing written is the stage cache under `run.work_dir/cache`, and only
-    for inputs that passed every check.
+    only things written are the stage cache and the staged shards, both under
+    `run.work_dir/cache`, and only for inputs that passed every check. The
+    shards come back staged (read on access); `write_plan` puts them in the
+    run directory.
     """
     if checked is None:
         checked = validate_inputs(config)
     checked.store_cache()
     bounds = segment_bounds(config)
-    shards = _segment_shards(checked.prepared, config, checked.options, _pad_id(checked.tokenizer), bounds)
-    digest = plan_digest(config, checked.fingerprint, shards)
-    return _plan(config, checked, digest, bounds, shards), shards
+    shards = StagedShards(staging_root(config.run.work_dir), config.run.name)
+    shard_digests, loss_tokens = [], []
+    for index, tensors in _segment_shards(
+        checked.prepared, config, checked.options, _pad_id(checked.tokenizer), bounds
+    ):
+        shard_digests.append(tensors_sha256(tensors))
+        loss_tokens.append(int(tensors["loss_mask"].sum()))
+        shards.add(index, tensors)
+        del tensors  # the next segment is laid out without this one in memory
+    digest = _digest(config, checked.fingerprint, shard_digests)
+    plan = _plan(config, checked, digest, bounds, loss_tokens)
+    shards.stamp(plan.run_id)
+    return plan, shards
 
 
-def plan_digest(config: RunConfig, fingerprint: dict, shards: dict[int, dict[str, torch.Tensor]]) -> str:
+def plan_digest(config: RunConfig, fingerprint: dict, shards: Mapping[int, Mapping[str, torch.Tensor]]) -> str:
     """What names the plan: the config as the digest sees it (`digest_view`), the inputs and every shard's bytes."""
+    return _digest(config, fingerprint, [tensors_sha256(shards[i]) for i in sorted(shards)])
+
+
+def _digest(config: RunConfig, fingerprint: dict, shard_digests: list[str]) -> str:
+    """`plan_digest` from each shard's `tensors_sha256`, in segment order."""
     return hashlib.sha256(
         json.dumps(
-            {
-                "config": digest_view(config),
-                "inputs": fingerprint,
-                "shards": [tensors_sha256(shards[i]) for i in sorted(shards)],
-            },
+            {"config": digest_view(config), "inputs": fingerprint, "shards": shard_digests},
             sort_keys=True,
         ).encode()
     ).hexdigest()
@@ -226,7 +245,7 @@ def _plan(
     checked: CheckedInputs,
     digest: str,
     bounds: list[tuple[int, int]],
-    shards: dict[int, dict[str, torch.Tensor]],
+    loss_tokens: list[int],
 ) -> Plan:
     prepared, options = checked.prepared, checked.options
     return Plan(
@@ -236,14 +255,14 @@ def _plan(
         num_conversations=prepared.num_records,
         num_truncated=prepared.num_truncated,
         num_dropped=prepared.num_dropped,
-        num_tokens=int(sum(d.num_tokens for d in prepared.documents)),
+        num_tokens=int(prepared.lengths.sum()),
         segments=[
             SegmentPlan(
                 index=i,
                 start_step=start,
                 end_step=end,
                 shard_file=f"plan/segment-{i:04d}.safetensors",
-                num_loss_tokens=int(shards[i]["loss_mask"].sum()),
+                num_loss_tokens=loss_tokens[i],
             )
             for i, (start, end) in enumerate(bounds)
         ],
@@ -254,13 +273,13 @@ def _plan(
     )
 
 
-def write_plan(plan: Plan, shards: dict[int, dict[str, torch.Tensor]], run_dir: Path) -> Path:
-    """Write shards, then plan.json last (atomically), so a plan file implies its shards."""
+def write_plan(plan: Plan, shards: StagedShards, run_dir: Path) -> Path:
+    """Put the staged shards in place, then plan.json last (atomically), so a plan file implies its shards."""
     (run_dir / "plan").mkdir(parents=True, exist_ok=True)
     for segment in plan.segments:
         target = run_dir / segment.shard_file
         tmp = target.with_suffix(".tmp")
-        save_file(shards[segment.index], str(tmp), metadata={"run_id": plan.run_id})
+        shards.place(segment.index, tmp)
         os.replace(tmp, target)
     plan_path = run_dir / PLAN_FILE
     write_text_atomic(plan_path, plan.to_json())

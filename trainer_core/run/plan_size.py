@@ -1,11 +1,15 @@
 """Bound the plan by the memory and disk it needs, before it allocates any of it.
 
-The plan lays out every optimizer step's rows in memory and writes them as
-shards, so `train.steps × train.global_batch_size` rows of the row length
-must fit. The row length is known once the data is tokenized (the longest
-document, rounded up; `data.max_seq_len` when packing), so the bound comes from
-the data and this machine, not from an arbitrary cap: past it, the user is told
-how many steps fit and what to change.
+The plan streams: it lays out one segment's rows at a time and writes them as
+a shard before the next, while the documents stay on disk (a store, see
+`trainer_core.data.store`) and only small per-conversation integers stay in
+memory. So its memory is one segment's rows (held twice while stacked and
+written), the step order (16 bytes a row of the run) and
+`BYTES_PER_CONVERSATION`; its disk is every step's rows. The row length is
+known once the data is tokenized (the longest document, rounded up;
+`data.max_seq_len` when packing), so the bound comes from the data and this
+machine, not from an arbitrary cap: past it, the user is told how many steps
+fit and what to change.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import psutil
 from trainer_core.config import RunConfig
 from trainer_core.data import Prepared
 from trainer_core.data.shards import round_up
+from trainer_core.data.store import INDEX_BYTES_PER_DOCUMENT
 from trainer_core.errors import ConfigError
 
 # Bytes per token of each shard tensor (see trainer_core/data/shards.py).
@@ -27,6 +32,9 @@ _UNPACKED_BYTES = 8 + 1 + 1  # input_ids int64, loss_mask bool, attention_mask b
 _PACKED_BYTES = 8 + 4  # position_ids int64, document_ids int32
 _RL_BYTES = 4 + 4 + 8  # advantages f32, behaviour_logprobs f32, policy_version int64
 _ORDER_BYTES_PER_ROW = 16  # the unpacked step order: int64 indices, plus the permutations they are cut from
+BYTES_PER_CONVERSATION = INDEX_BYTES_PER_DOCUMENT + 8 + 16 + 8
+"""The store's index (RL: and a policy version), the kept documents' indices and lengths, and one epoch's
+permutation (int64 each): 72 bytes, so 10^7 conversations take about 0.7 GB whatever their length."""
 
 
 @dataclass(frozen=True)
@@ -36,20 +44,30 @@ class PlanSize:
     shard_bytes: int
     """All shards together: what the plan writes to disk."""
     peak_memory_bytes: int
-    """Shards held at once, one segment being stacked, and the step order."""
+    """One segment's rows held twice (laid out and stacked, or stacked and serialized), the step order, and the
+    per-conversation integers."""
+    conversation_bytes: int = 0
+    """The per-conversation part of the peak: what no choice of steps changes."""
 
 
 def estimate_plan_size(config: RunConfig, prepared: Prepared) -> PlanSize:
     train, data = config.train, config.data
-    longest = max(d.num_tokens for d in prepared.documents)
+    longest = int(prepared.lengths.max())
     row_len = round_up(data.max_seq_len if data.pack else longest)
     bytes_per_token = _UNPACKED_BYTES + (_PACKED_BYTES if data.pack else 0) + (_RL_BYTES if prepared.is_rl else 0)
     bytes_per_row = row_len * bytes_per_token
     rows = train.steps * train.global_batch_size
     segment_rows = min(train.steps_per_segment, train.steps) * train.global_batch_size
     shard_bytes = rows * bytes_per_row
-    peak = shard_bytes + segment_rows * bytes_per_row + rows * _ORDER_BYTES_PER_ROW
-    return PlanSize(row_len=row_len, bytes_per_row=bytes_per_row, shard_bytes=shard_bytes, peak_memory_bytes=peak)
+    conversation_bytes = prepared.num_records * BYTES_PER_CONVERSATION
+    peak = conversation_bytes + 2 * segment_rows * bytes_per_row + rows * _ORDER_BYTES_PER_ROW
+    return PlanSize(
+        row_len=row_len,
+        bytes_per_row=bytes_per_row,
+        shard_bytes=shard_bytes,
+        peak_memory_bytes=peak,
+        conversation_bytes=conversation_bytes,
+    )
 
 
 def available_memory_bytes() -> int | None:
@@ -97,14 +115,13 @@ def _steps_in_memory(config: RunConfig, size: PlanSize, memory_bytes: int) -> in
     """The most steps whose plan fits in `memory_bytes` (the inverse of `estimate_plan_size`'s peak)."""
     train = config.train
     row = train.global_batch_size
-    # Up to one segment, that segment is all the steps: it is held twice while stacked.
-    within_one_segment = memory_bytes // (row * (2 * size.bytes_per_row + _ORDER_BYTES_PER_ROW))
+    room = memory_bytes - size.conversation_bytes
+    # Up to one segment, that segment is all the steps: its rows are held twice, and ordered.
+    within_one_segment = room // (row * (2 * size.bytes_per_row + _ORDER_BYTES_PER_ROW))
     if within_one_segment < train.steps_per_segment:
         return max(0, within_one_segment)
-    stacking = train.steps_per_segment * row * size.bytes_per_row
-    return max(
-        train.steps_per_segment, (memory_bytes - stacking) // (row * (size.bytes_per_row + _ORDER_BYTES_PER_ROW))
-    )
+    segment = 2 * train.steps_per_segment * row * size.bytes_per_row
+    return max(train.steps_per_segment, (room - segment) // (row * _ORDER_BYTES_PER_ROW))
 
 
 def _advice(steps_that_fit: int, change: str) -> str:
@@ -119,24 +136,27 @@ def check_plan_size(
     """Raise ConfigError when the plan would not fit in memory or on disk; `*_bytes` default to this machine's."""
     size = estimate_plan_size(config, prepared)
     train = config.train
-    shape = (
-        f"{train.steps} steps × {train.global_batch_size} rows × {size.row_len} tokens × "
-        f"{size.bytes_per_row // size.row_len} bytes"
-    )
+
+    def shape(steps: int) -> str:
+        return (
+            f"{steps} steps × {train.global_batch_size} rows × {size.row_len} tokens × "
+            f"{size.bytes_per_row // size.row_len} bytes"
+        )
+
     change = "or lower train.global_batch_size or data.max_seq_len" + (
         " (the row length when packing)" if config.data.pack else ""
     )
     memory_bytes = available_memory_bytes() if memory_bytes is None else memory_bytes
     if memory_bytes is not None and size.peak_memory_bytes > memory_bytes:
         raise ConfigError(
-            f"train.steps={train.steps}: planning would hold about {_gib(size.peak_memory_bytes)} of shards in memory "
-            f"({shape}), more than the {_gib(memory_bytes)} available; {_advice(_steps_in_memory(config, size, memory_bytes), change)}"
+            f"train.steps={train.steps}: planning would hold about {_gib(size.peak_memory_bytes)} in memory "
+            f"(a segment's shard of {shape(min(train.steps_per_segment, train.steps))}, twice, and {prepared.num_records} conversations' index), more than the {_gib(memory_bytes)} available; {_advice(_steps_in_memory(config, size, memory_bytes), change)}"
         )
     disk_bytes = free_disk_bytes(Path(config.run.work_dir)) if disk_bytes is None else disk_bytes
     if size.shard_bytes > disk_bytes:
         fit = disk_bytes // (train.global_batch_size * size.bytes_per_row)
         raise ConfigError(
-            f"train.steps={train.steps}: the plan's shards would take about {_gib(size.shard_bytes)} ({shape}) but "
+            f"train.steps={train.steps}: the plan's shards would take about {_gib(size.shard_bytes)} ({shape(train.steps)}) but "
             f"run.work_dir={config.run.work_dir!r} has {_gib(disk_bytes)} free; {_advice(fit, change)}, or free space"
         )
     return size

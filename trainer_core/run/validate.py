@@ -14,9 +14,11 @@ exists:
 - the bytes each training rank will hold against the device's memory (`device_memory`).
 
 Every failure is a `BadInputError` (ConfigError or DataError) naming the file
-and line or the config key, and the fix. The staged documents it computes are
-kept in `CheckedInputs`, whose `store_cache()` writes them to the stage cache
-once the caller has decided the inputs are good, so tokenizing happens once.
+and line or the config key, and the fix. The data streams through the stages
+chunk by chunk into a scratch store in the system's temporary space
+(`trainer_core.data.streaming`), removed if any record fails; `CheckedInputs`
+keeps it, and its `store_cache()` moves it into the stage cache once the caller
+has decided the inputs are good, so tokenizing happens once.
 """
 
 from __future__ import annotations
@@ -30,21 +32,11 @@ from typing import TYPE_CHECKING
 from tokenizers import Tokenizer
 
 from trainer_core.config import RunConfig
-from trainer_core.data import (
-    DataError,
-    DataOptions,
-    Prepared,
-    Record,
-    Staged,
-    finish,
-    load_chat_template,
-    load_tokenizer,
-    read_records,
-    stage_documents,
-    store_staged,
-)
-from trainer_core.data.cache import cache_key
+from trainer_core.data import DataError, DataOptions, Prepared, load_chat_template, load_tokenizer
+from trainer_core.data.cache import cache_key, keep_store, open_cached
 from trainer_core.data.shards import round_up
+from trainer_core.data.store import DocumentStore
+from trainer_core.data.streaming import fit_store, stage_file_to_scratch
 from trainer_core.data.tokenize import tokenizer_file
 from trainer_core.errors import ConfigError
 from trainer_core.files import sha256_file
@@ -62,7 +54,6 @@ class CheckedInputs:
     """Everything the plan needs, read and checked; nothing written yet."""
 
     config: RunConfig
-    records: list[Record]
     tokenizer: Tokenizer
     template: str | None
     model_config: PretrainedConfig
@@ -70,7 +61,9 @@ class CheckedInputs:
     fingerprint: dict
     """Digests of the inputs that decide the result (see `input_fingerprint`)."""
     cache_key: str
-    staged: Staged
+    store: DocumentStore
+    """The documents up to align, on disk: a scratch store, or the stage cache's entry."""
+    from_cache: bool
     prepared: Prepared
     plan_size: PlanSize
     memory: MemoryReport | None = None
@@ -81,8 +74,9 @@ class CheckedInputs:
         return Path(self.config.run.work_dir) / "cache"
 
     def store_cache(self) -> None:
-        """Write the staged documents to the stage cache (a no-op when they came from it)."""
-        store_staged(self.staged, self.cache_dir, self.cache_key)
+        """Move the staged documents into the stage cache (a no-op when they came from it)."""
+        if not self.from_cache:
+            keep_store(self.store, self.cache_dir, self.cache_key)
 
 
 def _check_output_dir(path: str, key: str) -> None:
@@ -147,13 +141,13 @@ def _check_template(template: str, config: RunConfig) -> None:
         ) from None
 
 
-def _check_kind(config: RunConfig, staged: Staged) -> None:
-    if config.data.kind == "rl" and not staged.is_rl:
+def _check_kind(config: RunConfig, store: DocumentStore) -> None:
+    if config.data.kind == "rl" and not store.is_rl:
         raise DataError(
             f"{config.data.path}: data.kind='rl' but the records carry no reward or advantage; add them "
             "(see the README's Data section) or set data.kind='sft'"
         )
-    if config.data.kind == "sft" and staged.is_rl:
+    if config.data.kind == "sft" and store.is_rl:
         raise DataError(
             f"{config.data.path}: the records are RL trajectories (rewards, logprobs) but data.kind='sft'; "
             "set data.kind='rl', or drop the RL fields to train SFT on them"
@@ -165,8 +159,8 @@ def _check_positions(config: RunConfig, prepared: Prepared, model_config: Pretra
     limit = getattr(model_config, "max_position_embeddings", None)
     if not limit:
         return
-    longest_index = max(range(len(prepared.documents)), key=lambda i: prepared.documents[i].num_tokens)
-    longest = prepared.documents[longest_index].num_tokens
+    longest_index = int(prepared.lengths.argmax())
+    longest = int(prepared.lengths[longest_index])
     # Unpacked rows run positions 0..T-1 over the padded row; packed rows restart them per document.
     needed = longest if config.data.pack else round_up(longest)
     if needed > limit:
@@ -187,34 +181,34 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
     model_config = check_model(config, tokenizer.get_vocab_size())
     with quiet_transformers():
         _check_export_tokenizer(config)
-    records = read_records(config.data.path)
     options = DataOptions.from_config(config.data)
     fingerprint = input_fingerprint(config, template)
     key = cache_key(fingerprint["data"], fingerprint["tokenizer"], template, options.advantage_normalization)
-    staged = stage_documents(
-        records,
-        tokenizer,
-        template,
-        options.advantage_normalization,
-        cache_dir=Path(config.run.work_dir) / "cache",
-        cache_key=key,
-    )
-    _check_kind(config, staged)
-    prepared = finish(staged, records, options)
-    _check_positions(config, prepared, model_config)
-    size = check_plan_size(config, prepared)
-    with quiet_transformers():
-        memory = check_device_memory(config, model_config, size.row_len)
+    # A cached store's data had the same bytes (the key holds their digest), so every record passed then.
+    store = open_cached(Path(config.run.work_dir) / "cache", key)
+    from_cache = store is not None
+    if store is None:
+        store = stage_file_to_scratch(config.data.path, tokenizer, template, options.advantage_normalization)
+    try:
+        _check_kind(config, store)
+        prepared = fit_store(store, str(Path(config.data.path)), options)
+        _check_positions(config, prepared, model_config)
+        size = check_plan_size(config, prepared)
+        with quiet_transformers():
+            memory = check_device_memory(config, model_config, size.row_len)
+    except BaseException:
+        store.close()  # a scratch store goes at once, not when the garbage collector finds it
+        raise
     return CheckedInputs(
         config=config,
-        records=records,
         tokenizer=tokenizer,
         template=template,
         model_config=model_config,
         options=options,
         fingerprint=fingerprint,
         cache_key=key,
-        staged=staged,
+        store=store,
+        from_cache=from_cache,
         prepared=prepared,
         plan_size=size,
         memory=memory,
