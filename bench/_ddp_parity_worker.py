@@ -10,7 +10,8 @@ same global batch each round:
   `steps.train_step` over the logical ranks of `LogicalDataParallel`, then
   `ldp.step`, with that `train.reduction`.
 
-Rank 0 times each step between barriers (the slower rank sets the pace) and
+Rank 0 times each step between barriers (the slower rank sets the pace), and
+its own CPU seconds (a loaded machine stretches wall time, barely CPU time), and
 splits the steps by where their seconds went (`PhaseClock`; DDP's all-reduce
 runs inside its backward, so its fold counts as forward/backward).
 """
@@ -121,19 +122,21 @@ def measure(args: argparse.Namespace, topology: Topology) -> dict:
         "fast": SegmentLoop(copy.deepcopy(model), topology, "fast").step,
         "deterministic": SegmentLoop(copy.deepcopy(model), topology, "deterministic").step,
     }
-    figures: dict = {side: {"step_s": [], "losses": [], "phases_s": []} for side in SIDES}
+    figures: dict = {side: {"step_s": [], "cpu_s": [], "losses": [], "phases_s": []} for side in SIDES}
     for round_index in range(args.warmup + args.reps):
         rows = shard_rows(round_index, args, spec.vocab_size)
         for side in SIDES:
             dist.barrier()
             clock.reset()
-            started = time.perf_counter()
+            cpu_started, started = time.process_time(), time.perf_counter()
             loss = loops[side](rows, topology, round_index)
+            cpu = time.process_time() - cpu_started  # before the barrier: this rank's own work, not its wait
             dist.barrier()
             elapsed = time.perf_counter() - started
             figures[side]["losses"].append(loss)
             if round_index >= args.warmup:
                 figures[side]["step_s"].append(elapsed)
+                figures[side]["cpu_s"].append(cpu)
                 figures[side]["phases_s"].append(clock.phases(elapsed))
             if topology.rank == 0:
                 print(f"round {round_index} {side}: {elapsed:.3f} s, loss {loss:.6f}", flush=True)

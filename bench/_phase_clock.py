@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 
 class PhaseClock:
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.now = now
         self.seconds: dict[str, float] = {}
         self.enabled = True
         self._inner: list[float] = []
@@ -40,11 +42,11 @@ class PhaseClock:
             if not clock.enabled:
                 return original(*args, **kwargs)
             clock._inner.append(0.0)
-            started = time.perf_counter()
+            started = clock.now()
             try:
                 return original(*args, **kwargs)
             finally:
-                elapsed = time.perf_counter() - started
+                elapsed = clock.now() - started
                 inner = clock._inner.pop()
                 clock.charge(phase, elapsed - inner)
                 if clock._inner:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import types
 
 import pytest
@@ -12,27 +11,24 @@ from bench._phase_clock import PhaseClock
 
 
 def test_a_phase_inside_another_is_charged_once_and_other_is_the_rest():
+    now = [0.0]
     calls = types.SimpleNamespace()
-    calls.inner = lambda: time.sleep(0.02)
+
+    def inner():
+        now[0] += 0.02
 
     def outer():
-        time.sleep(0.03)
+        now[0] += 0.03
         calls.inner()
 
-    calls.outer = outer
-    clock = PhaseClock()
+    calls.inner, calls.outer = inner, outer
+    clock = PhaseClock(now=lambda: now[0])
     clock.wrap(calls, "inner", "fold")
     clock.wrap(calls, "outer", "optimizer")
     clock.reset()
-    started = time.perf_counter()
     calls.outer()
-    time.sleep(0.01)
-    total = time.perf_counter() - started
-    phases = clock.phases(total)
-    assert phases["fold"] == pytest.approx(0.02, abs=0.015)
-    assert phases["optimizer"] == pytest.approx(0.03, abs=0.015)  # its own 30 ms, not the 20 ms of fold within
-    assert phases["other"] == pytest.approx(0.01, abs=0.015)
-    assert sum(phases.values()) == pytest.approx(total)
+    phases = clock.phases(0.06)  # 10 ms of the step outside both
+    assert phases == pytest.approx({"fold": 0.02, "optimizer": 0.03, "other": 0.01})  # not 50 ms of optimizer
     clock.reset(enabled=False)
     calls.outer()
     assert clock.phases(0.0) == {"other": 0.0}  # a disabled clock charges nothing
@@ -46,9 +42,24 @@ def test_the_report_divides_ddp_s_median_step_by_each_reduction_s_and_takes_medi
     ]
     figures = {
         "sides": {
-            "ddp": {"step_s": [1.0, 3.0, 2.0], "losses": [6.5, 6.0, 5.5], "phases_s": [{"optimizer": 0.5}] * 3},
-            "fast": {"step_s": [2.0, 2.5, 9.0], "losses": [6.5, 6.0, 5.5], "phases_s": phases},
-            "deterministic": {"step_s": [4.0, 4.0, 1.0], "losses": [6.5, 6.0, 5.5], "phases_s": phases},
+            "ddp": {
+                "step_s": [1.0, 3.0, 2.0],
+                "cpu_s": [1.0, 1.0, 1.0],
+                "losses": [6.5, 6.0, 5.5],
+                "phases_s": [{"optimizer": 0.5}] * 3,
+            },
+            "fast": {
+                "step_s": [2.0, 2.5, 9.0],
+                "cpu_s": [2.0, 2.0, 2.0],
+                "losses": [6.5, 6.0, 5.5],
+                "phases_s": phases,
+            },
+            "deterministic": {
+                "step_s": [4.0, 4.0, 1.0],
+                "cpu_s": [1.0, 1.0, 1.0],
+                "losses": [6.5, 6.0, 5.5],
+                "phases_s": phases,
+            },
         },
         "num_params": 10,
         "world_size": 2,
@@ -58,6 +69,9 @@ def test_the_report_divides_ddp_s_median_step_by_each_reduction_s_and_takes_medi
     result = ddp_parity.report(figures, reps=3, quick=True)
     assert result["ratio"] == pytest.approx(2.0 / 2.5) and result["higher_is_better"]
     assert result["deterministic"]["ratio"] == pytest.approx(2.0 / 4.0)
+    assert result["paired_ratio"] == pytest.approx(0.5)  # rounds: 1/2, 3/2.5, 2/9
+    assert result["deterministic"]["paired_ratio"] == pytest.approx(0.75)  # 1/4, 3/4, 2/1
+    assert result["cpu_ratio"] == pytest.approx(0.5) and result["deterministic"]["cpu_ratio"] == pytest.approx(1.0)
     assert result["baseline"]["tokens_per_s"] == pytest.approx(4096 / 2.0)
     assert result["candidate"]["phases_s_median"] == {
         "forward_backward": 2.0,
