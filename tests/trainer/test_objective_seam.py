@@ -83,7 +83,7 @@ def test_the_default_objective_leaves_the_digest_and_any_other_enters_it(tmp_pat
 def test_a_figure_layout_packs_by_name_and_refuses_a_missing_or_repeated_one():
     layout = FigureLayout.for_objective(ClippedPolicyGradient.figures)
     assert layout.names == (*LOOP_FIGURES, "clipped_tokens", "ratio_sum", "kept_tokens")
-    values = dict(zip(layout.names, [1.5, 2.0, 0.0, 3.0, 4.25, 5.0]))
+    values = dict(zip(layout.names, [1.5, 2.0, 8.0, 0.0, 3.0, 4.25, 5.0], strict=True))
     packed = layout.pack(values)
     assert packed.dtype == torch.float64 and layout.unpack(packed) == values
     with pytest.raises(KeyError, match="do not match the layout"):

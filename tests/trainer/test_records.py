@@ -63,7 +63,16 @@ def test_a_segment_result_reads_and_rewrites_today_s_bytes_nan_included():
     assert "NaN" in old and "Infinity" in old
     result = SegmentResult.from_json(old)
     assert math.isnan(result.losses[1]) and result.planner.choices == {"retain": 5, "offload": 1}
-    assert result.to_json() == old
+    # A file from before the padding cut has no num_token_slots: it reads as 0, and today's bytes add it in place.
+    assert result.num_token_slots == 0
+    today = {}
+    for key, value in OLD_SEGMENT.items():
+        today[key] = value
+        if key == "num_tokens":
+            today["num_token_slots"] = 0
+    assert result.to_json() == json.dumps(today, indent=2)
+    today["num_token_slots"] = 1024
+    assert SegmentResult.from_json(json.dumps(today, indent=2)).to_json() == json.dumps(today, indent=2)
 
 
 def test_an_export_result_and_a_state_meta_read_and_rewrite_today_s_bytes(tmp_path):

@@ -171,16 +171,18 @@ class LogicalGradients:
         numel = sum(tensor.numel() for _, tensor in group)
         world_size = self.topology.world_size
         chunk = shard_layout(numel, world_size)
-        # [W, L/W, chunk]: each local logical rank's flat partial, cut into the slices the processes own.
-        local = torch.zeros(world_size, len(self._partials), chunk, dtype=dtype, device=group[0][1].device)
+        # [W, L/W, chunk]: each local logical rank's flat partial, cut into the slices the processes own. Every
+        # element is written once (a gradient, or zeros where there is none and in the padding), not zeroed first.
+        local = torch.empty(world_size, len(self._partials), chunk, dtype=dtype, device=group[0][1].device)
         for row, logical_rank in enumerate(self.topology.local_logical_ranks):
             flat = local[:, row, :]  # a strided view: flat element i is at [i // chunk, row, i % chunk]
             offset, partial = 0, self._partials[logical_rank]
             for key, tensor in group:
                 grad = partial.pop(key, None)
-                if grad is not None:  # absent: this logical rank's partial is zeros there
-                    _copy_flat(flat, offset, grad.reshape(-1), chunk)
+                # absent: this logical rank's partial is zeros there
+                _write_flat(flat, offset, tensor.numel(), chunk, None if grad is None else grad.reshape(-1))
                 offset += tensor.numel()
+            _write_flat(flat, offset, world_size * chunk - offset, chunk, None)  # the last slice's padding
         folded = sharded_ordered_fold(local, self.topology)
         offset = 0
         for _, tensor in group:
@@ -192,11 +194,16 @@ class LogicalGradients:
             partial.clear()
 
 
-def _copy_flat(sliced: torch.Tensor, offset: int, values: torch.Tensor, chunk: int) -> None:
-    """Write `values` at flat positions offset… of a [W, chunk] view (row-major over slices)."""
-    position, end = offset, offset + values.numel()
+def _write_flat(sliced: torch.Tensor, offset: int, count: int, chunk: int, values: torch.Tensor | None) -> None:
+    """Write `values` (or zeros: None) at flat positions offset … offset + count of a [W, chunk] view (row-major
+    over slices)."""
+    position, end = offset, offset + count
     while position < end:
         row, column = divmod(position, chunk)
         take = min(chunk - column, end - position)
-        sliced[row, column : column + take].copy_(values[position - offset : position - offset + take])
+        target = sliced[row, column : column + take]
+        if values is None:
+            target.zero_()
+        else:
+            target.copy_(values[position - offset : position - offset + take])
         position += take

@@ -35,8 +35,11 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 def ordered_fold(partials: torch.Tensor) -> torch.Tensor:
     """`partials[0] + partials[1] + … + partials[-1]`, left to right, over the first dimension."""
-    folded = partials[0].clone()
-    for partial in partials[1:]:
+    if partials.shape[0] == 1:
+        return partials[0].clone()
+    # The first two in one pass (a clone, then an add, reads and writes the whole vector once more): the same bits.
+    folded = torch.add(partials[0], partials[1])
+    for partial in partials[2:]:
         folded.add_(partial)
     return folded
 

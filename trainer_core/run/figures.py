@@ -1,6 +1,6 @@
 """A step's figures by name, packed into one float64 tensor for the single ordered reduction over logical ranks.
 
-The loop's own sums (`loss_sum`, `input_tokens`, `stale_trajectories`) come
+The loop's own sums (`loss_sum`, `input_tokens`, `token_slots`, `stale_trajectories`) come
 first, then the objective's (`Objective.figures`). Every element is folded on
 its own (`trainer_core.ranks.reduction.ordered_fold`), so which names a layout
 holds changes no bit of another's sum.
@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-LOOP_FIGURES = ("loss_sum", "input_tokens", "stale_trajectories")
-"""What every logical rank contributes to a step, whatever the objective."""
+LOOP_FIGURES = ("loss_sum", "input_tokens", "token_slots", "stale_trajectories")
+"""What every logical rank contributes to a step, whatever the objective (`token_slots`: the positions its
+forward ran over, padding included, after `data.trim.trim_padding`)."""
 
 
 @dataclass(frozen=True)

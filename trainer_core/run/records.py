@@ -68,6 +68,10 @@ class SegmentResult(_Record):
     num_stale_trajectories: int
     num_tokens: int
     """Input tokens trained on (every logical rank)."""
+    num_token_slots: int = 0
+    """Positions the forwards ran over, padding included: each step's logical ranks' rows cut to their own
+    longest (`trainer_core.data.trim`); `num_tokens / num_token_slots` is the share of work that was not padding
+    (absent from results written before the cut: 0)."""
     tokens_per_s: float
     setup_s: float
     train_s: float

@@ -59,6 +59,8 @@ class StepsDone:
     grad_norms: list[float]
     skipped: list[int]
     num_input_tokens: int
+    num_token_slots: int
+    """Positions the forwards ran over, padding included (every logical rank)."""
     num_stale: int
     train_s: float
     planner_misses: int
@@ -168,7 +170,7 @@ class SegmentRun:
         config, segment, base = self.config, self.segment, self.base
         mode = config.train.forward_mode
         losses, grad_norms, skipped = [], [], []
-        num_input_tokens = num_stale = 0
+        num_input_tokens = num_token_slots = num_stale = 0
         train_started = time.perf_counter()
         for local_step in range(segment.num_steps):
             step = segment.start_step + local_step
@@ -181,6 +183,7 @@ class SegmentRun:
             losses.append(loss)
             grad_norms.append(report.grad_norm)
             num_input_tokens += int(sums["input_tokens"])
+            num_token_slots += int(sums["token_slots"])
             num_stale += int(sums["stale_trajectories"])
             note_skipped(config, step, report, skipped)
             if self.topology.rank == 0:
@@ -199,6 +202,7 @@ class SegmentRun:
             grad_norms=grad_norms,
             skipped=skipped,
             num_input_tokens=num_input_tokens,
+            num_token_slots=num_token_slots,
             num_stale=num_stale,
             train_s=train_s,
             planner_misses=int(planner_misses.item()),
@@ -242,6 +246,7 @@ class SegmentRun:
             num_skipped_steps=len(steps.skipped),
             num_stale_trajectories=steps.num_stale,
             num_tokens=steps.num_input_tokens,
+            num_token_slots=steps.num_token_slots,
             tokens_per_s=steps.num_input_tokens / train_s if train_s > 0 else 0.0,
             setup_s=self.setup_s,
             train_s=train_s,

@@ -1,5 +1,7 @@
 """One optimizer step of a segment: forwards and backwards over this rank's logical ranks, figures by name.
 
+Each logical rank's rows are cut to their own longest row first
+(`data.trim`: the plan pads unpacked rows to the segment's longest).
 Shard tensors are aligned per target token t; `logprobs[:, t-1]` is the
 logprob of target t (`trainer_core/data/shards.py`). Each logical rank's loss
 sum comes from the objective, is divided by the loss tokens of the whole
@@ -16,6 +18,7 @@ from trainer_core.run.faults import maybe_inject_fault, nonfinite_loss_factor
 
 from ..config import RunConfig
 from ..data.pack import packed_attention_inputs
+from ..data.trim import trim_padding
 from ..objectives import Objective
 from ..ranks import LogicalDataParallel
 from ..training import Trainer
@@ -46,6 +49,7 @@ def _logical_rank_work(
     mode,
 ) -> torch.Tensor:
     """Forward and backward of one logical rank's rows; returns its figures, packed by `layout`."""
+    rows = trim_padding(rows)  # its own longest row, not the segment's (unpacked rows; packed ones as planned)
     out = _forward(trainer, rows, mode)
     assert out.logprobs is not None  # the forward's default outputs hold them
     part = objective.loss_sum(out.logprobs, rows, revision=revision)
@@ -56,6 +60,7 @@ def _logical_rank_work(
         {
             "loss_sum": micro_loss.detach().double(),
             "input_tokens": float(rows["attention_mask"].sum()),
+            "token_slots": float(rows["input_ids"].numel()),
             "stale_trajectories": float(part.num_dropped),
             **part.figures,
         }
