@@ -71,7 +71,7 @@ def save_sharded_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
 
 def missing_shard_files(directory: Path) -> list[str]:
     """The shard files the checkpoint's DCP metadata names that are not in `directory` (written on another machine)."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
 
     dcp_dir = directory / DCP_DIR
     storage = FileSystemReader(str(dcp_dir)).read_metadata().storage_data or {}
