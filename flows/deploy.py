@@ -190,7 +190,7 @@ def deploy_training(
     if config.train.nnodes > 1 and config.train.node_deployment is None:
         config = config.model_copy(deep=True)
         node_deployment = deploy_node_flow(pool=pool, name=name or config.run.name, job_variables=job_variables)
-        config.train.node_deployment = node_deployment.full_name  # validated: needs train.rdzv_endpoint
+        config.train.node_deployment = node_deployment.full_name
 
     return deploy_flow(
         train_flow,

@@ -10,6 +10,7 @@ from infra.launch.launcher import LaunchResult, launch_or_raise
 from infra.runs.run_lease import RunLeaseLost
 
 from .failure_report import report_failure
+from .launch_logs import store_launch_logs
 from .outcomes import PlannedRun
 
 
@@ -30,6 +31,7 @@ def launch_stage(
     monitor: Callable[[], str | None] | None = None,
 ) -> LaunchResult:
     run_dir = Path(planned.run_dir)
+    log_dir = stage_log_dir(run_dir, stage, segment_index)
     try:
         return launch_or_raise(
             module,
@@ -39,10 +41,12 @@ def launch_stage(
             timeout_s=timeout_s,
             on_line=on_line,
             monitor=monitor,
-            log_dir=stage_log_dir(run_dir, stage, segment_index),
+            log_dir=log_dir,
         )
     except RunLeaseLost:
         raise  # another run owns the run directory now: record nothing in it
     except Exception as error:
         report_failure(run_dir, planned.run_id, stage, error, segment=segment_index)
         raise
+    finally:
+        store_launch_logs(planned, run_dir, log_dir)

@@ -33,7 +33,7 @@ from .events import SEGMENT_COMPLETED, emit_run_event, flow_run_url
 from .failure_report import reports_failures
 from .fencing import fence, fenced_monitor
 from .live import LiveArtifacts, in_prefect_run, publisher_for
-from .nodes import launch_segment_nodes
+from .nodes import launch_segment_nodes, nodes_move_their_files
 from .outcomes import PlannedRun, SegmentOutcome
 from .retry_policy import retry_if_retriable
 from .run_state import fetch_segment_inputs, publish_segment_state, stored_segment_result
@@ -72,7 +72,8 @@ def train_segment_fn(
         outcome = _outcome(stored, 0.0, reused=True)
         ledger.record(run_dir, "segment", "reused", segment=segment_index)
         return outcome
-    fetch_segment_inputs(planned, segment_index)
+    if not nodes_move_their_files(planned):  # a work pool's nodes fetch their own inputs (tasks.nodes)
+        fetch_segment_inputs(planned, segment_index)
     progress_file = progress_path(run_dir, segment_index)
     progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
     publisher = publisher_for(live, segment_index)
@@ -94,7 +95,8 @@ def train_segment_fn(
     watch()  # the records written after the last poll
     if publisher is not None:
         publisher.flush()
-    publish_segment_state(planned, segment_index)  # before success: a retry elsewhere resumes from the store
+    if not nodes_move_their_files(planned):  # else the node holding rank 0 stored it, and the result was fetched
+        publish_segment_state(planned, segment_index)  # before success: a retry elsewhere resumes from the store
     result = SegmentResult.read(result_path)
     outcome = _outcome(result, launch_wall_s, reused=False)
     fence(planned, f"segment {segment_index}")

@@ -150,8 +150,9 @@ class TrainSection(_Section):
     """Nodes a segment runs on (torchrun `--nnodes`, c10d rendezvous); the world size nnodes × nproc_per_node must
     divide logical_dp (docs/nodes.md)."""
     rdzv_endpoint: str | None = None
-    """With nnodes > 1: HOST:PORT of the c10d rendezvous store, served by node 0 (which must run on HOST); required
-    on a work pool. Unset: node launches started by `rankflow run` itself use 127.0.0.1 and a free port."""
+    """With nnodes > 1: HOST:PORT of the c10d rendezvous store, served by node 0 (which must run on HOST). Unset: node 0
+    serves it at a free port of its own address and publishes that through the store for each attempt; the local
+    node launches of `rankflow run` use 127.0.0.1 (docs/nodes.md)."""
     node_deployment: str | None = None
     """With nnodes > 1: the per-node deployment (`rankflow-node/NAME`) each node's launch runs as, one flow run per
     node on work queue `node-K` of its pool; `rankflow deploy` sets it. Unset: the node launches run as local

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["NODE_KEYS", "check_nodes", "check_nodes_deployable", "split_endpoint", "world_size"]
+__all__ = ["NODE_KEYS", "check_nodes", "split_endpoint", "world_size"]
 
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
 
@@ -27,9 +27,9 @@ def world_size(nnodes: int, nproc_per_node: int) -> int:
 def check_nodes(
     nnodes: int, nproc_per_node: int, logical_dp: int, node_deployment: str | None, rdzv_endpoint: str | None
 ) -> None:
-    """Raise ValueError naming the fix unless the nodes' world size divides logical_dp and a deployed run has an endpoint."""
+    """Raise ValueError naming the fix unless the nodes' world size divides logical_dp and the node settings are well formed."""
     # Imported here: trainer_core.ranks loads torch, and this module is imported by light processes
-    # (the loopback torchrun agent, `rankflow deploy`) that only need split_endpoint / check_nodes_deployable.
+    # (the loopback torchrun agent, `rankflow deploy`) that only need split_endpoint.
     from .ranks.topology import topology_problem
 
     world = world_size(nnodes, nproc_per_node)
@@ -38,11 +38,6 @@ def check_nodes(
             f"train.logical_dp={logical_dp} is not a multiple of the world size train.nnodes × train.nproc_per_node = "
             f"{nnodes} × {nproc_per_node} = {world}; choose a logical_dp that {world} divides "
             f"(e.g. {problem.suggestion}), or fewer nodes or processes"
-        )
-    if node_deployment is not None and rdzv_endpoint is None:
-        raise ValueError(
-            f"train.node_deployment={node_deployment!r} runs the nodes on workers, which need to find each other: "
-            'set train.rdzv_endpoint = "HOST:PORT" (node 0\'s address and a free port on it)'
         )
     if rdzv_endpoint is not None:
         split_endpoint(rdzv_endpoint)
@@ -62,13 +57,3 @@ def split_endpoint(rdzv_endpoint: str) -> tuple[str, int]:
             'port on it, e.g. "10.0.0.5:29400" (or "127.0.0.1:29400" on one machine)'
         )
     return host, int(port)
-
-
-def check_nodes_deployable(nnodes: int, rdzv_endpoint: str | None) -> None:
-    """A deployment of several nodes runs them on workers, which must be told where node 0 listens."""
-    if nnodes > 1 and rdzv_endpoint is None:
-        raise ValueError(
-            f'train.nnodes={nnodes} on a work pool needs train.rdzv_endpoint = "HOST:PORT" (the address '
-            "of the machine whose worker serves queue node-0, and a free port on it); set it in the config "
-            "or with --set train.rdzv_endpoint=HOST:PORT"
-        )

@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 from trainer_core.config import RunConfig, load_config
 from trainer_core.errors import ConfigError
-from trainer_core.node_topology import check_nodes_deployable
 
 EXIT_OK, EXIT_FAILED = 0, 1
 # Stricter than Prefect's own rule (no / % & > <): these names end up in shell
@@ -49,10 +48,6 @@ def add_deploy_parser(
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set or [])
-    try:
-        check_nodes_deployable(config.train.nnodes, config.train.rdzv_endpoint)
-    except ValueError as error:
-        raise ConfigError(f"{args.config}: {error}") from None
     _check_names(args)
     _check_schedule(args.cron, args.interval)
     job_variables = parse_job_variables(args.job_variable or [])

@@ -160,6 +160,9 @@ class _Ending:
     stopped_ranks: tuple[int, ...] = ()
 
 
+TORCHRUN_LOG = "torchrun.log"
+
+
 class _LaunchOutput:
     """What a launch prints: torchrun's own lines (its pipe) and each rank's (its files), forwarded as whole lines.
 
@@ -217,6 +220,8 @@ class _LaunchOutput:
             kill_launch(process)
             pipe.join(timeout=5)
         self.rank_logs.poll(final=True)
+        if self.keep:  # torchrun's own lines beside the ranks' files: the kept logs hold every line the launch wrote
+            (self.directory / TORCHRUN_LOG).write_text("".join(f"{line}\n" for line in self.torchrun_lines))
 
     def result(self, process: subprocess.Popen, wall_s: float, ending: _Ending) -> LaunchResult:
         """The launch's result; a temporary log directory is removed once it is read."""

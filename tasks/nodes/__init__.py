@@ -5,11 +5,18 @@ With `train.nnodes` > 1 the segment stage hands its launch to `launch_nodes`:
 - `train.node_deployment` set (the work-pool path): one flow run of the
   per-node deployment (`flows.node`, `rankflow-node/NAME`) per node, created
   with `run_deployment(..., timeout=0)` on work queue `node-K` of the
-  deployment's pool, so the worker serving that queue runs node K; node 0
-  serves the rendezvous at `train.rdzv_endpoint` and must run on its host.
+  deployment's pool, so the worker serving that queue runs node K. Each node
+  fetches its inputs from the store into its own work dir and the node holding
+  global rank 0 uploads the new state (`tasks.nodes.node`), so the segment
+  task neither fetches nor uploads (`nodes_move_their_files`); a node queue no
+  live worker serves fails the attempt within a minute.
 - unset (the local fallback, for one machine and tests): one thread per node
-  in this process, each running the node's torchrun (`tasks.nodes.node`),
-  rendezvous on 127.0.0.1 and `train.rdzv_endpoint`'s port, or a free one.
+  in this process, each running the node's torchrun (`tasks.nodes.node`) in
+  the run directory.
+
+Either way node 0 serves the rendezvous at `train.rdzv_endpoint` when it is
+set, else at a free port it publishes through the store for the attempt
+(`infra.launch.rendezvous_board`).
 
 Any node's failure is the segment's failure: the other nodes' launches are
 ended at once (their torchrun and ranks killed; deployed ones cancelled, and
@@ -35,10 +42,15 @@ from infra.runs.run_lease import RunLeaseLost
 from ..failure_report import report_failure
 from ..outcomes import PlannedRun
 from .failure import NodeFailed, new_attempt
-from .local import endpoint_for, launch_local_nodes
+from .local import launch_local_nodes
 from .work_pool import launch_deployed_nodes
 
-__all__ = ["NodeFailed", "launch_nodes", "launch_segment_nodes", "new_attempt"]
+__all__ = ["NodeFailed", "launch_nodes", "launch_segment_nodes", "new_attempt", "nodes_move_their_files"]
+
+
+def nodes_move_their_files(planned: PlannedRun) -> bool:
+    """True when the segment's nodes fetch its inputs and upload its state themselves (a work pool's node runs)."""
+    return planned.train.nnodes > 1 and planned.train.node_deployment is not None
 
 
 def launch_nodes(
@@ -52,7 +64,7 @@ def launch_nodes(
     rdzv = rendezvous_id(planned.run_id, segment_index, attempt)
     started = time.perf_counter()
     if planned.train.node_deployment is None:
-        launch_local_nodes(planned, segment_index, endpoint_for(planned), rdzv, attempt, on_line, tick)
+        launch_local_nodes(planned, segment_index, rdzv, attempt, on_line, tick)
     else:
         launch_deployed_nodes(planned, segment_index, rdzv, attempt, tick)
     return time.perf_counter() - started

@@ -1,8 +1,9 @@
 """The local path of a multi-node segment: one thread per node in this process, each running the node's torchrun.
 
 For one machine and tests (`train.node_deployment` unset): every node runs
-`tasks.nodes.node.launch_node`, rendezvous on 127.0.0.1 and
-`train.rdzv_endpoint`'s port, or a free one. The first node to fail stops the
+`tasks.nodes.node.run_node` in the run directory the segment task filled,
+rendezvous at `train.rdzv_endpoint`, or at a free port of 127.0.0.1 that node
+0 publishes through the store (as a work pool's nodes do). The first node to fail stops the
 others through their launch monitor (`stop`), and the error raised names the
 node whose failure caused the others'.
 """
@@ -11,20 +12,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from infra.launch.failures import FailureClass, classify_exception
-from infra.launch.ports import pick_free_port
-from infra.launch.rendezvous import NodeRendezvous
 
 from ..outcomes import PlannedRun
 from .failure import NodeFailed, node_failure
-from .node import launch_node
+from .node import NodeFiles, run_node
 
-__all__ = ["endpoint_for", "launch_local_nodes"]
-
-
-def endpoint_for(planned: PlannedRun) -> str:
-    return planned.train.rdzv_endpoint or f"127.0.0.1:{pick_free_port()}"
+__all__ = ["launch_local_nodes"]
 
 
 def _first_cause(errors: dict[int, BaseException], aborted: set[int]) -> tuple[int, BaseException]:
@@ -39,7 +35,6 @@ def _first_cause(errors: dict[int, BaseException], aborted: set[int]) -> tuple[i
 def launch_local_nodes(
     planned: PlannedRun,
     segment_index: int,
-    endpoint: str,
     rdzv: str,
     attempt: str,
     on_line: Callable[[str], None],
@@ -51,8 +46,6 @@ def launch_local_nodes(
     lock = threading.Lock()
 
     def run(node_rank: int) -> None:
-        node = NodeRendezvous(planned.train.nnodes, node_rank, endpoint, rdzv)
-
         def stop() -> str | None:
             if not failed.is_set():
                 return None
@@ -60,11 +53,13 @@ def launch_local_nodes(
             return "another node of the segment failed"
 
         try:
-            launch_node(
+            run_node(
                 planned,
                 segment_index,
-                node,
+                node_rank,
+                rdzv,
                 lambda line: on_line(f"[node {node_rank}] {line}"),
+                files=NodeFiles(Path(planned.run_dir), own=False),
                 attempt_dir=attempt,
                 stop=stop,
             )

@@ -32,7 +32,7 @@ def test_a_lost_lease_stops_every_local_node_and_nothing_is_reported(tmp_path, m
     running = threading.Barrier(2)
     both_running = threading.Event()
 
-    def fake_launch_node(planned, segment_index, node, on_line, *, attempt_dir, stop):
+    def fake_launch_node(planned, segment_index, node, on_line, *, attempt_dir, run_dir, stop):
         # Stands in for a node's torchrun: it runs until the launcher's monitor (stop) says why it must end.
         running.wait(timeout=10)
         both_running.set()
@@ -45,7 +45,7 @@ def test_a_lost_lease_stops_every_local_node_and_nothing_is_reported(tmp_path, m
         raise RuntimeError(f"node {node.node_rank} stopped: {reason}")
 
     reported = []
-    monkeypatch.setattr(nodes.local, "launch_node", fake_launch_node)
+    monkeypatch.setattr(nodes.node, "launch_node", fake_launch_node)
     monkeypatch.setattr(nodes, "report_failure", lambda *args, **kwargs: reported.append(args))
 
     def tick() -> None:

@@ -54,10 +54,6 @@ def no_server(tmp_path):
         (["--pool", "ok", "--interval", "-5"], "--interval -5.0: must be a positive number"),
         (["--pool", "ok", "--job-variable", "no-equals-sign"], "expected KEY=VALUE"),
         (["--pool", "ok", "--set", "train.steps=-1"], "train.steps"),
-        (
-            ["--pool", "ok", "--set", "train.nnodes=2", "--set", "train.nproc_per_node=1"],
-            "train.nnodes=2 on a work pool needs train.rdzv_endpoint",
-        ),
     ],
 )
 def test_deploy_bad_input_exits_2_with_one_message(no_server, config_file, tmp_path, capsys, extra, message):

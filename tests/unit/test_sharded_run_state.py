@@ -135,3 +135,24 @@ def test_a_fault_in_any_phase_aborts_and_leaves_no_staging(tmp_path, mesh, phase
     with pytest.raises(ExportPreparationError, match=f"failed on rank 0 .*OSError: injected at {phase}"):
         prepare_sharded_export(TOPOLOGY, config, trainer, out, {"run_id": "r", "step": 0}, fault)
     assert not out.exists() and not out.with_name("export.tmp").exists()
+
+
+def test_a_sharded_state_whose_shards_another_machine_wrote_is_refused_not_put_in_place(tmp_path, mesh, monkeypatch):
+    """Nodes with their own work dirs: a rank's shards land on its machine; rank 0 must not publish a partial state."""
+    import trainer_core.run.state as state_module
+    from trainer_core.training.sharded_checkpoint_io import DCP_DIR, missing_shard_files
+
+    _, saved = _trainer(tmp_path, mesh, seed=1)
+    save = state_module.save_sharded_checkpoint
+
+    def written_elsewhere(checkpoint, directory):
+        save(checkpoint, directory)
+        assert missing_shard_files(directory) == []  # whole where every rank wrote
+        for shard in (directory / DCP_DIR).glob("*.distcp"):
+            shard.unlink()  # as if its rank ran on another node, in that node's run directory
+
+    monkeypatch.setattr(state_module, "save_sharded_checkpoint", written_elsewhere)
+    state_dir = tmp_path / "state" / "segment-0000"
+    with pytest.raises(ValueError, match=r"lacks the shards \['__0_0\.distcp'\].*must be one shared filesystem"):
+        save_sharded_training_state(state_dir, saved.checkpoints, {"next_step": 3}, rank=0)
+    assert not has_state(state_dir)

@@ -36,6 +36,7 @@ from trainer_core.run.layout import RunDir
 from trainer_core.training import Checkpoint, restore_checkpoint, save_checkpoint
 from trainer_core.training.sharded_checkpoint_io import (
     is_sharded,
+    missing_shard_files,
     restore_sharded_checkpoint,
     save_sharded_checkpoint,
 )
@@ -80,6 +81,17 @@ def _put_in_place(tmp: Path, state_dir: Path, meta: dict) -> None:
     os.replace(tmp, state_dir)
 
 
+def _put_whole_in_place(tmp: Path, state_dir: Path, meta: dict, checkpoints: Mapping[str, Checkpoint]) -> None:
+    for name in checkpoints:
+        if missing := missing_shard_files(tmp / name):
+            # Ranks on another machine wrote these into their own run directory: the state is not whole anywhere.
+            raise ValueError(
+                f"{tmp / name} lacks the shards {missing[:4]} other ranks wrote: with train.sharding = 'fsdp' across "
+                "nodes, run.work_dir must be one shared filesystem at the same path on every node (docs/nodes.md)"
+            )
+    _put_in_place(tmp, state_dir, meta)
+
+
 def _rank_zero_part(rank: int, what: str, work) -> None:
     """Rank 0 does `work`, then every rank hears whether it failed (rank 0 re-raises its own error, the others
     RankFailure naming it): a rank-0-only failure never leaves its peers waiting in the next collective."""
@@ -99,8 +111,8 @@ def save_sharded_training_state(state_dir: Path, checkpoints: Mapping[str, Check
     _rank_zero_part(rank, "making the state's temporary directory", lambda: _fresh(tmp))
     for name, checkpoint in checkpoints.items():
         save_sharded_checkpoint(checkpoint, tmp / name)  # ends in a barrier: every rank's shards are written
-    # No rank reports the state saved before it is in place.
-    _rank_zero_part(rank, "putting the state in place", lambda: _put_in_place(tmp, state_dir, meta))
+    # No rank reports the state saved before it is whole and in place.
+    _rank_zero_part(rank, "putting the state in place", lambda: _put_whole_in_place(tmp, state_dir, meta, checkpoints))
     return sum(p.stat().st_size for p in state_dir.rglob("*") if p.is_file())
 
 

@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from .checkpoints import Checkpoint
 
-__all__ = ["DCP_DIR", "is_sharded", "restore_sharded_checkpoint", "save_sharded_checkpoint"]
+__all__ = ["DCP_DIR", "is_sharded", "missing_shard_files", "restore_sharded_checkpoint", "save_sharded_checkpoint"]
 
 DCP_DIR = "dcp"
 VERSION_FILE = "version.json"
@@ -67,6 +67,16 @@ def save_sharded_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
         (directory / VERSION_FILE).write_text(json.dumps(version))
     if dist.is_initialized():
         dist.barrier()  # no rank reports the state saved before version.json exists
+
+
+def missing_shard_files(directory: Path) -> list[str]:
+    """The shard files the checkpoint's DCP metadata names that are not in `directory` (written on another machine)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    dcp_dir = directory / DCP_DIR
+    storage = FileSystemReader(str(dcp_dir)).read_metadata().storage_data or {}
+    names = {info.relative_path for info in storage.values()}
+    return sorted(name for name in names if not (dcp_dir / name).is_file())
 
 
 def restore_sharded_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimizer: bool = True) -> None:

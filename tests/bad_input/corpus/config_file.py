@@ -206,13 +206,6 @@ CASES: list[Case] = [
         config={"train": {"nnodes": 2}},
     ),
     Case(
-        "node_deployment_without_endpoint",
-        "config-value",
-        r"train\.node_deployment='rankflow-node/tiny'",
-        r"set train\.rdzv_endpoint",
-        config={"train": {"nnodes": 2, "nproc_per_node": 1, "node_deployment": "rankflow-node/tiny"}},
-    ),
-    Case(
         "rdzv_endpoint_no_port",
         "config-value",
         r"train\.rdzv_endpoint='node0' is not HOST:PORT",

@@ -4,21 +4,24 @@ A Prefect server on PostgreSQL; `rankflow deploy` with train.nnodes = 2
 registers the training deployment and the per-node deployment next to it;
 three workers, each in a directory of its own, as on three machines: one
 serves the pool's default queue (the training flow runs), one queue `node-0`
-and one `node-1`. The training run starts one per-node flow run per node;
-each runs on the worker of its queue, and the committed weights and losses
-are bitwise those of 1 node × 2 processes. A rank killed on one node fails
-both node runs of that attempt, every process of it is gone before the
-retry's first one starts, and the retried segment ends bitwise equal. The
-nodes share the run's work dir
-(an absolute path, as a shared filesystem would give; the store-backed run
-state makes that unnecessary once it lands). Every worker, torchrun and rank
-is checked gone at the end.
+and one `node-1`, each node worker with a work dir of its own
+(`RANKFLOW_NODE_WORK_DIR`), none of them the training flow's. The training run
+starts one per-node flow run per node; each runs on the worker of its queue,
+fetches its inputs from the store, finds node 0 through the endpoint node 0
+published in the store (no `train.rdzv_endpoint`), and the node holding
+global rank 0 uploads the state; the committed weights and losses are bitwise
+those of 1 node × 2 processes. A rank killed on one node fails both node runs
+of that attempt, every process of it is gone before the retry's first one
+starts, and the retried segment ends bitwise equal. A node queue no worker
+serves fails the attempt naming the queue. Every worker, torchrun and rank is
+checked gone at the end.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -26,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from flows.node import NODE_ADDRESS_ENV, NODE_WORK_DIR_ENV
 from infra.runs import ledger
-from infra.services.local_process import pick_free_port
 from tests.e2e.deployments.test_work_pool import (  # noqa: F401 - prefect_server is a fixture
     PREFECT,
     RANKFLOW,
@@ -80,6 +83,7 @@ class NodePool:
     env: dict
     logs: dict
     fault_marker: Path
+    node_work_dirs: dict[str, Path]
 
 
 def _deploy(config_file: Path, name: str, env: dict, cwd: Path) -> dict:
@@ -107,12 +111,21 @@ def node_pool(prefect_server, tmp_path_factory) -> Iterator[NodePool]:  # noqa: 
         FAULT_ENV: f"{FAULT_STEP}:1:{marker}",
         FAULT_KIND_ENV: "kill",
     }
+    # As on separate machines: each node worker keeps the runs under a work dir of its own.
+    node_work_dirs = {queue: base / f"{queue}-work" for queue in ("node-0", "node-1")}
+    queue_env = {
+        "default": worker_env,
+        **{
+            queue: {**worker_env, NODE_WORK_DIR_ENV: str(work), NODE_ADDRESS_ENV: "127.0.0.1"}
+            for queue, work in node_work_dirs.items()
+        },
+    }
     with ExitStack() as workers:
         logs = {
-            queue: workers.enter_context(running_queue_worker("nodes-pool", queue, worker_env, base / queue))
-            for queue in ("default", "node-0", "node-1")
+            queue: workers.enter_context(running_queue_worker("nodes-pool", queue, env_of, base / queue))
+            for queue, env_of in queue_env.items()
         }
-        yield NodePool(prefect_server.api_url, env, logs, marker)
+        yield NodePool(prefect_server.api_url, env, logs, marker, node_work_dirs)
 
 
 def _run_deployed(pool: NodePool, tmp_path: Path, steps: int, name: str):
@@ -127,7 +140,6 @@ def _run_deployed(pool: NodePool, tmp_path: Path, steps: int, name: str):
         "logical_dp": 2,
         "nproc_per_node": 1,
         "nnodes": 2,
-        "rdzv_endpoint": f"127.0.0.1:{pick_free_port()}",
     }
     config_file = _write_config(tmp_path, train=train)
     deployed = _deploy(config_file, name, pool.env, tmp_path)
@@ -198,6 +210,8 @@ def test_two_node_workers_train_a_segment_bitwise_like_one_node_of_two_processes
         assert all(str(run.id) not in text for queue, text in worker_logs.items() if queue != run.work_queue_name)
     assert not node_pool.fault_marker.exists()  # 2 steps never reach the fault
     assert len(result[1]) == 2
+    _nodes_moved_their_files(node_pool, tmp_path, result[0], num_segments=1)
+    _prefect_got_the_readable_lines_and_the_files_every_line(node_pool, node_runs, result[0])
     assert result == _reference(node_pool, config_file, tmp_path / "reference")
 
 
@@ -218,4 +232,92 @@ def test_a_killed_node_fails_both_node_runs_and_the_retried_segment_ends_bitwise
     assert len(failures) == 1 and failures[0]["segment"] == 1, failures
     assert failures[0]["failure"]["cause"] in ("rank_died", "collective_timeout"), failures[0]
     assert len(result[1]) == 4
+    _nodes_moved_their_files(node_pool, tmp_path, result[0], num_segments=2)
     assert result == _reference(node_pool, config_file, tmp_path / "reference")
+
+
+def _nodes_moved_their_files(pool: NodePool, tmp_path: Path, run_id: str, num_segments: int) -> None:
+    """Each node fetched its inputs into its own work dir; the state went through the store, and so did the logs."""
+    orchestrator = tmp_path / "work" / run_id
+    store = tmp_path / "store" / run_id
+    holders = []
+    for queue, work in pool.node_work_dirs.items():
+        run_dir = work / run_id
+        assert (run_dir / "plan.json").read_bytes() == (store / "plan.json").read_bytes()  # fetched, verified
+        holders.append({s for s in range(num_segments) if (run_dir / "segments" / f"segment-{s:04d}.json").is_file()})
+        for log in (p for p in (run_dir / "logs").rglob("*") if p.is_file()):
+            assert (store / log.relative_to(run_dir)).read_bytes() == log.read_bytes(), log
+        assert any((run_dir / "logs").rglob("torchrun.log")), queue
+    # One node held global rank 0 in each segment and stored its state; the training flow stored none.
+    assert sorted(s for held in holders for s in held) == list(range(num_segments)), holders
+    stored = [
+        e["segment"]
+        for work in pool.node_work_dirs.values()
+        for e in ledger.read(work / run_id)
+        if e["stage"] == "run-state" and e["status"] == "stored"
+    ]
+    assert sorted(stored) == list(range(num_segments)), stored
+    assert not [
+        e for e in ledger.read(orchestrator) if e["stage"] == "run-state" and e["status"] == "stored" and "segment" in e
+    ]
+    assert not (store / "rendezvous").exists() or not any((store / "rendezvous").iterdir())  # each notice withdrawn
+
+
+def _prefect_got_the_readable_lines_and_the_files_every_line(pool: NodePool, node_runs, run_id: str) -> None:
+    """Prefect's log rows of the node runs: rank 0's first step line only (2 steps in well under 30 s), no ordinary
+    line of another rank; the rank log files (their copies in the store were compared above) hold every line."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: pool.api_url}), get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id for run in node_runs])))
+    rows = [(log.level, log.message) for log in logs if log.message.startswith("[rank ")]
+    files = "".join(
+        p.read_text() for work in pool.node_work_dirs.values() for p in (work / run_id / "logs").rglob("std*.log")
+    )
+    steps = [message for _, message in rows if message.startswith("[rank 0] step ")]
+    assert len(steps) == 1 and steps[0].startswith("[rank 0] step 0 "), rows
+    assert "[rank 0] step 1 loss" in files  # kept in the files, not sent
+    assert any(message.startswith("[rank 0] segment 0 done") for _, message in rows)
+    assert all(level >= 30 for level, message in rows if not message.startswith("[rank 0] ")), rows
+    assert all(message in files for _, message in rows)
+
+
+def test_a_node_queue_no_worker_serves_fails_the_attempt_naming_it(node_pool, tmp_path):
+    """A pool whose queues no worker polls: the node runs are cancelled and the error names the queue and the fix."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.deploy import deploy_node_flow
+    from tasks.nodes import NodeFailed
+    from tasks.nodes.queue_liveness import silent_queue_problem
+    from tasks.nodes.work_pool import launch_deployed_nodes
+    from tasks.outcomes import PlannedRun
+    from trainer_core.config import StorageSection, TrainSection
+
+    with temporary_settings(updates={PREFECT_API_URL: node_pool.api_url}), get_client(sync_client=True) as client:
+        # The live workers' queues are served (their polls are read back from the server).
+        assert silent_queue_problem(client, "nodes-pool", "node-1") is None
+        deployed = deploy_node_flow(pool="idle-pool", name="idle")
+        planned = PlannedRun(
+            run_id="idle-0123456789ab",
+            digest="d",
+            run_dir=str(tmp_path / "work"),
+            segment_steps=[(0, 1)],
+            train=TrainSection(nnodes=2, nproc_per_node=1, logical_dp=2, node_deployment=deployed.full_name),
+            storage=StorageSection(url=str(tmp_path / "store")),
+        )
+        started = time.monotonic()
+        with pytest.raises(
+            NodeFailed, match=r"no live worker serves work queue 'node-0' of pool 'idle-pool'"
+        ) as failed:
+            launch_deployed_nodes(planned, 0, "idle-rdzv", "A", lambda: None, queue_silence_s=3)
+        assert time.monotonic() - started < 30
+        assert "prefect worker start --pool idle-pool --work-queue node-0" in str(failed.value)
+        assert failed.value.failure is not None and failed.value.failure.cause.value == "launch_timeout"
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[deployed.deployment_id]))
+        )
+        assert sorted(run.state_name for run in runs) == ["Cancelled", "Cancelled"]
