@@ -23,6 +23,10 @@ finishes the job:
 
 A retired record next to a manifest (a gc killed between 2 and 3, or a
 keep_last raised since) is only an intent: the rule decides again.
+
+`apply_retention` is the whole stage: it takes the lease, removes
+checkpoints, then (unless `storage.keep_states`) the segment states nothing
+needs any more (infra/runs/state_retention.py).
 """
 
 from __future__ import annotations
