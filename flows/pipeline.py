@@ -1,4 +1,4 @@
-"""The training pipeline as a Prefect flow: plan → segments → export → commit → cleanup → report."""
+"""The training pipeline as a Prefect flow: plan → segments → export → commit → cleanup → retention → report."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tasks.outcomes import PlannedRun
 from tasks.plan import compute_plan, write_plan_task
 from tasks.publish import cleanup, commit
 from tasks.report import report
+from tasks.retention import apply_retention_after
 from tasks.segment import train_segment
 from tasks.storage_check import check_storage
 from trainer_core.config import RunConfig
@@ -59,6 +60,7 @@ def publish_checkpoint(run: RunRecord, planned: PlannedRun, index: int) -> Commi
     staged = run.exported(export_segment(planned, index))
     committed = commit(planned, staged)
     cleanup(planned, staged)
+    apply_retention_after(planned, committed)  # storage.keep_*: never fails or rolls back the commit
     emit_run_event(
         CHECKPOINT_COMMITTED,
         planned.run_id,

@@ -7,7 +7,9 @@ the store with its size and sha256 — confirmed by a digest the store
 computed from the bytes it holds (one HEAD per file on S3), or else by
 hashing the file. A sha256 recorded at upload is not enough: bytes changed
 under it keep it. A step whose checkpoint does not pass is published again
-(export → commit), which repairs it from the stored state.
+(export → commit), which repairs it from the stored state — unless
+retention removed it after its commit (`RUN_ID/retired/`): that step is
+done, and a rerun does not publish it again.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from infra.publication.checkpoints import verify_checkpoint
 from infra.publication.commit import CommitOutcome, checkpoint_name
 from infra.publication.journal import Journal, PublicationState, journal_path_for
 from infra.publication.manifests import checkpoint_key
+from infra.publication.retention import is_retired
 from infra.runs import ledger
 from infra.store import open_store
 from infra.store.base import ObjectStore
@@ -56,6 +59,8 @@ def already_committed_fn(planned: PlannedRun, segment_index: int) -> CommitOutco
     step = planned.segment_steps[segment_index][1]
     store = open_store(planned.storage)
     url = committed_checkpoint_url(store, planned.run_id, step)
+    if url is None and is_retired(store, planned.run_id, step):
+        return _retired(planned, store, segment_index, step)
     if url is None or _cleanup_pending(planned, store, segment_index):
         return None
     ledger.record(
@@ -76,6 +81,25 @@ def already_committed_fn(planned: PlannedRun, segment_index: int) -> CommitOutco
         latest_moved=False,
         wall_s=0.0,
         already_committed=True,
+    )
+
+
+def _retired(planned: PlannedRun, store: ObjectStore, segment_index: int, step: int) -> CommitOutcome:
+    """A step retention removed after its commit (storage.keep_last): published once, not exported again."""
+    url = store.url_of(checkpoint_key(planned.run_id, checkpoint_name(step)))
+    ledger.record(
+        Path(planned.run_dir), "export", "skipped", step=step, segment=segment_index, reason="removed by retention"
+    )
+    return CommitOutcome(
+        checkpoint_url=url,
+        step=step,
+        num_files_uploaded=0,
+        num_files_skipped=0,
+        bytes_uploaded=0,
+        latest_moved=False,
+        wall_s=0.0,
+        already_committed=True,
+        notes=("committed earlier, then removed by retention (storage.keep_last)",),
     )
 
 

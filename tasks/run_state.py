@@ -109,7 +109,14 @@ def fetch_plan_file(planned: PlannedRun) -> None:
 def fetch_segment_state(planned: PlannedRun, segment_index: int) -> None:
     """The training state segment `segment_index` saved (not its result), verified against the store."""
     prefix = _relative(Path(planned.run_dir), state_dir_for(Path(planned.run_dir), segment_index)) + "/"
-    _fetch(planned, segment_bundle(segment_index), only=lambda path: path.startswith(prefix))
+    figures = _fetch(planned, segment_bundle(segment_index), only=lambda path: path.startswith(prefix))
+    if not figures["num_files_kept"] + figures["num_files_fetched"]:
+        # Its bundle keeps only the result: retention removed the state (infra/runs/state_retention.py).
+        raise FileNotFoundError(
+            f"the training state of segment {segment_index} of run {planned.run_id} was removed by retention "
+            "(storage.keep_states = false) once a later checkpoint committed, and cannot be fetched; it comes back only by training "
+            "again (another run.name, or a fresh store) — set storage.keep_states = true to keep every state"
+        )
 
 
 def fetch_segment_inputs(planned: PlannedRun, segment_index: int) -> None:

@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .backward_modes import BACKWARD_MODES, PLANNER
 from .config_messages import describe_validation_error
@@ -272,6 +272,12 @@ class ExportSection(_Section):
     merge_lora: bool = False
     """With [model.lora]: also write the merged full weights (`merged/`, loads with AutoModelForCausalLM)."""
 
+    def after_segment(self, segment_index: int, num_segments: int) -> bool:
+        """Whether a checkpoint is exported after segment `segment_index` (0-based) of `num_segments`."""
+        last = segment_index == num_segments - 1
+        every = self.every_n_segments
+        return last or (every > 0 and (segment_index + 1) % every == 0)
+
     @field_validator("max_shard_size")
     @classmethod
     def _shard_size(cls, value: str) -> str:
@@ -299,11 +305,42 @@ class StorageSection(_Section):
     """Overall time limit of one commit, cleanup or ledger upload; past it the stage fails, retriably."""
     request_timeout_s: float = Field(default=60, gt=0)
     """Connect and read timeout of one S3 request (3 attempts): a stopped server fails it instead of hanging."""
+    keep_last: int | None = None
+    """Retention: after each commit, keep the newest N committed checkpoints (plus keep_every's and the one LATEST
+    names) and remove the others. Unset: every checkpoint is kept. Never changes the run id."""
+    keep_every: int | None = None
+    """Retention, with keep_last: also keep every checkpoint whose step is a multiple of K."""
+    keep_states: bool = False
+    """Keep every segment's training state in the store. False: once a checkpoint commits, the states of the segments
+    before it (no longer needed to resume or to export) are removed from the store and the work dir."""
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
         return check_storage_url(value)
+
+    @field_validator("keep_last", "keep_every")
+    @classmethod
+    def _positive_count(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value < 1:
+            hint = (
+                "it would remove every checkpoint; set storage.keep_last = 1 or more (the newest N stay), or remove "
+                "the key to keep every checkpoint"
+                if info.field_name == "keep_last"
+                else "set storage.keep_every = K >= 1 (checkpoints at steps that are multiples of K stay), or remove it"
+            )
+            raise ValueError(f"storage.{info.field_name} = {value} is not a positive count: {hint}")
+        return value
+
+    @model_validator(mode="after")
+    def _keep_every_needs_keep_last(self) -> "StorageSection":
+        if self.keep_every is not None and self.keep_last is None:
+            raise ValueError(
+                f"storage.keep_every = {self.keep_every} has no effect without storage.keep_last (every checkpoint is "
+                f"kept while keep_last is unset); set storage.keep_last = N to keep the N newest plus every "
+                f"{self.keep_every}th step's, or remove keep_every"
+            )
+        return self
 
     @property
     def is_s3(self) -> bool:
@@ -352,9 +389,7 @@ class RunConfig(_Section):
 
     def export_after_segment(self, segment_index: int) -> bool:
         """Whether a checkpoint is exported after segment `segment_index` (0-based)."""
-        last = segment_index == self.train.num_segments - 1
-        every = self.export.every_n_segments
-        return last or (every > 0 and (segment_index + 1) % every == 0)
+        return self.export.after_segment(segment_index, self.train.num_segments)
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, raw_value: str, created: list[str]) -> None:

@@ -5,6 +5,7 @@
     rankflow checkpoints verify RUN_ID [STEP] ...     hash every byte against the manifest; exit 1 if any fails
     rankflow checkpoints pull RUN_ID [STEP] [--dest DIR]   download the newest verified (or STEP), verified
     rankflow checkpoints gc RUN_ID [--dry-run]        remove orphans of crashed or superseded commits
+                                    (with --config: and the checkpoints its storage.keep_last/keep_every drop)
 
 A corrupt LATEST or manifest is reported on standard error and skipped.
 """
@@ -136,8 +137,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     from infra.publication.orphans import collect_garbage
 
-    report = collect_garbage(_store(args), args.run_id, dry_run=args.dry_run)
+    store = _store(args)
+    report = collect_garbage(store, args.run_id, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
+    if args.config is not None and not args.dry_run:
+        _retain(store, args)
     print(
         f"run {args.run_id}: {verb} {len(report.removed)} objects ({_size(report.removed_bytes)}), "
         f"aborted {report.aborted_uploads} dangling uploads"
@@ -147,6 +151,23 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for kept in report.kept:
         print(f"    kept {kept}", file=sys.stderr)
     return EXIT_OK
+
+
+def _retain(store, args: argparse.Namespace) -> None:
+    """With --config: remove the checkpoints its storage.keep_last / keep_every do not keep (as a run does)."""
+    from infra.publication.finalizer import FinalizerSettings
+    from infra.publication.retention import RetentionPolicy, apply_retention
+    from trainer_core.config import load_config
+
+    policy = RetentionPolicy.of(load_config(args.config).storage)
+    report = apply_retention(store, args.run_id, policy, FinalizerSettings(wait_s=60.0))
+    print(
+        f"run {args.run_id}: retention ({policy.keep_last=}, {policy.keep_every=}) removed {len(report.removed)} checkpoints"
+    )
+    for name in report.removed:
+        print(f"    {name}")
+    for name in report.kept_for_readers + report.hidden:
+        print(f"    kept {name}: a reader is pulling it", file=sys.stderr)
 
 
 def _reporting_failures(handler):

@@ -40,8 +40,10 @@ from infra.publication.manifests import (
     checkpoint_name,
     checkpoints_dir_key,
     parse_manifest,
+    retired_key,
     step_of,
 )
+from infra.publication.readers import reading
 from infra.store.base import ObjectStore, storage_errors
 from infra.store.conditional import read_versioned
 from infra.store.durable import temp_name
@@ -224,13 +226,17 @@ def download_checkpoint(store: ObjectStore, run_id: str, name: str, dest: Path) 
     Files are written into a temporary directory beside `dest` and moved into
     place only when all of them verify; a manifest path can never leave it.
     """
-    with storage_errors(store, f"download of {name} of run {run_id}"):
-        manifest = read_manifest(store, run_id, name)
-        if manifest is None:
-            raise FileNotFoundError(
-                f"checkpoint {name} of run {run_id} has no manifest at {store.url}; it is not committed"
-            )
+    # The reader marker comes before the manifest is read: retention never removes what a marked reader saw.
+    with reading(store, run_id, name), storage_errors(store, f"download of {name} of run {run_id}"):
         base = _base(store, run_id, name)
+        stored = store.get(store.key_of(f"{base}/{MANIFEST_FILE}"))  # read once: what was read is what is verified
+        if stored is None:
+            removed = store.get(retired_key(run_id, step_of(name) or 0)) is not None
+            raise FileNotFoundError(
+                f"checkpoint {name} of run {run_id} has no manifest at {store.url}; "
+                + ("retention removed it (storage.keep_last)" if removed else "it is not committed")
+            )
+        manifest = parse_manifest(stored.data, f"{base}/{MANIFEST_FILE}", run_id=run_id, step=step_of(name))
         dest = Path(dest)
         if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
             raise FileExistsError(f"{dest} exists and is not an empty directory; pull into a new or empty directory")
@@ -243,11 +249,7 @@ def download_checkpoint(store: ObjectStore, run_id: str, name: str, dest: Path) 
                 if root not in target.resolve().parents:  # parse_manifest refused this already; belt and braces
                     raise ManifestError(f"{base}/{MANIFEST_FILE}: {entry.path} leaves the checkpoint")
                 fetch_verified(store, f"{base}/{entry.path}", target, entry)
-            stored = store.get(store.key_of(f"{base}/{MANIFEST_FILE}"))
-            if stored is None:
-                raise FileNotFoundError(f"{base}/{MANIFEST_FILE}")
-            manifest_bytes = stored.data
-            (staging / MANIFEST_FILE).write_bytes(manifest_bytes)
+            (staging / MANIFEST_FILE).write_bytes(stored.data)
             if dest.is_dir() and not any(dest.iterdir()):
                 dest.rmdir()
             os.replace(staging, dest)
@@ -262,10 +264,21 @@ def pull_checkpoint(
     """Download checkpoint `step` (default: the newest verified); returns (name, path, note)."""
     if step is not None:
         return checkpoint_name(step), download_checkpoint(store, run_id, checkpoint_name(step), dest), None
-    resolution = resolve_latest(store, run_id)
-    if resolution.checkpoint is None:
-        raise FileNotFoundError(
-            f"run {run_id} has no checkpoint that verifies at {store.url}"
-            + (f" ({resolution.message})" if resolution.message else "")
-        )
-    return resolution.checkpoint, download_checkpoint(store, run_id, resolution.checkpoint, dest), resolution.message
+    for attempt in range(2):
+        resolution = resolve_latest(store, run_id)
+        if resolution.checkpoint is None:
+            raise FileNotFoundError(
+                f"run {run_id} has no checkpoint that verifies at {store.url}"
+                + (f" ({resolution.message})" if resolution.message else "")
+            )
+        try:
+            return (
+                resolution.checkpoint,
+                download_checkpoint(store, run_id, resolution.checkpoint, dest),
+                resolution.message,
+            )
+        except FileNotFoundError:
+            # A newer commit moved LATEST and retention removed this one before our marker was up: resolve again.
+            if attempt:
+                raise
+    raise AssertionError("unreachable")

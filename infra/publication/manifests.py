@@ -5,6 +5,8 @@
     RUN_ID/publications/step-00000060.json   the publication's journal (mirror)
     RUN_ID/finalizer-queue/step-00000060.json   a committer waiting for the finalizer
     RUN_ID/leases/finalizer.json        the run's finalizer lease (`lease_key`, infra/store/lease.py)
+    RUN_ID/retired/step-00000020.json   a checkpoint retention removed (infra/publication/retention.py)
+    RUN_ID/readers/step-00000060/ID.json   a reader pulling the checkpoint (infra/publication/readers.py)
 
 The keys (relative to the store's root: `store.path(key)`, `store.url_of(key)`)
 are written once, by the functions below; nothing else spells this layout.
@@ -47,6 +49,8 @@ __all__ = [
     "MANIFEST_PROBLEMS",
     "PUBLICATIONS_DIR",
     "QUEUE_DIR",
+    "READERS_DIR",
+    "RETIRED_DIR",
     "SUPPORTED_FORMATS",
     "CheckpointManifest",
     "FileEntry",
@@ -63,6 +67,9 @@ __all__ = [
     "publications_dir_key",
     "queue_dir_key",
     "queue_key",
+    "reader_key",
+    "readers_dir_key",
+    "retired_key",
     "refusal",
     "step_of",
 ]
@@ -71,6 +78,8 @@ LATEST_FILE = "LATEST"
 CHECKPOINTS_DIR = "checkpoints"
 PUBLICATIONS_DIR = "publications"
 QUEUE_DIR = "finalizer-queue"
+RETIRED_DIR = "retired"
+READERS_DIR = "readers"
 
 
 def checkpoints_dir_key(run_id: str) -> str:
@@ -102,3 +111,17 @@ def queue_dir_key(run_id: str) -> str:
 def queue_key(run_id: str, step: int) -> str:
     """The finalizer-queue entry of the committer of `step`."""
     return posixpath.join(run_id, QUEUE_DIR, f"{checkpoint_name(step)}.json")
+
+
+def retired_key(run_id: str, step: int) -> str:
+    """The record that retention removed the checkpoint of `step` (written before its manifest goes)."""
+    return posixpath.join(run_id, RETIRED_DIR, f"{checkpoint_name(step)}.json")
+
+
+def readers_dir_key(run_id: str, name: str) -> str:
+    """The markers of the readers pulling checkpoint `name`."""
+    return posixpath.join(run_id, READERS_DIR, name)
+
+
+def reader_key(run_id: str, name: str, reader_id: str) -> str:
+    return posixpath.join(run_id, READERS_DIR, name, f"{reader_id}.json")

@@ -9,7 +9,7 @@ flight), and only under `RUN_ID/` with its trailing '/':
 - temporary files of interrupted local writes;
 - dangling multipart uploads (a killed uploader leaves them; they hold space).
 
-A committed checkpoint's listed files, a checkpoint whose manifest exists but
+A committed checkpoint's listed files, a hidden one a reader still pulls, a checkpoint whose manifest exists but
 does not parse (reported, kept for a person to look at), LATEST, the ledger,
 journals and leases are never touched.
 
@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from infra.publication.checkpoints import checkpoint_names, read_manifest
 from infra.publication.finalizer import FinalizerSettings, finalizer
 from infra.publication.manifests import MANIFEST_FILE, ManifestError, checkpoint_key
+from infra.publication.readers import live_readers
 from infra.store.base import ObjectStore, storage_errors
 from infra.store.durable import TEMP_MARKER
 from infra.store.objects import (
@@ -75,6 +76,10 @@ def collect_garbage(
                     manifest = read_manifest(store, run_id, name)
                 except ManifestError as error:
                     report.kept.append(f"{name}: manifest does not parse ({error}); left for inspection")
+                    continue
+                if manifest is None and (readers := live_readers(store, run_id, name)):
+                    # Retention hid it while these pulled it (infra/publication/readers.py): theirs until they finish.
+                    report.kept.append(f"{name}: hidden by retention, still being pulled by {', '.join(readers)}")
                     continue
                 listed = set() if manifest is None else {entry.path for entry in manifest.files} | {MANIFEST_FILE}
                 orphans = sorted(path for path in files if path not in listed)

@@ -153,3 +153,31 @@ def test_on_s3_a_deleted_work_dir_resumes_training_and_export_from_the_store(
     shutil.rmtree(tmp_path / "work")
     exported = export_segment_fn(planned, 1, **QUIET)
     assert exported.step == planned.total_steps and (Path(exported.staged_dir) / "MANIFEST.json").is_file()
+
+
+ONE_STEP_SEGMENTS: dict = {"train": {"nproc_per_node": 1, "steps": 3, "steps_per_segment": 1}}
+
+
+def test_a_resume_after_retention_removed_the_older_states_is_bitwise(tmp_path):
+    """Three one-step segments: once segment 1's state is the newest, retention removes segment 0's (store and cache);
+    segment 2 then resumes on an empty work dir from the store, bitwise as a run that kept everything."""
+    from infra.publication.finalizer import FinalizerSettings
+    from infra.publication.retention import RetentionPolicy, apply_retention
+    from tasks.retention import segment_states
+
+    kept = plan_in(tmp_path / "kept", ONE_STEP_SEGMENTS)
+    for index in range(kept.num_segments):
+        train_segment_fn(kept, index, **QUIET)
+    planned = plan_in(tmp_path / "retained", ONE_STEP_SEGMENTS)
+    train_segment_fn(planned, 0, **QUIET)
+    train_segment_fn(planned, 1, **QUIET)
+    store = open_store(planned.storage)
+    report = apply_retention(
+        store, planned.run_id, RetentionPolicy(keep_states=False), FinalizerSettings(), segment_states(planned, 2)
+    )
+    assert report.states_removed == [0] and not (Path(planned.run_dir) / "state/segment-0000").exists()
+    assert not store.fs.exists(store.path(planned.run_id, "state/segment-0000"))
+    shutil.rmtree(planned.run_dir)
+    assert not train_segment_fn(planned, 2, **QUIET).reused
+    assert final_state_digests(planned) == final_state_digests(kept)
+    assert train_segment_fn(planned, 0, **QUIET).reused  # its result stays: a rerun never trains it again

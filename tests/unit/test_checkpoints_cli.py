@@ -76,3 +76,23 @@ def test_the_store_comes_from_exactly_one_of_store_or_config(store_dir, tmp_path
     capsys.readouterr()
     assert main(["checkpoints", "list", RUN, "--config", str(config)]) == 0
     assert "step-00000020" in capsys.readouterr().out
+
+
+def test_gc_with_a_config_applies_its_retention(store_dir, tmp_path, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text(
+        (EXAMPLES / "tiny_sft.toml")
+        .read_text()
+        .replace('"tiny/', f'"{EXAMPLES}/tiny/')
+        .replace('url = ".rankflow/store"', f'url = "{store_dir}"\nkeep_last = 1')
+        .replace('work_dir = ".rankflow/work"', f'work_dir = "{tmp_path / "work"}"')
+    )
+    assert main(["checkpoints", "gc", RUN, "--store", str(store_dir)]) == 0  # --store alone: no retention
+    assert main(["checkpoints", "gc", RUN, "--config", str(config)]) == 0
+    assert "retention (storage.keep_last = 1, keep_every = None) removed 1 checkpoints\n    step-00000010" in (
+        capsys.readouterr().out
+    )
+    assert main(["checkpoints", "list", RUN, "--store", str(store_dir), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [c["checkpoint"] for c in listed["checkpoints"]] == ["step-00000020"]
+    assert not (store_dir / RUN / "checkpoints" / "step-00000010").exists()

@@ -5,6 +5,35 @@ from __future__ import annotations
 from .common import DUMMY_CREDENTIALS, NO_CREDENTIALS, Case
 
 CASES: list[Case] = [
+    # Retention (issue 17): a count that would remove every checkpoint, or a key that would do nothing.
+    Case(
+        "keep_last_zero",
+        "storage",
+        r"storage\.keep_last = 0 is not a positive count: it would remove every checkpoint",
+        r"set storage\.keep_last = 1 or more",
+        config={"storage": {"keep_last": 0}},
+    ),
+    Case(
+        "keep_last_negative",
+        "storage",
+        r"storage\.keep_last = -3 is not a positive count",
+        r"or remove the key to keep every checkpoint",
+        config={"storage": {"keep_last": -3}},
+    ),
+    Case(
+        "keep_every_zero",
+        "storage",
+        r"storage\.keep_every = 0 is not a positive count",
+        r"set storage\.keep_every = K >= 1",
+        config={"storage": {"keep_last": 2, "keep_every": 0}},
+    ),
+    Case(
+        "keep_every_without_keep_last",
+        "storage",
+        r"storage\.keep_every = 5 has no effect without storage\.keep_last",
+        r"set storage\.keep_last = N to keep the N newest",
+        config={"storage": {"keep_every": 5}},
+    ),
     Case(
         "s3_no_bucket",
         "storage",

@@ -15,7 +15,9 @@ from flows.cli import main
 from flows.pipeline import RunFailed, train_flow
 from infra.publication.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.publication.journal import journal_path_for
+from infra.publication.retention import is_retired
 from infra.runs import ledger
+from infra.runs.run_state import segment_bundle, stored_bundle
 from infra.store.base import open_store
 from tests.conftest import tiny_tree
 from tests.e2e.flows.prefect_queries import artifacts_of, flow_runs_named, run_events, table_rows, task_runs_of
@@ -302,3 +304,33 @@ def test_a_work_dir_deleted_mid_run_and_a_fresh_worker_resume_from_the_store(
     ]
     assert ("completed", 1) in segment_entries  # the first worker's history is kept beside the fresh worker's
     assert [entry for entry in segment_entries if entry[0] == "reused"] == [("reused", 0), ("reused", 1)]
+
+
+def test_retention_in_the_flow_keeps_the_newest_checkpoint_and_a_rerun_publishes_nothing(
+    prefect_harness, local_run, tmp_path
+):
+    """A checkpoint after each segment, storage.keep_last = 1: step 3's checkpoint and segment 0's state go once
+    step 6 commits; the results are the local run's (the same run id: retention is not in the digest), and a rerun on
+    a fresh work dir trains nothing and does not publish the removed step again."""
+    _, local_config, local_result = local_run
+    sections = {"export": {"every_n_segments": 1}, "storage": {"keep_last": 1}}
+    config, result = run_flow(tmp_path, **sections)
+    assert result["run_id"] == local_result["run_id"] and result["losses"] == local_result["losses"]
+    store, run_id = open_store(config.storage.url), result["run_id"]
+    assert list_checkpoints(store, run_id) == ["step-00000006"] and is_retired(store, run_id, 3)
+    for segment, has_state in ((0, False), (1, True)):
+        manifest = stored_bundle(store, run_id, segment_bundle(segment))  # the result stays: the segment is done
+        assert manifest is not None and any(e.path.startswith("state/") for e in manifest.files) == has_state
+    assert not (Path(config.run.work_dir) / run_id / "state" / "segment-0000").exists()
+    removed = [e for e in ledger.read(Path(config.run.work_dir) / run_id) if e["stage"] == "retention"]
+    assert [(e["step"], e["removed"], e["states_removed"]) for e in removed] == [
+        (3, [], []),
+        (6, ["step-00000003"], [0]),
+    ]
+    weights = exported_weights(fetch_checkpoint(config, result, tmp_path / "pulled"))
+    baseline = exported_weights(fetch_checkpoint(local_config, local_result, tmp_path / "baseline"))
+    assert weights.keys() == baseline.keys() and all(torch.equal(weights[k], baseline[k]) for k in baseline)
+    sections["storage"]["url"] = config.storage.url
+    again = train_flow(config_from_dict(tiny_tree(tmp_path / "fresh", **sections), config_dir=tmp_path))
+    assert again["run_id"] == run_id and again["losses"] == result["losses"] and again["segments_reused"] == 2
+    assert again["launch_wall_s"] == 0 and again["export_wall_s"] == 0

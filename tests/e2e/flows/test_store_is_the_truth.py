@@ -41,7 +41,8 @@ CHECKPOINT = "step-00000006"
 def trained(prefect_harness, tmp_path_factory):
     """A finished run on a local store: (its tmp dir, its result)."""
     root = tmp_path_factory.mktemp("truth")
-    config = config_from_dict(tiny_tree(root), config_dir=root)
+    # Moving a run to another store without training needs every state in the work dir (docs/pipeline.md).
+    config = config_from_dict(tiny_tree(root, storage={"keep_states": True}), config_dir=root)
     result = train_flow(config)
     assert result["status"] == "completed" and result["segments_trained"] == 2
     return root, result
@@ -56,7 +57,7 @@ def clone(trained, tmp_path: Path, *, store: bool = True) -> None:
 
 
 def config_for(tmp_path: Path, storage_url: str):
-    return config_from_dict(tiny_tree(tmp_path, storage={"url": storage_url}), config_dir=tmp_path)
+    return config_from_dict(tiny_tree(tmp_path, storage={"url": storage_url, "keep_states": True}), config_dir=tmp_path)
 
 
 def checkpoint_bytes(storage_url: str, run_id: str) -> dict[str, bytes]:
