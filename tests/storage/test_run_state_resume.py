@@ -1,8 +1,8 @@
 """Resuming from the store with real torchrun segments: the work dir is a cache.
 
 Each test trains the tiny model in two segments through the segment task's
-function (`train_segment_fn`), deletes or spoils the local cache between
-them, and compares the final training state with a run that kept its work
+function (`train_segment_fn`) and the state upload's (`upload_state_fn`), deletes or spoils the local
+cache between them, and compares the final training state with a run that kept its work
 dir, byte for byte (the sha256 of every file of the stored state).
 """
 
@@ -20,8 +20,10 @@ from infra.store.verified import StoredObjectCorrupt
 from tasks import run_state
 from tasks.plan import plan_run_fn
 from tasks.segment import train_segment_fn
+from tasks.state_upload import upload_state_fn
 from tests.conftest import EXAMPLES, tiny_tree
 from tests.publication_helpers import fail_after_uploads
+from tests.state_helpers import train_and_store
 from trainer_core.config import config_from_dict
 
 pytestmark = [pytest.mark.distributed]
@@ -70,7 +72,7 @@ def reference(tmp_path_factory):
     for kind, sections in (("sft", SFT), ("rl", RL)):
         planned = plan_in(tmp_path_factory.mktemp(f"reference-{kind}"), sections)
         for index in range(planned.num_segments):
-            train_segment_fn(planned, index, **QUIET)
+            train_and_store(planned, index, **QUIET)
         digests[kind] = final_state_digests(planned)
     return digests
 
@@ -78,9 +80,9 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize("kind, sections", [("sft", SFT), ("rl", RL)])
 def test_the_run_dir_deleted_between_segments_resumes_bitwise_from_the_store(reference, tmp_path, kind, sections):
     planned = plan_in(tmp_path, sections)
-    first = train_segment_fn(planned, 0, **QUIET)
+    first = train_and_store(planned, 0, **QUIET)
     shutil.rmtree(planned.run_dir)
-    second = train_segment_fn(planned, 1, **QUIET)
+    second = train_and_store(planned, 1, **QUIET)
     assert not first.reused and not second.reused
     assert final_state_digests(planned) == reference[kind]
     assert (Path(planned.run_dir) / "state/segment-0000/meta.json").is_file()  # fetched into the cache
@@ -88,10 +90,10 @@ def test_the_run_dir_deleted_between_segments_resumes_bitwise_from_the_store(ref
 
 def test_a_fresh_worker_with_another_work_dir_resumes_bitwise(reference, tmp_path):
     planned = plan_in(tmp_path / "worker-a", SFT)
-    train_segment_fn(planned, 0, **QUIET)
+    train_and_store(planned, 0, **QUIET)
     shutil.rmtree(tmp_path / "worker-a" / "work")  # the whole work dir: run dir, stage cache, logs
     fresh = planned.model_copy(update={"run_dir": str(tmp_path / "worker-b" / "work" / planned.run_id)})
-    train_segment_fn(fresh, 1, **QUIET)
+    train_and_store(fresh, 1, **QUIET)
     assert final_state_digests(fresh) == reference["sft"]
     # The segment trained before is reused from the store by the fresh worker: nothing launched.
     assert train_segment_fn(fresh, 0, **QUIET).reused
@@ -99,6 +101,7 @@ def test_a_fresh_worker_with_another_work_dir_resumes_bitwise(reference, tmp_pat
 
 def test_an_interrupted_state_upload_is_not_used_and_the_retry_completes_it(reference, tmp_path, monkeypatch):
     planned = plan_in(tmp_path, SFT)
+    train_segment_fn(planned, 0, **QUIET)  # the state is durable here; its upload fails after one file
     real_publish = run_state.publish_bundle
     monkeypatch.setattr(
         run_state,
@@ -108,24 +111,29 @@ def test_an_interrupted_state_upload_is_not_used_and_the_retry_completes_it(refe
         ),
     )
     with pytest.raises(ConnectionError, match="injected"):
-        train_segment_fn(planned, 0, **QUIET)
+        upload_state_fn(planned, 0)
     monkeypatch.setattr(run_state, "publish_bundle", real_publish)
     fresh = planned.model_copy(update={"run_dir": str(tmp_path / "elsewhere" / planned.run_id)})
     with pytest.raises(FileNotFoundError, match="segment-0000.json is missing"):
         train_segment_fn(fresh, 1, **QUIET)  # the partial upload is not resumed from
     retried = train_segment_fn(planned, 0, **QUIET)
-    assert retried.reused  # trained already: the retry only finishes the upload
-    train_segment_fn(fresh, 1, **QUIET)
+    assert retried.reused  # trained already: only the upload is left, and its retry finishes it
+    assert not upload_state_fn(planned, 0)["already_stored"]
+    train_and_store(fresh, 1, **QUIET)
     assert final_state_digests(fresh) == reference["sft"]
 
 
 def test_a_corrupt_local_state_is_downloaded_again_and_a_corrupt_stored_one_is_named(reference, tmp_path):
     planned = plan_in(tmp_path, SFT)
-    train_segment_fn(planned, 0, **QUIET)
+    train_and_store(planned, 0, **QUIET)
     store = open_store(planned.storage)
     params = "state/segment-0000/base/params.safetensors"
     cached = Path(planned.run_dir) / params
-    cached.write_bytes(cached.read_bytes()[:-1] + bytes([cached.read_bytes()[-1] ^ 1]))
+    # A new file in its place: a local store on this filesystem took the saved file by hard link, so a write in
+    # place would spoil both copies (tests/unit/test_state_record.py: the store's own check catches that).
+    spoiled = cached.with_name("spoiled")
+    spoiled.write_bytes(cached.read_bytes()[:-1] + bytes([cached.read_bytes()[-1] ^ 1]))
+    spoiled.replace(cached)
     stored_path = store.path(planned.run_id, params)
     good = store.fs.cat_file(stored_path)
     store.fs.pipe_file(stored_path, good[:100] + bytes([good[100] ^ 0xFF]) + good[101:])
@@ -134,7 +142,7 @@ def test_a_corrupt_local_state_is_downloaded_again_and_a_corrupt_stored_one_is_n
         train_segment_fn(fresh, 1, **QUIET)
     assert not (Path(fresh.run_dir) / params).exists()
     store.fs.pipe_file(stored_path, good)  # the store repaired: the spoiled local copy is replaced, not trusted
-    train_segment_fn(planned, 1, **QUIET)
+    train_and_store(planned, 1, **QUIET)
     assert cached.read_bytes() == good
     assert final_state_digests(planned) == reference["sft"]
 
@@ -146,9 +154,9 @@ def test_on_s3_a_deleted_work_dir_resumes_training_and_export_from_the_store(
     from tasks.export import export_segment_fn
 
     planned = plan_in(tmp_path, SFT, storage_url=s3_bucket_url)
-    train_segment_fn(planned, 0, **QUIET)
+    train_and_store(planned, 0, **QUIET)
     shutil.rmtree(tmp_path / "work")
-    train_segment_fn(planned, 1, **QUIET)
+    train_and_store(planned, 1, **QUIET)
     assert final_state_digests(planned) == reference["sft"]
     shutil.rmtree(tmp_path / "work")
     exported = export_segment_fn(planned, 1, **QUIET)
