@@ -9,7 +9,11 @@ dir, byte for byte (the sha256 of every file of the stored state).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,7 @@ from tests.conftest import EXAMPLES, tiny_tree
 from tests.publication_helpers import fail_after_uploads
 from tests.state_helpers import train_and_store
 from trainer_core.config import config_from_dict
+from trainer_core.run.faults import FAULT_KIND_ENV, UPLOAD_FAULT_ENV
 
 pytestmark = [pytest.mark.distributed]
 
@@ -35,6 +40,10 @@ RL: dict = {
     "rl": {"initial_policy_version": 3, "max_data_staleness": 3, "sft_coef": 0.1},
 }
 QUIET = {"on_line": lambda _: None}
+UPLOAD = (
+    "import sys; from tasks.outcomes import PlannedRun; from tasks.state_upload import upload_state_fn; "
+    "upload_state_fn(PlannedRun.model_validate_json(sys.argv[1]), 0)"
+)
 
 
 def plan_in(root: Path, sections: dict, storage_url: str | None = None):
@@ -121,6 +130,32 @@ def test_an_interrupted_state_upload_is_not_used_and_the_retry_completes_it(refe
     assert not upload_state_fn(planned, 0)["already_stored"]
     train_and_store(fresh, 1, **QUIET)
     assert final_state_digests(fresh) == reference["sft"]
+
+
+def test_a_state_upload_killed_while_the_next_segment_trains_loses_nothing(reference, tmp_path):
+    planned = plan_in(tmp_path, SFT)
+    train_segment_fn(planned, 0, **QUIET)
+    marker = tmp_path / "upload-fault"
+    uploader = subprocess.run(  # the process uploading segment 0 is SIGKILLed after its first data file
+        [sys.executable, "-c", UPLOAD, planned.model_dump_json()],
+        env={**os.environ, UPLOAD_FAULT_ENV: f"0:{marker}", FAULT_KIND_ENV: "kill"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert uploader.returncode == -signal.SIGKILL and marker.is_file(), uploader.stderr[-2000:]
+    store = open_store(planned.storage)
+    assert store.fs.find(store.path(planned.run_id, "state/segment-0000"))  # some data objects landed
+    assert read_bundle_manifest(store, planned.run_id, "segment-0000") is None  # the bundle was never published
+    with pytest.raises(FileNotFoundError, match="segment-0000.json is missing"):
+        run_state.fetch_segment_state(planned, 0, stored_only=True)  # no checkpoint is exported from it
+    second = train_segment_fn(planned, 1, **QUIET)  # the next segment starts from the local state at once
+    assert not second.reused
+    # The rerun: segment 0 is trained here (reused), its upload finishes; then segment 1's.
+    assert train_segment_fn(planned, 0, **QUIET).reused
+    assert not upload_state_fn(planned, 0)["already_stored"]
+    upload_state_fn(planned, 1)
+    assert final_state_digests(planned) == reference["sft"]
 
 
 def test_a_corrupt_local_state_is_downloaded_again_and_a_corrupt_stored_one_is_named(reference, tmp_path):
