@@ -189,11 +189,8 @@ def test_a_symlink_in_the_state_is_not_trusted(planned, tmp_path, where):
         (state_dir / "meta.json").symlink_to(outside / "meta.json")
     elif where == "extra":
         (state_dir / "extra.bin").symlink_to(outside)
-    elif where == "directory":
-        (outside / "base").mkdir()
-        for name in ("params.safetensors", "optimizer.pt"):
-            (outside / "base" / name).write_bytes(FILES[f"base/{name}"])
-        os.rename(state_dir / "base", tmp_path / "moved")
+    elif where == "directory":  # the very files (same inodes and times), moved out and linked back
+        os.rename(state_dir / "base", outside / "base")
         (state_dir / "base").symlink_to(outside / "base")
     else:
         os.rename(state_dir, outside / "state")
@@ -202,6 +199,13 @@ def test_a_symlink_in_the_state_is_not_trusted(planned, tmp_path, where):
     assert local is not None
     with pytest.raises(LocalStateChanged):
         local.check()
+    if where in ("directory", "state"):  # nothing is read through a link, even the saved bytes
+        assert not local.untouched("base/params.safetensors")
+        assert (
+            run_state.saved_files(Path(planned.run_dir), 0)
+            .keys()
+            .isdisjoint({"state/segment-0000/base/params.safetensors"})
+        )
 
 
 def test_a_local_store_takes_the_files_by_hard_link_with_the_recorded_digests(planned, no_hashing_after_digests):

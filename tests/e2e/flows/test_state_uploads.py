@@ -44,6 +44,7 @@ def uploads_seen(monkeypatch):
             raise ConnectionError(f"injected failure of upload {segment_index}")
         if segment_index == 0:
             seen["overlapped"] = seen["flow_went_on"].wait(timeout=30)
+            time.sleep(0.5)  # long enough for upload 1 to start beside it, if nothing held it back
         seen["ran"].append((segment_index, started, time.monotonic()))
         return {"segment": segment_index}
 
