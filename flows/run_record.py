@@ -40,6 +40,7 @@ from tasks.failure_report import report_failure, reported
 from tasks.live import in_prefect_run
 from tasks.outcomes import ExportOutcome, PlannedRun, SegmentOutcome
 from tasks.plan import ComputedPlan
+from tasks.state_upload import StateUploads
 from trainer_core.config import RunConfig
 from trainer_core.errors import BadInputError
 from trainer_core.run.plan import run_dir_for
@@ -64,6 +65,7 @@ class RunRecord:
         self.segments: list[SegmentOutcome] = []
         self.commits: list[CommitOutcome] = []
         self.export_wall_s = 0.0
+        self.state_uploads: StateUploads | None = None
         self.files: dict[str, str] = {}
         self.lease: Lease | None = None
         self.already_active: RunAlreadyActive | None = None
@@ -105,6 +107,11 @@ class RunRecord:
         """Name the flow run after the run id, known once the plan is computed (also when it ends Cancelled)."""
         rename_flow_run(run_id)
 
+    def uploads(self, uploads: StateUploads) -> StateUploads:
+        """Keep the run's state uploads: the summary says how long the flow waited for them."""
+        self.state_uploads = uploads
+        return uploads
+
     def exported(self, staged: ExportOutcome) -> ExportOutcome:
         self.export_wall_s += staged.launch_wall_s
         return staged
@@ -122,6 +129,7 @@ class RunRecord:
             "flow_s": time.perf_counter() - self.started,
             "launch_wall_s": sum(s.launch_wall_s for s in trained),
             "export_wall_s": self.export_wall_s,
+            "upload_wait_s": self.state_uploads.waited_s if self.state_uploads else 0.0,
             "train_s": train_s,
             "tokens": tokens,
             "tokens_per_s": tokens / train_s if train_s > 0 else 0.0,

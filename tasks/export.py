@@ -85,7 +85,9 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
             return outcome
         lost = f"does not verify in the store ({'; '.join(report.problems)})"
         ledger.record(run_dir, "export", "repairing", step=step, segment=segment_index, reason=lost)
-    fetch_segment_state(planned, segment_index)  # the work dir is a cache: the state may be only in the store
+    # The work dir is a cache (the state may be only in the store), and a checkpoint is published only from a
+    # state the store holds: its bundle must be there, whatever this machine has.
+    fetch_segment_state(planned, segment_index, stored_only=True)
     journal.begin(fingerprint, outcome_lost=lost)
     progress_file = export_progress_path(run_dir, segment_index)
     progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress

@@ -3,9 +3,11 @@
 Retried by Prefect when the failure's class says a retry can help
 (`tasks.retry_policy`); a retry resumes from the previous segment's saved
 state, and a segment whose own state is already saved is not trained again:
-its task run ends in the state named "Reused". Saved means in the store
-(`tasks.run_state`): the state is uploaded before the task succeeds, and the
-inputs a segment lacks locally are fetched from the store, verified. While
+its task run ends in the state named "Reused". Saved means in the store, or
+durable here and passing its local record's trust rule
+(trainer_core/run/state_record.py); the state upload (tasks/state_upload.py)
+stores it beside the next segment, which starts from the local state at once.
+The inputs a segment lacks locally are fetched from the store, verified. While
 it trains, a watchdog ends a launch that stops making progress
 (`tasks.watchdog`) and the run's live artifacts follow its steps
 (`tasks.live`). With train.nnodes > 1 the launch is one per node, started and
@@ -36,7 +38,7 @@ from .live import LiveArtifacts, in_prefect_run, publisher_for
 from .nodes import launch_segment_nodes, nodes_move_their_files
 from .outcomes import PlannedRun, SegmentOutcome
 from .retry_policy import retry_if_retriable
-from .run_state import fetch_segment_inputs, publish_segment_state, stored_segment_result
+from .run_state import fetch_segment_inputs, saved_here, stored_segment_result
 from .watchdog import SegmentWatch
 
 REUSED = "Reused"
@@ -66,8 +68,7 @@ def train_segment_fn(
     result_path = segment_result_path(run_dir, segment_index)
     stored = stored_segment_result(planned, segment_index)
     if stored is None and has_state(state_dir_for(run_dir, segment_index)) and result_path.is_file():
-        publish_segment_state(planned, segment_index)  # trained here; its upload had not finished
-        stored = SegmentResult.read(result_path)
+        stored = saved_here(planned, segment_index)  # trained here; its upload had not finished
     if stored is not None:
         outcome = _outcome(stored, 0.0, reused=True)
         ledger.record(run_dir, "segment", "reused", segment=segment_index)
@@ -95,8 +96,8 @@ def train_segment_fn(
     watch()  # the records written after the last poll
     if publisher is not None:
         publisher.flush()
-    if not nodes_move_their_files(planned):  # else the node holding rank 0 stored it, and the result was fetched
-        publish_segment_state(planned, segment_index)  # before success: a retry elsewhere resumes from the store
+    # The state is durable here: tasks/state_upload.py stores it beside the next segment (on a work pool whose
+    # nodes keep their own work dirs, the node holding global rank 0 has stored it already).
     result = SegmentResult.read(result_path)
     outcome = _outcome(result, launch_wall_s, reused=False)
     fence(planned, f"segment {segment_index}")

@@ -46,8 +46,11 @@ def _summary(result: dict | None, wall_s: float, error: BaseException | None) ->
         }
     # Launches and training time count this invocation's own segments only (see flows/run_record.py).
     summary = {**result, "wall_s": round(wall_s, 3)}
-    # Time outside torchrun launches and training: Prefect, planning, commits.
-    summary["orchestration_s"] = round(wall_s - result["launch_wall_s"] - result["export_wall_s"], 3)
+    # Time outside torchrun launches and training: Prefect, planning, commits. The state uploads run beside the
+    # next segment; only the time the flow waited for them (`upload_wait_s`) is on the critical path.
+    upload_wait_s = result.get("upload_wait_s", 0.0)
+    summary["upload_wait_s"] = round(upload_wait_s, 3)
+    summary["orchestration_s"] = round(wall_s - result["launch_wall_s"] - result["export_wall_s"] - upload_wait_s, 3)
     summary["launch_overhead_s"] = round(result["launch_wall_s"] - result["train_s"], 3)
     return summary
 

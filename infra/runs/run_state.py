@@ -28,7 +28,7 @@ match its manifest raises `StoredObjectCorrupt` naming it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, mod
 from infra.publication.finalizer import FinalizerSettings, finalizer
 from infra.publication.manifests import MANIFEST_PROBLEMS, FileEntry, FileList, decode, refusal
 from infra.store.base import Deadline, ObjectStore, storage_errors
-from infra.store.objects import matches, put_small, remote_objects, upload_files
+from infra.store.objects import SavedFile, matches, put_small, remote_objects, upload_files
 from infra.store.verified import fetch_verified, local_copy_matches, sha256_of_file
 
 RUN_STATE_DIR = "run-state"
@@ -152,10 +152,12 @@ def stored_bundle(store: ObjectStore, run_id: str, bundle: str) -> BundleManifes
     return manifest if all(matches(found.get(e.path), e) for e in manifest.files) else None
 
 
-def _entries(run_dir: Path, paths: Iterable[str]) -> list[FileEntry]:
+def _entries(run_dir: Path, paths: Iterable[str], saved: Mapping[str, SavedFile]) -> list[FileEntry]:
+    """Each file's size and sha256: a saved state's recorded digest where given (not read again), else hashed."""
     entries = []
     for path in sorted(paths):
-        size, digest = sha256_of_file(run_dir / path)
+        known = saved.get(path)
+        size, digest = (known.size, known.sha256) if known is not None else sha256_of_file(run_dir / path)
         entries.append(FileEntry(path=path, size=size, sha256=digest))
     return entries
 
@@ -169,13 +171,17 @@ def publish_bundle(
     *,
     settings: StateSettings | None = None,
     observer: Observer | None = None,
+    saved: Mapping[str, SavedFile] | None = None,
 ) -> dict:
     """Upload the files `paths` (relative to `run_dir`) as `bundle`: data first, manifest last.
 
+    `saved` gives, by path, files whose sha256 is known without reading them (a saved state's record,
+    trainer_core/run/state_record.py): the manifest takes that digest, and a local store hard-links them.
     Returns figures: files and bytes uploaded and skipped.
     """
     settings = settings or StateSettings()
-    entries = _entries(run_dir, paths)
+    saved = saved or {}
+    entries = _entries(run_dir, paths, saved)
     manifest_bytes = BundleManifest(format=STATE_FORMAT, run_id=run_id, bundle=bundle, files=entries).to_bytes()
     what = f"upload of {_where(store, run_id, bundle)}"
     deadline = Deadline(settings.timeout_s, what, store)
@@ -195,7 +201,7 @@ def publish_bundle(
             if observer is not None:
                 observer(f"uploaded {entry.path}")
 
-        upload_files(store, run_dir, base, todo, deadline, on_uploaded, settings.concurrency)
+        upload_files(store, run_dir, base, todo, deadline, on_uploaded, settings.concurrency, saved)
         deadline.remaining()
         lease.check()  # fencing (finalizer and run lease): a holder whose lease was taken over must not publish
         if published != manifest_bytes:
@@ -228,13 +234,21 @@ def _unlink_links_between(run_dir: Path, target: Path) -> None:
 
 
 def fetch_bundle(
-    store: ObjectStore, run_id: str, run_dir: Path, bundle: str, *, only: Callable[[str], bool] | None = None
+    store: ObjectStore,
+    run_id: str,
+    run_dir: Path,
+    bundle: str,
+    *,
+    only: Callable[[str], bool] | None = None,
+    saved: Mapping[str, SavedFile] | None = None,
 ) -> dict:
     """Make `run_dir` hold the bundle's files (those `only` selects), verified; returns figures.
 
-    A local file that matches the manifest is kept; any other is replaced by a
-    verified download. No manifest: FileNotFoundError saying what to rerun.
+    A local file that matches the manifest is kept (one in `saved`, a saved state's untouched file, by its
+    recorded digest, without reading it); any other is replaced by a verified download. No manifest:
+    FileNotFoundError saying what to rerun.
     """
+    saved = saved or {}
     manifest = read_bundle_manifest(store, run_id, bundle)
     if manifest is None:
         raise FileNotFoundError(
@@ -249,6 +263,10 @@ def fetch_bundle(
                 continue
             target = run_dir / entry.path
             _unlink_links_between(run_dir, target)
+            known = saved.get(entry.path)
+            if known is not None and (known.size, known.sha256) == (entry.size, entry.sha256):
+                kept += 1
+                continue
             if local_copy_matches(target, entry):
                 kept += 1
                 continue

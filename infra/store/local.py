@@ -4,7 +4,8 @@ Small objects are written aside, fsynced and renamed (infra/store/durable.py);
 `create` publishes with os.link and `if_match` compares the sha256, each under
 an exclusive flock on a sidecar lock file, so two processes of this machine
 never both win (infra/store/conditional.py confirms a write whose answer was
-lost). Uploads copy, hash and fsync in a thread pool. A digest is the sha256
+lost). Uploads copy, hash and fsync in a thread pool; a saved state's file,
+fsync'd with its digest known, is hard-linked instead on the same filesystem. A digest is the sha256
 of the bytes where they lie, computed only when it is first asked for.
 Symbolic links are never followed out of the root (infra/store/local_tree.py).
 """
@@ -26,7 +27,7 @@ from trainer_core.storage_url import overlap
 
 from .base import Deadline, ObjectInfo, PutMode, StoreLocation, StoreTimeouts, Upload, Versioned, find_files
 from .conditional import put_conditional
-from .durable import create_exclusive, temp_name, write_durable
+from .durable import create_exclusive, fsync_dir, temp_name, write_durable
 from .local_tree import remove_paths
 from .preflight import probe_round_trip
 from .uploads import UploadJob, changed
@@ -72,8 +73,31 @@ def _replace_local(path: Path, data: bytes, tag: str) -> str | None:
     return hashlib.sha256(data).hexdigest()
 
 
+def _linked(job: UploadJob, tmp: Path) -> bool:
+    """Hard-link a saved state's file to `tmp` (same filesystem); False, nothing left, where it cannot be.
+
+    The link shares the bytes the save fsync'd and the record's digest describes: the same inode, size and
+    mtime after the link say nothing was written in between (a write changes the mtime, an edit that puts
+    it back changes the inode or, checked by the caller's trust rule beforehand, the ctime)."""
+    saved = job.saved
+    if saved is None:
+        return False
+    try:
+        os.link(job.local, tmp, follow_symlinks=False)
+    except OSError:  # another filesystem (EXDEV), no hard links there, …: copy instead
+        return False
+    stat = tmp.lstat()
+    if (stat.st_size, stat.st_mtime_ns, stat.st_ino) != (saved.size, saved.mtime_ns, saved.inode):
+        tmp.unlink(missing_ok=True)
+        return False
+    return True
+
+
 def _upload_local(jobs: list[UploadJob], deadline: Deadline | None, on_uploaded: Callable, concurrency: int) -> None:
-    """Copy, hash and fsync each job in a thread pool, largest first; a copy whose bytes changed is not placed."""
+    """Copy, hash and fsync each job in a thread pool, largest first; a copy whose bytes changed is not placed.
+
+    A saved state's file (`UploadJob.saved`) is hard-linked instead where the store shares its filesystem: it
+    is fsync'd already and its digest known (infra/store/uploads.py `SavedFile`)."""
 
     def copy(job: UploadJob):
         if deadline is not None:
@@ -81,6 +105,13 @@ def _upload_local(jobs: list[UploadJob], deadline: Deadline | None, on_uploaded:
         entry, local, target = job.item, job.local, Path(job.target)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_name(target)
+        if _linked(job, tmp):
+            try:
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+            fsync_dir(target.parent)
+            return entry
         digest, size = hashlib.sha256(), 0
         try:
             with local.open("rb") as source, tmp.open("wb") as sink:

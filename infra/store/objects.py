@@ -19,7 +19,7 @@ This module imports the backends; none of them imports it.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from infra.publication.manifests import FileEntry
@@ -36,6 +36,7 @@ from .uploads import (
     ETAG_METADATA_KEY,
     SHA256_METADATA_KEY,
     RemoteObject,
+    SavedFile,
     StagedFileChanged,
     UploadJob,
     confirmed,
@@ -74,9 +75,16 @@ def upload_files(
     deadline: Deadline | None,
     on_uploaded: Callable[[FileEntry], None],
     concurrency: int = 8,
+    saved: Mapping[str, SavedFile] | None = None,
 ) -> None:
-    """Upload `entries` from `staged_dir` to `base`, concurrently; `on_uploaded` runs as each one lands."""
-    jobs = [UploadJob(entry, staged_dir / entry.path, f"{base.rstrip('/')}/{entry.path}") for entry in entries]
+    """Upload `entries` from `staged_dir` to `base`, concurrently; `on_uploaded` runs as each one lands.
+
+    `saved`: the entries (by path) that are a saved state's untouched files, which a local store hard-links."""
+    saved = saved or {}
+    jobs = [
+        UploadJob(entry, staged_dir / entry.path, f"{base.rstrip('/')}/{entry.path}", saved.get(entry.path))
+        for entry in entries
+    ]
     upload_jobs(store, jobs, deadline, on_uploaded, concurrency, probe_prefix=base)
 
 

@@ -49,6 +49,17 @@ def changed(local: Path, entry: "FileEntry | Upload", digest: str, size: int) ->
 
 
 @dataclass(frozen=True)
+class SavedFile:
+    """A local file whose sha256 is known without reading it: a saved state's file, untouched since its save
+    (trainer_core/run/state_record.py), and what identifies those bytes on disk (checked again after a hard link)."""
+
+    size: int
+    sha256: str
+    mtime_ns: int
+    inode: int
+
+
+@dataclass(frozen=True)
 class UploadJob:
     """One file to upload: `item` (whose `size` and `sha256` the bytes must have, handed to `on_uploaded`),
     the staged file, and the full store path it goes to."""
@@ -56,6 +67,8 @@ class UploadJob:
     item: "FileEntry | Upload"
     local: Path
     target: str
+    saved: SavedFile | None = None
+    """Set for a saved state's file: a local store on the same filesystem takes it by hard link, not a copy."""
 
 
 @dataclass(frozen=True)

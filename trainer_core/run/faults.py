@@ -4,6 +4,9 @@
 optimizer step STEP, once: the marker file records that the fault happened,
 so the retried launch runs through. `RANKFLOW_EXPORT_FAULT_ONCE=RANK:MARKER`
 does the same to the export stage, once its rank has loaded the state.
+`RANKFLOW_UPLOAD_FAULT_ONCE=SEGMENT:MARKER` makes the process uploading
+segment SEGMENT's state fail once its first data file is stored (before the
+bundle's manifest: an upload in flight).
 `RANKFLOW_NONFINITE_LOSS=STEP:RANK` makes rank RANK's loss NaN at optimizer
 step STEP, every time (to test the `train.nonfinite` policy).
 `RANKFLOW_COMMAND_FAULT=COMMAND:RANK` makes rank RANK raise InjectedFault at
@@ -31,6 +34,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 FAULT_ENV = "RANKFLOW_FAULT_ONCE"
@@ -38,6 +42,7 @@ EXPORT_FAULT_ENV = "RANKFLOW_EXPORT_FAULT_ONCE"
 NONFINITE_LOSS_ENV = "RANKFLOW_NONFINITE_LOSS"
 FAULT_KIND_ENV = "RANKFLOW_FAULT_KIND"
 COMMAND_FAULT_ENV = "RANKFLOW_COMMAND_FAULT"
+UPLOAD_FAULT_ENV = "RANKFLOW_UPLOAD_FAULT_ONCE"
 FAULT_KINDS = ("raise", "code", "data", "kill", "term", "stop", "hang")
 
 
@@ -59,6 +64,22 @@ def maybe_inject_export_fault(rank: int) -> None:
     if spec:
         fault_rank, marker = spec.split(":", 1)
         _fail_once(rank, int(fault_rank), Path(marker), "export", EXPORT_FAULT_ENV)
+
+
+def upload_fault(segment_index: int) -> Callable[[str], None] | None:
+    """An upload observer that fails the uploading process at its first stored file, once (None: no fault asked)."""
+    spec = os.environ.get(UPLOAD_FAULT_ENV)
+    if not spec:
+        return None
+    fault_segment, marker = spec.split(":", 1)
+    if int(fault_segment) != segment_index:
+        return None
+
+    def observe(event: str) -> None:
+        if event.startswith("uploaded "):
+            _fail_once(0, 0, Path(marker), f"upload of segment {segment_index}", UPLOAD_FAULT_ENV)
+
+    return observe
 
 
 def maybe_inject_command_fault(command: str, rank: int) -> None:

@@ -19,6 +19,12 @@ that is a symlink is replaced, never written through. The files are still plain 
 under the state directory, so they travel as run-state bundles as before.
 Restoring reshards: a state saved at one world size resumes at another.
 
+Either way the state is durable when the save returns: every file and
+directory fsync'd before the rename, the rename fsync'd, and the state's
+local record (`state_record.py`: each file's fingerprint) written beside it,
+which lets the next segment on this machine resume without re-hashing and the
+upload (off the critical path) hash it once.
+
 RNG needs no saving: every random draw is seeded from (seed, step, logical
 rank), which also makes dropout independent of the physical world size.
 """
@@ -33,6 +39,7 @@ from pathlib import Path
 
 from trainer_core.ranks.coordination import exchange
 from trainer_core.run.layout import RunDir
+from trainer_core.run.state_record import forget_record, make_durable, make_durable_rename, write_record
 from trainer_core.training import Checkpoint, restore_checkpoint, save_checkpoint
 from trainer_core.training.sharded_checkpoint_io import (
     is_sharded,
@@ -77,8 +84,12 @@ def _fresh(tmp: Path) -> Path:
 
 def _put_in_place(tmp: Path, state_dir: Path, meta: dict) -> None:
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    make_durable(tmp)  # every file and directory fsync'd before the rename makes the state visible
+    forget_record(state_dir)  # the old state's record goes first: no record outlives its files
     _remove(state_dir)
     os.replace(tmp, state_dir)
+    make_durable_rename(state_dir)
+    write_record(state_dir)  # fingerprints of the state in place (state_record.py: what resume and upload trust)
 
 
 def _put_whole_in_place(tmp: Path, state_dir: Path, meta: dict, checkpoints: Mapping[str, Checkpoint]) -> None:

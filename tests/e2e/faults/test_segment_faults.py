@@ -20,6 +20,7 @@ from tasks.plan import plan_run_fn
 from tasks.run_state import publish_plan
 from tasks.segment import train_segment_fn
 from tests.conftest import tiny_tree
+from tests.state_helpers import train_and_store
 from trainer_core.config import config_from_dict
 from trainer_core.run.faults import FAULT_ENV, FAULT_KIND_ENV
 
@@ -122,7 +123,7 @@ def test_the_export_launch_has_its_own_timeout(tmp_path):
     )
     planned = plan_run_fn(config)
     assert planned.export.timeout_s == 1.5 and planned.train.segment_timeout_s == 300
-    train_segment_fn(planned, 0, on_line=lambda _: None)  # the export fetches a state that must be in the store
+    train_and_store(planned, 0, on_line=lambda _: None)  # the export fetches a state that must be in the store
     started = time.monotonic()
     with pytest.raises(LaunchError, match="ran past its 1.5 s limit") as raised:
         export_segment_fn(planned, 0, on_line=lambda _: None)
@@ -138,7 +139,7 @@ def test_a_hung_export_rank_is_ended_by_the_stall_watchdog_and_the_retry_exports
     config_path = Path(planned.run_dir) / "plan.json"
     config_path.write_text(config_path.read_text().replace('"collective_timeout_s": 120', '"collective_timeout_s": 60'))
     publish_plan(planned)
-    train_segment_fn(planned, 0, on_line=lambda _: None)  # the state the export loads, in the store
+    train_and_store(planned, 0, on_line=lambda _: None)  # the state the export loads, in the store
     marker = tmp_path / "export-hang"
     monkeypatch.setenv(EXPORT_FAULT_ENV, f"1:{marker}")
     monkeypatch.setenv(FAULT_KIND_ENV, "hang")

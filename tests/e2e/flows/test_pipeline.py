@@ -129,6 +129,25 @@ def test_the_flow_run_shows_names_progress_metrics_checkpoint_and_events(local_r
     assert committed[0].payload["url"] == result["checkpoint_url"] and committed[0].payload["step"] == 6
 
 
+def test_each_state_upload_is_a_task_run_and_finishes_before_the_commit(local_run):
+    tmp_path, config, result = local_run
+    flow_run = flow_runs_named(result["run_id"])[-1]
+    tasks = {t.name: t for t in task_runs_of(flow_run.id)}
+    assert {"state-upload-0", "state-upload-1"} <= set(tasks)
+    waited_on = [ref.id for ref in tasks["state-upload-1"].task_inputs["wait_for"]]
+    assert waited_on == [tasks["state-upload-0"].id]  # one upload in flight: upload 1 waits for upload 0
+    assert all(tasks[f"state-upload-{k}"].state.is_completed() for k in (0, 1))
+    entries = ledger.read(Path(config.run.work_dir) / result["run_id"])
+    stored = {
+        e["segment"]: e["time"]
+        for e in entries
+        if (e["stage"], e["status"]) == ("run-state", "stored") and "segment" in e
+    }
+    committed = next(e["time"] for e in entries if (e["stage"], e["status"]) == ("commit", "completed"))
+    assert sorted(stored) == [0, 1] and max(stored.values()) < committed  # nothing published before its upload
+    assert result["upload_wait_s"] >= 0
+
+
 def test_rerun_of_a_finished_run_reuses_its_segments_and_launches_nothing(local_run, prefect_harness):
     tmp_path, config, result = local_run
     again = train_flow(config)

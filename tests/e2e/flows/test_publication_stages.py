@@ -23,9 +23,9 @@ from infra.store.base import open_store
 from tasks.export import export_segment_fn
 from tasks.plan import plan_run_fn
 from tasks.publish import cleanup_fn, commit_fn
-from tasks.segment import train_segment_fn
 from tests.conftest import tiny_tree
 from tests.publication_helpers import same_size_other_bytes
+from tests.state_helpers import train_and_store
 from trainer_core.config import config_from_dict
 from trainer_core.run.faults import EXPORT_FAULT_ENV
 
@@ -37,7 +37,7 @@ def trained(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("publication-stages")
     config = config_from_dict(tiny_tree(tmp_path, train={"steps": 3, "steps_per_segment": 3}), config_dir=tmp_path)
     planned = plan_run_fn(config)
-    train_segment_fn(planned, 0)
+    train_and_store(planned, 0)
     return planned
 
 
