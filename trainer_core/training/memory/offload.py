@@ -39,6 +39,18 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().reshape(-1).view(torch.uint8)
 
 
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _in_memory_order(tensor: torch.Tensor) -> torch.Tensor:
+    """The elements of a dense tensor as they lie in memory (made by empty_like: its storage holds just them)."""
+    return tensor.as_strided((tensor.numel(),), (1,))
+
+
 class OffloadHooks:
     def __init__(
         self,
@@ -100,18 +112,21 @@ class OffloadHooks:
     def move_out(self, tensor: torch.Tensor):
         """Copy `tensor` to the target; `unpack` brings it back (also used for a replay's input copies)."""
         self.offloaded_bytes += tensor.numel() * tensor.element_size()
+        # The copy keeps the saved tensor's strides (empty_like's preserve_format; contiguous where they are not
+        # dense): backward's kernels then see the layout the forward saved, so they round as a retained graph's do
+        # (a transposed operand restored contiguous takes another GEMM path: last-bit different gradients).
+        host = torch.empty_like(tensor, device="cpu", pin_memory=tensor.is_cuda and self.target == "host")
+        host.copy_(tensor, non_blocking=tensor.is_cuda and self.target == "host")
         if self.target == "host":
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
-            host.copy_(tensor, non_blocking=tensor.is_cuda)
             return ("host", tensor.device, host)
         if self._directory is None:
             self._directory = tempfile.mkdtemp(prefix="rankflow-offload-")
         path = os.path.join(self._directory, f"{len(self._files)}.bin")
         self._files.append(path)
-        # Raw bytes, no pickling: half the time of torch.save, and read back with one readinto.
+        # Raw bytes in memory order, no pickling: half the time of torch.save, and read back with one readinto.
         with open(path, "wb") as file:
-            file.write(_bytes_of(tensor.detach().cpu()).numpy().data)
-        return ("disk", tensor.device, (path, tuple(tensor.shape), tensor.dtype))
+            file.write(_bytes_of(_in_memory_order(host)).numpy().data)
+        return ("disk", tensor.device, (path, tuple(host.shape), host.stride(), host.dtype))
 
     def unpack(self, packed):
         kind, device = packed[0], packed[1]
@@ -124,11 +139,11 @@ class OffloadHooks:
             if kind == "host":
                 restored = packed[2].to(device, non_blocking=True)
             else:
-                path, shape, dtype = packed[2]
-                restored = torch.empty(shape, dtype=dtype)
+                path, shape, stride, dtype = packed[2]
+                flat = torch.empty(_numel(shape), dtype=dtype)
                 with open(path, "rb") as file:
-                    file.readinto(_bytes_of(restored).numpy().data)
-                restored = restored.to(device)
+                    file.readinto(_bytes_of(flat).numpy().data)
+                restored = flat.as_strided(shape, stride).to(device)
         self.restored_bytes += restored.numel() * restored.element_size()
         return restored
 
