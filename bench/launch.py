@@ -5,7 +5,7 @@ planned once; segment 0 is launched once (cold; it also writes the state the
 others resume from), then, interleaved, `--reps` launches of segment 1 (which
 loads segment 0's state, as every segment after the first does) and as many
 bare torchrun launches of the same number of ranks running
-`bench/torchrun_scripts/launch_floor.py` (import torch, join a gloo process group: the floor).
+`bench/scripts/launch_floor.py` (import torch, join a gloo process group: the floor).
 Each segment launch is split from timestamps: the bench's clock around
 `infra.launch.launcher.launch`, the marks rank 0 puts in its `ready` record
 (`trainer_core.run.launch_phases`) and the times of its progress records:
@@ -19,9 +19,9 @@ segment that costs nothing beyond torchrun and torch). The rank's import cost
 is also broken down (`python -X importtime`), naming the heavy packages a rank
 loads that it does not need.
 
-    python -m bench.launch                     # 5 launches of each side
-    python -m bench.launch --code /work/main   # the same bench over another checkout's code (before/after)
-    python -m bench.launch --quick             # smoke run: 1 launch of each side
+    python -m bench.launch                              # 5 launches of each side
+    python -m bench.launch --before /work/main --reps 7 # and, interleaved, another checkout's (before/after)
+    python -m bench.launch --quick                      # smoke run: 1 launch of each side
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,8 +38,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOOR_SCRIPT = Path(__file__).resolve().parent / "torchrun_scripts" / "launch_floor.py"
-"""Run by its path from a folder of its own: bench/ holds a `tokenize.py`, which would shadow the standard library's."""
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+"""Scripts run by their path, from a folder of their own: bench/ holds a `tokenize.py`, which would shadow the
+standard library's for a script run from it."""
+FLOOR_SCRIPT = SCRIPTS / "launch_floor.py"
+SEGMENT_LAUNCH_SCRIPT = SCRIPTS / "segment_launch.py"
 TARGET_TO_FIRST_STEP_S = 4.0
 """The issue's target: a segment launch's time to its first optimizer step on the tiny job, on a quiet machine."""
 
@@ -161,25 +165,16 @@ def _plan_tiny_job(work: Path) -> Path:
     return run_dir
 
 
-def _launch_segment(run_dir: Path, segment: int, world_size: int, env: dict[str, str]) -> dict[str, float]:
-    from infra.launch.launcher import launch
-    from trainer_core.run.progress import progress_path
-
-    lines: list[str] = []
-    started = time.time()
-    result = launch(
-        "trainer_core.run.segment_main",
-        ["--run-dir", str(run_dir), "--segment", str(segment)],
-        nproc_per_node=world_size,
-        timeout_s=600,
-        on_line=lines.append,
-        env=env,
+def _launch_segment(code: Path, run_dir: Path, segment: int, world_size: int) -> dict[str, float]:
+    """One launch of `segment` by `code`'s launcher and trainer core (`scripts/segment_launch.py`), split."""
+    command = [sys.executable, str(SEGMENT_LAUNCH_SCRIPT), str(run_dir), str(segment), str(world_size)]
+    done = subprocess.run(
+        command, cwd=code, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(code)}
     )
-    ended = time.time()
-    if result.returncode != 0:
-        raise RuntimeError("segment launch failed:\n" + "\n".join(lines[-30:]))
-    records = [json.loads(line) for line in progress_path(run_dir, segment).read_text().splitlines()]
-    return breakdown(segment_marks(started, ended, records))
+    if done.returncode != 0:
+        raise RuntimeError(f"the segment launch of {code} failed:\n{done.stderr[-4000:]}")
+    timed = json.loads(done.stdout.splitlines()[-1])
+    return breakdown(segment_marks(timed["launch"], timed["exit"], timed["records"]))
 
 
 def _launch_floor(world_size: int, work: Path) -> dict[str, float]:
@@ -197,59 +192,80 @@ def _launch_floor(world_size: int, work: Path) -> dict[str, float]:
     ]
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2))}
     started = time.time()
-    subprocess.run(command, check=True, env=env, capture_output=True)
+    subprocess.run(command, check=True, env=env, capture_output=True, cwd=work)
     ended = time.time()
     return floor_breakdown(started, ended, json.loads(out.read_text()))
+
+
+def _checkout(path: Path, option: str) -> Path:
+    if not (path / "trainer_core" / "run" / "segment_main.py").is_file():
+        print(
+            f"bench.launch: {option} {path} holds no trainer_core/run/segment_main.py; pass a rankflow checkout",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return path.resolve()
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench.launch", description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5, help="launches of each side (interleaved)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 launch of each side")
-    parser.add_argument("--code", type=Path, default=ROOT, help="the checkout whose trainer core is launched")
+    parser.add_argument("--code", type=Path, default=ROOT, help="the checkout whose segment launches are measured")
+    parser.add_argument("--before", type=Path, help="another checkout (say, main) whose launches are interleaved")
     args = parser.parse_args(argv)
-    code = args.code.resolve()
-    if not (code / "trainer_core" / "run" / "segment_main.py").is_file():
-        print(
-            f"bench.launch: --code {args.code} holds no trainer_core/run/segment_main.py; pass a rankflow checkout",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
+    code = _checkout(args.code, "--code")
+    before = _checkout(args.before, "--before") if args.before is not None else None
     reps = 1 if args.quick else args.reps
-    # The ranks run from the current directory first (process_boot, as `python -m`): measure `code`'s there.
-    os.chdir(code)
-    sys.path.insert(0, str(code))
-    env = {"PYTHONPATH": str(code)}
     world_size = 2
-    imports = _rank_imports(code)
+    imports = {"code": _rank_imports(code), **({"before": _rank_imports(before)} if before else {})}
     print(f"rank imports: {imports}", flush=True)
+    sides: dict[str, list[dict[str, float]]] = {"floor": [], "code": [], **({"before": []} if before else {})}
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
         work = Path(tmp)
-        run_dir = _plan_tiny_job(work)
-        cold = _launch_segment(run_dir, 0, world_size, env)
+        run_dirs = {"code": _plan_tiny_job(work / "code")}
+        cold = _launch_segment(code, run_dirs["code"], 0, world_size)  # writes the state segment 1 resumes
         print(f"segment 0 (cold): {cold}", flush=True)
-        floors, segments = [], []
+        if before is not None:
+            run_dirs["before"] = work / "before" / run_dirs["code"].relative_to(work / "code")
+            shutil.copytree(run_dirs["code"], run_dirs["before"])
+        checkouts = {"code": code, "before": before}
         for rep in range(reps):
-            floors.append(_launch_floor(world_size, work))
-            segments.append(_launch_segment(run_dir, 1, world_size, env))
-            print(f"rep {rep}: floor {floors[-1]}\n       segment 1 {segments[-1]}", flush=True)
-    floor, segment = medians(floors), medians(segments)
+            names = list(sides)
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:  # each side first in turn
+                if name == "floor":
+                    sides[name].append(_launch_floor(world_size, work))
+                else:
+                    checkout = checkouts[name]
+                    assert checkout is not None
+                    sides[name].append(_launch_segment(checkout, run_dirs[name], 1, world_size))
+                print(f"rep {rep} {name}: {sides[name][-1]}", flush=True)
+    floor, segment = medians(sides["floor"]), medians(sides["code"])
     result = {
         "bench": "launch",
         "baseline": {"what": "bare torchrun: import torch, gloo process group", **floor},
-        "candidate": {"what": "segment launch of the tiny job (resumes a state)", **segment},
+        "candidate": {"what": f"segment launch of the tiny job (resumes a state), {code}", **segment},
         "ratio": round(segment["to_first_step_s"] / floor["to_ready_s"], 3),
         "higher_is_better": False,
         "target_to_first_step_s": TARGET_TO_FIRST_STEP_S,
         "meets_target": segment["to_first_step_s"] <= TARGET_TO_FIRST_STEP_S,
-        "cold_first_launch": cold,
-        "rank_imports": imports,
-        "code": str(code),
-        "reps": reps,
-        "world_size": world_size,
-        "load_average_1m_5m_15m": [round(x, 2) for x in os.getloadavg()],
-        "cpus": os.cpu_count(),
     }
+    if before is not None:
+        earlier = medians(sides["before"])
+        result["before"] = {"what": f"segment launch of the tiny job (resumes a state), {before}", **earlier}
+        result["before_ratio"] = round(earlier["to_first_step_s"] / floor["to_ready_s"], 3)
+        result["to_first_step_speedup"] = round(earlier["to_first_step_s"] / segment["to_first_step_s"], 3)
+        result["wall_speedup"] = round(earlier["wall_s"] / segment["wall_s"], 3)
+    result.update(
+        {
+            "cold_first_launch": cold,
+            "rank_imports": imports,
+            "reps": reps,
+            "world_size": world_size,
+            "load_average_1m_5m_15m": [round(x, 2) for x in os.getloadavg()],
+            "cpus": os.cpu_count(),
+        }
+    )
     print(json.dumps(result))
     return result
 

@@ -1,6 +1,6 @@
 """The floor of a launch: a torchrun rank that imports torch, joins a gloo process group and leaves.
 
-    python -m torch.distributed.run --standalone --nproc-per-node=W bench/torchrun_scripts/launch_floor.py --out FILE
+    python -m torch.distributed.run --standalone --nproc-per-node=W bench/scripts/launch_floor.py --out FILE
 
 Run by its path (not as a module), so it needs nothing of rankflow: `bench.launch` measures the floor with
 the same script whichever code it measures the segment launches of. Rank 0 writes its marks (epoch seconds)
