@@ -22,9 +22,7 @@ already written and fsynced by the stages themselves before the flow returned.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 DRAIN_TIMEOUT_S = 5.0
 """The longest the queued logs and events may take to reach the API (Prefect's own exit hook allows 5 s too)."""
@@ -62,10 +60,7 @@ def stop_temporary_server(grace_s: float = SERVER_GRACE_S) -> list[int]:
 
 
 def exit_now(code: int) -> None:
-    """Flush stdout and stderr and end the process at once with `code`."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said anyway
-            pass
-    os._exit(code)
+    """Flush stdout and stderr and end the process at once with `code` (as a finished rank leaves)."""
+    from trainer_core.run.rank_process import leave_now
+
+    leave_now(code)

@@ -87,7 +87,11 @@ def main() -> None:
     bind_stores_to_loopback(os.environ.get(STORE_HOST_ENV, "127.0.0.1"))
     from torch.distributed.run import main as torchrun_main
 
-    torchrun_main()
+    from trainer_core.run.rank_process import leave_now
+
+    torchrun_main()  # a failed launch raises (torchrun's summary printed): its exit stays torchrun's own
+    # Every rank exited 0: leave without tearing torch down (seconds on a busy machine, with the caller waiting).
+    leave_now(0)
 
 
 if __name__ == "__main__":

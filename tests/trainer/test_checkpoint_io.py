@@ -81,3 +81,35 @@ def test_save_and_restore_round_trips_weights_and_optimizer_with_a_new_identity(
         assert torch.equal(adapter.optimizer.state[param]["exp_avg"], saved_moments[name])
     with pytest.raises(StaleGraphError, match="checkpoint 'adapter' was replaced"):
         trainer.backward(sft_loss(stale.logprobs, mask))
+
+
+def test_a_restore_mapped_from_its_files_trains_bitwise_like_one_read_whole_and_never_writes_them(tmp_path):
+    """The weights stream from the safetensors map and the moments stay copy-on-write mapped: steps after the
+    restore match a twin restored from fully read copies (`load_file`, `torch.load`), and the files keep their bytes."""
+    import hashlib
+    import json
+
+    trainer, _ = trained_adapter_and_head()
+    save_checkpoint(trainer.checkpoints["adapter"], tmp_path / "saved")
+    files = sorted((tmp_path / "saved").iterdir())
+    digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    twin_trainer = copy.deepcopy(trainer)
+    mapped, twin = trainer.checkpoints["adapter"], twin_trainer.checkpoints["adapter"]
+    restore_checkpoint(mapped, tmp_path / "saved")
+    twin.load_state_dict(
+        {
+            "params": load_file(str(tmp_path / "saved" / "params.safetensors")),
+            "optimizer": torch.load(tmp_path / "saved" / "optimizer.pt", weights_only=True),
+            "revision": json.loads((tmp_path / "saved" / "version.json").read_text())["revision"],
+        }
+    )
+    for each in (trainer, twin_trainer):
+        for seed in (11, 12):
+            ids, mask = batch(seed=seed)
+            each.backward(sft_loss(each.forward(ids, mask).logprobs, mask))
+            each.step(["adapter"])
+    for (name, param), twin_param in zip(mapped.parameters().items(), twin.parameters().values(), strict=True):
+        assert torch.equal(param, twin_param), name
+        for moment in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(mapped.optimizer.state[param][moment], twin.optimizer.state[twin_param][moment])
+    assert {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files} == digests

@@ -31,6 +31,7 @@ from trainer_core.run.faults import maybe_inject_export_fault
 from trainer_core.run.manifest import checkpoint_name
 from trainer_core.run.plan import Plan, read_plan
 from trainer_core.run.progress import ProgressWriter, export_progress_path
+from trainer_core.run.rank_process import leave_now
 from trainer_core.run.records import ExportResult, StateMeta, export_result_path
 from trainer_core.run.sharded_export_prepare import prepare_sharded_export
 from trainer_core.run.state import load_training_state, state_dir_for
@@ -116,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     run_rank_main(lambda: export_segment(args.run_dir, args.segment, args.out))
+    if argv is None:  # the rank process itself: the staging and the result are written, the group is gone
+        leave_now(0)
 
 
 if __name__ == "__main__":

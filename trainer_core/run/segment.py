@@ -37,6 +37,7 @@ from ..training import Checkpoint, MissReports, Trainer
 from ..training.gradient_reduction import all_reduce_sum_
 from .faults import maybe_inject_command_fault
 from .figures import FigureLayout
+from .launch_phases import LaunchPhases
 from .layout import RunDir
 from .records import PlannerSummary, SegmentResult, StateMeta
 from .steps import note_skipped, step_figures, train_step
@@ -97,6 +98,7 @@ class SegmentRun:
     def set_up(cls, run_dir: Path, segment_index: int) -> "SegmentRun":
         """The plan, pinned threads, the process group, the trainer resumed from the previous segment, the shard."""
         started = time.perf_counter()
+        phases = LaunchPhases.starting()
         plan = read_plan(run_dir)
         config = plan.run_config()
         segment = plan.segments[segment_index]
@@ -108,6 +110,7 @@ class SegmentRun:
             config.train.global_batch_size,
             assignment=assignment_for(config.train.sharding, config.train.reduction),
         )
+        phases.mark("process_group")
 
         sharded = config.train.sharding == "fsdp"
         trainer = build_trainer(
@@ -118,8 +121,10 @@ class SegmentRun:
             mesh=training_mesh(topology) if sharded else None,
         )
         (base,) = trainer.checkpoints.values()  # the full model, or the LoRA adapter
+        phases.mark("model_built")
         if segment_index > 0:
             _resume(trainer, state_dir_for(run_dir, segment_index - 1), segment)
+        phases.mark("state_loaded")
         trainer.model.train()
         ldp = segment_facade(
             trainer,
@@ -131,6 +136,7 @@ class SegmentRun:
         shard = load_segment_shard(run_dir, segment)
         objective = objective_for(config)
         layout = FigureLayout.for_objective(objective.figures)
+        phases.mark("shard_loaded")
         setup_s = time.perf_counter() - started
         log(
             f"segment {segment_index}: steps {segment.start_step}..{segment.end_step - 1}, "
@@ -146,6 +152,7 @@ class SegmentRun:
             total_steps=plan.segments[-1].end_step,
             setup_s=setup_s,
             objective=objective.name,
+            phases=phases.marks,
         )
         return cls(
             run_dir=run_dir,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from trainer_core.ranks import step_seed
 from trainer_core.run.distributed import run_rank_main
+from trainer_core.run.rank_process import leave_now
 from trainer_core.run.segment import SegmentRun, planner_reports_dir, segment_result_path
 
 __all__ = ["main", "planner_reports_dir", "segment_result_path", "step_seed", "train_segment"]
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--segment", type=int, required=True)
     args = parser.parse_args(argv)
     run_rank_main(lambda: train_segment(args.run_dir, args.segment))
+    if argv is None:  # the rank process itself: the state and the result are written, the process group is gone
+        leave_now(0)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from .checkpoints import Checkpoint
 from .hf_weights import save_hf_model
@@ -40,20 +42,50 @@ def save_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
     )
 
 
+class _SafetensorsTensors(Mapping[str, torch.Tensor]):
+    """The tensors of an open safetensors file, each read from its mapping when asked for.
+
+    Restoring copies each weight into its parameter: read one at a time, the
+    peak is one tensor beside the model, not a second copy of every weight
+    (`load_file` reads them all first).
+    """
+
+    def __init__(self, handle) -> None:
+        self._handle = handle
+        self._names = frozenset(handle.keys())
+
+    def __contains__(self, name: object) -> bool:  # Mapping's own would read the tensor to answer
+        return name in self._names
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._handle.get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def restore_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimizer: bool = True) -> None:
-    """Load a saved checkpoint (its AdamW state too, unless `with_optimizer` is False)."""
+    """Load a saved checkpoint (its AdamW state too, unless `with_optimizer` is False).
+
+    Nothing is read twice or held twice: the weights stream from the memory-mapped safetensors file into the
+    parameters, and the AdamW moments are memory-mapped (copy-on-write: the file is never written), so the
+    pages are read as the first step touches them rather than all before it.
+    """
     meta = json.loads((directory / VERSION_FILE).read_text())
     if meta["kind"] != checkpoint.kind:
         raise ValueError(
             f"{directory} holds a '{meta['kind']}' checkpoint, not '{checkpoint.kind}'; restore it into a checkpoint of that kind"
         )
-    checkpoint.load_state_dict(
-        {
-            "params": load_file(str(directory / "params.safetensors")),
-            "optimizer": torch.load(directory / "optimizer.pt", weights_only=True) if with_optimizer else None,
-            "revision": meta["revision"],
-        }
-    )
+    optimizer = torch.load(directory / "optimizer.pt", weights_only=True, mmap=True) if with_optimizer else None
+    with safe_open(str(directory / "params.safetensors"), framework="pt") as params:
+        checkpoint.load_state_dict(
+            {"params": _SafetensorsTensors(params), "optimizer": optimizer, "revision": meta["revision"]}
+        )
 
 
 def export_checkpoint_module(trainer, name: str, directory: Path) -> list[str]:

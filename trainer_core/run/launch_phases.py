@@ -1,0 +1,52 @@
+"""Where a rank's start-up seconds go: wall-clock marks of its set-up phases, for the segment's `ready` record.
+
+    phases = LaunchPhases.starting()   # the process's own start (from the kernel) and now (imports done)
+    phases.mark("process_group")       # after each named phase
+    progress.write("ready", phases=phases.marks, ...)
+
+The marks are epoch seconds (`time.time()`), so they line up with the
+launcher's clock and the progress records' `time`: `python -m bench.launch`
+reads them to split a launch into torchrun agent, interpreter and imports,
+process group, model build, state load, shard, first step. The process's
+start comes from `/proc/self/stat` (in clock ticks after boot), so it covers
+the interpreter's own start-up too; elsewhere it is absent.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def process_start_time() -> float | None:
+    """When this process started, in epoch seconds (resolution: one clock tick, 10 ms); None off Linux."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        boot_line = next(line for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+    except (OSError, StopIteration):
+        return None
+    # Field 22 (starttime); the command name (field 2) may hold spaces, so count after its closing parenthesis.
+    start_ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
+    return int(boot_line.split()[1]) + start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class LaunchPhases:
+    """Named epoch-second marks, in the order they happened."""
+
+    marks: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def starting(cls) -> LaunchPhases:
+        """Marks `process_start` (when known) and `imports_done` (now: the rank's code is loaded)."""
+        phases = cls()
+        started = process_start_time()
+        if started is not None:
+            phases.marks["process_start"] = started
+        phases.mark("imports_done")
+        return phases
+
+    def mark(self, phase: str) -> None:
+        self.marks[phase] = time.time()
