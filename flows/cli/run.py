@@ -22,8 +22,6 @@ from trainer_core.errors import BadInputError
 if TYPE_CHECKING:
     from trainer_core.run.device_memory import MemoryReport
 
-    from ..early_server import EarlyServer
-
 __all__ = ["EXIT_ALREADY_RUNNING", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_OK", "cmd_run", "cmd_serve", "print_memory"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -59,18 +57,6 @@ def _summary(result: dict | None, wall_s: float, error: BaseException | None) ->
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args)
-    from ..early_server import EarlyServer
-
-    # Prefect's temporary server starts now, on another core, while the inputs are checked (flows/early_server.py).
-    server = EarlyServer.start()
-    try:
-        return _run(config, server)
-    finally:
-        if server is not None:
-            server.stop_unless_handed()
-
-
-def _run(config: RunConfig, server: EarlyServer | None) -> int:
     # A bad config is reported without transformers or torch; wall_s starts after the imports, as when they
     # were module-level (loading the config is milliseconds).
     from trainer_core.run.validate import validate_inputs
@@ -103,8 +89,6 @@ def _run(config: RunConfig, server: EarlyServer | None) -> int:
     quiet_tracebacks()  # tracebacks go to the run's log files and the Prefect API, not to the terminal
     result, error, message = None, None, None
     try:
-        if server is not None:
-            server.hand_to_prefect()  # waits for its health, as Prefect's own start would
         summary = train_flow(config)
         # Called directly, a flow returns its state's result: the Cancelled state it returns when
         # another run holds the run id raises its data (RunAlreadyActive, below), so a value is the summary.
