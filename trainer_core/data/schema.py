@@ -12,6 +12,7 @@ so a user can fix the data before any training starts.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -301,6 +302,20 @@ def parse_record(raw: bytes | str, where: str) -> Conversation:
     return conversation
 
 
+def open_data(path: str | Path):
+    """The data file, opened by `open_input`: a FIFO, a device or an unreadable file fails by name, never blocks."""
+    return open_input(Path(path), f"data.path={str(path)!r}", "point data.path at a JSONL file of conversations")
+
+
+def data_sha256(path: str | Path) -> str:
+    """sha256 of the data file's bytes, read through `open_data`."""
+    digest = hashlib.sha256()
+    with open_data(path) as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def iter_records(path: str | Path) -> Iterator[Record]:
     """Parse and validate the lines of a JSONL file one at a time; the first problem raises DataError.
 
@@ -310,7 +325,7 @@ def iter_records(path: str | Path) -> Iterator[Record]:
     """
     path = Path(path)
     first: Record | None = None
-    with open_input(path, f"data.path={str(path)!r}", "point data.path at a JSONL file of conversations") as handle:
+    with open_data(path) as handle:
         for line_number, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue  # blank lines (often a trailing newline) carry nothing

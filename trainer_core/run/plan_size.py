@@ -150,7 +150,8 @@ def check_plan_size(
     if memory_bytes is not None and size.peak_memory_bytes > memory_bytes:
         raise ConfigError(
             f"train.steps={train.steps}: planning would hold about {_gib(size.peak_memory_bytes)} in memory "
-            f"(a segment's shard of {shape(min(train.steps_per_segment, train.steps))}, twice, and {prepared.num_records} conversations' index), more than the {_gib(memory_bytes)} available; {_advice(_steps_in_memory(config, size, memory_bytes), change)}"
+            f"(a segment's shard of {shape(min(train.steps_per_segment, train.steps))}, twice, the run's step order "
+            f"at {_ORDER_BYTES_PER_ROW} bytes a row, and {prepared.num_records} conversations' index), more than the {_gib(memory_bytes)} available; {_advice(_steps_in_memory(config, size, memory_bytes), change)}"
         )
     disk_bytes = free_disk_bytes(Path(config.run.work_dir)) if disk_bytes is None else disk_bytes
     if size.shard_bytes > disk_bytes:

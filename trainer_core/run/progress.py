@@ -4,7 +4,8 @@
     RUN_DIR/progress/export-NNNN.jsonl
 
 Segment events: `ready` (setup done: the process group is up, the model built
-and the state restored), `step` (one optimizer step finished, with its
+and the state restored; its `phases` give when each set-up phase ended,
+`trainer_core.run.launch_phases`), `step` (one optimizer step finished, with its
 figures) and `saved` (the segment's state is saved). Export events: `ready`
 (the state is loaded on every rank), `phase` (a preparation phase begins:
 `phase` names it) and `exported` (the staging is in place). The orchestrator tails the file while

@@ -34,6 +34,7 @@ from tokenizers import Tokenizer
 from trainer_core.config import RunConfig
 from trainer_core.data import DataError, DataOptions, Prepared, load_chat_template, load_tokenizer
 from trainer_core.data.cache import cache_key, keep_store, open_cached
+from trainer_core.data.schema import data_sha256
 from trainer_core.data.shards import round_up
 from trainer_core.data.store import DocumentStore
 from trainer_core.data.streaming import fit_store, stage_file_to_scratch
@@ -108,7 +109,7 @@ def check_outputs(config: RunConfig) -> None:
 def input_fingerprint(config: RunConfig, template: str | None) -> dict:
     """Digests of the inputs that decide the result (paths themselves do not)."""
     fingerprint: dict[str, object] = {
-        "data": sha256_file(Path(config.data.path)),
+        "data": data_sha256(config.data.path),  # through open_input: a FIFO fails by name, never blocks
         "tokenizer": sha256_file(tokenizer_file(config.tokenizer.path)),
     }
     if template is not None:  # the tokenizer's own template decides the tokens and the masks

@@ -8,7 +8,7 @@ CASES: list[Case] = [
     Case(
         "steps_past_memory",
         "plan",
-        r"train\.steps=1000000000000: planning would hold about [\d.]+ [EP]iB of shards in memory",
+        r"train\.steps=1000000000000: planning would hold about [\d.]+ [TPE]iB in memory \(.*step order",
         r"lower train\.steps to at most \d+",
         config={"train": {"steps": 10**12}},
     ),
