@@ -210,10 +210,10 @@ def test_a_resume_after_retention_removed_the_older_states_is_bitwise(tmp_path):
 
     kept = plan_in(tmp_path / "kept", ONE_STEP_SEGMENTS)
     for index in range(kept.num_segments):
-        train_segment_fn(kept, index, **QUIET)
+        train_and_store(kept, index, **QUIET)
     planned = plan_in(tmp_path / "retained", ONE_STEP_SEGMENTS)
-    train_segment_fn(planned, 0, **QUIET)
-    train_segment_fn(planned, 1, **QUIET)
+    train_and_store(planned, 0, **QUIET)
+    train_and_store(planned, 1, **QUIET)
     store = open_store(planned.storage)
     report = apply_retention(
         store, planned.run_id, RetentionPolicy(keep_states=False), FinalizerSettings(), segment_states(planned, 2)
@@ -221,6 +221,6 @@ def test_a_resume_after_retention_removed_the_older_states_is_bitwise(tmp_path):
     assert report.states_removed == [0] and not (Path(planned.run_dir) / "state/segment-0000").exists()
     assert not store.fs.exists(store.path(planned.run_id, "state/segment-0000"))
     shutil.rmtree(planned.run_dir)
-    assert not train_segment_fn(planned, 2, **QUIET).reused
+    assert not train_and_store(planned, 2, **QUIET).reused
     assert final_state_digests(planned) == final_state_digests(kept)
     assert train_segment_fn(planned, 0, **QUIET).reused  # its result stays: a rerun never trains it again
