@@ -162,7 +162,7 @@ def _retain(store, args: argparse.Namespace) -> None:
     policy = RetentionPolicy.of(load_config(args.config).storage)
     report = apply_retention(store, args.run_id, policy, FinalizerSettings(wait_s=60.0))
     print(
-        f"run {args.run_id}: retention ({policy.keep_last=}, {policy.keep_every=}) removed {len(report.removed)} checkpoints"
+        f"run {args.run_id}: retention (storage.keep_last = {policy.keep_last}, keep_every = {policy.keep_every}) removed {len(report.removed)} checkpoints"
     )
     for name in report.removed:
         print(f"    {name}")

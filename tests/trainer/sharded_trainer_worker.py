@@ -323,10 +323,11 @@ def check_modes(rank, world_size, mesh):
     trainer = sharded_trainer(master, mesh)
     trainer._weight_impls = frozenset()
     try:
-        trainer.forward(ids, mask, mode="offload")
-        unkept = None
+        unkept_out = trainer.forward(ids, mask, mode="offload")
+        hooks = getattr(graph_state(trainer, unkept_out), "_hooks", None)
+        unkept = {"offloaded_bytes": getattr(hooks, "offloaded_bytes", None)}
     except RuntimeError as error:
-        unkept = str(error)
+        unkept = {"error": str(error)}
     unsharded = Trainer(copy.deepcopy(master).train())
     unsharded.add_base_checkpoint()
     reference_held = {}

@@ -97,7 +97,11 @@ def test_a_sharded_graph_references_fsdps_unsharded_weights_instead_of_copying_o
         retained, offloaded = result["held"]["retain"][0], result["held"]["offload"][1]
         assert retained == result["reference_held"]["retain"][0], result
         assert offloaded == result["reference_held"]["offload"][1], result
-        assert "storage that is not resizable" in result["unkept"], result
+        # Without the keep set the gathered weights are copied out (more bytes), or the copy pins FSDP's storage.
+        unkept = result["unkept"]
+        assert "storage that is not resizable" in unkept.get("error", "") or unkept["offloaded_bytes"] > offloaded, (
+            result
+        )
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
