@@ -72,6 +72,11 @@ def already_committed_fn(planned: PlannedRun, segment_index: int) -> CommitOutco
         checkpoint_url=url,
         reason="already committed",
     )
+    return _nothing_done(url, step)
+
+
+def _nothing_done(url: str, step: int, notes: tuple[str, ...] = ()) -> CommitOutcome:
+    """The outcome of a publication skipped because the step was committed before: nothing uploaded or moved."""
     return CommitOutcome(
         checkpoint_url=url,
         step=step,
@@ -81,6 +86,7 @@ def already_committed_fn(planned: PlannedRun, segment_index: int) -> CommitOutco
         latest_moved=False,
         wall_s=0.0,
         already_committed=True,
+        notes=notes,
     )
 
 
@@ -90,17 +96,7 @@ def _retired(planned: PlannedRun, store: ObjectStore, segment_index: int, step: 
     ledger.record(
         Path(planned.run_dir), "export", "skipped", step=step, segment=segment_index, reason="removed by retention"
     )
-    return CommitOutcome(
-        checkpoint_url=url,
-        step=step,
-        num_files_uploaded=0,
-        num_files_skipped=0,
-        bytes_uploaded=0,
-        latest_moved=False,
-        wall_s=0.0,
-        already_committed=True,
-        notes=("committed earlier, then removed by retention (storage.keep_last)",),
-    )
+    return _nothing_done(url, step, ("committed earlier, then removed by retention (storage.keep_last)",))
 
 
 def _run_name() -> str:
