@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._segments import machine
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 """Scripts run by their path, from a folder of their own: bench/ holds a `tokenize.py`, which would shadow the
@@ -262,8 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
             "rank_imports": imports,
             "reps": reps,
             "world_size": world_size,
-            "load_average_1m_5m_15m": [round(x, 2) for x in os.getloadavg()],
-            "cpus": os.cpu_count(),
+            **machine(),
         }
     )
     print(json.dumps(result))

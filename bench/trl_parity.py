@@ -39,6 +39,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench._segments import machine
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "tiny_sft.toml"
 TRL_SCRIPT = Path(__file__).resolve().parent / "scripts" / "trl_sft.py"
@@ -217,8 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     result.update(
         {
             "reps": reps,
-            "load_average_1m_5m_15m": [round(x, 2) for x in os.getloadavg()],
-            "cpus": os.cpu_count(),
+            **machine(),
         }
     )
     print(json.dumps(result))
