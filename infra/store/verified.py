@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from infra.publication.manifests import FileEntry
+from trainer_core.files import size_and_sha256
 
 from .base import ObjectStore, location_of
 from .durable import temp_name
@@ -36,12 +37,7 @@ class StoredObjectCorrupt(OSError):
 
 def sha256_of_file(path: Path) -> tuple[int, str]:
     """(size, sha256) of a local file, read in blocks."""
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as handle:
-        while block := handle.read(BLOCK_BYTES):
-            digest.update(block)
-            size += len(block)
-    return size, digest.hexdigest()
+    return size_and_sha256(path)
 
 
 def local_copy_matches(path: Path, entry: FileEntry) -> bool:

@@ -86,7 +86,7 @@ def no_hashing(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("a file was hashed")
 
-    monkeypatch.setattr(state_record, "_sha256", refuse)
+    monkeypatch.setattr(state_record, "size_and_sha256", refuse)
     monkeypatch.setattr("infra.store.verified.sha256_of_file", refuse)
     monkeypatch.setattr("infra.runs.run_state.sha256_of_file", refuse)
 
@@ -128,8 +128,8 @@ def test_digests_are_computed_once_and_equal_the_bytes_sha256(planned, monkeypat
     local = LocalState.load(state_of(planned))
     assert local is not None
     hashed = []
-    real = state_record._sha256
-    monkeypatch.setattr(state_record, "_sha256", lambda path: (hashed.append(path), real(path))[1])
+    real = state_record.size_and_sha256
+    monkeypatch.setattr(state_record, "size_and_sha256", lambda path: (hashed.append(path), real(path))[1])
     digests = local.digests()
     assert digests == {relative: (len(data), sha256(data)) for relative, data in FILES.items()}
     assert len(hashed) == len(FILES)
@@ -232,7 +232,7 @@ def no_hashing_after_digests(planned, monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("a state file was hashed again")
 
-    monkeypatch.setattr(state_record, "_sha256", refuse)
+    monkeypatch.setattr(state_record, "size_and_sha256", refuse)
     monkeypatch.setattr(
         "infra.runs.run_state.sha256_of_file",
         lambda path: refuse() if "state/" in str(path) else (path.stat().st_size, sha256(path.read_bytes())),

@@ -31,7 +31,6 @@ unchanged (docs/publication.md, "What the checks trust").
 
 from __future__ import annotations
 
-import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,8 +38,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from trainer_core.files import size_and_sha256
+
 RECORD_FORMAT = "rankflow-local-state/1"
-_BLOCK_BYTES = 4 * 2**20
 _HASH_THREADS = 4
 """Files hashed at once: hashlib releases the GIL over a block, so threads hash in parallel (as ranks would)."""
 
@@ -134,15 +134,6 @@ def _write(state_dir: Path, record: LocalStateRecord) -> None:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     _fsync(path.parent, directory=True)
-
-
-def _sha256(path: Path) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as handle:
-        while block := handle.read(_BLOCK_BYTES):
-            digest.update(block)
-            size += len(block)
-    return size, digest.hexdigest()
 
 
 class LocalState:
@@ -241,7 +232,7 @@ class LocalState:
         """Hash a file not hashed yet; the fingerprint before and after says the bytes hashed are the saved ones."""
         if not self.untouched(entry.path):
             raise self._changed(f"{entry.path} changed after its save, before its sha256 was recorded")
-        size, sha256 = _sha256(self.state_dir / entry.path)
+        size, sha256 = size_and_sha256(self.state_dir / entry.path)
         if size != entry.size or not self.untouched(entry.path):
             raise self._changed(f"{entry.path} changed while it was hashed")
         return sha256
@@ -250,7 +241,7 @@ class LocalState:
         path = self.state_dir / entry.path
         if entry.sha256 is None or _has_link(self.state_dir, entry.path) or not path.is_file():
             raise self._changed(f"{entry.path} is gone or changed after its save, before its sha256 was recorded")
-        if _sha256(path) != (entry.size, entry.sha256):
+        if size_and_sha256(path) != (entry.size, entry.sha256):
             raise self._changed(f"{entry.path} no longer has the bytes its save wrote (sha256 differs)")
 
     def _changed(self, what: str) -> LocalStateChanged:
