@@ -14,8 +14,8 @@ import pytest
 from infra.publication.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.publication.cleanup import cleanup_staging
 from infra.publication.commit import PublishSettings, commit_checkpoint, read_latest
-from infra.store import MemoryStore, open_store
 from tests.publication_helpers import fail_after_uploads
+from tests.store_fixtures import memory_or_local_store
 from trainer_core.run.manifest import write_manifest
 
 RUN = "run-abc"
@@ -38,14 +38,7 @@ def outage_after(num_uploads: int):
 ONE_AT_A_TIME = PublishSettings(concurrency=1)
 
 
-@pytest.fixture(params=["memory", "local"])
-def store(request, tmp_path):
-    """The same assertions on each backend: these tests use the store through its protocol only."""
-    if request.param == "memory":
-        with MemoryStore() as memory:
-            yield memory
-    else:
-        yield open_store(str(tmp_path / "store"))
+store = memory_or_local_store  # the fixture, under the name these tests use
 
 
 FILES = {

@@ -26,11 +26,11 @@ from infra.publication.latest import LatestPointer, latest_path, read_latest
 from infra.publication.manifests import checkpoint_key, checkpoint_name, retired_key
 from infra.publication.orphans import collect_garbage
 from infra.publication.retention import RetentionPolicy, apply_retention, checkpoints_to_keep, is_retired
-from infra.store import MemoryStore
 from infra.store.base import open_store
 from infra.store.lease import Lease, LeaseHeldError
 from infra.store.objects import list_files
 from tests.publication_helpers import RUN, random_files, stage
+from tests.store_fixtures import memory_or_local_store
 
 STEPS = [10, 20, 30, 40, 50, 60]
 QUICK = FinalizerSettings(wait_s=5.0, poll_s=0.05)
@@ -48,13 +48,7 @@ def reference_survivors(steps: list[int], keep_last: int | None, keep_every: int
     return kept
 
 
-@pytest.fixture(params=["memory", "local"])
-def store(request, tmp_path):
-    if request.param == "memory":
-        with MemoryStore() as memory:
-            yield memory
-    else:
-        yield open_store(str(tmp_path / "store"))
+store = memory_or_local_store  # the fixture, under the name these tests use
 
 
 def commit_steps(store, tmp_path, steps=STEPS) -> None:

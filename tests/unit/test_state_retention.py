@@ -20,22 +20,16 @@ from infra.publication.commit import commit_checkpoint
 from infra.publication.finalizer import FinalizerSettings
 from infra.publication.retention import RetentionPolicy, SegmentStates, apply_retention
 from infra.runs.run_state import fetch_bundle, publish_bundle, read_bundle_manifest, segment_bundle, stored_bundle
-from infra.store import MemoryStore
 from infra.store.base import open_store
 from infra.store.objects import list_files
 from tests.publication_helpers import RUN, random_files, stage
+from tests.store_fixtures import memory_or_local_store
 
 NUM_SEGMENTS, STEPS_PER_SEGMENT = 4, 3
 QUICK = FinalizerSettings(wait_s=5.0, poll_s=0.05)
 
 
-@pytest.fixture(params=["memory", "local"])
-def store(request, tmp_path):
-    if request.param == "memory":
-        with MemoryStore() as memory:
-            yield memory
-    else:
-        yield open_store(str(tmp_path / "store"))
+store = memory_or_local_store  # the fixture, under the name these tests use
 
 
 def state_files(segment: int) -> dict[str, bytes]:
