@@ -10,7 +10,9 @@ the data. On a store that reads its own writes (a local disk, S3 since 2020,
 SeaweedFS), a reader that saw the manifest wrote its marker before that, so
 before the manifest was hidden, so before the second check: the data stay
 (a later gc removes them once the marker is gone). A reader that comes after
-the hide finds no manifest and says the checkpoint was removed.
+the hide finds no manifest and says the checkpoint was removed. A reader that
+may not write (read-only credentials) reads without a marker, unprotected, as
+before markers existed.
 
 Expiry is wall-clock time, as for leases (infra/store/lease.py): machines
 need clocks within a small fraction of `ttl_s`. A reader paused past its
@@ -81,8 +83,12 @@ def remove_reader_markers(store: ObjectStore, run_id: str, name: str) -> None:
 
 
 @contextmanager
-def reading(store: ObjectStore, run_id: str, name: str, ttl_s: float = READER_TTL_S) -> Iterator[str]:
-    """Hold a reader marker on checkpoint `name` (renewed every ttl_s / 3) for the duration of a download."""
+def reading(store: ObjectStore, run_id: str, name: str, ttl_s: float = READER_TTL_S) -> Iterator[str | None]:
+    """Hold a reader marker on checkpoint `name` (renewed every ttl_s / 3) for the duration of a download.
+
+    A reader whose credentials may not write to the store (PermissionError: an inference server's read-only
+    key) reads without a marker (None), as every reader did before markers: it is not protected from
+    retention, and a checkpoint removed underneath it fails its verified download, never leaves bad bytes."""
     key = reader_key(run_id, name, secrets.token_hex(8))
     owner = default_owner()
 
@@ -91,8 +97,12 @@ def reading(store: ObjectStore, run_id: str, name: str, ttl_s: float = READER_TT
             store, store.path(key), ReaderMarker(owner=owner, expires_at=time.time() + ttl_s, ttl_s=ttl_s).to_bytes()
         )
 
-    with storage_errors(store, f"reader marker on {name} of run {run_id}"):
-        write()
+    try:
+        with storage_errors(store, f"reader marker on {name} of run {run_id}"):
+            write()
+    except PermissionError:
+        yield None
+        return
     stop = threading.Event()
 
     def beat() -> None:

@@ -222,3 +222,23 @@ def test_retention_settings_do_not_change_the_run_id(tmp_path):
         tiny_tree(tmp_path, storage={"keep_last": 2, "keep_every": 10, "keep_states": True}), config_dir=tmp_path
     )
     assert kept.storage.keep_last == 2 and digest_view(kept) == digest_view(plain)
+
+
+def test_a_reader_that_may_not_write_to_the_store_still_pulls_a_verified_checkpoint(store, tmp_path, monkeypatch):
+    """Read-only credentials (an inference server's) pulled checkpoints before reader markers existed: they still do.
+
+    The download is verified against the manifest as always; only the marker, which needs a write, is left out."""
+    commit_steps(store, tmp_path, [10, 20])
+    real_put = type(store).put
+
+    def refuse_reader_markers(self, key, *args, **kwargs):
+        if "/readers/" in str(key):
+            raise PermissionError(13, "Access Denied", str(key))
+        return real_put(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(type(store), "put", refuse_reader_markers)
+    name, path, _ = pull_checkpoint(store, RUN, tmp_path / "pulled")
+    assert name == checkpoint_name(20)
+    pulled = {p.relative_to(path).as_posix(): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    stored = {rel: store.fs.cat_file(f"{store.path(checkpoint_key(RUN, name))}/{rel}") for rel in pulled}
+    assert pulled == stored and "MANIFEST.json" in pulled
