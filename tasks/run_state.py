@@ -74,10 +74,12 @@ def segment_state_files(run_dir: Path, segment_index: int) -> list[str]:
     return [_relative(run_dir, p) for p in files] + [_relative(run_dir, segment_result_path(run_dir, segment_index))]
 
 
-def saved_files(run_dir: Path, segment_index: int) -> dict[str, SavedFile]:
-    """The state's files that pass its local record's trust rule, with their recorded sha256 (by run-dir path)."""
+def saved_files(run_dir: Path, segment_index: int, local: LocalState | None = None) -> dict[str, SavedFile]:
+    """The state's files that pass its local record's trust rule, with their recorded sha256 (by run-dir path).
+
+    `local`: the state's record when the caller has it loaded already (else read here)."""
     state_dir = state_dir_for(run_dir, segment_index)
-    local = LocalState.load(state_dir)
+    local = local or LocalState.load(state_dir)
     if local is None:
         return {}
     prefix = _relative(run_dir, state_dir)
@@ -123,7 +125,7 @@ def publish_segment_state(planned: PlannedRun, segment_index: int, observer: Obs
         segment_state_files(run_dir, segment_index),
         settings=_settings(planned),
         observer=observer or upload_fault(segment_index),
-        saved=saved_files(run_dir, segment_index),
+        saved=saved_files(run_dir, segment_index, local),  # the digests just recorded, not read again
     )
     if local is not None:
         local.restamp()  # a local store's hard links changed the files' ctime, nothing else

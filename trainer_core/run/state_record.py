@@ -163,11 +163,6 @@ class LocalState:
             return False
         return not _has_link(self.state_dir, relative) and _fingerprint(stat) == _entry_fingerprint(entry)
 
-    def trusted_sha256(self, relative: str) -> str | None:
-        """The recorded sha256 of a file that is untouched (no read); None otherwise."""
-        entry = self._by_path.get(relative)
-        return entry.sha256 if entry is not None and self.untouched(relative) else None
-
     def unlisted(self) -> list[str]:
         """What the state holds that the record does not list, or that is a link (relative paths)."""
         if self.state_dir.is_symlink():
