@@ -11,7 +11,9 @@ so the logs of a node on another machine, or of a work dir since deleted,
 stay readable. The logs are no part of the run's state: an upload that fails
 is reported as a warning and fails nothing, and a store that does not answer
 holds the stage up for at most `LOG_UPLOAD_LIMIT_S` (short request limits, one
-retry) rather than the state uploads' limits.
+retry) rather than the state uploads' limits. Like every write of the run, it
+is fenced: a run that lost its run lease stores no logs (another run of the
+run id owns the prefix, with logs of the same attempt names).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ import logging
 from pathlib import Path
 
 from infra.publication.manifests import FileEntry
+from infra.runs.run_lease import RunLeaseLost
 from infra.store import open_store
 from infra.store.base import Deadline, StoreTimeouts, storage_errors
 from infra.store.objects import upload_files
 from infra.store.verified import sha256_of_file
 
+from .fencing import fence
 from .outcomes import PlannedRun
 
 __all__ = ["store_launch_logs"]
@@ -45,6 +49,13 @@ def store_launch_logs(planned: PlannedRun, run_dir: Path, log_dir: Path) -> int:
         entries.append(FileEntry(path=path.relative_to(run_dir).as_posix(), size=size, sha256=digest))
     store = open_store(planned.storage, _LOG_REQUESTS)
     what = f"upload of the logs in {log_dir}"
+    try:
+        fence(planned, what)
+    except RunLeaseLost:
+        return 0  # the launch's own error (or the next fence) says the lease is lost; the logs stay on disk
+    except OSError as error:
+        _log.warning("the launch's logs stay only in %s: %s", log_dir, error)
+        return 0
     try:
         with storage_errors(store, what):
             deadline = Deadline(min(planned.storage.timeout_s, LOG_UPLOAD_LIMIT_S), what, store)
