@@ -37,7 +37,7 @@ from trainer_core.objectives.sft import SFT
 from trainer_core.ranks import LogicalDataParallel, Topology, pin_threads
 from trainer_core.ranks import logical_gradients as logical_gradients
 from trainer_core.run import steps
-from trainer_core.run.distributed import init_distributed, run_rank_main
+from trainer_core.run.distributed import init_distributed, run_rank_process
 from trainer_core.run.figures import FigureLayout
 from trainer_core.run.steps import train_step
 from trainer_core.training import OptimizerConfig, Trainer
@@ -167,4 +167,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

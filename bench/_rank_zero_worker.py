@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench._models import ModelSpec, make_batch
 from trainer_core.ranks import LogicalDataParallel, pin_threads, run_rank_zero
-from trainer_core.run.distributed import init_distributed, log, run_rank_main
+from trainer_core.run.distributed import init_distributed, log, run_rank_process
 from trainer_core.training import OptimizerConfig, Trainer
 
 
@@ -107,4 +107,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from bench._models import ModelSpec
 from trainer_core.ranks import LogicalGradients, Topology, pin_threads
-from trainer_core.run.distributed import init_distributed, run_rank_main
+from trainer_core.run.distributed import init_distributed, run_rank_process
 from trainer_core.training import Trainer
 from trainer_core.training.gradient_reduction import RankSum
 
@@ -86,4 +86,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

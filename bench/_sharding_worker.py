@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from bench._models import BETAS, EPS, GRAD_CLIP, LEARNING_RATE, ModelSpec, make_batch, synchronize
 from trainer_core.ranks import LogicalDataParallel, Topology, pin_threads
-from trainer_core.run.distributed import run_rank_main
+from trainer_core.run.distributed import run_rank_process
 from trainer_core.training import OptimizerConfig, Trainer
 from trainer_core.training.sharding import local_tensor, shard_model
 
@@ -210,4 +210,4 @@ def dist_gather(value: dict, world_size: int) -> list[dict]:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tests.ranks.loops import LOGICAL_DP, make_trainer, sft_batches, sft_loop
 from trainer_core.ranks import LogicalDataParallel, RankFailure, exchange, pin_threads, run_rank_zero
-from trainer_core.run.distributed import init_distributed, log, run_rank_main
+from trainer_core.run.distributed import init_distributed, log, run_rank_process
 from trainer_core.run.faults import COMMAND_FAULT_ENV
 
 COLLECTIVE_TIMEOUT_S = 120
@@ -263,4 +263,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

@@ -32,7 +32,7 @@ from tests.ranks.loops import (
 )
 from trainer_core.ranks import Topology, pin_threads, reduce_over_logical_ranks, run_rank_zero
 from trainer_core.ranks.reduction import sharded_ordered_fold, to_shard_layout
-from trainer_core.run.distributed import init_distributed, log, run_rank_main
+from trainer_core.run.distributed import init_distributed, log, run_rank_process
 
 
 def _partial(logical_rank: int, numel: int = 1001) -> torch.Tensor:
@@ -108,4 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

@@ -33,7 +33,7 @@ from tests.trainer.sharded_ranks import (
 from trainer_core.ranks.canonical_norm import canonical_norm
 from trainer_core.ranks.reduction import ordered_fold
 from trainer_core.ranks.sharded_fold import OrderedFolds, round_robin_logical_ranks
-from trainer_core.run.distributed import run_rank_main
+from trainer_core.run.distributed import run_rank_process
 from trainer_core.training.sharding import shard_model
 
 LOGICAL = 8
@@ -273,4 +273,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

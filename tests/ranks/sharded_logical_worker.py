@@ -19,7 +19,7 @@ import torch
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.sharded_ranks import VOCAB, bitwise, emit, full, start
 from trainer_core.ranks import LogicalDataParallel, Topology
-from trainer_core.run.distributed import run_rank_main
+from trainer_core.run.distributed import run_rank_process
 from trainer_core.training import Trainer
 from trainer_core.training.checkpoints import OptimizerConfig
 from trainer_core.training.sharding import local_tensor, shard_model
@@ -183,4 +183,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.test_backward_state import sft_loss
-from trainer_core.run.distributed import log, run_rank_main
+from trainer_core.run.distributed import log, run_rank_process
 from trainer_core.training import OptimizerConfig, Trainer
 
 MODES = ("retain", "offload", "replay")
@@ -67,4 +67,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

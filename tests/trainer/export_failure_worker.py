@@ -10,7 +10,7 @@ import torch.distributed as dist
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
 from trainer_core.model import build_trainer
-from trainer_core.run.distributed import init_distributed, log, run_rank_main
+from trainer_core.run.distributed import init_distributed, log, run_rank_process
 from trainer_core.run.export_prepare import ExportPreparationError, prepare_export
 from trainer_core.run.manifest import verify_staged
 
@@ -48,4 +48,4 @@ def main(workdir: Path) -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(lambda: main(Path(sys.argv[1])))
+    run_rank_process(lambda: main(Path(sys.argv[1])))

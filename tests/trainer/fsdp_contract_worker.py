@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import bf16_reference, bitwise, emit, loss, rank_batch, start
-from trainer_core.run.distributed import run_rank_main
+from trainer_core.run.distributed import run_rank_process
 from trainer_core.training.sharding import fsdp_params, shard_model
 
 METHODS = (
@@ -200,4 +200,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

@@ -21,7 +21,7 @@ from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import emit, loss, start
 from trainer_core.memory_model import MemorySettings, predict
 from trainer_core.memory_shape import activation_fit, meta_model, model_shape
-from trainer_core.run.distributed import run_rank_main
+from trainer_core.run.distributed import run_rank_process
 from trainer_core.training.sharding import shard_model
 
 
@@ -69,4 +69,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

@@ -6,7 +6,7 @@ import torch
 
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.test_backward_state import reference_logprobs, sft_loss
-from trainer_core.run.distributed import init_distributed, log, run_rank_main
+from trainer_core.run.distributed import init_distributed, log, run_rank_process
 from trainer_core.training import GradientTransactionError, Trainer
 
 
@@ -65,4 +65,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

@@ -24,7 +24,7 @@ from tests.conftest import tiny_tree
 from tests.trainer.sharded_ranks import bitwise, emit, start
 from trainer_core.config import config_from_dict
 from trainer_core.model import LORA_CHECKPOINT, _compute_dtype, build_model, build_trainer
-from trainer_core.run.distributed import run_rank_main
+from trainer_core.run.distributed import run_rank_process
 from trainer_core.training.lora_injection import inject_lora
 from trainer_core.training.sharding import shard_model
 
@@ -151,4 +151,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import bf16_reference, bitwise, emit, start
-from trainer_core.run.distributed import run_rank_main
+from trainer_core.run.distributed import run_rank_process
 from trainer_core.training.hf_weights import save_hf_model
 from trainer_core.training.sharded_export import ShardedExportError, export_sharded_hf, verify_sharded_hf
 from trainer_core.training.sharding import shard_model
@@ -241,4 +241,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

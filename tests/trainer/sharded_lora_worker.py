@@ -36,7 +36,7 @@ from tests.trainer.sharded_ranks import (
     worst,
 )
 from tests.trainer.sharded_trainer_worker import OPTIMIZER, token_loss
-from trainer_core.run.distributed import run_rank_main
+from trainer_core.run.distributed import run_rank_process
 from trainer_core.training import Trainer
 from trainer_core.training.lora_injection import adapter_parameters, inject_lora
 from trainer_core.training.outputs import HEAD_PREFIX, ForwardCall, compute_outputs
@@ -339,4 +339,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

@@ -19,7 +19,7 @@ import torch
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import all_bitwise, emit, full, loss, start
-from trainer_core.run.distributed import run_rank_main
+from trainer_core.run.distributed import run_rank_process
 from trainer_core.training.checkpoints import Checkpoint, OptimizerConfig
 from trainer_core.training.sharded_checkpoint_io import (
     is_sharded,
@@ -145,4 +145,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

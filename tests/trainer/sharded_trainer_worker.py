@@ -30,7 +30,7 @@ from tests.trainer.sharded_ranks import (
     start,
     worst,
 )
-from trainer_core.run.distributed import run_rank_main
+from trainer_core.run.distributed import run_rank_process
 from trainer_core.training import Trainer
 from trainer_core.training.checkpoints import OptimizerConfig
 from trainer_core.training.outputs import ForwardCall, compute_outputs
@@ -541,4 +541,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)

@@ -33,7 +33,7 @@ from tests.trainer.sharded_ranks import (
     summed_grads,
     worst,
 )
-from trainer_core.run.distributed import run_rank_main
+from trainer_core.run.distributed import run_rank_process
 from trainer_core.training.sharding import ShardSnapshot, shard_model
 
 ADAMW = {"lr": 1e-2, "weight_decay": 0.1, "betas": (0.9, 0.95)}
@@ -258,4 +258,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_rank_main(main)
+    run_rank_process(main)
