@@ -43,6 +43,8 @@ class SegmentOutcome(BaseModel):
     start_step: int
     end_step: int
     losses: list[float]
+    learning_rates: list[float] = []
+    """Per step (empty for a segment trained before results recorded it)."""
     num_tokens: int
     tokens_per_s: float
     train_s: float

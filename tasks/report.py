@@ -59,12 +59,14 @@ def _stored_bytes(store, path: str) -> bytes:
 def write_run_loss_curve(planned: PlannedRun, segments: list[SegmentOutcome]) -> Path:
     steps = [s.start_step + i for s in segments for i in range(len(s.losses))]
     losses = [loss for s in segments for loss in s.losses]
+    rates = [rate for s in segments for rate in s.learning_rates]
     return write_loss_curve(
         Path(planned.run_dir) / LOSS_CURVE_FILE,
         steps,
         losses,
         [s.start_step for s in segments],
         title=f"{planned.run_id}: loss per optimizer step",
+        learning_rates=rates if len(rates) == len(steps) else None,  # a segment trained before rates were kept
     )
 
 

@@ -51,6 +51,7 @@ def _outcome(result: SegmentResult, launch_wall_s: float, reused: bool) -> Segme
         start_step=result.start_step,
         end_step=result.end_step,
         losses=result.losses,
+        learning_rates=result.learning_rates,
         num_tokens=result.num_tokens,
         tokens_per_s=result.tokens_per_s,
         train_s=result.train_s,

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from .backward_modes import BACKWARD_MODES, PLANNER
 from .config_messages import describe_validation_error
 from .errors import ConfigError
+from .lr_schedule import SCHEDULE_KINDS, LRSchedule
 from .ranks.topology import topology_problem  # a light module: trainer_core.ranks loads its names lazily
 from .storage_url import check_storage_url, local_path, overlap
 
@@ -130,7 +131,7 @@ class TrainSection(_Section):
     global_batch_size: int = Field(default=16, ge=1)
     """Sequences per optimizer step, over all logical ranks; a multiple of logical_dp."""
     learning_rate: float = Field(default=1e-4, gt=0)
-    """AdamW's learning rate, reached after `warmup_steps` of linear warm-up."""
+    """AdamW's peak learning rate, reached after `warmup_steps` of linear warm-up; `lr_schedule` says what follows."""
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW's decoupled weight decay."""
     betas: tuple[_Beta, _Beta] = (0.9, 0.95)
@@ -138,7 +139,13 @@ class TrainSection(_Section):
     eps: float = Field(default=1e-8, gt=0)
     """AdamW's epsilon."""
     warmup_steps: int = Field(default=0, ge=0)
-    """Linear warm-up steps, then a constant learning rate."""
+    """Linear warm-up from 0: step s (0-based) of the first warmup_steps trains at learning_rate × s / warmup_steps,
+    as transformers' schedulers do."""
+    lr_schedule: Literal[SCHEDULE_KINDS] = "constant"  # pyright: ignore[reportInvalidTypeForm]
+    """After the warm-up: `constant`, or a `linear` or `cosine` decay to learning_rate × min_lr_ratio at the last
+    step; transformers' get_constant/linear/cosine(_with_min_lr)_schedule_with_warmup, step for step."""
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Where a linear or cosine decay ends, as a fraction of learning_rate."""
     grad_clip: float = Field(default=1.0, ge=0)
     """Clip the global gradient norm to this value (0 disables clipping); note that torch.optim.AdamW does not clip."""
     logical_dp: int = Field(default=1, ge=1)
@@ -214,6 +221,20 @@ class TrainSection(_Section):
                 "or leave it unset to train the objective of data.kind"
             )
         return value
+
+    @model_validator(mode="after")
+    def _decay_floor(self) -> "TrainSection":
+        if self.min_lr_ratio and self.lr_schedule == "constant":
+            raise ValueError(
+                f"train.min_lr_ratio={self.min_lr_ratio} is where a decay ends, and train.lr_schedule is 'constant'; "
+                "set lr_schedule = 'linear' or 'cosine', or remove min_lr_ratio"
+            )
+        return self
+
+    @property
+    def schedule(self) -> LRSchedule:
+        """The learning-rate schedule of every checkpoint the run trains."""
+        return LRSchedule(self.lr_schedule, self.warmup_steps, self.steps, self.min_lr_ratio)
 
     @model_validator(mode="after")
     def _divisibility(self) -> "TrainSection":

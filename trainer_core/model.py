@@ -189,6 +189,7 @@ def build_trainer(
         eps=train.eps,
         weight_decay=train.weight_decay,
         grad_clip=train.grad_clip,
+        schedule=train.schedule,
     )
     if lora is None:
         trainer.add_base_checkpoint(BASE_CHECKPOINT, optimizer=optimizer)

@@ -13,8 +13,16 @@ from pathlib import Path
 LOSS_CURVE_FILE = "loss_curve.png"
 
 
-def write_loss_curve(path: Path, steps: list[int], losses: list[float], segment_starts: list[int], title: str) -> Path:
-    """Plot `losses` against `steps` into `path` (PNG); returns the path."""
+def write_loss_curve(
+    path: Path,
+    steps: list[int],
+    losses: list[float],
+    segment_starts: list[int],
+    title: str,
+    learning_rates: list[float] | None = None,
+) -> Path:
+    """Plot `losses` against `steps` into `path` (PNG), and the learning rate per step on a right-hand axis where
+    given; returns the path."""
     # The object API with an Agg canvas: no pyplot global state, no backend switch.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -34,7 +42,15 @@ def write_loss_curve(path: Path, steps: list[int], losses: list[float], segment_
     axes.set_ylabel("loss")
     axes.set_title(title, fontsize=10)
     axes.grid(True, alpha=0.3)
-    axes.legend(loc="upper right", fontsize=8)
+    handles, labels = axes.get_legend_handles_labels()
+    if learning_rates:
+        rate_axes = axes.twinx()
+        rate_axes.plot(steps, learning_rates, color="tab:orange", linewidth=1.0, linestyle="--", label="learning rate")
+        rate_axes.set_ylabel("learning rate")
+        rate_axes.set_ylim(bottom=0)
+        more_handles, more_labels = rate_axes.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    axes.legend(handles, labels, loc="upper right", fontsize=8)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")

@@ -4,7 +4,10 @@ SFT and RL, unpacked and packed, each planned once and trained in two
 segments of two steps: at W = 1 (in this process), then with W changing
 between the segments (2 → 4 or 4 → 2) through real torchrun launches of
 `trainer_core.run.segment_main`. Per-step losses, the saved weights
-and the AdamW state must be bitwise equal to the W = 1 run.
+and the AdamW state must be bitwise equal to the W = 1 run. The SFT case
+decays its rate (cosine to a floor, after a warm-up): every step's rate, on
+both sides of the boundary and after the resume at another W, is the one
+transformers' scheduler gives that step.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import torch
 
 from infra.launch.launcher import launch
 from tests.conftest import EXAMPLES, tiny_tree
+from tests.trainer.test_lr_schedule import transformers_rates
 from trainer_core.config import config_from_dict
-from trainer_core.run.plan import build_plan, run_dir_for, write_plan
+from trainer_core.run.plan import build_plan, read_plan, run_dir_for, write_plan
 from trainer_core.run.records import SegmentResult
 from trainer_core.run.segment_main import segment_result_path, train_segment
 from trainer_core.run.state import state_dir_for
@@ -29,8 +33,9 @@ RL = {
     "data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl", "max_seq_len": 160},
     "rl": {"sft_coef": 0.1, "initial_policy_version": 3, "max_data_staleness": 1},
 }
+COSINE = {"train": {"lr_schedule": "cosine", "warmup_steps": 1, "min_lr_ratio": 0.1}}
 CASES = {  # config sections, and the world sizes of the two segments
-    "sft": ({}, (2, 4)),
+    "sft": (COSINE, (2, 4)),
     "sft_packed": ({"data": {"pack": True}}, (4, 2)),
     "rl": (RL, (4, 2)),
     "rl_packed": ({**RL, "data": {**RL["data"], "pack": True}}, (2, 4)),
@@ -76,6 +81,7 @@ def outcome(run_dir: Path) -> dict:
     results = [SegmentResult.read(segment_result_path(run_dir, s)) for s in (0, 1)]
     return {
         "losses": [r.losses for r in results],
+        "learning_rates": [rate for r in results for rate in r.learning_rates],
         "num_tokens": [r.num_tokens for r in results],
         "stale": [r.num_stale_trajectories for r in results],
         "weights": (final / "params.safetensors").read_bytes(),
@@ -86,7 +92,7 @@ def outcome(run_dir: Path) -> dict:
 
 
 def assert_same_run(actual: dict, expected: dict) -> None:
-    for key in ("losses", "num_tokens", "stale", "weights", "threads"):
+    for key in ("losses", "learning_rates", "num_tokens", "stale", "weights", "threads"):
         assert actual[key] == expected[key], key
     for index, state in expected["optimizer"].items():
         for name, tensor in state.items():
@@ -109,6 +115,9 @@ def test_a_run_resumed_at_another_world_size_is_bitwise_the_run_at_one_process(c
         train_segment(run_dir, segment)  # W = 1, in this process (conftest restores its threads)
     reference = outcome(run_dir)
     assert reference["world_sizes"] == [1, 1] and reference["threads"] == {1}
+    train = read_plan(run_dir).run_config().train
+    expected = transformers_rates(train.lr_schedule, train.warmup_steps, train.steps, train.min_lr_ratio, train.steps)
+    assert reference["learning_rates"] == pytest.approx([train.learning_rate * r for r in expected], rel=0, abs=1e-15)
     if case.startswith("rl"):
         assert sum(reference["stale"]) > 0  # the staleness bound dropped trajectories: that path is covered too
     for segment, world_size in enumerate(world_sizes):

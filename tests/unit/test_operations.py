@@ -160,6 +160,21 @@ def test_loss_curve_is_a_png_of_the_expected_size(tmp_path):
     assert (width, height) == (640, 360) and len(data) > 5000
 
 
+def test_the_loss_curve_draws_the_learning_rate_on_its_own_axis(tmp_path):
+    """The rate's dashed orange line (matplotlib's tab:orange) is in the picture only when rates are given."""
+    from matplotlib.image import imread
+
+    steps, losses = [0, 1, 2, 3], [2.0, 1.5, 1.2, 1.0]
+    plain = imread(write_loss_curve(tmp_path / "plain.png", steps, losses, [0], "run"))
+    rated = imread(write_loss_curve(tmp_path / "rated.png", steps, losses, [0], "run", [0.0, 1e-3, 5e-4, 1e-4]))
+
+    def orange_pixels(image) -> int:
+        red, green, blue = image[..., 0], image[..., 1], image[..., 2]
+        return int(((red > 0.9) & (abs(green - 0.5) < 0.08) & (blue < 0.2)).sum())
+
+    assert orange_pixels(plain) == 0 and orange_pixels(rated) > 100
+
+
 def test_a_prefect_api_error_does_not_stop_the_live_view(prefect_harness):
     from uuid import uuid4
 

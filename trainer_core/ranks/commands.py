@@ -165,7 +165,9 @@ class CommandExecutor:
         self.gradients.check_ready()
 
     def _step(self, options: dict, prepared: None, peers: list) -> dict:
-        return self.trainer.step(options["names"], learning_rate=options["learning_rate"])
+        return self.trainer.step(
+            options["names"], learning_rate=options["learning_rate"], schedule_step=options.get("schedule_step")
+        )
 
     def _save(self, options: dict, payload: None) -> int:
         if self.topology.rank != 0:

@@ -169,13 +169,13 @@ class LogicalDataParallel:
         """Sum or mean of one value per logical rank, in logical order: bitwise the same at any world size."""
         return reduce_over_logical_ranks(values, op, self.topology)
 
-    def step(self, names=None, *, learning_rate: float | None = None):
+    def step(self, names=None, *, learning_rate: float | None = None, schedule_step: int | None = None):
         """`trainer.step` as one command: checks exchanged first (no rank enters the reduction alone), then the step."""
         with coordinated("step"):
             maybe_inject_command_fault("step", self.topology.rank)
             self.gradients.check_ready()
         with coordinated("step", collectives=True):  # the reduction's collectives
-            return self.trainer.step(names, learning_rate=learning_rate)
+            return self.trainer.step(names, learning_rate=learning_rate, schedule_step=schedule_step)
 
     def command(self, name: str):
         """A block of any other work (saving, a callback) as one command: a failure anywhere fails every rank."""

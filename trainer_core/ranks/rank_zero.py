@@ -206,9 +206,20 @@ class RankZeroTrainer:
                 num_gradients = max(num_gradients, count)
         return BackwardReport(len(forward_ids), ages, num_gradients)
 
-    def step(self, names: Iterable[str] | None = None, *, learning_rate: float | None = None) -> dict:
+    def step(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        learning_rate: float | None = None,
+        schedule_step: int | None = None,
+    ) -> dict:
         """`Trainer.step` on every rank; returns rank 0's reports (every rank's are the same)."""
-        return self._run("step", {"names": None if names is None else list(names), "learning_rate": learning_rate})[0]
+        options = {
+            "names": None if names is None else list(names),
+            "learning_rate": learning_rate,
+            "schedule_step": schedule_step,
+        }
+        return self._run("step", options)[0]
 
     def save(self, state_dir: Path | str, meta: dict) -> int:
         """Write the training state (rank 0); returns its size in bytes."""

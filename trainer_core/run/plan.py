@@ -154,6 +154,11 @@ ADDED_LATER = {
     ("train", "objective"): _objective_of_the_data,
     # The state's format (DCP shards) and the fast reduction's last bits differ from a replicated run's.
     ("train", "sharding"): lambda _: "none",
+    # A warm-up now starts at 0 as transformers' schedulers do (step s trains at s / warmup_steps, before at
+    # (s + 1) / warmup_steps): a run with a warm-up planned before trained at other rates, so its id must change,
+    # and the key stays in the digest (None is never a config's value). Without a warm-up nothing changed.
+    ("train", "lr_schedule"): lambda config: "constant" if config.train.warmup_steps == 0 else None,
+    ("train", "min_lr_ratio"): lambda _: 0.0,
 }
 """Keys added after run ids were first given out, each with its default for a config: at that default a key leaves the
 digest, so every run planned before the key existed keeps its run id (tests/unit/test_run_ids.py pins them). A new key

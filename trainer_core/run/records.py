@@ -63,6 +63,8 @@ class SegmentResult(_Record):
     losses: list[float]
     """Per step, the loss per loss token of the global batch (NaN where a rank's loss was not finite)."""
     grad_norms: list[float]
+    learning_rates: list[float] = []
+    """Per step, the learning rate of the run's checkpoint (absent from results written before lr_schedule: [])."""
     skipped_steps: list[int]
     num_skipped_steps: int
     num_stale_trajectories: int

@@ -32,7 +32,6 @@ from ..model import build_trainer
 from ..objectives import Objective, objective_for
 from ..ranks import LogicalDataParallel, pin_threads, threads_for
 from ..ranks.coordination import coordinated
-from ..schedule import learning_rate_at
 from ..training import Checkpoint, MissReports, Trainer
 from ..training.gradient_reduction import all_reduce_sum_
 from .faults import maybe_inject_command_fault
@@ -58,6 +57,7 @@ class StepsDone:
 
     losses: list[float]
     grad_norms: list[float]
+    learning_rates: list[float]
     skipped: list[int]
     num_input_tokens: int
     num_token_slots: int
@@ -176,7 +176,7 @@ class SegmentRun:
         """Every optimizer step of the segment, one progress record each."""
         config, segment, base = self.config, self.segment, self.base
         mode = config.train.forward_mode
-        losses, grad_norms, skipped = [], [], []
+        losses, grad_norms, learning_rates, skipped = [], [], [], []
         num_input_tokens = num_token_slots = num_stale = 0
         train_started = time.perf_counter()
         for local_step in range(segment.num_steps):
@@ -184,8 +184,9 @@ class SegmentRun:
             batch = {name: tensor[local_step] for name, tensor in self.shard.items()}
             step_started = time.perf_counter()
             sums = train_step(self.ldp, self.objective, self.layout, batch, step, base.revision, mode)
-            learning_rate = learning_rate_at(step, config.train)
-            report = self.ldp.step(learning_rate=learning_rate)[base.name]
+            report = self.ldp.step(schedule_step=step)[base.name]  # every checkpoint has the run's schedule
+            learning_rate = report.learning_rate
+            learning_rates.append(learning_rate)
             loss = sums["loss_sum"] / int(batch["loss_mask"][:, 1:].sum())
             losses.append(loss)
             grad_norms.append(report.grad_norm)
@@ -207,6 +208,7 @@ class SegmentRun:
         return StepsDone(
             losses=losses,
             grad_norms=grad_norms,
+            learning_rates=learning_rates,
             skipped=skipped,
             num_input_tokens=num_input_tokens,
             num_token_slots=num_token_slots,
@@ -249,6 +251,7 @@ class SegmentRun:
             end_step=self.segment.end_step,
             losses=steps.losses,
             grad_norms=steps.grad_norms,
+            learning_rates=steps.learning_rates,
             skipped_steps=steps.skipped,
             num_skipped_steps=len(steps.skipped),
             num_stale_trajectories=steps.num_stale,

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ..lr_schedule import LRSchedule
 from .sharding import fsdp_param_of, local_tensor
 from .versions import Version, new_identity
 
@@ -49,6 +50,9 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     """Global-norm clipping of this checkpoint's gradient (0 disables)."""
+    schedule: LRSchedule | None = None
+    """This checkpoint's own schedule: its rate at each step is `learning_rate * schedule.multiplier(step)`, whatever
+    rate `step(learning_rate=...)` gives the others. None: the rate the step gives, or `learning_rate` throughout."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class StepReport:
     """The version after the step (unchanged when the update was skipped)."""
     skipped_reason: str | None = None
     """Why the update was skipped: "no gradient", or the non-finite norm that stopped every checkpoint."""
+    learning_rate: float | None = None
+    """The rate of the step (the one it would have had, where it was skipped)."""
 
 
 class _Slot:
@@ -193,17 +199,16 @@ class Checkpoint:
         # non-finite shard anywhere makes it non-finite on every rank.
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
-    def apply(self, norm: torch.Tensor, learning_rate: float | None) -> None:
-        """Clip with the precomputed norm and take one AdamW step; the revision advances."""
+    def apply(self, norm: torch.Tensor, learning_rate: float) -> None:
+        """Clip with the precomputed norm and take one AdamW step at `learning_rate`; the revision advances."""
         clip = self.optimizer_config.grad_clip
         tensors = [s.optimized for s in self._slots if s.optimized.grad is not None]
         if clip > 0 and any(isinstance(t, DTensor) for t in tensors):
             _clip_shards(tensors, clip, norm)
         elif clip > 0:
             torch.nn.utils.clip_grads_with_norm_(tensors, clip, norm)
-        if learning_rate is not None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = learning_rate
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
         self.optimizer.step()
         with torch.no_grad():
             for slot in self._slots:
@@ -212,7 +217,13 @@ class Checkpoint:
         self.revision += 1
         self.clear_gradients()
 
-    def learning_rate(self, override: float | None) -> float:
+    def learning_rate(self, override: float | None, schedule_step: int | None = None) -> float:
+        """The rate of the next step: the checkpoint's own schedule at `schedule_step` (its revision, the updates
+        applied so far, where the step names none), else `override`, else the optimizer's current rate."""
+        schedule = self.optimizer_config.schedule
+        if schedule is not None:
+            at = self.revision if schedule_step is None else schedule_step
+            return self.optimizer_config.learning_rate * schedule.multiplier(at)
         return override if override is not None else self.optimizer.param_groups[0]["lr"]
 
     def detach_revision(self) -> None:

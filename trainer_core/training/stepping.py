@@ -29,12 +29,12 @@ from .gradient_reduction import GradientReduction, RankSum
 _TERM_FIELDS = ("checkpoints", "revision", "learning_rate", "optimizer settings")
 
 
-def _terms(checkpoints: Sequence[Checkpoint], learning_rate: float | None) -> tuple[tuple, ...]:
+def _terms(rates: dict[str, float], checkpoints: Sequence[Checkpoint]) -> tuple[tuple, ...]:
     names = tuple(c.name for c in checkpoints)
     return (
         names,
         tuple(c.revision for c in checkpoints),
-        tuple(c.learning_rate(learning_rate) for c in checkpoints),
+        tuple(rates[c.name] for c in checkpoints),
         tuple(astuple(c.optimizer_config) for c in checkpoints),
     )
 
@@ -63,11 +63,16 @@ def step_checkpoints(
     learning_rate: float | None,
     before_update: Callable[[Checkpoint], None],
     reduction: GradientReduction | None = None,
+    schedule_step: int | None = None,
 ) -> dict[str, StepReport]:
-    """Step the checkpoints together; `before_update` runs on each one just before its weights change."""
+    """Step the checkpoints together; `before_update` runs on each one just before its weights change.
+
+    Each checkpoint's rate is `Checkpoint.learning_rate(learning_rate, schedule_step)`: its own schedule where it
+    has one, else `learning_rate`, else its optimizer's rate."""
     reduction = reduction or RankSum()
+    rates = {c.name: c.learning_rate(learning_rate, schedule_step) for c in checkpoints}
     flags = reduction.local_flags(checkpoints)
-    anywhere = agree_on_step(_terms(checkpoints, learning_rate), [f for per in flags for f in per])
+    anywhere = agree_on_step(_terms(rates, checkpoints), [f for per in flags for f in per])
     per_checkpoint, offset = [], 0
     for local in flags:
         per_checkpoint.append(anywhere[offset : offset + len(local)])
@@ -82,9 +87,11 @@ def step_checkpoints(
         name, norm = checkpoint.name, norms[checkpoint.name]
         if reason is not None or norm is None:
             checkpoint.clear_gradients()
-            reports[name] = StepReport(name, False, values[name], checkpoint.version, reason or "no gradient")
+            reports[name] = StepReport(
+                name, False, values[name], checkpoint.version, reason or "no gradient", learning_rate=rates[name]
+            )
             continue
         before_update(checkpoint)
-        checkpoint.apply(norm, learning_rate)
-        reports[name] = StepReport(name, True, values[name], checkpoint.version)
+        checkpoint.apply(norm, rates[name])
+        reports[name] = StepReport(name, True, values[name], checkpoint.version, learning_rate=rates[name])
     return reports

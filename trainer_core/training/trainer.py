@@ -510,12 +510,22 @@ class Trainer(CheckpointRegistry):
             elif graph.stale_replay is not None and self.staleness.is_stale(graph.versions, current):
                 graph.replay_from_now_on()
 
-    def step(self, names: Iterable[str] | None = None, *, learning_rate: float | None = None) -> dict[str, StepReport]:
+    def step(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        learning_rate: float | None = None,
+        schedule_step: int | None = None,
+    ) -> dict[str, StepReport]:
         """Reduce gradients over ranks; if every selected checkpoint's norm is finite, clip and step each one's AdamW.
 
         A non-finite norm anywhere skips the update of every checkpoint on every
         rank (the reports say why); a checkpoint with no gradient on any rank does
         not step. Every rank must select the same checkpoints with the same settings.
+
+        `learning_rate` is the rate of every checkpoint without a schedule of its own (`OptimizerConfig.schedule`);
+        one with a schedule takes its rate at `schedule_step` (a run passes its global step; unset: the
+        checkpoint's revision). Each report says the rate it used.
         """
         selected = list(self.checkpoints) if names is None else list(names)
         unknown = [name for name in selected if name not in self.checkpoints]
@@ -527,6 +537,7 @@ class Trainer(CheckpointRegistry):
             learning_rate,
             self._hand_over_weights,
             self.gradient_reduction,
+            schedule_step,
         )
         self._expire_graphs()
         self.peak_saved_bytes = max(self.peak_saved_bytes, self.resident_bytes())  # snapshots handed over

@@ -192,6 +192,27 @@ CASES: list[Case] = [
         config={"train": {"steps": 0}},
     ),
     Case(
+        "lr_schedule_unknown",
+        "config-value",
+        r"  train\.lr_schedule: must be one of 'constant', 'linear' or 'cosine' \(got 'cosin'\)",
+        r"choose one",
+        config={"train": {"lr_schedule": "cosin"}},
+    ),
+    Case(
+        "min_lr_ratio_without_decay",
+        "config-value",
+        r"train\.min_lr_ratio=0\.1 is where a decay ends, and train\.lr_schedule is 'constant'",
+        r"set lr_schedule = 'linear' or 'cosine', or remove min_lr_ratio",
+        config={"train": {"min_lr_ratio": 0.1}},
+    ),
+    Case(
+        "min_lr_ratio_above_one",
+        "config-value",
+        r"  train\.min_lr_ratio: must be <= 1 \(got 2\.0\)",
+        r"set a value <= 1",
+        config={"train": {"lr_schedule": "linear", "min_lr_ratio": 2.0}},
+    ),
+    Case(
         "logical_dp_not_multiple",
         "config-value",
         r"train\.logical_dp=3 is not a multiple of train\.nproc_per_node=2",
