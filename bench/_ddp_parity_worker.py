@@ -109,7 +109,7 @@ def instrument(clock: PhaseClock) -> None:
     clock.wrap(logical_gradients.LogicalGradients, "reduce", "fold")  # deterministic: ordered fold; fast: all-reduce
     clock.wrap(gradient_reduction.RankSum, "reduce", "fold")
     clock.wrap(Trainer, "step", "optimizer")  # norm, clip and AdamW: what the other phases leave of the step
-    clock.wrap(steps, "_logical_rank_work", "forward_backward")  # forward, objective, backward of a logical rank
+    clock.wrap(steps, "logical_rank_work", "forward_backward")  # forward, objective, backward of a logical rank
 
 
 def measure(args: argparse.Namespace, topology: Topology) -> dict:

@@ -148,6 +148,10 @@ class TrainSection(_Section):
     """Where a linear or cosine decay ends, as a fraction of learning_rate."""
     grad_clip: float = Field(default=1.0, ge=0)
     """Clip the global gradient norm to this value (0 disables clipping); note that torch.optim.AdamW does not clip."""
+    micro_batch_size: int | None = Field(default=None, ge=1)
+    """Rows per forward of each logical rank (gradient accumulation): a logical rank's global_batch_size / logical_dp
+    rows run as forwards and backwards of this many rows each, its gradient their sum, normalised as before by the
+    loss tokens of the global batch. Peak activation memory falls with it. Unset: all of them in one forward."""
     logical_dp: int = Field(default=1, ge=1)
     """Logical data-parallel ranks L; results depend on L, never on the number of processes (docs/logical-ranks.md)."""
     nproc_per_node: int = Field(default=1, ge=1)
@@ -230,6 +234,26 @@ class TrainSection(_Section):
                 "set lr_schedule = 'linear' or 'cosine', or remove min_lr_ratio"
             )
         return self
+
+    @model_validator(mode="after")
+    def _micro_batches_unsharded(self) -> "TrainSection":
+        rows = self.global_batch_size // max(self.logical_dp, 1)
+        if self.sharding == "fsdp" and self.micro_batch_size is not None and self.micro_batch_size < rows:
+            # The sharded fold takes one backward per logical rank's turn (trainer_core/ranks/sharded_gradients.py);
+            # a second would fold in another association than the unsharded run's.
+            raise ValueError(
+                f'train.micro_batch_size={self.micro_batch_size} with train.sharding = "fsdp": a sharded logical '
+                "rank runs its rows in one forward; cut the rows per forward with more logical ranks instead "
+                f"(train.logical_dp = {self.global_batch_size // self.micro_batch_size} runs "
+                f"{self.micro_batch_size} row(s) each, in turn on every process), or remove micro_batch_size"
+            )
+        return self
+
+    @property
+    def rows_per_forward(self) -> int:
+        """Rows one forward of a logical rank runs: the micro-batch, or the logical rank's whole share."""
+        rows = self.global_batch_size // self.logical_dp
+        return rows if self.micro_batch_size is None else min(self.micro_batch_size, rows)
 
     @property
     def schedule(self) -> LRSchedule:

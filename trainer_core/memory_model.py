@@ -287,6 +287,10 @@ def fixes(settings: MemorySettings, *, lora: bool, can_shard: bool) -> list[str]
         found.append('train.dtype = "bfloat16"')
     if settings.activation_checkpointing != "blocks":
         found.append('train.activation_checkpointing = "blocks"')
+    if settings.rows_per_logical_rank > 1 and settings.sharding == "fsdp":  # one forward per sharded logical rank
+        found.append(f"fewer rows per forward (more logical ranks: train.logical_dp above {settings.logical_dp})")
+    elif settings.rows_per_logical_rank > 1:
+        found.append(f"fewer rows per forward (train.micro_batch_size below {settings.rows_per_logical_rank})")
     if can_shard:
         found.append("more processes (train.nproc_per_node, train.nnodes)")
     return found

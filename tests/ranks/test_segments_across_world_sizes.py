@@ -7,7 +7,9 @@ between the segments (2 → 4 or 4 → 2) through real torchrun launches of
 and the AdamW state must be bitwise equal to the W = 1 run. The SFT case
 decays its rate (cosine to a floor, after a warm-up): every step's rate, on
 both sides of the boundary and after the resume at another W, is the one
-transformers' scheduler gives that step.
+transformers' scheduler gives that step. A packed SFT case and an RL case run
+their logical ranks' two rows as micro-batches of one row (two forwards and
+backwards each): bitwise W-independent too.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ RL = {
 COSINE = {"train": {"lr_schedule": "cosine", "warmup_steps": 1, "min_lr_ratio": 0.1}}
 CASES = {  # config sections, and the world sizes of the two segments
     "sft": (COSINE, (2, 4)),
-    "sft_packed": ({"data": {"pack": True}}, (4, 2)),
-    "rl": (RL, (4, 2)),
+    "sft_packed": ({"data": {"pack": True}, "train": {"micro_batch_size": 1}}, (4, 2)),
+    "rl": ({**RL, "train": {"micro_batch_size": 1}}, (4, 2)),
     "rl_packed": ({**RL, "data": {**RL["data"], "pack": True}}, (2, 4)),
 }
 

@@ -42,6 +42,10 @@ def test_settings_follow_the_config(tmp_path):
     settings = memory_settings(config, row_len=96)
     assert (settings.world_size, settings.logical_dp, settings.rows_per_logical_rank, settings.seq_len) == (2, 4, 4, 96)
     assert (settings.sharding, settings.dtype, settings.reduction) == ("none", "bfloat16", "deterministic")
+    micro = _config(tmp_path, nproc_per_node=2, logical_dp=4, global_batch_size=16, micro_batch_size=3)
+    assert memory_settings(micro, row_len=96).rows_per_logical_rank == 3  # one micro-batch's activations at a time
+    whole = _config(tmp_path, nproc_per_node=2, logical_dp=4, global_batch_size=16, micro_batch_size=64)
+    assert memory_settings(whole, row_len=96).rows_per_logical_rank == 4
 
 
 def test_the_run_shape_pads_the_vocabulary_and_trains_only_the_adapter(tmp_path):

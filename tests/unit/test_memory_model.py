@@ -147,6 +147,16 @@ def test_the_fixes_come_in_order_and_skip_what_the_config_does():
         'train.dtype = "bfloat16"',
         'train.activation_checkpointing = "blocks"',
     ]
+    four_rows = MemorySettings(sharding="none", world_size=1, dtype="bfloat16", rows_per_logical_rank=4)
+    assert fixes(four_rows, lora=True, can_shard=False) == [
+        'train.activation_checkpointing = "blocks"',
+        "fewer rows per forward (train.micro_batch_size below 4)",
+    ]
+    sharded = MemorySettings(sharding="fsdp", world_size=2, dtype="bfloat16", logical_dp=2, rows_per_logical_rank=4)
+    assert fixes(sharded, lora=True, can_shard=True)[-2:] == [
+        "fewer rows per forward (more logical ranks: train.logical_dp above 2)",
+        "more processes (train.nproc_per_node, train.nnodes)",
+    ]
 
 
 def test_the_table_has_a_line_per_term_and_the_total():

@@ -67,7 +67,7 @@ def memory_settings(config: RunConfig, row_len: int) -> MemorySettings:
         logical_dp=train.logical_dp,
         reduction=train.reduction,
         activation_checkpointing=train.activation_checkpointing,
-        rows_per_logical_rank=train.global_batch_size // train.logical_dp,
+        rows_per_logical_rank=train.rows_per_forward,  # one micro-batch's activations are alive at a time
         seq_len=row_len,
     )
 

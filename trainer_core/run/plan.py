@@ -159,6 +159,7 @@ ADDED_LATER = {
     # and the key stays in the digest (None is never a config's value). Without a warm-up nothing changed.
     ("train", "lr_schedule"): lambda config: "constant" if config.train.warmup_steps == 0 else None,
     ("train", "min_lr_ratio"): lambda _: 0.0,
+    ("train", "micro_batch_size"): lambda _: None,
 }
 """Keys added after run ids were first given out, each with its default for a config: at that default a key leaves the
 digest, so every run planned before the key existed keeps its run id (tests/unit/test_run_ids.py pins them). A new key
@@ -180,6 +181,9 @@ def digest_view(config: RunConfig) -> dict:
     # Recomputing a layer in backward gives bitwise the gradients of a plain forward (tests/trainer/
     # test_activation_checkpointing.py): how much is kept, not what is trained.
     training_config["train"].pop("activation_checkpointing")
+    # A micro-batch of a logical rank's whole share is one forward, as without: the same result and run id.
+    if config.train.rows_per_forward == config.train.global_batch_size // config.train.logical_dp:
+        training_config["train"]["micro_batch_size"] = None
     # The device's memory decides whether a run may start, not what it computes.
     training_config["train"].pop("device_memory_gb")
     if config.train.reduction == "deterministic":

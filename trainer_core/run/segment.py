@@ -183,7 +183,9 @@ class SegmentRun:
             step = segment.start_step + local_step
             batch = {name: tensor[local_step] for name, tensor in self.shard.items()}
             step_started = time.perf_counter()
-            sums = train_step(self.ldp, self.objective, self.layout, batch, step, base.revision, mode)
+            sums = train_step(
+                self.ldp, self.objective, self.layout, batch, step, base.revision, mode, config.train.micro_batch_size
+            )
             report = self.ldp.step(schedule_step=step)[base.name]  # every checkpoint has the run's schedule
             learning_rate = report.learning_rate
             learning_rates.append(learning_rate)

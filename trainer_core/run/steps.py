@@ -1,6 +1,10 @@
 """One optimizer step of a segment: forwards and backwards over this rank's logical ranks, figures by name.
 
-Each logical rank's rows are cut to their own longest row first
+A logical rank's rows run as micro-batches of `train.micro_batch_size` rows
+(all of them in one forward where it is unset): each a forward and a
+backward, so only one micro-batch's activations are alive at a time, and the
+logical rank's gradient is their sum (gradient accumulation). Each
+micro-batch's rows are cut to their own longest row first
 (`data.trim`: the plan pads unpacked rows to the segment's longest).
 Shard tensors are aligned per target token t; `logprobs[:, t-1]` is the
 logprob of target t (`trainer_core/data/shards.py`). Each logical rank's loss
@@ -36,7 +40,15 @@ def _forward(trainer: Trainer, rows: dict[str, torch.Tensor], mode):
     )
 
 
-def _logical_rank_work(
+def micro_batches(rows: dict[str, torch.Tensor], size: int | None) -> list[dict[str, torch.Tensor]]:
+    """`rows` in consecutive pieces of `size` rows (the last may be shorter); all in one where `size` is unset."""
+    num_rows = next(iter(rows.values())).shape[0]
+    if size is None or size >= num_rows:
+        return [rows]
+    return [{name: tensor[start : start + size] for name, tensor in rows.items()} for start in range(0, num_rows, size)]
+
+
+def logical_rank_work(
     objective: Objective,
     layout: FigureLayout,
     trainer: Trainer,
@@ -47,8 +59,28 @@ def _logical_rank_work(
     revision: int,
     num_loss_tokens: int,
     mode,
+    micro_batch_size: int | None = None,
 ) -> torch.Tensor:
-    """Forward and backward of one logical rank's rows; returns its figures, packed by `layout`."""
+    """Forwards and backwards of one logical rank's rows, micro-batch by micro-batch; returns its figures (summed
+    over the micro-batches, in order), packed by `layout`."""
+    figures = [
+        _micro_batch_work(objective, layout, trainer, micro, step, rank, revision, num_loss_tokens, mode)
+        for micro in micro_batches(rows, micro_batch_size)
+    ]
+    return torch.stack(figures).sum(dim=0) if len(figures) > 1 else figures[0]
+
+
+def _micro_batch_work(
+    objective: Objective,
+    layout: FigureLayout,
+    trainer: Trainer,
+    rows: dict[str, torch.Tensor],
+    step: int,
+    rank: int,
+    revision: int,
+    num_loss_tokens: int,
+    mode,
+) -> torch.Tensor:
     rows = trim_padding(rows)  # its own longest row, not the segment's (unpacked rows; packed ones as planned)
     out = _forward(trainer, rows, mode)
     assert out.logprobs is not None  # the forward's default outputs hold them
@@ -75,6 +107,7 @@ def train_step(
     step: int,
     revision: int,
     mode,
+    micro_batch_size: int | None = None,
 ) -> dict[str, float]:
     """One optimizer step's forwards and backwards over this rank's logical ranks; returns the global figures."""
     num_loss_tokens = int(batch["loss_mask"][:, 1:].sum())
@@ -85,7 +118,7 @@ def train_step(
             if shard.logical_rank == ldp.topology.local_logical_ranks[0]:
                 maybe_inject_fault(step, rank)
             if not shard.empty:
-                figures[shard.logical_rank] = _logical_rank_work(
+                figures[shard.logical_rank] = logical_rank_work(
                     objective,
                     layout,
                     ldp.trainer,
@@ -95,6 +128,7 @@ def train_step(
                     revision=revision,
                     num_loss_tokens=num_loss_tokens,
                     mode=mode,
+                    micro_batch_size=micro_batch_size,
                 )
     return layout.unpack(ldp.reduce(figures, "sum"))
 

@@ -213,6 +213,13 @@ CASES: list[Case] = [
         config={"train": {"lr_schedule": "linear", "min_lr_ratio": 2.0}},
     ),
     Case(
+        "micro_batches_on_a_sharded_model",
+        "config-value",
+        r"train\.micro_batch_size=2 with train\.sharding = \"fsdp\": a sharded logical rank runs its rows in one forward",
+        r"train\.logical_dp = 4 runs 2 row\(s\) each",
+        config={"train": {"sharding": "fsdp", "micro_batch_size": 2}},
+    ),
+    Case(
         "logical_dp_not_multiple",
         "config-value",
         r"train\.logical_dp=3 is not a multiple of train\.nproc_per_node=2",
