@@ -6,11 +6,12 @@ uploads before a checkpoint is published and before the report.
 
 from __future__ import annotations
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import State
 from prefect.runtime import flow_run
 
 from infra.publication.commit import CommitOutcome
+from infra.tracking import tag_checkpoint
 from tasks.committed import already_committed
 from tasks.events import CHECKPOINT_COMMITTED, emit_run_event, flow_run_url
 from tasks.export import export_segment
@@ -70,6 +71,7 @@ def publish_checkpoint(run: RunRecord, planned: PlannedRun, index: int) -> Commi
     committed = commit(planned, staged)
     cleanup(planned, staged)
     apply_retention_after(planned, committed)  # storage.keep_*: never fails or rolls back the commit
+    tag_checkpoint(planned, committed.checkpoint_url, warn=get_run_logger().warning)  # an outage: a warning
     emit_run_event(
         CHECKPOINT_COMMITTED,
         planned.run_id,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from trainer_core.config import ExportSection, StorageSection, TrainSection
+from trainer_core.config import ExportSection, StorageSection, TrackingSection, TrainSection
 
 
 class PlannedRun(BaseModel):
@@ -28,6 +28,8 @@ class PlannedRun(BaseModel):
     """export.timeout_s limits an export launch."""
     storage: StorageSection
     """The store (`open_store(planned.storage)`) and the limit of one commit, cleanup or upload."""
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
+    """Where the run's metrics go (infra/tracking), its uri resolved."""
 
     @property
     def num_segments(self) -> int:
@@ -53,6 +55,8 @@ class SegmentOutcome(BaseModel):
     reused: bool
     planner_misses: int = 0
     """Memory-planner predictions that missed the observed peak, over every rank (reports under RUN_DIR/planner/)."""
+    tracking_failures: int = 0
+    """Steps (or the run's record) that did not reach the tracking backend: an outage is counted, never fatal."""
 
 
 class ExportOutcome(BaseModel):

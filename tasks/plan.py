@@ -51,6 +51,7 @@ def _planned(plan: Plan, run_dir: Path, config: RunConfig, lease_token: str | No
         train=config.train,
         export=config.export,
         storage=config.storage,
+        tracking=config.tracking,
     )
 
 

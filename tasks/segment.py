@@ -16,6 +16,7 @@ failed together by `tasks.nodes`.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from prefect import task
@@ -24,6 +25,7 @@ from prefect.runtime import task_run
 from prefect.states import Completed
 
 from infra.runs import ledger
+from infra.tracking import tracking_sink_for
 from trainer_core.run.progress import progress_path
 from trainer_core.run.records import SegmentResult
 from trainer_core.run.segment_main import segment_result_path
@@ -79,31 +81,40 @@ def train_segment_fn(
     progress_file = progress_path(run_dir, segment_index)
     progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
     publisher = publisher_for(live, segment_index)
-    watch = SegmentWatch(progress_file, planned.train.stall_timeout_s, on_records=publisher)
+    tracking = tracking_sink_for(planned, warn=_warning_to_this_run())
+    watch = SegmentWatch(progress_file, planned.train.stall_timeout_s, on_records=_each(publisher, tracking))
     monitor = fenced_monitor(planned, f"segment {segment_index}", watch)
-    if planned.train.nnodes > 1:
-        launch_wall_s = launch_segment_nodes(planned, segment_index, on_line, monitor)
-    else:
-        launch_wall_s = launch_stage(
-            planned,
-            "segment",
-            "trainer_core.run.segment_main",
-            segment_index,
-            [],
-            on_line,
-            timeout_s=planned.train.segment_timeout_s,
-            monitor=monitor,
-        ).wall_s
-    watch()  # the records written after the last poll
+    try:
+        if planned.train.nnodes > 1:
+            launch_wall_s = launch_segment_nodes(planned, segment_index, on_line, monitor)
+        else:
+            launch_wall_s = launch_stage(
+                planned,
+                "segment",
+                "trainer_core.run.segment_main",
+                segment_index,
+                [],
+                on_line,
+                timeout_s=planned.train.segment_timeout_s,
+                monitor=monitor,
+            ).wall_s
+        watch()  # the records written after the last poll
+    finally:  # a failed launch's steps are logged too (a retry skips them): the record holds what was trained
+        tracking_failures = tracking.close() if tracking is not None else 0
     if publisher is not None:
         publisher.flush()
     # The state is durable here: tasks/state_upload.py stores it beside the next segment (on a work pool whose
     # nodes keep their own work dirs, the node holding global rank 0 has stored it already).
     result = SegmentResult.read(result_path)
-    outcome = _outcome(result, launch_wall_s, reused=False)
+    outcome = _outcome(result, launch_wall_s, reused=False).model_copy(update={"tracking_failures": tracking_failures})
     fence(planned, f"segment {segment_index}")
     ledger.record(
-        run_dir, "segment", "completed", launch_wall_s=launch_wall_s, **result.model_dump(exclude={"grad_norms"})
+        run_dir,
+        "segment",
+        "completed",
+        launch_wall_s=launch_wall_s,
+        tracking_failures=tracking_failures,
+        **result.model_dump(exclude={"grad_norms"}),
     )
     if in_prefect_run():
         emit_run_event(
@@ -116,6 +127,30 @@ def train_segment_fn(
             url=flow_run_url(),
         )
     return outcome
+
+
+def _each(*consumers):
+    """One `on_records` that hands the records to every consumer there is."""
+    present = [c for c in consumers if c is not None]
+    if not present:
+        return None
+
+    def consume(records: list[dict]) -> None:
+        for consumer in present:
+            consumer(records)
+
+    return consume
+
+
+def _warning_to_this_run():
+    """A warning function for another thread: the task run's logger (the Prefect UI), taken here where the run's
+    context is, or Python's logging outside a run (task logic called directly)."""
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger().warning
+    except Exception:  # noqa: BLE001 - MissingContextError
+        return logging.getLogger("rankflow.tracking").warning
 
 
 def _run_name() -> str:

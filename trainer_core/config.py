@@ -392,6 +392,27 @@ class StorageSection(_Section):
         return self.url.startswith("s3://")
 
 
+TRACKING_BACKENDS = ("none", "mlflow", "tensorboard", "wandb")
+DEFAULT_TRACKING_URIS = {
+    "mlflow": "sqlite:///{work_dir}/mlflow.db",
+    "tensorboard": "{work_dir}/tensorboard",
+    "wandb": "{work_dir}",
+}
+"""Where each backend keeps a run's metrics unless tracking.uri says otherwise: under run.work_dir."""
+
+
+class TrackingSection(_Section):
+    backend: Literal[TRACKING_BACKENDS] = "none"  # pyright: ignore[reportInvalidTypeForm]
+    """Experiment tracking (infra/tracking): `mlflow`, `tensorboard` or `wandb` (each an extra: pip install
+    'rankflow[mlflow]'), or `none`. The params (the resolved config), every step's metrics at the global step, and
+    each committed checkpoint's URL; never twice for a step, and an outage never fails the training."""
+    uri: str | None = None
+    """MLflow's tracking URI, TensorBoard's log directory or W&B's `dir`. Unset: under run.work_dir (MLflow:
+    `sqlite:///WORK_DIR/mlflow.db`, TensorBoard: `WORK_DIR/tensorboard`, W&B: `WORK_DIR/wandb`)."""
+    experiment: str | None = None
+    """MLflow's experiment or W&B's project. Unset: run.name."""
+
+
 class RunConfig(_Section):
     """The whole run: one section per component."""
 
@@ -403,6 +424,7 @@ class RunConfig(_Section):
     rl: RLSection = RLSection()
     export: ExportSection = ExportSection()
     storage: StorageSection = StorageSection()
+    tracking: TrackingSection = TrackingSection()
 
     @model_validator(mode="after")
     def _merge_needs_an_adapter(self) -> "RunConfig":
@@ -484,6 +506,13 @@ def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
         url = url.removeprefix("file://")
     if "://" not in url:  # the scheme itself was checked by StorageSection's validator
         config.storage.url = out(url)
+    tracking = config.tracking
+    if tracking.backend != "none" and tracking.uri is None:
+        tracking.uri = DEFAULT_TRACKING_URIS[tracking.backend].format(work_dir=config.run.work_dir)
+    elif tracking.backend != "none" and tracking.uri is not None and "://" not in tracking.uri:
+        tracking.uri = out(tracking.uri)  # a directory (TensorBoard, W&B): as the command's cwd names it
+    if tracking.experiment is None:
+        tracking.experiment = config.run.name
     return config
 
 

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from trainer_core.config import RunConfig, load_config
+from trainer_core.config import ConfigError, RunConfig, load_config
 from trainer_core.errors import BadInputError
 
 if TYPE_CHECKING:
@@ -55,8 +55,18 @@ def _summary(result: dict | None, wall_s: float, error: BaseException | None) ->
     return summary
 
 
+def check_tracking(config: RunConfig) -> None:
+    """A tracking backend whose library is missing is bad input (exit 2, the extra to install named)."""
+    from infra.tracking import missing_library
+
+    problem = missing_library(config.tracking.backend)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args)
+    check_tracking(config)
     # A bad config is reported without transformers or torch; wall_s starts after the imports, as when they
     # were module-level (loading the config is milliseconds).
     from trainer_core.run.validate import validate_inputs

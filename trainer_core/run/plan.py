@@ -170,7 +170,7 @@ def digest_view(config: RunConfig) -> dict:
     """The part of the config that decides the training result: what the digest (and so the run id) covers."""
     training_config = config.model_dump(mode="json")
     # Where things are stored and how long a launch may take do not change the result.
-    for volatile in ("storage", "export"):
+    for volatile in ("storage", "export", "tracking"):  # where metrics go does not change them either
         training_config.pop(volatile)
     if config.export.merge_lora:  # the merged weights are part of what the run commits
         training_config["export"] = {"merge_lora": True}

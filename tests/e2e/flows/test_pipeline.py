@@ -184,7 +184,7 @@ def test_failed_segment_is_retried_and_resumes_bitwise(prefect_harness, local_ru
     marker = tmp_path / "fault-happened"
     monkeypatch.setenv(FAULT_ENV, f"4:1:{marker}")  # step 4 is inside the second segment, on rank 1
     monkeypatch.setenv(FAULT_KIND_ENV, "kill")  # SIGKILL, as the OOM killer would
-    config, result = run_flow(tmp_path)
+    config, result = run_flow(tmp_path, tracking={"backend": "mlflow"})
     assert marker.is_file()
     entries = ledger.read(Path(config.run.work_dir) / result["run_id"])
     failures = [e for e in entries if e["stage"] == "segment" and e["status"] == "failed"]
@@ -199,6 +199,20 @@ def test_failed_segment_is_retried_and_resumes_bitwise(prefect_harness, local_ru
     resumed = exported_weights(fetch_checkpoint(config, result, tmp_path / "resumed"))
     baseline = exported_weights(fetch_checkpoint(local_config, local_result, tmp_path / "baseline"))
     assert all(torch.equal(resumed[k], baseline[k]) for k in baseline)
+    # MLflow holds one point per step (the killed attempt logged step 3, its retry skipped it), the run's
+    # losses and rates, its params and the committed checkpoint.
+    from mlflow import MlflowClient
+
+    assert config.tracking.uri is not None and result["tracking_failures"] == 0
+    client = MlflowClient(tracking_uri=config.tracking.uri)
+    (tracked,) = client.search_runs([client.get_experiment_by_name(config.run.name).experiment_id])
+    losses = client.get_metric_history(tracked.info.run_id, "loss")
+    assert [m.step for m in losses] == list(range(len(result["losses"])))
+    assert [m.value for m in losses] == pytest.approx(result["losses"], rel=1e-6)
+    rates = client.get_metric_history(tracked.info.run_id, "learning_rate")
+    assert [m.value for m in rates] == pytest.approx(result["learning_rates"], rel=1e-6)
+    assert tracked.data.params["train.steps"] == str(config.train.steps)
+    assert tracked.data.tags["checkpoint_url"] == result["checkpoint_url"]
 
 
 def test_bad_data_exits_2_and_writes_nothing(prefect_harness, tmp_path, capsys):
