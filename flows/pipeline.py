@@ -11,6 +11,7 @@ from prefect.client.schemas.objects import State
 from prefect.runtime import flow_run
 
 from infra.publication.commit import CommitOutcome
+from infra.publication.parent import resolve_parent
 from infra.tracking import tag_checkpoint
 from tasks.committed import already_committed
 from tasks.events import CHECKPOINT_COMMITTED, emit_run_event, flow_run_url
@@ -44,6 +45,7 @@ def train_flow(config: RunConfig) -> dict | State:
     run = RunRecord(config)
     with run.failures_reported():
         check_storage(config.storage.url)
+        resolve_parent(config)  # model.path naming a committed checkpoint (a deployed run; `rankflow run` did it)
         computed = compute_plan(config)  # pure: names the run (its id), writes nothing for it
         planned = run.planned(write_plan_task(config, computed, lease_token=run.leased(computed)))
         live = create_live_artifacts(planned.run_id, planned.total_steps, steps_done=0)

@@ -20,6 +20,7 @@ from infra.runs import ledger
 from trainer_core.config import RunConfig
 from trainer_core.run.plan import Plan, build_plan, read_plan, run_dir_for, write_plan
 from trainer_core.run.plan_shards import StagedShards
+from trainer_core.run.validate import parent_of
 
 from .failure_report import reports_failures
 from .outcomes import PlannedRun
@@ -89,6 +90,7 @@ def write_plan_fn(config: RunConfig, computed: ComputedPlan, lease_token: str | 
         packed=plan.packed,
         num_flat_groups=plan.num_flat_groups,
         stage_digests=plan.stage_digests,
+        parent=parent_of(config.model.path),  # the committed checkpoint model.path named (None: a plain model)
         wall_s=computed.compute_s + time.perf_counter() - started,
     )
     planned = _planned(plan, run_dir, config, lease_token)

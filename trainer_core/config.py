@@ -80,10 +80,20 @@ class LoraSection(_Section):
         return value
 
 
+CHECKPOINT_REFERENCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*@(latest|step-\d+)$")
+"""`RUN@latest` or `RUN@step-N`: a checkpoint committed in this run's store (infra/publication/parent.py)."""
+
+
+def names_stored_checkpoint(path: str) -> bool:
+    """Whether a model.path is fetched from a store (a URL, or `RUN@latest`) rather than read where it is."""
+    return "://" in path or CHECKPOINT_REFERENCE.match(path) is not None
+
+
 class ModelSection(_Section):
     path: str | None = None
-    """A local Hugging Face model directory (config.json + weights) to fine-tune; set exactly one of model.path and
-    model.config."""
+    """A local Hugging Face model directory (config.json + weights) to fine-tune, or a checkpoint rankflow committed:
+    its URL (`s3://…/RUN/checkpoints/step-N`, or the local store's path to it) or `RUN@latest` / `RUN@step-N` in this
+    run's store, verified and fetched before planning. Set exactly one of model.path and model.config."""
     config: str | None = None
     """A Hugging Face config.json for a randomly initialised model (tests, examples); set exactly one of model.path and
     model.config."""
@@ -494,7 +504,7 @@ def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
     def out(value: str) -> str:
         return str(Path(value).expanduser().resolve())
 
-    if config.model.path is not None:
+    if config.model.path is not None and not names_stored_checkpoint(config.model.path):
         config.model.path = inp(config.model.path)
     if config.model.config is not None:
         config.model.config = inp(config.model.config)
@@ -524,6 +534,8 @@ def _check_inputs_exist(config: RunConfig) -> None:
         ("data.path", config.data.path, "a JSONL file of conversations"),
     ]
     for key, value, what in checks:
+        if key == "model.path" and value is not None and names_stored_checkpoint(value):
+            continue  # fetched from the store before planning (infra/publication/parent.py)
         if value is not None and not Path(value).exists():
             raise ConfigError(f"{key}={value!r} does not exist; point it at {what}")
 

@@ -55,6 +55,18 @@ def _summary(result: dict | None, wall_s: float, error: BaseException | None) ->
     return summary
 
 
+def _fetch_parent(config: RunConfig) -> OSError | None:
+    """`model.path` naming a committed checkpoint: fetched (verified) before planning; a bad reference raises
+    ConfigError (exit 2); a store that does not answer is returned (exit 1: run the same command later)."""
+    from infra.publication.parent import resolve_parent
+
+    try:
+        resolve_parent(config)
+    except OSError as outage:
+        return outage
+    return None
+
+
 def check_tracking(config: RunConfig) -> None:
     """A tracking backend whose library is missing is bad input (exit 2, the extra to install named)."""
     from infra.tracking import missing_library
@@ -67,6 +79,11 @@ def check_tracking(config: RunConfig) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args)
     check_tracking(config)
+    parent_unavailable = _fetch_parent(config)
+    if parent_unavailable is not None:
+        print(f"rankflow: run failed: {parent_unavailable}", file=sys.stderr)
+        print(json.dumps({**_summary(None, 0.0, parent_unavailable), "failed_stage": "model-fetch"}))
+        return EXIT_FAILED
     # A bad config is reported without transformers or torch; wall_s starts after the imports, as when they
     # were module-level (loading the config is milliseconds).
     from trainer_core.run.validate import validate_inputs

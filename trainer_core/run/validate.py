@@ -24,6 +24,7 @@ has decided the inputs are good, so tokenizing happens once.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,17 @@ def check_outputs(config: RunConfig) -> None:
         _check_output_dir(config.storage.url, "storage.url")
 
 
+PARENT_FILE = ".rankflow-parent.json"
+"""Beside a committed checkpoint fetched as `model.path` (infra/publication/parent.py): where it came from."""
+
+
+def parent_of(model_dir: str | None) -> dict | None:
+    """The committed checkpoint a fetched `model.path` came from (url, run_id, checkpoint, manifest_sha256)."""
+    if model_dir is None or not (Path(model_dir) / PARENT_FILE).is_file():
+        return None
+    return json.loads((Path(model_dir) / PARENT_FILE).read_text())
+
+
 def input_fingerprint(config: RunConfig, template: str | None) -> dict:
     """Digests of the inputs that decide the result (paths themselves do not)."""
     fingerprint: dict[str, object] = {
@@ -123,6 +135,10 @@ def input_fingerprint(config: RunConfig, template: str | None) -> dict:
         # enough to notice a different model in the same directory.
         fingerprint["model_dir"] = sorted((p.name, p.stat().st_size) for p in model_dir.iterdir() if p.is_file())
         fingerprint["model_config"] = sha256_file(model_dir / "config.json")
+        parent = parent_of(config.model.path)
+        if parent is not None:  # a committed checkpoint: its manifest pins every file's sha256
+            fingerprint["model_dir"] = [p for p in fingerprint["model_dir"] if p[0] != PARENT_FILE]
+            fingerprint["parent_manifest_sha256"] = parent["manifest_sha256"]
     return fingerprint
 
 

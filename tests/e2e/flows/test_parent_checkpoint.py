@@ -1,0 +1,127 @@
+"""`model.path` naming a committed checkpoint: `RUN@latest`, `RUN@step-N` or its URL; verified, fetched, recorded.
+
+One short run commits a checkpoint; each test starts a next run from it. References: the committed
+`model.safetensors` bytes (the next run's initial weights must be exactly them), the ledger, and the store's
+own bytes changed under an intact manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from flows.cli import main
+from flows.pipeline import train_flow
+from infra.publication.parent import resolve_parent
+from infra.runs import ledger
+from infra.store.verified import StoredObjectCorrupt
+from tests.conftest import EXAMPLES, tiny_tree
+from trainer_core.config import ConfigError, RunConfig, config_from_dict
+from trainer_core.model import build_trainer
+from trainer_core.run.plan import build_plan
+from trainer_core.run.validate import PARENT_FILE
+
+pytestmark = [pytest.mark.flow, pytest.mark.distributed]
+
+SHORT = {"steps": 2, "steps_per_segment": 2, "nproc_per_node": 1, "logical_dp": 1}
+
+
+@pytest.fixture(scope="module")
+def parent(prefect_harness, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("parent")
+    config = config_from_dict(tiny_tree(tmp, train=SHORT), config_dir=tmp)
+    result = train_flow(config)
+    assert isinstance(result, dict) and result["status"] == "completed", result
+    return config, result
+
+
+def child(tmp_path: Path, parent_config: RunConfig, model_path: str, store_url: str | None = None) -> RunConfig:
+    tree = tiny_tree(tmp_path, train=SHORT)
+    tree["model"] = {"path": model_path}
+    tree["storage"] = {"url": store_url or parent_config.storage.url}
+    return config_from_dict(tree, config_dir=tmp_path)
+
+
+def committed_weights(result: dict) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(result["checkpoint_url"]) / "model.safetensors"))
+
+
+def test_a_run_starts_from_the_committed_weights_however_they_are_named(parent, tmp_path):
+    parent_config, result = parent
+    run_id, url = result["run_id"], result["checkpoint_url"]
+    run_ids = set()
+    for index, reference in enumerate([f"{run_id}@latest", f"{run_id}@step-00000002", url, f"file://{url}"]):
+        config = child(tmp_path / str(index), parent_config, reference)
+        found = resolve_parent(config)
+        assert found is not None and found.url == url and found.run_id == run_id, reference
+        assert config.model.path is not None and Path(config.model.path).is_relative_to(config.run.work_dir)
+        model = build_trainer(config).model
+        weights = committed_weights(result)
+        state = model.state_dict()
+        for name, tensor in weights.items():
+            assert torch.equal(state[name], tensor), (reference, name)
+        run_ids.add(build_plan(config)[0].run_id)
+    assert len(run_ids) == 1  # the same weights, however named: the same run
+    plain = config_from_dict(tiny_tree(tmp_path / "plain", train=SHORT), config_dir=tmp_path)
+    assert build_plan(plain)[0].run_id not in run_ids
+
+
+def test_the_next_run_trains_and_its_ledger_names_the_parent(parent, tmp_path, capsys):
+    """`rankflow run` with `model.path = "RUN@latest"`: fetched before planning, trained, the parent in the ledger."""
+    parent_config, result = parent
+    config_file = tmp_path / "next.toml"
+    config_file.write_text(
+        "\n".join(
+            [
+                '[run]\nname = "next"',
+                f'[model]\npath = "{result["run_id"]}@latest"',
+                f'[tokenizer]\npath = "{EXAMPLES / "tiny" / "tokenizer.json"}"',
+                f'[data]\npath = "{EXAMPLES / "tiny" / "sft.jsonl"}"\nmax_seq_len = 128',
+                "[train]\nsteps = 2\nsteps_per_segment = 2\nglobal_batch_size = 8",
+                f'[storage]\nurl = "{parent_config.storage.url}"',
+            ]
+        )
+    )
+    assert main(["run", str(config_file), "--set", f"run.work_dir={tmp_path / 'work'}"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["status"] == "completed" and summary["run_id"].startswith("next-")
+    (plan_line,) = [e for e in ledger.read(tmp_path / "work" / summary["run_id"]) if e["stage"] == "plan"]
+    assert plan_line["parent"]["url"] == result["checkpoint_url"]
+    assert plan_line["parent"]["checkpoint"] == "step-00000002"
+
+
+def test_bytes_changed_in_the_store_are_refused_and_a_changed_cache_is_fetched_again(parent, tmp_path):
+    parent_config, result = parent
+    store = tmp_path / "store-copy"
+    shutil.copytree(parent_config.storage.url, store)
+    url = str(store / result["run_id"] / "checkpoints" / "step-00000002")
+    config = child(tmp_path / "ok", parent_config, url, store_url=str(store))
+    resolve_parent(config)
+    cached = Path(config.model.path or "") / "model.safetensors"
+    good = cached.read_bytes()
+    data = bytearray(good)
+    data[-1] ^= 0xFF  # the same size: only the hash can tell
+    cached.write_bytes(bytes(data))
+    again = child(tmp_path / "ok", parent_config, url, store_url=str(store))
+    resolve_parent(again)
+    assert cached.read_bytes() == good and (cached.parent / PARENT_FILE).is_file()
+
+    (Path(url) / "model.safetensors").write_bytes(bytes(data))  # under an intact manifest
+    damaged = child(tmp_path / "damaged", parent_config, url, store_url=str(store))
+    with pytest.raises(StoredObjectCorrupt, match="model.safetensors"):
+        resolve_parent(damaged)
+    assert not (Path(damaged.run.work_dir) / "cache" / "parents" / result["run_id"] / "step-00000002").exists()
+
+
+@pytest.mark.parametrize("reference", ["no-such-run-0123456789ab@latest", "{run}@step-00000099"])
+def test_a_reference_that_names_no_committed_checkpoint_exits_2_and_writes_nothing(parent, tmp_path, capsys, reference):
+    parent_config, result = parent
+    config = child(tmp_path, parent_config, reference.format(run=result["run_id"]))
+    with pytest.raises(ConfigError, match="model.path="):
+        resolve_parent(config)
+    assert not Path(config.run.work_dir).exists()
