@@ -83,7 +83,13 @@ def resolve_entry(entry: str, config_dir: Path) -> str:
     """An entry made absolute against the config's directory; a URL is left as given (and refused later)."""
     if "://" in entry:
         return entry
-    return str((config_dir / Path(entry).expanduser()).resolve())
+    path = config_dir / Path(entry).expanduser()
+    try:
+        return str(path.resolve())
+    except RuntimeError:  # Python 3.11's resolve() raises this on a symbolic link loop
+        raise ConfigError(
+            f"data.path={str(path)!r} is a symbolic link that loops (or has too many levels); {FIX}"
+        ) from None
 
 
 def _not_found(entry: str, given: str) -> ConfigError:

@@ -43,8 +43,8 @@ class DataSource:
 
 
 def _first_record_format(file: DataFile) -> FileFormat:
-    for position, record in rows(file):
-        return FileFormat.of_first_record(record, file.where(position))
+    for _, where, record in rows(file):
+        return FileFormat.of_first_record(record, where)
     return FileFormat.default()
 
 
@@ -78,8 +78,7 @@ def iter_source(source: DataSource) -> Iterator[Record]:
     first: Record | None = None
     for file_index, (file, file_format) in enumerate(zip(source.files, source.formats, strict=True)):
         num_records = 0
-        for position, raw in rows(file):
-            where = file.where(position)
+        for position, where, raw in rows(file):
             conversation = validate_record(file_format.to_messages(raw, where), where)
             if first is not None and conversation.is_trajectory != first.conversation.is_trajectory:
                 kind = (

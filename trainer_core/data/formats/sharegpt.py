@@ -74,7 +74,7 @@ def _tool_calls(value: str, where: str) -> list[dict[str, Any]]:
         try:
             function = ToolFunction.model_validate(call)
         except ValidationError as error:
-            raise DataError(f"{where}: the call {describe_errors(error, ['name', 'arguments'])}; {fix}") from None
+            raise DataError(f"{where}: not a call ({describe_errors(error, ['name', 'arguments'])}); {fix}") from None
         converted.append({"type": "function", "function": function.model_dump()})
     if not converted:
         raise DataError(f"{where}: an empty list of calls; {fix}")

@@ -3,7 +3,8 @@
     jsonl             readers/jsonl.py     lines, from 1 (blank lines skipped)
     parquet, arrow    readers/columnar.py  rows, from 0, through Hugging Face `datasets` (streamed)
 
-A reader yields `(position, record)` in file order and holds one record (or
+A reader yields `(position, where, record)` in file order (`where`: the
+position as messages name it) and holds one record (or
 one record batch) at a time; a file that cannot be read as its type is a
 DataError naming it.
 """
@@ -17,11 +18,11 @@ from ...data_sources import DataFile, FileType
 from .columnar import columnar_rows
 from .jsonl import jsonl_rows
 
-Rows = Callable[[DataFile], Iterator[tuple[int, Any]]]
+Rows = Callable[[DataFile], Iterator[tuple[int, str, Any]]]
 READERS: dict[FileType, Rows] = {"jsonl": jsonl_rows, "parquet": columnar_rows, "arrow": columnar_rows}
 
 
-def rows(file: DataFile) -> Iterator[tuple[int, Any]]:
+def rows(file: DataFile) -> Iterator[tuple[int, str, Any]]:
     """The file's records with their positions, by its type's reader."""
     return READERS[file.type](file)
 

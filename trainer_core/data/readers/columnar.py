@@ -82,7 +82,7 @@ def _has_rows(file: DataFile) -> bool:
         raise _unreadable(file, error) from None
 
 
-def columnar_rows(file: DataFile) -> Iterator[tuple[int, Any]]:
+def columnar_rows(file: DataFile) -> Iterator[tuple[int, str, Any]]:
     """The rows of a Parquet or Arrow file, from 0, each a dict of its columns."""
     if not _has_rows(file):
         return
@@ -112,5 +112,5 @@ def columnar_rows(file: DataFile) -> Iterator[tuple[int, Any]]:
                     return
                 except (pa.ArrowException, OSError, ValueError) as error:
                     raise _unreadable(file, error, after=index - 1 if index else None) from None
-            yield index, row
+            yield index, file.where(index), row
             index += 1

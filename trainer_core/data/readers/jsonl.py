@@ -14,9 +14,10 @@ from ...data_sources import DataFile
 from ..schema import decode_line
 
 
-def jsonl_rows(file: DataFile) -> Iterator[tuple[int, Any]]:
+def jsonl_rows(file: DataFile) -> Iterator[tuple[int, str, Any]]:
     with file.open() as handle:
         for line_number, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue  # blank lines (often a trailing newline) carry nothing
-            yield line_number, decode_line(raw, file.where(line_number))
+            where = file.where(line_number)
+            yield line_number, where, decode_line(raw, where)
