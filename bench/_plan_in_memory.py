@@ -66,7 +66,7 @@ def plan_in_memory(config: RunConfig) -> InMemoryPlan:
     template = load_chat_template(config.tokenizer.path)
     check_model(config, tokenizer.get_vocab_size())  # loads what the old plan loaded (transformers)
     options = DataOptions.from_config(config.data)
-    records = read_records(config.data.path)
+    records = read_records(config.data.path, config.data.format)
     prepared = prepare(records, tokenizer, template, options)
     pad = tokenizer.token_to_id("<|endoftext|>")
     pad_id = 0 if pad is None else pad

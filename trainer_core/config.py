@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from .backward_modes import BACKWARD_MODES, PLANNER
 from .config_messages import describe_validation_error
+from .data_sources import data_files, entries, resolve_entry
 from .errors import ConfigError
 from .lr_schedule import SCHEDULE_KINDS, LRSchedule
 from .ranks.topology import topology_problem  # a light module: trainer_core.ranks loads its names lazily
@@ -119,8 +120,14 @@ class TokenizerSection(_Section):
 
 
 class DataSection(_Section):
-    path: str
-    """JSONL file of conversations or RL trajectories, one JSON object per line (the format: docs/data.md)."""
+    path: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    """The data: a JSONL file (one JSON object per line), a Parquet or Arrow file (by its suffix, read through
+    Hugging Face `datasets`), a glob (`data/train-*.parquet`) or a list of these, read in that order; local files
+    only (the formats and file types: docs/data.md)."""
+    format: Literal["auto", "messages", "sharegpt", "prompt_completion"] = "auto"
+    """The records' format: `messages` (OpenAI chat; RL trajectories too), `sharegpt` (`conversations` of
+    `from`/`value`), `prompt_completion` (`prompt` and `completion` strings, loss on the completion), or `auto`:
+    each file's first record decides (all files must agree)."""
     kind: Literal["sft", "rl"] = "sft"
     """Training objective: `sft` (loss on assistant tokens) or `rl` (clipped policy gradient on trajectories)."""
     max_seq_len: int = Field(default=512, ge=8)
@@ -509,7 +516,9 @@ def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
     if config.model.config is not None:
         config.model.config = inp(config.model.config)
     config.tokenizer.path = inp(config.tokenizer.path)
-    config.data.path = inp(config.data.path)
+    given = config.data.path
+    resolved = [resolve_entry(entry, config_dir) for entry in entries(given)]
+    config.data.path = resolved[0] if isinstance(given, str) else resolved
     config.run.work_dir = out(config.run.work_dir)
     url = config.storage.url
     if url.startswith("file://"):
@@ -526,18 +535,18 @@ def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
     return config
 
 
-def _check_inputs_exist(config: RunConfig) -> None:
+def _check_inputs_exist(config: RunConfig, given_data_path: str | list[str]) -> None:
     checks = [
         ("model.path", config.model.path, "a local Hugging Face model directory"),
         ("model.config", config.model.config, "a config.json file"),
         ("tokenizer.path", config.tokenizer.path, "tokenizer.json or a tokenizer directory"),
-        ("data.path", config.data.path, "a JSONL file of conversations"),
     ]
     for key, value, what in checks:
         if key == "model.path" and value is not None and names_stored_checkpoint(value):
             continue  # fetched from the store before planning (infra/publication/parent.py)
         if value is not None and not Path(value).exists():
             raise ConfigError(f"{key}={value!r} does not exist; point it at {what}")
+    data_files(config.data.path, given_data_path)  # every entry names a local file (or a glob with matches)
 
 
 _RUN_DIR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*-[0-9a-f]{12}$")
@@ -588,8 +597,9 @@ def config_from_dict(
         config = RunConfig.model_validate(tree)
     except ValidationError as error:
         raise ConfigError(describe_validation_error(error, RunConfig, source, overridden)) from None
+    given_data_path = config.data.path
     config = _resolve_paths(config, config_dir)
-    _check_inputs_exist(config)
+    _check_inputs_exist(config, given_data_path)
     check_locations_disjoint(config.run.work_dir, config.storage.url)
     return config
 

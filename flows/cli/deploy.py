@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 
 from trainer_core.config import RunConfig, load_config
+from trainer_core.data_sources import describe
 from trainer_core.errors import ConfigError
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -135,7 +136,7 @@ def _print_next_steps(config: RunConfig, deployed: dict) -> None:
         f"{deployed['work_pool']} ({deployed['work_pool_type']})."
     )
     print(
-        f"Its runs read the inputs at {config.data.path} (and the model and tokenizer paths of the config), use "
+        f"Its runs read the inputs at {describe(config.data.path)} (and the model and tokenizer paths of the config), use "
         f"the work dir {config.run.work_dir} and publish to {config.storage.url}, on the worker's machine: those "
         "paths must exist there (override with --set run.work_dir=...)."
     )

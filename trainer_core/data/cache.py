@@ -1,7 +1,7 @@
 """The plan's cache of the per-document stages (render → tokenize → mask → align): their store on disk.
 
-Keyed by everything that decides those stages' output — the data file, the
-tokenizer, the chat template, the advantage normalisation, and
+Keyed by everything that decides those stages' output — the data files and
+the format they are read in, the tokenizer, the chat template, the advantage normalisation, and
 `STAGES_VERSION`, which a change to any stage's logic (or to the store's
 layout) must bump. A re-plan of unchanged inputs (a resumed run, a new storage
 target, a different length limit) opens the stored documents instead of
@@ -24,9 +24,18 @@ STAGES_VERSION = 2
 """2: the entry is a store directory read one document at a time (1 was one safetensors file loaded whole)."""
 
 
-def cache_key(data_sha256: str, tokenizer_sha256: str, template: str | None, normalization: str) -> str:
-    material = json.dumps([STAGES_VERSION, data_sha256, tokenizer_sha256, template, normalization])
-    return hashlib.sha256(material.encode()).hexdigest()[:32]
+def cache_key(
+    data_sha256: object,
+    tokenizer_sha256: str,
+    template: str | None,
+    normalization: str,
+    data_format: str = "messages",
+) -> str:
+    """`data_sha256`: the fingerprint's data (one digest, or a list of them, one a file)."""
+    material = [STAGES_VERSION, data_sha256, tokenizer_sha256, template, normalization]
+    if data_format != "messages":  # the messages format keeps the keys of entries stored before there were others
+        material.append(data_format)
+    return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
 
 
 def entry_dir(cache_dir: Path, key: str) -> Path:

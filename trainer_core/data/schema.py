@@ -1,29 +1,29 @@
-"""JSONL records (SFT conversations and RL trajectories) validated into typed models.
+"""Records in the messages format (SFT conversations and RL trajectories) validated into typed models.
 
-One JSON object per line. Every record has `messages`; an RL trajectory also
+One JSON object per line of a JSONL file (or one row of a Parquet or Arrow
+file); the other formats (formats/) become this one before validation. Every
+record has `messages`; an RL trajectory also
 has a reward or an advantage (per trajectory or per assistant turn), the
 behaviour policy's logprobs on every message that carries loss, and the policy
 version that sampled it. The README's "Data" section shows one of each kind.
 
-Every problem is reported as `FILE:LINE: field F: what is wrong; what to do`,
-so a user can fix the data before any training starts.
+Every problem is reported as `FILE:LINE: field F: what is wrong; what to do`
+(`FILE:row N` for Parquet and Arrow), so a user can fix the data before any
+training starts. Reading the files is records.py's.
 """
 
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import BadInputError
-from ..input_files import open_input
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Logprob = Annotated[float, Field(allow_inf_nan=False, le=0.0)]
@@ -143,18 +143,27 @@ class Conversation(_Strict):
 
 @dataclass(frozen=True)
 class Record:
-    """A validated conversation and where it came from (`FILE:LINE`), for error messages."""
+    """A validated conversation and where it came from (`FILE:LINE` or `FILE:row N`), for error messages."""
 
     where: str
     conversation: Conversation
+    position: int = 0
+    """The record's line in its JSONL file (from 1), or its row in a Parquet or Arrow file (from 0)."""
+    file_index: int = 0
+    """Which of `data.path`'s files it came from."""
 
 
 def _known_fields() -> list[str]:
     return sorted({name for model in (Conversation, Message, ToolCall, ToolFunction) for name in model.model_fields})
 
 
-def _describe(error: ValidationError) -> str:
-    """Each of pydantic's errors as `field F: what is wrong (got V); what to do`."""
+def describe_errors(error: ValidationError, known_fields: Iterable[str] | None = None) -> str:
+    """Each of pydantic's errors as `field F: what is wrong (got V); what to do`.
+
+    An unknown field is matched against `known_fields` (default: the messages
+    format's) to suggest a spelling.
+    """
+    known = sorted(known_fields) if known_fields is not None else _known_fields()
     parts = []
     for item in error.errors():
         field = ".".join(str(p) for p in item["loc"]) or "(record)"
@@ -162,7 +171,7 @@ def _describe(error: ValidationError) -> str:
         message = item["msg"].removeprefix("Value error, ")
         got = f" (got {item['input']!r})" if "input" in item and not isinstance(item["input"], (dict, list)) else ""
         if kind == "extra_forbidden":
-            close = difflib.get_close_matches(str(item["loc"][-1]), _known_fields(), n=1, cutoff=0.6)
+            close = difflib.get_close_matches(str(item["loc"][-1]), known, n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             message = f"unknown field; remove it or fix its spelling{hint}, see the README's Data section"
         elif kind == "missing":
@@ -246,8 +255,8 @@ def _check_trajectory(conversation: Conversation, where: str) -> None:
                 )
 
 
-def parse_record(raw: bytes | str, where: str) -> Conversation:
-    """Validate one JSONL line (a pure function; `where` is `FILE:LINE` for messages)."""
+def decode_line(raw: bytes | str, where: str) -> Any:
+    """One JSONL line as the JSON value it holds (a pure function; `where` is `FILE:LINE` for messages)."""
     try:
         record = json.loads(raw)
     except UnicodeDecodeError as error:
@@ -273,6 +282,11 @@ def parse_record(raw: bytes | str, where: str) -> Conversation:
                 f"{where}: field {field}: holds a lone UTF-16 surrogate escape (such as \\ud800), which "
                 "is not a character; fix the escape (a pair like \\ud83d\\ude00 is one character) or remove it"
             )
+    return record
+
+
+def validate_record(record: Any, where: str) -> Conversation:
+    """A decoded record (a JSONL line's object, a row, or another format's record converted) as a Conversation."""
     if not isinstance(record, dict):
         raise DataError(
             f"{where}: expected a JSON object with a 'messages' list, got {type(record).__name__}; "
@@ -281,7 +295,7 @@ def parse_record(raw: bytes | str, where: str) -> Conversation:
     try:
         conversation = Conversation.model_validate(record)
     except ValidationError as error:
-        raise DataError(f"{where}: {_describe(error)}") from None
+        raise DataError(f"{where}: {describe_errors(error)}") from None
     if not any(m.carries_loss for m in conversation.messages):
         if not any(m.role == "assistant" for m in conversation.messages):
             raise DataError(
@@ -302,57 +316,6 @@ def parse_record(raw: bytes | str, where: str) -> Conversation:
     return conversation
 
 
-def open_data(path: str | Path):
-    """The data file, opened by `open_input`: a FIFO, a device or an unreadable file fails by name, never blocks."""
-    return open_input(Path(path), f"data.path={str(path)!r}", "point data.path at a JSONL file of conversations")
-
-
-def data_sha256(path: str | Path) -> str:
-    """sha256 of the data file's bytes, read through `open_data`."""
-    digest = hashlib.sha256()
-    with open_data(path) as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def iter_records(path: str | Path) -> Iterator[Record]:
-    """Parse and validate the lines of a JSONL file one at a time; the first problem raises DataError.
-
-    A file holds one kind of record: SFT conversations, or RL trajectories. Only
-    the first record is kept (to check the others' kind against it), so a file
-    of any size streams through in constant memory.
-    """
-    path = Path(path)
-    first: Record | None = None
-    with open_data(path) as handle:
-        for line_number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue  # blank lines (often a trailing newline) carry nothing
-            where = f"{path}:{line_number}"
-            conversation = parse_record(raw, where)
-            if first is not None and conversation.is_trajectory != first.conversation.is_trajectory:
-                kind = (
-                    "an RL trajectory (it has a reward or an advantage)"
-                    if first.conversation.is_trajectory
-                    else "an SFT conversation (no reward or advantage)"
-                )
-                raise DataError(
-                    f"{where}: field reward: {first.where} is {kind} but this record is not; "
-                    "a file holds one kind of record, so split the file or complete this record"
-                )
-            record = Record(where=where, conversation=conversation)
-            first = first or record
-            yield record
-    if first is None:
-        raise DataError(f"{path}: no conversations found; the file is empty")
-
-
-def read_records(path: str | Path) -> list[Record]:
-    """Every record of a JSONL file in memory (see `iter_records`); the first problem raises DataError."""
-    return list(iter_records(path))
-
-
-def read_conversations(path: str | Path) -> list[Conversation]:
-    """The validated conversations of a JSONL file, without their line numbers."""
-    return [record.conversation for record in read_records(path)]
+def parse_record(raw: bytes | str, where: str) -> Conversation:
+    """Validate one JSONL line in the messages format (a pure function; `where` is `FILE:LINE` for messages)."""
+    return validate_record(decode_line(raw, where), where)

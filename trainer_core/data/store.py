@@ -7,10 +7,11 @@ A store is a directory:
   (float32), then `loss_mask` (bool): 9 bytes a token for SFT, 17 for RL;
 - `index.npz`: per document (int64 each) its byte offset, token count, first
   target (the first position t >= 1 whose `loss_mask` is set, or its length
-  when none: what the length limit needs without reading the tokens), line in
-  the data file and, for RL, policy version;
-- `meta.json`: the record count, the kind, the advantage statistics and the
-  stage digests.
+  when none: what the length limit needs without reading the tokens), line
+  (or row) in its data file and, for RL, policy version;
+- `meta.json`: the record count, the kind, the advantage statistics, the
+  stage digests and how many records each data file gave (so a document's file
+  is found from its index: no per-document file column).
 
 Only the index lives in memory: 40 bytes a conversation (48 for RL), so
 10^7 conversations index in ~400 MB while their tokens stay on disk. A
@@ -31,6 +32,7 @@ from typing import overload
 
 import numpy as np
 
+from ..data_sources import DataFile
 from .advantages import AdvantageStats
 from .align import Aligned
 
@@ -50,7 +52,7 @@ def first_target(loss_mask: np.ndarray) -> int:
 class StoreWriter:
     """Appends aligned documents to a new store directory (buffered writes; nothing held per token)."""
 
-    def __init__(self, directory: Path, *, is_rl: bool) -> None:
+    def __init__(self, directory: Path, *, is_rl: bool, num_files: int = 1) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.is_rl = is_rl
@@ -59,8 +61,10 @@ class StoreWriter:
         # array('q'): 8 bytes an entry while the file streams in (a list of ints would take ~36).
         self._columns = {name: array("q") for name in ("offsets", "lengths", "first_targets", "lines", "versions")}
         self._columns["offsets"].append(0)
+        self._file_documents = [0] * num_files
 
-    def append(self, document: Aligned, line: int) -> None:
+    def append(self, document: Aligned, line: int, file_index: int = 0) -> None:
+        """Add the next document, from `line` (or row) of data file `file_index` (files come in order)."""
         parts = [document.input_ids.astype(np.int64, copy=False)]
         if self.is_rl:
             if document.behaviour_logprobs is None or document.advantages is None or document.policy_version is None:
@@ -75,6 +79,7 @@ class StoreWriter:
         self._columns["lengths"].append(document.num_tokens)
         self._columns["first_targets"].append(first_target(document.loss_mask))
         self._columns["lines"].append(line)
+        self._file_documents[file_index] += 1
 
     def finish(self, *, num_records: int, stats: AdvantageStats | None, digests: dict[str, str]) -> "DocumentStore":
         self._file.close()
@@ -87,6 +92,7 @@ class StoreWriter:
             "is_rl": self.is_rl,
             "stats": asdict(stats) if stats else None,
             "digests": digests,
+            "file_documents": self._file_documents,
         }
         (self.directory / META_FILE).write_text(json.dumps(meta, sort_keys=True))
         return DocumentStore.open(self.directory)
@@ -111,6 +117,9 @@ class DocumentStore:
         self.is_rl: bool = meta["is_rl"]
         self.stats = AdvantageStats(**meta["stats"]) if meta["stats"] else None
         self.stage_digests: dict[str, str] = meta["digests"]
+        # Entries written before data.path could name several files hold one file's documents.
+        self.file_ends = np.cumsum(meta.get("file_documents", [len(self.lengths)]), dtype=np.int64)
+        """The store index just past each data file's documents."""
         self._fd = os.open(directory / DOCUMENTS_FILE, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self._finalizer = weakref.finalize(self, _release, self._fd, str(directory) if remove_when_unused else None)
 
@@ -179,10 +188,12 @@ class KeptDocuments(Sequence[Aligned]):
 
 
 class KeptWheres(Sequence[str]):
-    """`FILE:LINE` of each kept document, made on access."""
+    """`FILE:LINE` (or `FILE:row N`) of each kept document, made on access."""
 
-    def __init__(self, source: str, lines: np.ndarray) -> None:
-        self.source, self.lines = source, lines
+    def __init__(
+        self, files: Sequence[DataFile], file_ends: np.ndarray, indices: np.ndarray, lines: np.ndarray
+    ) -> None:
+        self.files, self.file_ends, self.indices, self.lines = files, file_ends, indices, lines
 
     def __len__(self) -> int:
         return len(self.lines)
@@ -194,4 +205,5 @@ class KeptWheres(Sequence[str]):
     def __getitem__(self, index: int | slice) -> str | list[str]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        return f"{self.source}:{int(self.lines[index])}"
+        file_index = int(np.searchsorted(self.file_ends, self.indices[index], side="right"))
+        return self.files[file_index].where(int(self.lines[index]))

@@ -1,16 +1,17 @@
-"""The staged pipeline over a file of any size: records stream through in chunks into a store on disk.
+"""The staged pipeline over data of any size: records stream through in chunks into a store on disk.
 
     read a chunk → render → tokenize (one batch per chunk) → mask → [advantages] → align → append to the store
 
-`pipeline.prepare` holds a whole file in memory; this is the same stages, with
+`pipeline.prepare` holds all the records in memory; this is the same stages, with
 the same outputs and the same stage digests (each is a sha256 fed in record
 order, so feeding it chunk by chunk gives the same bytes), for the plan: only
 one chunk of records and its tokens is in memory at a time, and the documents
 land in a `DocumentStore` (store.py) whose index is all that stays.
 
-RL advantages are normalised over groups that may span the whole file, so an
-RL file is read twice: first for the rewards alone (a few numbers a
-trajectory), then for the stages.
+RL advantages are normalised over groups that may span the whole data, so RL
+data is read twice: first for the rewards alone (a few numbers a trajectory),
+then for the stages. The store counts each file's records, so a document's
+`FILE:LINE` (or `FILE:row N`) is known from its index alone.
 
 `fit_store` applies the length limit (`pipeline.fit_length`'s rules) from the
 store's index alone, without reading a token.
@@ -33,8 +34,9 @@ from .advantages import AdvantageStats, Normalization, resolve_advantages
 from .align import align
 from .mask import mask
 from .pipeline import STAGES, DataOptions, Prepared
+from .records import DataSource, iter_source
 from .render import render
-from .schema import DataError, Record, iter_records
+from .schema import DataError, Record
 from .store import DocumentStore, KeptDocuments, KeptWheres, StoreWriter
 from .tokenize import tokenize
 
@@ -56,19 +58,15 @@ class _TrajectoryRewards:
     messages: tuple[_MessageRewards, ...]
 
 
-def _line(record: Record) -> int:
-    return int(record.where.rsplit(":", 1)[1])
-
-
 def _chunks(records: Iterator[Record]) -> Iterator[list[Record]]:
     while chunk := list(itertools.islice(records, CHUNK_RECORDS)):
         yield chunk
 
 
-def _rewards_pass(path: Path, normalization: Normalization) -> tuple[list[np.ndarray], AdvantageStats]:
+def _rewards_pass(source: DataSource, normalization: Normalization) -> tuple[list[np.ndarray], AdvantageStats]:
     """Every record's per-message advantages, from a first pass that keeps only the reward fields."""
     rewards, wheres = [], []
-    for record in iter_records(path):
+    for record in iter_source(source):
         c = record.conversation
         messages = tuple(_MessageRewards(m.reward, m.advantage) for m in c.messages)
         rewards.append(_TrajectoryRewards(c.reward, c.advantage, c.group_id, messages))
@@ -93,25 +91,24 @@ def _stage_chunk(
         for output in outputs:
             output.update_digest(hashers[stage])
     for document, record in zip(aligned, chunk):
-        writer.append(document, _line(record))
+        writer.append(document, record.position, record.file_index)
 
 
-def stage_file(
-    path: str | Path, tokenizer: Tokenizer, template: str | None, normalization: Normalization, directory: Path
+def stage_source(
+    source: DataSource, tokenizer: Tokenizer, template: str | None, normalization: Normalization, directory: Path
 ) -> DocumentStore:
-    """Stream the file through the stages into a store at `directory`; the first bad record raises DataError."""
-    path = Path(path)
-    first = next(iter_records(path))  # the kind decides whether advantages need a pass of their own
+    """Stream the data through the stages into a store at `directory`; the first bad record raises DataError."""
+    first = next(iter_source(source))  # the kind decides whether advantages need a pass of their own
     is_rl = first.conversation.is_trajectory
     advantages: list[np.ndarray] | None = None
     stats = None
     if is_rl:
-        advantages, stats = _rewards_pass(path, normalization)
+        advantages, stats = _rewards_pass(source, normalization)
     hashers = {stage: hashlib.sha256() for stage in STAGES}
-    writer = StoreWriter(directory, is_rl=is_rl)
+    writer = StoreWriter(directory, is_rl=is_rl, num_files=len(source.files))
     num_records = 0
     try:
-        for chunk in _chunks(iter_records(path)):
+        for chunk in _chunks(iter_source(source)):
             given = advantages[num_records : num_records + len(chunk)] if advantages else [None] * len(chunk)
             _stage_chunk(chunk, tokenizer, template, given, hashers, writer)
             num_records += len(chunk)
@@ -122,10 +119,10 @@ def stage_file(
     return writer.finish(num_records=num_records, stats=stats, digests=digests)
 
 
-def stage_file_to_scratch(
-    path: str | Path, tokenizer: Tokenizer, template: str | None, normalization: Normalization
+def stage_to_scratch(
+    source: DataSource, tokenizer: Tokenizer, template: str | None, normalization: Normalization
 ) -> DocumentStore:
-    """`stage_file` into a scratch directory of the system's temporary space (`TMPDIR`).
+    """`stage_source` into a scratch directory of the system's temporary space (`TMPDIR`).
 
     The inputs are not validated until the last record has passed, so the tokens
     cannot go under `run.work_dir` yet; the scratch is removed if any record
@@ -134,7 +131,7 @@ def stage_file_to_scratch(
     """
     scratch = Path(tempfile.mkdtemp(prefix="rankflow-stages-"))
     try:
-        store = stage_file(path, tokenizer, template, normalization, scratch)
+        store = stage_source(source, tokenizer, template, normalization, scratch)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
@@ -142,11 +139,11 @@ def stage_file_to_scratch(
     return DocumentStore.open(scratch, remove_when_unused=True)
 
 
-def fit_store(store: DocumentStore, source: str, options: DataOptions) -> Prepared:
+def fit_store(store: DocumentStore, source: DataSource, options: DataOptions) -> Prepared:
     """`pipeline.finish` over a store: the length limit by policy, from the index (see `pipeline.fit_length`)."""
     lengths, limit = store.lengths, options.max_seq_len
     over = lengths > limit
-    wheres = KeptWheres(source, store.lines)
+    wheres = KeptWheres(source.files, store.file_ends, np.arange(len(store)), store.lines)
     if options.overflow == "error" and over.any():
         index = int(np.argmax(over))
         raise DataError(
@@ -161,13 +158,13 @@ def fit_store(store: DocumentStore, source: str, options: DataOptions) -> Prepar
     indices = np.flatnonzero(keep)
     if not indices.size:
         raise DataError(
-            f"{source}: no conversation left with loss tokens after applying data.max_seq_len={limit} "
+            f"{source.label}: no conversation left with loss tokens after applying data.max_seq_len={limit} "
             f"(data.overflow={options.overflow!r}); raise data.max_seq_len (the shortest conversation has "
             f"{int(lengths.min())} tokens)"
         )
     return Prepared(
         documents=KeptDocuments(store, indices, kept_lengths[indices]),
-        wheres=KeptWheres(source, store.lines[indices]),
+        wheres=KeptWheres(source.files, store.file_ends, indices, store.lines[indices]),
         lengths=kept_lengths[indices],
         is_rl=store.is_rl,
         num_records=store.num_records,

@@ -198,6 +198,9 @@ def digest_view(config: RunConfig) -> dict:
     for section in ("model", "tokenizer", "data"):
         training_config[section].pop("path", None)
         training_config[section].pop("config", None)
+    # The format the records were read in is in the inputs' fingerprint (validate.input_fingerprint), as resolved
+    # from `auto`: how it was chosen is not what is trained on.
+    training_config["data"].pop("format")
     for (section, key), default_for in ADDED_LATER.items():
         if training_config[section].get(key) == default_for(config):
             training_config[section].pop(key)

@@ -35,11 +35,12 @@ from tokenizers import Tokenizer
 from trainer_core.config import RunConfig
 from trainer_core.data import DataError, DataOptions, Prepared, load_chat_template, load_tokenizer
 from trainer_core.data.cache import cache_key, keep_store, open_cached
-from trainer_core.data.schema import data_sha256
+from trainer_core.data.records import DataSource, open_source
 from trainer_core.data.shards import round_up
 from trainer_core.data.store import DocumentStore
-from trainer_core.data.streaming import fit_store, stage_file_to_scratch
+from trainer_core.data.streaming import fit_store, stage_to_scratch
 from trainer_core.data.tokenize import tokenizer_file
+from trainer_core.data_sources import data_digest
 from trainer_core.errors import ConfigError
 from trainer_core.files import sha256_file
 from trainer_core.input_files import file_kind
@@ -60,6 +61,8 @@ class CheckedInputs:
     template: str | None
     model_config: PretrainedConfig
     options: DataOptions
+    source: DataSource
+    """The data's files and the format they are read in."""
     fingerprint: dict
     """Digests of the inputs that decide the result (see `input_fingerprint`)."""
     cache_key: str
@@ -118,12 +121,20 @@ def parent_of(model_dir: str | None) -> dict | None:
     return json.loads((Path(model_dir) / PARENT_FILE).read_text())
 
 
-def input_fingerprint(config: RunConfig, template: str | None) -> dict:
-    """Digests of the inputs that decide the result (paths themselves do not)."""
+def input_fingerprint(config: RunConfig, template: str | None, source: DataSource | None = None) -> dict:
+    """Digests of the inputs that decide the result (paths themselves do not).
+
+    The data is each file's bytes, in order (one file: its digest, as before
+    lists), and the format the records were read in when it is not the
+    messages format (which every plan before other formats read).
+    """
+    source = source or open_source(config.data.path, config.data.format)
     fingerprint: dict[str, object] = {
-        "data": data_sha256(config.data.path),  # through open_input: a FIFO fails by name, never blocks
+        "data": data_digest(source.files),  # through open_input: a FIFO fails by name, never blocks
         "tokenizer": sha256_file(tokenizer_file(config.tokenizer.path)),
     }
+    if source.format_name != "messages":
+        fingerprint["data_format"] = source.format_name
     if template is not None:  # the tokenizer's own template decides the tokens and the masks
         fingerprint["chat_template"] = hashlib.sha256(template.encode()).hexdigest()
     if config.model.config is not None:
@@ -158,15 +169,15 @@ def _check_template(template: str, config: RunConfig) -> None:
         ) from None
 
 
-def _check_kind(config: RunConfig, store: DocumentStore) -> None:
+def _check_kind(config: RunConfig, source: DataSource, store: DocumentStore) -> None:
     if config.data.kind == "rl" and not store.is_rl:
         raise DataError(
-            f"{config.data.path}: data.kind='rl' but the records carry no reward or advantage; add them "
+            f"{source.label}: data.kind='rl' but the records carry no reward or advantage; add them "
             "(see the README's Data section) or set data.kind='sft'"
         )
     if config.data.kind == "sft" and store.is_rl:
         raise DataError(
-            f"{config.data.path}: the records are RL trajectories (rewards, logprobs) but data.kind='sft'; "
+            f"{source.label}: the records are RL trajectories (rewards, logprobs) but data.kind='sft'; "
             "set data.kind='rl', or drop the RL fields to train SFT on them"
         )
 
@@ -199,16 +210,19 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
     with quiet_transformers():
         _check_export_tokenizer(config)
     options = DataOptions.from_config(config.data)
-    fingerprint = input_fingerprint(config, template)
-    key = cache_key(fingerprint["data"], fingerprint["tokenizer"], template, options.advantage_normalization)
+    source = open_source(config.data.path, config.data.format)
+    fingerprint = input_fingerprint(config, template, source)
+    key = cache_key(
+        fingerprint["data"], fingerprint["tokenizer"], template, options.advantage_normalization, source.format_name
+    )
     # A cached store's data had the same bytes (the key holds their digest), so every record passed then.
     store = open_cached(Path(config.run.work_dir) / "cache", key)
     from_cache = store is not None
     if store is None:
-        store = stage_file_to_scratch(config.data.path, tokenizer, template, options.advantage_normalization)
+        store = stage_to_scratch(source, tokenizer, template, options.advantage_normalization)
     try:
-        _check_kind(config, store)
-        prepared = fit_store(store, str(Path(config.data.path)), options)
+        _check_kind(config, source, store)
+        prepared = fit_store(store, source, options)
         _check_positions(config, prepared, model_config)
         size = check_plan_size(config, prepared)
         with quiet_transformers():
@@ -222,6 +236,7 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
         template=template,
         model_config=model_config,
         options=options,
+        source=source,
         fingerprint=fingerprint,
         cache_key=key,
         store=store,

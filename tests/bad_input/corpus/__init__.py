@@ -12,6 +12,7 @@ from __future__ import annotations
 from . import (
     config_file,
     data_file,
+    data_formats,
     device_memory,
     model_config,
     model_path,
@@ -35,6 +36,7 @@ CASES = [
     *model_path.CASES,
     *tokenizer.CASES,
     *data_file.CASES,
+    *data_formats.CASES,
     *plan_size.CASES,
     *device_memory.CASES,
     *sharding.CASES,

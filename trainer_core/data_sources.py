@@ -1,0 +1,151 @@
+"""Which files `data.path` names, what type each is, and their digest; local files only.
+
+`data.path` is one path, a glob (`data/train-*.parquet`, `**` included) or a
+list of either; a glob's matches are taken in sorted order, the list's entries
+in the order given, and that order is the data order. A file's type comes from
+its name: `.parquet` and `.arrow` are read through Hugging Face `datasets`
+(trainer_core/data/readers/columnar.py), anything else as JSONL
+(trainer_core/data/readers/jsonl.py).
+
+Nothing here downloads: a name that is not a local file or a glob with matches
+(a hub dataset such as `HuggingFaceH4/ultrachat_200k`, an `hf://` URL) is a
+ConfigError with the command that fetches it. This module is imported by the
+config's checks, so it lives outside `trainer_core.data` (whose package
+imports torch for the data stages) and imports nothing heavy (no `datasets`,
+no pyarrow).
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .errors import ConfigError
+from .input_files import open_input
+
+FileType = Literal["jsonl", "parquet", "arrow"]
+DataPath = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+_WHAT = "a JSONL file, or at Parquet or Arrow files (a path, a list of paths or a glob)"
+FIX = f"point data.path at {_WHAT}"
+_COLUMNAR_SUFFIXES: dict[str, FileType] = {".parquet": "parquet", ".arrow": "arrow"}
+_GLOB_CHARACTERS = re.compile(r"[*?[]")
+# `owner/name` with the characters the hub allows: how a hub dataset is named (a relative path can look the same).
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One input file and how its records are counted in messages (JSONL lines from 1, rows from 0)."""
+
+    path: Path
+    type: FileType
+
+    def where(self, position: int) -> str:
+        """`FILE:LINE` for JSONL, `FILE:row N` for Parquet and Arrow (the row index `datasets` and pandas use)."""
+        return f"{self.path}:{position}" if self.type == "jsonl" else f"{self.path}:row {position}"
+
+    def open(self):
+        """The file through `open_input`: a FIFO, a device or an unreadable file fails by name, never blocks."""
+        return open_input(self.path, f"data.path={str(self.path)!r}", FIX)
+
+    def sha256(self) -> str:
+        digest = hashlib.sha256()
+        with self.open() as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
+
+
+def file_type(path: Path) -> FileType:
+    return _COLUMNAR_SUFFIXES.get(path.suffix.lower(), "jsonl")
+
+
+def entries(path: DataPath) -> list[str]:
+    """The entries of a `data.path` setting: one path, or each of a list's."""
+    return [os.fspath(path)] if isinstance(path, (str, os.PathLike)) else [os.fspath(p) for p in path]
+
+
+def describe(path: DataPath) -> str:
+    """`data.path` as a message names it."""
+    names = entries(path)
+    return names[0] if isinstance(path, (str, os.PathLike)) else f"[{', '.join(names)}]"
+
+
+def resolve_entry(entry: str, config_dir: Path) -> str:
+    """An entry made absolute against the config's directory; a URL is left as given (and refused later)."""
+    if "://" in entry:
+        return entry
+    path = config_dir / Path(entry).expanduser()
+    try:
+        return str(path.resolve())
+    except RuntimeError:  # Python 3.11's resolve() raises this on a symbolic link loop
+        raise ConfigError(
+            f"data.path={str(path)!r} is a symbolic link that loops (or has too many levels); {FIX}"
+        ) from None
+
+
+def _not_found(entry: str, given: str) -> ConfigError:
+    problem = "matches no file" if _GLOB_CHARACTERS.search(entry) else "does not exist"
+    hub = ""
+    if _HUB_NAME.match(given) and not given.startswith("."):
+        hub = (
+            f"; if {given!r} names a Hugging Face hub dataset: rankflow reads local files only, so download it "
+            f"first (hf download {given} --repo-type dataset --local-dir DIR) and point data.path at its files, "
+            "e.g. a glob such as DIR/data/*.parquet"
+        )
+    return ConfigError(f"data.path={entry!r} {problem}; point it at {_WHAT}{hub}")
+
+
+def _expand(entry: str, given: str) -> list[Path]:
+    if "://" in entry:
+        raise ConfigError(
+            f"data.path={entry!r} is a URL; rankflow reads local files only: download the data first "
+            f"(for a hub dataset: hf download NAME --repo-type dataset --local-dir DIR) and {FIX}"
+        )
+    path = Path(entry)
+    try:
+        os.stat(path)
+        return [path]  # an existing file is taken as named, even with [ or * in its name
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ConfigError(
+                f"data.path={entry!r} is a symbolic link that loops (or has too many levels); {FIX}"
+            ) from None
+        raise ConfigError(f"data.path={entry!r} cannot be read ({error.strerror}); {FIX}") from None
+    if os.path.lexists(path) and path.is_symlink():
+        raise ConfigError(f"data.path={entry!r} is a symbolic link to nothing ({os.readlink(path)!r}); {FIX}")
+    matches = sorted(glob.glob(entry, recursive=True)) if _GLOB_CHARACTERS.search(entry) else []
+    if not matches:
+        raise _not_found(entry, given)
+    return [Path(match) for match in matches]
+
+
+def data_files(path: DataPath, given: DataPath | None = None) -> list[DataFile]:
+    """The files `path` (a resolved `data.path`) names, in data order; a ConfigError says what is missing and the fix.
+
+    `given` is the setting as the user wrote it (before it was made absolute),
+    so that a hub name is recognised as such in the message.
+    """
+    resolved, written = entries(path), entries(given if given is not None else path)
+    if not resolved:
+        raise ConfigError(f"data.path=[] names no file; {FIX}")
+    files = []
+    for entry, as_given in zip(resolved, written, strict=True):
+        files += [DataFile(found, file_type(found)) for found in _expand(entry, as_given)]
+    return files
+
+
+def data_digest(files: Sequence[DataFile]) -> str | list[str]:
+    """What the plan's fingerprint holds for the data: one file's sha256 (as before lists existed), or each file's."""
+    digests = [file.sha256() for file in files]
+    return digests[0] if len(digests) == 1 else digests
