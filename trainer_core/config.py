@@ -254,15 +254,17 @@ class TrainSection(_Section):
 
     @model_validator(mode="after")
     def _micro_batches_unsharded(self) -> "TrainSection":
-        rows = self.global_batch_size // max(self.logical_dp, 1)
+        if self.global_batch_size % self.logical_dp:
+            return self  # _divisibility says what is wrong first
+        rows = self.global_batch_size // self.logical_dp
         if self.sharding == "fsdp" and self.micro_batch_size is not None and self.micro_batch_size < rows:
             # The sharded fold takes one backward per logical rank's turn (trainer_core/ranks/sharded_gradients.py);
             # a second would fold in another association than the unsharded run's.
             raise ValueError(
                 f'train.micro_batch_size={self.micro_batch_size} with train.sharding = "fsdp": a sharded logical '
-                "rank runs its rows in one forward; cut the rows per forward with more logical ranks instead "
-                f"(train.logical_dp = {self.global_batch_size // self.micro_batch_size} runs "
-                f"{self.micro_batch_size} row(s) each, in turn on every process), or remove micro_batch_size"
+                "rank runs its rows in one forward; cut the rows per forward with more logical ranks instead (a "
+                f"train.logical_dp that divides global_batch_size={self.global_batch_size} into shares of at most "
+                f"{self.micro_batch_size} row(s), run in turn on every process), or remove micro_batch_size"
             )
         return self
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from infra.publication.checkpoints import download_checkpoint, resolve_latest
-from infra.publication.manifests import MANIFEST_FILE, ManifestError, checkpoint_key, parse_manifest
+from infra.publication.manifests import MANIFEST_FILE, ManifestError, checkpoint_key, checkpoint_name, parse_manifest
 from infra.store.base import open_store
 from infra.store.verified import local_copy_matches
 from trainer_core.config import RunConfig
@@ -49,7 +49,9 @@ def _source(config: RunConfig) -> tuple[str, str, str | None] | None:
     reference = _REFERENCE.match(path)
     if reference is not None:
         which = reference["which"]
-        return config.storage.url, reference["run"], None if which == "latest" else which
+        # step-10 and step-00000010 name one checkpoint (stored under the zero-padded name)
+        name = None if which == "latest" else checkpoint_name(int(which.removeprefix("step-")))
+        return config.storage.url, reference["run"], name
     url = _URL.match(path.removeprefix("file://"))
     if url is None:
         return None

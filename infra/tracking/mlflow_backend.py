@@ -23,8 +23,13 @@ class MlflowBackend(TrackingBackend):
         experiment_id = (
             experiment.experiment_id if experiment is not None else self.client.create_experiment(self.experiment)
         )
+        # The oldest record of the run id: should two ever be made (a sink given up on while its create was in
+        # flight), every later sink still picks the same one.
         found = self.client.search_runs(
-            [experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{self.run_id}'", max_results=1
+            [experiment_id],
+            filter_string=f"tags.`{RUN_ID_TAG}` = '{self.run_id}'",
+            max_results=1,
+            order_by=["attributes.start_time ASC"],
         )
         if found:
             self.mlflow_run_id = found[0].info.run_id

@@ -56,6 +56,10 @@ class TrackingSink:
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._queued = 0  # items put and not yet taken up by the thread
+        self._in_flight = False  # an item taken up whose backend call has not returned
+        self._abandoned = threading.Event()
+        """Set when `close` gave up waiting: the thread then calls the backend no more (a retried segment's sink
+        owns the run's record from then on; a late call would log a step twice or make a second record)."""
         self.failures = 0
         self.logged = 0
         self._thread = threading.Thread(target=self._run, name="rankflow-tracking", daemon=True)
@@ -75,7 +79,8 @@ class TrackingSink:
         self._thread.join(self._close_timeout_s)
         if self._thread.is_alive():
             with self._lock:
-                abandoned = self._queued
+                self._abandoned.set()
+                abandoned = self._queued + (1 if self._in_flight else 0)
                 self.failures += abandoned
             self._warn(
                 f"experiment tracking did not answer within {self._close_timeout_s:.0f}s; {abandoned} item(s) "
@@ -90,10 +95,17 @@ class TrackingSink:
 
     def _take(self):
         item = self._queue.get()
-        if item is not _STOP:
-            with self._lock:
+        with self._lock:
+            if self._abandoned.is_set():
+                return _STOP  # counted by `close` already
+            if item is not _STOP:
                 self._queued -= 1
+                self._in_flight = True
         return item
+
+    def _done(self) -> None:
+        with self._lock:
+            self._in_flight = False
 
     def _fail(self, what: str, error: BaseException) -> None:
         with self._lock:
@@ -111,20 +123,21 @@ class TrackingSink:
             if item is _STOP:
                 break
             kind, *args = item
-            if backend is None:
-                self._fail(f"{kind} {args[0]}", RuntimeError("the backend could not be opened"))
-                continue
-            if kind == "log" and through is not None and args[0] <= through:
-                continue  # a resumed or retried segment: the backend holds this step already
             try:
-                backend.log(*args) if kind == "log" else backend.tag(*args)
+                if backend is None:
+                    self._fail(f"{kind} {args[0]}", RuntimeError("the backend could not be opened"))
+                elif kind == "log" and through is not None and args[0] <= through:
+                    pass  # a resumed or retried segment: the backend holds this step already
+                else:
+                    backend.log(*args) if kind == "log" else backend.tag(*args)
+                    if kind == "log":
+                        through = args[0]
+                        self.logged += 1
             except Exception as error:  # noqa: BLE001 - any backend error is the backend's, not the training's
                 self._fail(f"{kind} {args[0]}", error)
-                continue
-            if kind == "log":
-                through = args[0]
-                self.logged += 1
-        if backend is not None:
+            finally:
+                self._done()
+        if backend is not None and not self._abandoned.is_set():
             try:
                 backend.close()
             except Exception as error:  # noqa: BLE001
@@ -134,10 +147,11 @@ class TrackingSink:
         try:
             backend = self._open()
             backend.start(self._params())
-            return backend, backend.logged_through()
+            through = backend.logged_through()
         except Exception as error:  # noqa: BLE001 - an outage at start: every item is counted as not logged
             self._fail("the run's record", error)
             return None, None
+        return (None, None) if self._abandoned.is_set() else (backend, through)
 
 
 def tracking_sink_for(planned: PlannedRun, warn: Callable[[str], None]) -> TrackingSink | None:

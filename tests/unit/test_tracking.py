@@ -174,3 +174,41 @@ def test_a_run_config_resolves_each_backends_default_location(tmp_path):
     assert config(backend="wandb", uri="runs").tracking.uri == str(Path.cwd() / "runs")
     assert config(backend="mlflow").tracking.experiment == config().run.name
     assert digest_view(config(backend="mlflow")) == digest_view(config())  # where metrics go is not the run
+
+
+def test_a_sink_given_up_on_logs_nothing_more_when_its_server_answers_late(tmp_path):
+    """Sink A's server hangs in step 1; `close` gives up and counts steps 1-4 (the one in flight included). The
+    retried segment's sink B logs 1-4. When A's call finally returns, A must not log 2-4 again: only the call that
+    was already on the wire (step 1) can land late, once."""
+    import threading
+
+    from mlflow import MlflowClient
+
+    from infra.tracking.mlflow_backend import MlflowBackend
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    release = threading.Event()
+
+    class HangsAtStepOne(MlflowBackend):
+        def log(self, step, metrics):
+            if step == 1:
+                release.wait(60)
+            super().log(step, metrics)
+
+    warnings: list[str] = []
+    first = TrackingSink(
+        lambda: HangsAtStepOne(uri, "rankflow-test", RUN_ID), lambda: PARAMS, warnings.append, close_timeout_s=5
+    )
+    first([step_record(s) for s in range(5)])
+    deadline = time.monotonic() + 30
+    while first.logged < 1 and time.monotonic() < deadline:  # step 0 is in; step 1 hangs
+        time.sleep(0.05)
+    assert first.close() == 4 and "4 item(s) were not logged" in warnings[-1]
+    retried = sink_for("mlflow", uri, warnings)
+    retried([step_record(s) for s in range(5)])
+    assert retried.close() == 0 and retried.logged == 4
+    release.set()
+    first._thread.join(30)  # pyright: ignore[reportPrivateUsage] - the late answer has come back
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("rankflow-test").experiment_id])
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [0, 1, 1, 2, 3, 4]

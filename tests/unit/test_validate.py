@@ -168,3 +168,27 @@ def test_a_model_config_is_read_with_json_positions(tmp_path):
     with pytest.raises(ConfigError, match=rf"^{bad}:2:7: not valid JSON"):
         validate_inputs(config)
     assert not Path(tmp_path / "work").exists()
+
+
+def test_data_rewritten_between_its_hash_and_its_reading_is_refused(tmp_path, monkeypatch):
+    """The fingerprint names the bytes hashed; the records staged must be those bytes, or the plan (and the stage
+    cache under that digest) would hold other data than the run id says."""
+    import trainer_core.run.validate as validate
+
+    data = tmp_path / "data.jsonl"
+    data.write_bytes((EXAMPLES / "tiny" / "sft.jsonl").read_bytes())
+    config = config_from_dict(tiny_tree(tmp_path, data={"path": str(data)}), config_dir=tmp_path)
+    hashed = validate.data_digest
+    calls = []
+
+    def hash_then_rewrite(files):
+        digest = hashed(files)
+        if not calls:  # the first hash: then a writer appends a record before the file is read
+            data.write_bytes(data.read_bytes() * 2)
+        calls.append(digest)
+        return digest
+
+    monkeypatch.setattr(validate, "data_digest", hash_then_rewrite)
+    with pytest.raises(validate.DataError, match="changed while it was read"):
+        validate_inputs(config)
+    assert not (tmp_path / "work").exists()

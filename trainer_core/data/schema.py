@@ -29,7 +29,7 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Logprob = Annotated[float, Field(allow_inf_nan=False, le=0.0)]
 # Ids and versions become int64 tensors: a larger integer would overflow there, far from its line.
 Int64 = Annotated[int, Field(ge=0, le=2**63 - 1)]
-# A JSON escape of a UTF-16 surrogate; only then can a string hold a lone one (see _lone_surrogate).
+# A JSON escape of a UTF-16 surrogate; only then can a string hold a lone one (see lone_surrogate).
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -203,7 +203,7 @@ def _bound_fix(field: str) -> str:
     return "fix the value"
 
 
-def _lone_surrogate(value: Any, field: str = "") -> str | None:
+def lone_surrogate(value: Any, field: str = "") -> str | None:
     """The field of the first string holding a lone UTF-16 surrogate (not a character), if any."""
     if isinstance(value, str):
         try:
@@ -214,8 +214,8 @@ def _lone_surrogate(value: Any, field: str = "") -> str | None:
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, child in items:
         path = f"{field}.{key}" if field else str(key)
-        found = _lone_surrogate(key, path) if isinstance(key, str) else None
-        found = found or _lone_surrogate(child, path)
+        found = lone_surrogate(key, path) if isinstance(key, str) else None
+        found = found or lone_surrogate(child, path)
         if found:
             return found
     return None
@@ -276,7 +276,7 @@ def decode_line(raw: bytes | str, where: str) -> Any:
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogatepass")
     if _SURROGATE_ESCAPE.search(raw):
-        field = _lone_surrogate(record)
+        field = lone_surrogate(record)
         if field is not None:
             raise DataError(
                 f"{where}: field {field}: holds a lone UTF-16 surrogate escape (such as \\ud800), which "

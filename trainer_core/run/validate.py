@@ -220,6 +220,14 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
     from_cache = store is not None
     if store is None:
         store = stage_to_scratch(source, tokenizer, template, options.advantage_normalization)
+        if data_digest(source.files) != fingerprint["data"]:
+            # The records staged are not (all) the bytes the run id names: a plan, and the stage cache under that
+            # digest, would hold other data than the fingerprint says.
+            store.close()
+            raise DataError(
+                f"data.path: {', '.join(str(f) for f in source.files)} changed while it was read; run again once "
+                "nothing writes to it any more"
+            )
     try:
         _check_kind(config, source, store)
         prepared = fit_store(store, source, options)

@@ -216,7 +216,7 @@ CASES: list[Case] = [
         "micro_batches_on_a_sharded_model",
         "config-value",
         r"train\.micro_batch_size=2 with train\.sharding = \"fsdp\": a sharded logical rank runs its rows in one forward",
-        r"train\.logical_dp = 4 runs 2 row\(s\) each",
+        r"a train\.logical_dp that divides global_batch_size=8 into shares of at most 2 row\(s\)",
         config={"train": {"sharding": "fsdp", "micro_batch_size": 2}},
     ),
     Case(

@@ -155,6 +155,28 @@ CASES: list[Case] = [
         **data_section(GOOD_SHAREGPT, _sharegpt(("human", "hi"), ("function_call", "get_weather(Paris)"))),
     ),
     Case(
+        "sharegpt_function_call_lone_surrogate",  # escaped twice: the line's own check sees only text
+        "data-record",
+        r"{dir}/data\.jsonl:2: field conversations\.1\.value: the call's arguments\.x holds a lone UTF-16 surrogate",
+        r"fix the escape",
+        **data_section(
+            GOOD_SHAREGPT,
+            _sharegpt(
+                ("human", "hi"), ("function_call", '{"name": "f", "arguments": {"x": "\\ud800"}}'), ("gpt", "ok")
+            ),
+        ),
+    ),
+    Case(
+        "sharegpt_function_call_nan",
+        "data-record",
+        r"{dir}/data\.jsonl:2: field conversations\.1\.value: not valid JSON",
+        r'give JSON \{"name": NAME',
+        **data_section(
+            GOOD_SHAREGPT,
+            _sharegpt(("human", "hi"), ("function_call", '{"name": "f", "arguments": {"x": NaN}}'), ("gpt", "ok")),
+        ),
+    ),
+    Case(
         "sharegpt_function_call_without_name",
         "data-record",
         r"{dir}/data\.jsonl:2: field conversations\.1\.value: not a call \(field name: Field required",

@@ -55,7 +55,8 @@ def test_a_run_starts_from_the_committed_weights_however_they_are_named(parent, 
     parent_config, result = parent
     run_id, url = result["run_id"], result["checkpoint_url"]
     run_ids = set()
-    for index, reference in enumerate([f"{run_id}@latest", f"{run_id}@step-00000002", url, f"file://{url}"]):
+    references = [f"{run_id}@latest", f"{run_id}@step-00000002", f"{run_id}@step-2", url, f"file://{url}"]
+    for index, reference in enumerate(references):
         config = child(tmp_path / str(index), parent_config, reference)
         found = resolve_parent(config)
         assert found is not None and found.url == url and found.run_id == run_id, reference

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..schema import DataError, ToolFunction, describe_errors
+from ..schema import DataError, ToolFunction, describe_errors, lone_surrogate
 from .base import FormatName, refuse_rl_fields, require_object
 
 _ROLES = {
@@ -61,13 +61,24 @@ class _ShareGPT(_Strict):
 _KNOWN = ["conversations", "from", "value", "system", "id", "metadata"]
 
 
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 def _tool_calls(value: str, where: str) -> list[dict[str, Any]]:
     """A function_call turn's value, `{"name", "arguments"}` or a list of them, as OpenAI tool calls."""
     fix = 'give JSON {"name": NAME, "arguments": {…}} (or a list of them), as LLaMA-Factory writes it'
     try:
-        calls = json.loads(value)
-    except (json.JSONDecodeError, RecursionError):
+        calls = json.loads(value, parse_constant=_refuse_constant)  # NaN and Infinity are not JSON
+    except (json.JSONDecodeError, RecursionError, ValueError):
         raise DataError(f"{where}: not valid JSON; a function_call turn's value is the call: {fix}") from None
+    # The line's own check saw the escape only as text inside a string: decoded here, it may be a lone surrogate.
+    inner = lone_surrogate(calls)
+    if inner is not None:
+        raise DataError(
+            f"{where}: the call's {inner} holds a lone UTF-16 surrogate escape (such as \\ud800), which is not a "
+            "character; fix the escape (a pair like \\ud83d\\ude00 is one character) or remove it"
+        )
     calls = calls if isinstance(calls, list) else [calls]
     converted = []
     for call in calls:
