@@ -93,14 +93,14 @@ class TrackingSink:
             self._queued += 1
         self._queue.put(item)
 
-    def _take(self):
+    def _take(self) -> tuple | None:
+        """The next item, or None: stop (asked by `close`, or given up on by it)."""
         item = self._queue.get()
         with self._lock:
-            if self._abandoned.is_set():
-                return _STOP  # counted by `close` already
-            if item is not _STOP:
-                self._queued -= 1
-                self._in_flight = True
+            if self._abandoned.is_set() or item is _STOP:
+                return None  # what was still queued is counted by `close` already
+            self._queued -= 1
+            self._in_flight = True
         return item
 
     def _done(self) -> None:
@@ -120,7 +120,7 @@ class TrackingSink:
         backend, through = self._started()
         while True:
             item = self._take()
-            if item is _STOP:
+            if item is None:
                 break
             kind, *args = item
             try:
