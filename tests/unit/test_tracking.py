@@ -96,6 +96,11 @@ def test_wandb_offline_writes_its_run_file_once_per_step(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     assert train_twice("wandb", str(tmp_path)) == []
+    import wandb
+
+    # `finish` returns once W&B's service has the run's last record, not once its file is written; stopping the
+    # service is what waits for that (CI once read a run file that still held only its header).
+    wandb.teardown()
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
     assert runs, list(tmp_path.rglob("*"))
     data = b"".join(p.read_bytes() for run in runs for p in run.glob("run-*.wandb"))
