@@ -4,7 +4,8 @@ Writes a synthetic chat SFT dataset (``sft.jsonl``), a byte-level BPE tokenizer
 trained on its ChatML rendering (``tokenizer.json``), a tiny Qwen3 model
 config (``model_config.json``) and RL trajectories over the same tasks
 (``rl.jsonl``: groups of sampled answers with 0/1 rewards, synthetic behaviour
-logprobs, one tool-using task). Everything is derived from one seed, so running
+logprobs, one tool-using task) and held-out conversations of the same tasks,
+none identical to a training one (``eval.jsonl``). Everything is derived from one seed, so running
 ``python examples/make_tiny_data.py`` twice yields byte-identical files.
 
 The assistant replies are templated answers to small synthetic tasks: most of
@@ -199,6 +200,8 @@ def render_chatml(messages: Iterable[dict[str, str]]) -> str:
 
 
 RL_SEED = SEED + 1  # a separate stream, so sft.jsonl is unchanged by the RL data
+EVAL_SEED = SEED + 2  # held-out conversations (eval.jsonl): the same tasks, a stream of their own
+NUM_EVAL_CONVERSATIONS = 100
 NUM_RL_GROUPS = 48
 RL_GROUP_SIZE = 4
 TOOL_GROUP_FRACTION = 0.25
@@ -346,7 +349,8 @@ def model_config(vocab_size: int = VOCAB_SIZE) -> dict:
 
 
 def write_tiny_example(output_dir: Path, seed: int = SEED) -> None:
-    """Write ``sft.jsonl``, ``tokenizer.json``, ``model_config.json`` and ``rl.jsonl`` into ``output_dir``."""
+    """Write ``sft.jsonl``, ``tokenizer.json``, ``model_config.json``, ``rl.jsonl`` and ``eval.jsonl`` into
+    ``output_dir``."""
     output_dir.mkdir(parents=True, exist_ok=True)
     conversations = make_conversations(seed)
     with open(output_dir / "sft.jsonl", "w", encoding="utf-8", newline="\n") as sft_file:
@@ -370,6 +374,23 @@ def write_tiny_example(output_dir: Path, seed: int = SEED) -> None:
     with open(output_dir / "rl.jsonl", "w", encoding="utf-8", newline="\n") as rl_file:
         for trajectory in make_trajectories(tokenizer):
             rl_file.write(json.dumps(trajectory, ensure_ascii=False) + "\n")
+
+    with open(output_dir / "eval.jsonl", "w", encoding="utf-8", newline="\n") as eval_file:
+        for conversation in held_out_conversations(conversations):
+            eval_file.write(json.dumps(conversation, ensure_ascii=False) + "\n")
+
+
+def held_out_conversations(training: list[dict]) -> list[dict]:
+    """``NUM_EVAL_CONVERSATIONS`` conversations of the same tasks, none identical to a training one."""
+    seen = {json.dumps(c, sort_keys=True) for c in training}
+    rng = random.Random(EVAL_SEED)
+    held_out: list[dict] = []
+    while len(held_out) < NUM_EVAL_CONVERSATIONS:
+        conversation = _conversation(rng)
+        if json.dumps(conversation, sort_keys=True) not in seen:
+            seen.add(json.dumps(conversation, sort_keys=True))
+            held_out.append(conversation)
+    return held_out
 
 
 def main() -> None:

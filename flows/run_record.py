@@ -127,6 +127,7 @@ class RunRecord:
             "steps": self.segments[-1].end_step if self.segments else 0,
             "losses": [loss for s in self.segments for loss in s.losses],
             "learning_rates": [rate for s in self.segments for rate in s.learning_rates],
+            "eval_losses": {str(step): loss for s in self.segments for step, loss in zip(s.eval_steps, s.eval_losses)},
             "tracking_failures": sum(s.tracking_failures for s in self.segments),
             "flow_s": time.perf_counter() - self.started,
             "launch_wall_s": sum(s.launch_wall_s for s in trained),

@@ -145,6 +145,8 @@ def metrics_row(record: dict, columns: tuple[LiveColumn, ...] = ()) -> dict:
         "updated": record["stepped"],
     }
     row.update({column.column: _figure(record[column.figure], column.digits) for column in columns})
+    if record.get("eval_loss") is not None:  # only the steps after which the held-out rows were evaluated
+        row["eval_loss"] = _figure(record["eval_loss"], 4)
     return row
 
 

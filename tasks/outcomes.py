@@ -47,6 +47,9 @@ class SegmentOutcome(BaseModel):
     losses: list[float]
     learning_rates: list[float] = []
     """Per step (empty for a segment trained before results recorded it)."""
+    eval_steps: list[int] = []
+    eval_losses: list[float] = []
+    """The held-out loss after each of `eval_steps` (empty without held-out data)."""
     num_tokens: int
     tokens_per_s: float
     train_s: float

@@ -60,6 +60,7 @@ def write_run_loss_curve(planned: PlannedRun, segments: list[SegmentOutcome]) ->
     steps = [s.start_step + i for s in segments for i in range(len(s.losses))]
     losses = [loss for s in segments for loss in s.losses]
     rates = [rate for s in segments for rate in s.learning_rates]
+    evaluated = [(step, loss) for s in segments for step, loss in zip(s.eval_steps, s.eval_losses)]
     return write_loss_curve(
         Path(planned.run_dir) / LOSS_CURVE_FILE,
         steps,
@@ -67,6 +68,7 @@ def write_run_loss_curve(planned: PlannedRun, segments: list[SegmentOutcome]) ->
         [s.start_step for s in segments],
         title=f"{planned.run_id}: loss per optimizer step",
         learning_rates=rates if len(rates) == len(steps) else None,  # a segment trained before rates were kept
+        eval_points=evaluated,
     )
 
 
@@ -127,6 +129,7 @@ def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[Co
                 "steps": f"{s.start_step}-{s.end_step - 1}",
                 "first_loss": round(s.losses[0], 4),
                 "last_loss": round(s.losses[-1], 4),
+                **({"eval_loss": round(s.eval_losses[-1], 4)} if s.eval_losses else {}),
                 "tokens": s.num_tokens,
                 "tokens_per_s": round(s.tokens_per_s),
                 "train_s": round(s.train_s, 2),

@@ -56,6 +56,8 @@ def publish_plan(planned: PlannedRun) -> dict:
     run_dir = Path(planned.run_dir)
     plan = read_plan(run_dir)
     paths = [PLAN_FILE, *(segment.shard_file for segment in plan.segments)]
+    if plan.eval_file is not None:
+        paths.append(plan.eval_file)
     figures = publish_bundle(
         open_store(planned.storage), planned.run_id, run_dir, PLAN_BUNDLE, paths, settings=_settings(planned)
     )
@@ -210,9 +212,11 @@ def fetch_segment_state(planned: PlannedRun, segment_index: int, *, stored_only:
 
 
 def fetch_segment_inputs(planned: PlannedRun, segment_index: int) -> None:
-    """The plan, the segment's shard and the previous segment's state, verified against the store."""
+    """The plan, the segment's shard (and the held-out rows, where the run has them) and the previous segment's
+    state, verified against the store."""
     fetch_plan_file(planned)
-    shard = read_plan(Path(planned.run_dir)).segments[segment_index].shard_file
-    _fetch(planned, PLAN_BUNDLE, only=lambda path: path == shard)
+    plan = read_plan(Path(planned.run_dir))
+    needed = {plan.segments[segment_index].shard_file, plan.eval_file}
+    _fetch(planned, PLAN_BUNDLE, only=lambda path: path in needed)
     if segment_index > 0:
         fetch_segment_state(planned, segment_index - 1)

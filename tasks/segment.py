@@ -54,6 +54,8 @@ def _outcome(result: SegmentResult, launch_wall_s: float, reused: bool) -> Segme
         end_step=result.end_step,
         losses=result.losses,
         learning_rates=result.learning_rates,
+        eval_steps=result.eval_steps,
+        eval_losses=result.eval_losses,
         num_tokens=result.num_tokens,
         tokens_per_s=result.tokens_per_s,
         train_s=result.train_s,

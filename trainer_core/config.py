@@ -138,6 +138,25 @@ class DataSection(_Section):
     """Pack several conversations per row of max_seq_len tokens, with attention kept within each."""
     advantage_normalization: Literal["mean_std", "mean"] = "mean_std"
     """RL rewards without advantages: group-relative advantages, (r - mean) / std or r - mean."""
+    eval_path: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    """Held-out data evaluated during training (`train.eval_every`, and at the end of every segment): the same
+    formats and file types as `path`, read and checked the same way."""
+    eval_fraction: float = Field(default=0.0, ge=0, lt=1)
+    """Instead of `eval_path`: this fraction of the data's conversations, chosen with `run.seed`, held out of
+    training and evaluated (at least one conversation, and at least one left to train on)."""
+
+    @model_validator(mode="after")
+    def _one_eval_source(self) -> "DataSection":
+        if self.eval_path is not None and self.eval_fraction:
+            raise ValueError(
+                f"data.eval_path and data.eval_fraction={self.eval_fraction} both say what to evaluate; keep "
+                "eval_path (held-out files) or eval_fraction (a seeded split of data.path), not both"
+            )
+        return self
+
+    @property
+    def has_eval(self) -> bool:
+        return self.eval_path is not None or self.eval_fraction > 0
 
 
 class TrainSection(_Section):
@@ -227,6 +246,9 @@ class TrainSection(_Section):
     collective_timeout_s: float = Field(default=600, gt=0)
     """Timeout of every collective (init_process_group), set explicitly; a peer silent this long fails the rank.
     Keep it above stall_timeout_s, so that the watchdog, with its better diagnosis, fires first."""
+    eval_every: int = Field(default=0, ge=0)
+    """Evaluate the held-out data (`data.eval_path` or `data.eval_fraction`) after every this many optimizer
+    steps, besides the end of every segment; 0: at the end of every segment only."""
     objective: str | None = None
     """The training objective, one of `trainer_core.objectives.OBJECTIVES`: `sft` or `clipped_policy_gradient`.
     Unset: the one data.kind trains (`sft` for sft data, `clipped_policy_gradient` for rl data)."""
@@ -473,6 +495,15 @@ class RunConfig(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _eval_needs_data(self) -> "RunConfig":
+        if self.train.eval_every and not self.data.has_eval:
+            raise ValueError(
+                f"train.eval_every={self.train.eval_every} but there is nothing to evaluate; set data.eval_path "
+                "(held-out files) or data.eval_fraction (e.g. 0.05), or remove eval_every"
+            )
+        return self
+
     def export_after_segment(self, segment_index: int) -> bool:
         """Whether a checkpoint is exported after segment `segment_index` (0-based)."""
         return self.export.after_segment(segment_index, self.train.num_segments)
@@ -521,6 +552,10 @@ def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
     given = config.data.path
     resolved = [resolve_entry(entry, config_dir) for entry in entries(given)]
     config.data.path = resolved[0] if isinstance(given, str) else resolved
+    held_out = config.data.eval_path
+    if held_out is not None:
+        resolved = [resolve_entry(entry, config_dir, "data.eval_path") for entry in entries(held_out)]
+        config.data.eval_path = resolved[0] if isinstance(held_out, str) else resolved
     config.run.work_dir = out(config.run.work_dir)
     url = config.storage.url
     if url.startswith("file://"):
@@ -537,7 +572,9 @@ def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
     return config
 
 
-def _check_inputs_exist(config: RunConfig, given_data_path: str | list[str]) -> None:
+def _check_inputs_exist(
+    config: RunConfig, given_data_path: str | list[str], given_eval_path: str | list[str] | None = None
+) -> None:
     checks = [
         ("model.path", config.model.path, "a local Hugging Face model directory"),
         ("model.config", config.model.config, "a config.json file"),
@@ -549,6 +586,8 @@ def _check_inputs_exist(config: RunConfig, given_data_path: str | list[str]) -> 
         if value is not None and not Path(value).exists():
             raise ConfigError(f"{key}={value!r} does not exist; point it at {what}")
     data_files(config.data.path, given_data_path)  # every entry names a local file (or a glob with matches)
+    if config.data.eval_path is not None:
+        data_files(config.data.eval_path, given_eval_path, key="data.eval_path")
 
 
 _RUN_DIR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*-[0-9a-f]{12}$")
@@ -599,9 +638,9 @@ def config_from_dict(
         config = RunConfig.model_validate(tree)
     except ValidationError as error:
         raise ConfigError(describe_validation_error(error, RunConfig, source, overridden)) from None
-    given_data_path = config.data.path
+    given_data_path, given_eval_path = config.data.path, config.data.eval_path
     config = _resolve_paths(config, config_dir)
-    _check_inputs_exist(config, given_data_path)
+    _check_inputs_exist(config, given_data_path, given_eval_path)
     check_locations_disjoint(config.run.work_dir, config.storage.url)
     return config
 

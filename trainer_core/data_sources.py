@@ -35,6 +35,13 @@ DataPath = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 _WHAT = "a JSONL file, or at Parquet or Arrow files (a path, a list of paths or a glob)"
 FIX = f"point data.path at {_WHAT}"
+
+
+def fix_for(key: str) -> str:
+    """The fix a message about `key` (data.path or data.eval_path) names."""
+    return f"point {key} at {_WHAT}"
+
+
 _COLUMNAR_SUFFIXES: dict[str, FileType] = {".parquet": "parquet", ".arrow": "arrow"}
 _GLOB_CHARACTERS = re.compile(r"[*?[]")
 # `owner/name` with the characters the hub allows: how a hub dataset is named (a relative path can look the same).
@@ -47,6 +54,8 @@ class DataFile:
 
     path: Path
     type: FileType
+    key: str = "data.path"
+    """The setting that named the file (data.path, or data.eval_path): what a message about it names."""
 
     def where(self, position: int) -> str:
         """`FILE:LINE` for JSONL, `FILE:row N` for Parquet and Arrow (the row index `datasets` and pandas use)."""
@@ -54,7 +63,7 @@ class DataFile:
 
     def open(self):
         """The file through `open_input`: a FIFO, a device or an unreadable file fails by name, never blocks."""
-        return open_input(self.path, f"data.path={str(self.path)!r}", FIX)
+        return open_input(self.path, f"{self.key}={str(self.path)!r}", fix_for(self.key))
 
     def sha256(self) -> str:
         digest = hashlib.sha256()
@@ -79,7 +88,7 @@ def describe(path: DataPath) -> str:
     return names[0] if isinstance(path, (str, os.PathLike)) else f"[{', '.join(names)}]"
 
 
-def resolve_entry(entry: str, config_dir: Path) -> str:
+def resolve_entry(entry: str, config_dir: Path, key: str = "data.path") -> str:
     """An entry made absolute against the config's directory; a URL is left as given (and refused later)."""
     if "://" in entry:
         return entry
@@ -88,27 +97,28 @@ def resolve_entry(entry: str, config_dir: Path) -> str:
         return str(path.resolve())
     except RuntimeError:  # Python 3.11's resolve() raises this on a symbolic link loop
         raise ConfigError(
-            f"data.path={str(path)!r} is a symbolic link that loops (or has too many levels); {FIX}"
+            f"{key}={str(path)!r} is a symbolic link that loops (or has too many levels); {fix_for(key)}"
         ) from None
 
 
-def _not_found(entry: str, given: str) -> ConfigError:
+def _not_found(entry: str, given: str, key: str) -> ConfigError:
     problem = "matches no file" if _GLOB_CHARACTERS.search(entry) else "does not exist"
     hub = ""
     if _HUB_NAME.match(given) and not given.startswith("."):
         hub = (
             f"; if {given!r} names a Hugging Face hub dataset: rankflow reads local files only, so download it "
-            f"first (hf download {given} --repo-type dataset --local-dir DIR) and point data.path at its files, "
+            f"first (hf download {given} --repo-type dataset --local-dir DIR) and point {key} at its files, "
             "e.g. a glob such as DIR/data/*.parquet"
         )
-    return ConfigError(f"data.path={entry!r} {problem}; point it at {_WHAT}{hub}")
+    return ConfigError(f"{key}={entry!r} {problem}; point it at {_WHAT}{hub}")
 
 
-def _expand(entry: str, given: str) -> list[Path]:
+def _expand(entry: str, given: str, key: str) -> list[Path]:
+    fix = fix_for(key)
     if "://" in entry:
         raise ConfigError(
-            f"data.path={entry!r} is a URL; rankflow reads local files only: download the data first "
-            f"(for a hub dataset: hf download NAME --repo-type dataset --local-dir DIR) and {FIX}"
+            f"{key}={entry!r} is a URL; rankflow reads local files only: download the data first "
+            f"(for a hub dataset: hf download NAME --repo-type dataset --local-dir DIR) and {fix}"
         )
     path = Path(entry)
     try:
@@ -119,18 +129,18 @@ def _expand(entry: str, given: str) -> list[Path]:
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise ConfigError(
-                f"data.path={entry!r} is a symbolic link that loops (or has too many levels); {FIX}"
+                f"{key}={entry!r} is a symbolic link that loops (or has too many levels); {fix}"
             ) from None
-        raise ConfigError(f"data.path={entry!r} cannot be read ({error.strerror}); {FIX}") from None
+        raise ConfigError(f"{key}={entry!r} cannot be read ({error.strerror}); {fix}") from None
     if os.path.lexists(path) and path.is_symlink():
-        raise ConfigError(f"data.path={entry!r} is a symbolic link to nothing ({os.readlink(path)!r}); {FIX}")
+        raise ConfigError(f"{key}={entry!r} is a symbolic link to nothing ({os.readlink(path)!r}); {fix}")
     matches = sorted(glob.glob(entry, recursive=True)) if _GLOB_CHARACTERS.search(entry) else []
     if not matches:
-        raise _not_found(entry, given)
+        raise _not_found(entry, given, key)
     return [Path(match) for match in matches]
 
 
-def data_files(path: DataPath, given: DataPath | None = None) -> list[DataFile]:
+def data_files(path: DataPath, given: DataPath | None = None, key: str = "data.path") -> list[DataFile]:
     """The files `path` (a resolved `data.path`) names, in data order; a ConfigError says what is missing and the fix.
 
     `given` is the setting as the user wrote it (before it was made absolute),
@@ -138,10 +148,10 @@ def data_files(path: DataPath, given: DataPath | None = None) -> list[DataFile]:
     """
     resolved, written = entries(path), entries(given if given is not None else path)
     if not resolved:
-        raise ConfigError(f"data.path=[] names no file; {FIX}")
+        raise ConfigError(f"{key}=[] names no file; {fix_for(key)}")
     files = []
     for entry, as_given in zip(resolved, written, strict=True):
-        files += [DataFile(found, file_type(found)) for found in _expand(entry, as_given)]
+        files += [DataFile(found, file_type(found), key) for found in _expand(entry, as_given, key)]
     return files
 
 

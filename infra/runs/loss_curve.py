@@ -1,7 +1,8 @@
 """The loss curve of a run as a PNG a person can look at (matplotlib, Agg: no display needed).
 
 One point per optimizer step; segment boundaries are drawn as thin vertical
-lines, so a resumed segment is visible. Non-finite losses are marked on the
+lines, so a resumed segment is visible. The held-out loss, where the run
+evaluates, is a second line at the steps it was measured after. Non-finite losses are marked on the
 x-axis instead of being dropped silently.
 """
 
@@ -20,6 +21,7 @@ def write_loss_curve(
     segment_starts: list[int],
     title: str,
     learning_rates: list[float] | None = None,
+    eval_points: list[tuple[int, float]] | None = None,
 ) -> Path:
     """Plot `losses` against `steps` into `path` (PNG), and the learning rate per step on a right-hand axis where
     given; returns the path."""
@@ -33,6 +35,17 @@ def write_loss_curve(
     finite = [(s, v) for s, v in zip(steps, losses) if math.isfinite(v)]
     if finite:
         axes.plot([s for s, _ in finite], [v for _, v in finite], marker="o", markersize=3, linewidth=1.5, label="loss")
+    evaluated = [(s, v) for s, v in eval_points or () if math.isfinite(v)]
+    if evaluated:
+        axes.plot(
+            [s for s, _ in evaluated],
+            [v for _, v in evaluated],
+            marker="s",
+            markersize=4,
+            linewidth=1.5,
+            color="tab:green",
+            label="eval loss",
+        )
     bad = [s for s, v in zip(steps, losses) if not math.isfinite(v)]
     if bad:
         axes.plot(bad, [axes.get_ylim()[0]] * len(bad), "rx", label="non-finite loss")

@@ -9,7 +9,9 @@ decays its rate (cosine to a floor, after a warm-up): every step's rate, on
 both sides of the boundary and after the resume at another W, is the one
 transformers' scheduler gives that step. A packed SFT case and an RL case run
 their logical ranks' two rows as micro-batches of one row (two forwards and
-backwards each): bitwise W-independent too.
+backwards each): bitwise W-independent too. The SFT case evaluates held-out
+files after every step and the RL case a held-out fraction at each segment's
+end: the eval losses are bitwise the W = 1 run's too.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ RL = {
     "data": {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl", "max_seq_len": 160},
     "rl": {"sft_coef": 0.1, "initial_policy_version": 3, "max_data_staleness": 1},
 }
-COSINE = {"train": {"lr_schedule": "cosine", "warmup_steps": 1, "min_lr_ratio": 0.1}}
+COSINE = {"train": {"lr_schedule": "cosine", "warmup_steps": 1, "min_lr_ratio": 0.1, "eval_every": 1}}
+HELD_OUT = {"eval_path": str(EXAMPLES / "tiny" / "eval.jsonl")}
 CASES = {  # config sections, and the world sizes of the two segments
-    "sft": (COSINE, (2, 4)),
+    "sft": ({**COSINE, "data": HELD_OUT}, (2, 4)),
     "sft_packed": ({"data": {"pack": True}, "train": {"micro_batch_size": 1}}, (4, 2)),
-    "rl": ({**RL, "train": {"micro_batch_size": 1}}, (4, 2)),
+    "rl": ({**RL, "data": {**RL["data"], "eval_fraction": 0.1}, "train": {"micro_batch_size": 1}}, (4, 2)),
     "rl_packed": ({**RL, "data": {**RL["data"], "pack": True}}, (2, 4)),
 }
 
@@ -84,6 +87,7 @@ def outcome(run_dir: Path) -> dict:
     return {
         "losses": [r.losses for r in results],
         "learning_rates": [rate for r in results for rate in r.learning_rates],
+        "eval_losses": [(step, loss) for r in results for step, loss in zip(r.eval_steps, r.eval_losses)],
         "num_tokens": [r.num_tokens for r in results],
         "stale": [r.num_stale_trajectories for r in results],
         "weights": (final / "params.safetensors").read_bytes(),
@@ -94,7 +98,7 @@ def outcome(run_dir: Path) -> dict:
 
 
 def assert_same_run(actual: dict, expected: dict) -> None:
-    for key in ("losses", "learning_rates", "num_tokens", "stale", "weights", "threads"):
+    for key in ("losses", "learning_rates", "eval_losses", "num_tokens", "stale", "weights", "threads"):
         assert actual[key] == expected[key], key
     for index, state in expected["optimizer"].items():
         for name, tensor in state.items():
@@ -120,6 +124,8 @@ def test_a_run_resumed_at_another_world_size_is_bitwise_the_run_at_one_process(c
     train = read_plan(run_dir).run_config().train
     expected = transformers_rates(train.lr_schedule, train.warmup_steps, train.steps, train.min_lr_ratio, train.steps)
     assert reference["learning_rates"] == pytest.approx([train.learning_rate * r for r in expected], rel=0, abs=1e-15)
+    if case in ("sft", "rl"):  # held-out rows (files, or a fraction), evaluated at any W bitwise alike
+        assert len(reference["eval_losses"]) == (4 if case == "sft" else 2)
     if case.startswith("rl"):
         assert sum(reference["stale"]) > 0  # the staleness bound dropped trajectories: that path is covered too
     for segment, world_size in enumerate(world_sizes):

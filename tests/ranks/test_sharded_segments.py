@@ -7,7 +7,8 @@ segment, and with W changing 2 → 1 → 2 (segment 1 resumes at W = 1 from the
 DCP state saved at W = 2, segment 2 at W = 2 from the one saved at W = 1).
 The reference is the unsharded deterministic run of the same data and config
 (`sharding = "none"`, W = 1, in this process). Losses, the final weights and
-the AdamW moments must be bitwise equal in all three, and the checkpoint
+the AdamW moments must be bitwise equal in all three (and the held-out loss
+after every step), and the checkpoint
 exported from the W = 2 shards must be bitwise the unsharded run's export.
 Clipped: both deterministic reductions take the step's norm from
 `ranks.canonical_norm`, so the clipped update is bitwise the same too.
@@ -39,8 +40,11 @@ from trainer_core.training import Trainer
 from trainer_core.training.sharded_checkpoint_io import restore_sharded_checkpoint
 
 CLIP = 0.05
-CLIPPED = {"train": {"grad_clip": CLIP, "steps": 6}}
-SHARDED = {"train": {**CLIPPED["train"], "sharding": "fsdp"}}
+# 9 held-out rows over L = 4 logical ranks of 2 rows per forward: 2, 1, 1, 1 forwards, so on 2 processes one logical
+# rank runs a throwaway forward to keep FSDP's all-gathers in step.
+HELD_OUT = {"eval_fraction": 0.0075}
+CLIPPED = {"train": {"grad_clip": CLIP, "steps": 6, "eval_every": 1}, "data": HELD_OUT}
+SHARDED = {"train": {**CLIPPED["train"], "sharding": "fsdp"}, "data": HELD_OUT}
 SEGMENTS = range(3)
 LAST = SEGMENTS[-1]
 
@@ -127,6 +131,7 @@ def test_a_sharded_deterministic_run_is_bitwise_the_unsharded_one_at_any_w_and_r
         train_segment(reference_dir, segment)  # W = 1, unsharded, in this process
     reference = results(reference_dir)
     assert all(norm > 2 * CLIP for r in reference for norm in r.grad_norms)  # every step clips
+    assert read_plan(reference_dir).num_eval_conversations == 9 and all(len(r.eval_losses) == 2 for r in reference)
 
     steady = planned(tmp_path / "fsdp", SHARDED)
     changing = copy_plan(steady, tmp_path / "changing")
@@ -146,6 +151,7 @@ def test_a_sharded_deterministic_run_is_bitwise_the_unsharded_one_at_any_w_and_r
         assert [r.losses for r in found] == [r.losses for r in reference], run.name
         assert [r.num_tokens for r in found] == [r.num_tokens for r in reference]
         assert [r.grad_norms for r in found] == [r.grad_norms for r in reference], run.name
+        assert [r.eval_losses for r in found] == [r.eval_losses for r in reference], run.name
     assert [r.world_size for r in results(steady)] == [2, 2, 2]
     assert [r.world_size for r in results(changing)] == [2, 1, 2]
     expected = unsharded_state(reference_dir)

@@ -36,7 +36,9 @@ class DataSource:
     def label(self) -> str:
         """The data as a message names it as a whole: its file, or its first file and how many more."""
         first = str(self.files[0].path)
-        return first if len(self.files) == 1 else f"{first} (and {len(self.files) - 1} more files of data.path)"
+        return (
+            first if len(self.files) == 1 else f"{first} (and {len(self.files) - 1} more files of {self.files[0].key})"
+        )
 
     def where(self, file_index: int, position: int) -> str:
         return self.files[file_index].where(position)
@@ -59,15 +61,16 @@ def source_of(files: Sequence[DataFile], data_format: str = "auto") -> DataSourc
         if other.format is not detected[0].format:
             raise DataError(
                 f"{other.first_where}: a {other.format.title} record, but {detected[0].first_where} is a "
-                f"{detected[0].format.title} record (each file's format is its first record's); the files of data.path share one format: convert one of them, or leave it "
-                "out of data.path"
+                f"{detected[0].format.title} record (each file's format is its first record's); the files of {files[0].key} share one format: convert one of "
+                f"them, or leave it out of {files[0].key}"
             )
     return DataSource(tuple(files), tuple(formats))
 
 
-def open_source(path: DataPath, data_format: str = "auto") -> DataSource:
-    """The data `path` (a resolved `data.path`) names, read in `data_format` (see `source_of`)."""
-    return source_of(data_files(path), data_format)
+def open_source(path: DataPath, data_format: str = "auto", key: str = "data.path") -> DataSource:
+    """The data `path` (a resolved `data.path`, or `data.eval_path`: `key`) names, read in `data_format` (see
+    `source_of`)."""
+    return source_of(data_files(path, key=key), data_format)
 
 
 def iter_source(source: DataSource) -> Iterator[Record]:

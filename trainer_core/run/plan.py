@@ -39,6 +39,7 @@ from trainer_core.config import RunConfig
 from trainer_core.data import DataOptions, Prepared
 from trainer_core.data.shards import packed_steps, round_up, stack_rows, unpacked_steps
 from trainer_core.files import tensors_sha256, write_text_atomic
+from trainer_core.run.held_out import EVAL_SHARD_FILE, eval_shard, split_held_out
 from trainer_core.run.plan_shards import StagedShards, staging_root
 from trainer_core.run.validate import CheckedInputs, validate_inputs
 
@@ -79,6 +80,11 @@ class Plan:
     """RL: reward groups whose rewards are all equal (advantage 0 throughout)."""
     stage_digests: dict[str, str] = field(default_factory=dict)
     """One digest per data stage (render, tokenize, mask, align) over the whole file."""
+    eval_file: str | None = None
+    """The held-out rows (`held_out.EVAL_SHARD_FILE`), relative to the run directory; None without held-out data."""
+    num_eval_conversations: int = 0
+    eval_loss_tokens: int = 0
+    """Loss tokens of the held-out rows: the eval loss is their loss sum divided by this."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -127,7 +133,8 @@ def _pad_id(tokenizer: Tokenizer) -> int:
 def _segment_shards(
     prepared: Prepared, config: RunConfig, options: DataOptions, pad_id: int, bounds: list[tuple[int, int]]
 ) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
-    """Each segment's shard in turn, laid out from the documents it uses (read from the store as needed)."""
+    """Each segment's shard in turn, laid out from the documents it uses (read from the store as needed; `prepared`
+    is what trains: without the held-out split)."""
     documents = prepared.documents
     if options.pack:
         stream = _document_stream(len(documents), config.run.seed)
@@ -160,6 +167,7 @@ ADDED_LATER = {
     ("train", "lr_schedule"): lambda config: "constant" if config.train.warmup_steps == 0 else None,
     ("train", "min_lr_ratio"): lambda _: 0.0,
     ("train", "micro_batch_size"): lambda _: None,
+    ("data", "eval_fraction"): lambda _: 0.0,
 }
 """Keys added after run ids were first given out, each with its default for a config: at that default a key leaves the
 digest, so every run planned before the key existed keeps its run id (tests/unit/test_run_ids.py pins them). A new key
@@ -198,6 +206,9 @@ def digest_view(config: RunConfig) -> dict:
     for section in ("model", "tokenizer", "data"):
         training_config[section].pop("path", None)
         training_config[section].pop("config", None)
+    # The held-out files' bytes are in the inputs' fingerprint; how often they are evaluated changes no result.
+    training_config["data"].pop("eval_path")
+    training_config["train"].pop("eval_every")
     # The format the records were read in is in the inputs' fingerprint (validate.input_fingerprint), as resolved
     # from `auto`: how it was chosen is not what is trained on.
     training_config["data"].pop("format")
@@ -223,18 +234,33 @@ def build_plan(config: RunConfig, checked: CheckedInputs | None = None) -> tuple
     checked.store_cache()
     bounds = segment_bounds(config)
     shards = StagedShards(staging_root(config.run.work_dir), config.run.name)
+    trained, held_out = checked.prepared, checked.held_out.prepared if checked.held_out is not None else None
+    if config.data.eval_fraction:
+        trained, held_out = split_held_out(trained, config.data.eval_fraction, config.run.seed, checked.source.label)
+    pad_id = _pad_id(checked.tokenizer)
     shard_digests, loss_tokens = [], []
-    for index, tensors in _segment_shards(
-        checked.prepared, config, checked.options, _pad_id(checked.tokenizer), bounds
-    ):
+    for index, tensors in _segment_shards(trained, config, checked.options, pad_id, bounds):
         shard_digests.append(tensors_sha256(tensors))
         loss_tokens.append(int(tensors["loss_mask"].sum()))
         shards.add(index, tensors)
         del tensors  # the next segment is laid out without this one in memory
-    digest = _digest(config, checked.fingerprint, shard_digests)
-    plan = _plan(config, checked, digest, bounds, loss_tokens)
+    held = None
+    if held_out is not None:
+        tensors = eval_shard(held_out, pad_id)
+        held = HeldOutPlan(len(held_out.lengths), int(tensors["loss_mask"][:, 1:].sum()), tensors_sha256(tensors))
+        shards.add_eval(tensors)
+        del tensors
+    digest = _digest(config, checked.fingerprint, shard_digests, held.digest if held else None)
+    plan = _plan(config, checked, digest, bounds, loss_tokens, trained, held)
     shards.stamp(plan.run_id)
     return plan, shards
+
+
+@dataclass(frozen=True)
+class HeldOutPlan:
+    num_conversations: int
+    loss_tokens: int
+    digest: str
 
 
 def plan_digest(config: RunConfig, fingerprint: dict, shards: Mapping[int, Mapping[str, torch.Tensor]]) -> str:
@@ -242,14 +268,13 @@ def plan_digest(config: RunConfig, fingerprint: dict, shards: Mapping[int, Mappi
     return _digest(config, fingerprint, [tensors_sha256(shards[i]) for i in sorted(shards)])
 
 
-def _digest(config: RunConfig, fingerprint: dict, shard_digests: list[str]) -> str:
-    """`plan_digest` from each shard's `tensors_sha256`, in segment order."""
-    return hashlib.sha256(
-        json.dumps(
-            {"config": digest_view(config), "inputs": fingerprint, "shards": shard_digests},
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()
+def _digest(config: RunConfig, fingerprint: dict, shard_digests: list[str], eval_digest: str | None = None) -> str:
+    """`plan_digest` from each shard's `tensors_sha256`, in segment order (and the eval shard's, where there is one:
+    a plan without held-out data keeps the digest it had before they existed)."""
+    named: dict[str, object] = {"config": digest_view(config), "inputs": fingerprint, "shards": shard_digests}
+    if eval_digest is not None:
+        named["eval_shard"] = eval_digest
+    return hashlib.sha256(json.dumps(named, sort_keys=True).encode()).hexdigest()
 
 
 def _plan(
@@ -258,6 +283,8 @@ def _plan(
     digest: str,
     bounds: list[tuple[int, int]],
     loss_tokens: list[int],
+    trained: Prepared,
+    held: HeldOutPlan | None,
 ) -> Plan:
     prepared, options = checked.prepared, checked.options
     return Plan(
@@ -267,7 +294,7 @@ def _plan(
         num_conversations=prepared.num_records,
         num_truncated=prepared.num_truncated,
         num_dropped=prepared.num_dropped,
-        num_tokens=int(prepared.lengths.sum()),
+        num_tokens=int(trained.lengths.sum()),
         segments=[
             SegmentPlan(
                 index=i,
@@ -282,16 +309,20 @@ def _plan(
         packed=options.pack,
         num_flat_groups=prepared.advantage_stats.num_flat_groups if prepared.advantage_stats else 0,
         stage_digests=prepared.stage_digests,
+        eval_file=EVAL_SHARD_FILE if held is not None else None,
+        num_eval_conversations=held.num_conversations if held is not None else 0,
+        eval_loss_tokens=held.loss_tokens if held is not None else 0,
     )
 
 
 def write_plan(plan: Plan, shards: StagedShards, run_dir: Path) -> Path:
     """Put the staged shards in place, then plan.json last (atomically), so a plan file implies its shards."""
     (run_dir / "plan").mkdir(parents=True, exist_ok=True)
-    for segment in plan.segments:
-        target = run_dir / segment.shard_file
+    placed = [(segment.index, segment.shard_file) for segment in plan.segments]
+    for index, shard_file in placed + ([(None, plan.eval_file)] if plan.eval_file is not None else []):
+        target = run_dir / shard_file
         tmp = target.with_suffix(".tmp")
-        shards.place(segment.index, tmp)
+        shards.place(index, tmp)
         os.replace(tmp, target)
     plan_path = run_dir / PLAN_FILE
     write_text_atomic(plan_path, plan.to_json())
@@ -304,3 +335,8 @@ def read_plan(run_dir: Path) -> Plan:
 
 def load_segment_shard(run_dir: Path, segment: SegmentPlan) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / segment.shard_file))
+
+
+def load_eval_shard(run_dir: Path, plan: Plan) -> dict[str, torch.Tensor] | None:
+    """The held-out rows ([N, T] tensors), or None for a plan without held-out data."""
+    return None if plan.eval_file is None else load_file(str(run_dir / plan.eval_file))

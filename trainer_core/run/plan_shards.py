@@ -47,21 +47,31 @@ class StagedShards(Mapping[int, dict[str, torch.Tensor]]):
         self._run_name = run_name
         self._run_id = f"{run_name}-{'0' * RUN_ID_HASH_DIGITS}"
         self._indices: list[int] = []
+        self._eval = False
 
     def path(self, index: int) -> Path:
         return self.directory / f"segment-{index:04d}.safetensors"
 
+    @property
+    def eval_path(self) -> Path:
+        return self.directory / "eval.safetensors"
+
     def add(self, index: int, tensors: dict[str, torch.Tensor]) -> None:
         save_file(tensors, str(self.path(index)), metadata={"run_id": self._run_id})
         self._indices.append(index)
+
+    def add_eval(self, tensors: dict[str, torch.Tensor]) -> None:
+        """The held-out rows (`held_out.eval_shard`), staged and stamped like a segment's shard."""
+        save_file(tensors, str(self.eval_path), metadata={"run_id": self._run_id})
+        self._eval = True
 
     def stamp(self, run_id: str) -> None:
         """Write `run_id` into every staged file's metadata, in place of the one it has."""
         if len(run_id) != len(self._run_id) or not run_id.startswith(f"{self._run_name}-"):
             raise ValueError(f"run id {run_id!r} does not fit the placeholder {self._run_id!r}")
         old, new = f'"{self._run_id}"'.encode(), f'"{run_id}"'.encode()
-        for index in self._indices:
-            with open(self.path(index), "r+b") as handle:
+        for path in [self.path(index) for index in self._indices] + ([self.eval_path] if self._eval else []):
+            with open(path, "r+b") as handle:
                 (header_len,) = struct.unpack("<Q", handle.read(8))
                 header = handle.read(header_len)
                 at = header.find(old)
@@ -71,13 +81,15 @@ class StagedShards(Mapping[int, dict[str, torch.Tensor]]):
                 handle.write(new)
         self._run_id = run_id
 
-    def place(self, index: int, target: Path) -> None:
-        """Put segment `index`'s staged file at `target` (a hard link, or a copy across filesystems)."""
+    def place(self, index: int | None, target: Path) -> None:
+        """Put segment `index`'s staged file (None: the eval shard) at `target` (a hard link, or a copy across
+        filesystems)."""
+        source = self.eval_path if index is None else self.path(index)
         target.unlink(missing_ok=True)
         try:
-            os.link(self.path(index), target)
+            os.link(source, target)
         except OSError:
-            shutil.copyfile(self.path(index), target)
+            shutil.copyfile(source, target)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if index not in self._indices:

@@ -65,6 +65,10 @@ class SegmentResult(_Record):
     grad_norms: list[float]
     learning_rates: list[float] = []
     """Per step, the learning rate of the run's checkpoint (absent from results written before lr_schedule: [])."""
+    eval_steps: list[int] = []
+    """The steps after which the held-out rows were evaluated (`train.eval_every`, and the segment's last step)."""
+    eval_losses: list[float] = []
+    """The eval loss after each of `eval_steps` (`trainer_core.run.evaluation`); [] without held-out data."""
     skipped_steps: list[int]
     num_skipped_steps: int
     num_stale_trajectories: int

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from trainer_core.run.distributed import Topology, init_distributed, log, training_mesh
-from trainer_core.run.plan import Plan, SegmentPlan, load_segment_shard, read_plan
+from trainer_core.run.evaluation import evaluate
+from trainer_core.run.plan import Plan, SegmentPlan, load_eval_shard, load_segment_shard, read_plan
 from trainer_core.run.progress import ProgressWriter, progress_path
 from trainer_core.run.sharded_facade import assignment_for, segment_facade
 from trainer_core.run.state import (
@@ -58,6 +59,8 @@ class StepsDone:
     losses: list[float]
     grad_norms: list[float]
     learning_rates: list[float]
+    eval_steps: list[int]
+    eval_losses: list[float]
     skipped: list[int]
     num_input_tokens: int
     num_token_slots: int
@@ -89,6 +92,8 @@ class SegmentRun:
     """The trained checkpoint: the full model, or the LoRA adapter."""
     ldp: LogicalDataParallel
     shard: dict[str, torch.Tensor]
+    eval_rows: dict[str, torch.Tensor] | None
+    """The held-out rows ([N, T]), or None for a run without held-out data."""
     objective: Objective
     layout: FigureLayout
     progress: ProgressWriter
@@ -134,6 +139,7 @@ class SegmentRun:
             mode=config.train.forward_mode,
         )
         shard = load_segment_shard(run_dir, segment)
+        eval_rows = load_eval_shard(run_dir, plan)
         objective = objective_for(config)
         layout = FigureLayout.for_objective(objective.figures)
         phases.mark("shard_loaded")
@@ -166,6 +172,7 @@ class SegmentRun:
             base=base,
             ldp=ldp,
             shard=shard,
+            eval_rows=eval_rows,
             objective=objective,
             layout=layout,
             progress=progress,
@@ -177,6 +184,7 @@ class SegmentRun:
         config, segment, base = self.config, self.segment, self.base
         mode = config.train.forward_mode
         losses, grad_norms, learning_rates, skipped = [], [], [], []
+        eval_steps, eval_losses = [], []
         num_input_tokens = num_token_slots = num_stale = 0
         train_started = time.perf_counter()
         for local_step in range(segment.num_steps):
@@ -196,14 +204,16 @@ class SegmentRun:
             num_token_slots += int(sums["token_slots"])
             num_stale += int(sums["stale_trajectories"])
             note_skipped(config, step, report, skipped)
+            step_s = time.perf_counter() - step_started
+            eval_loss = self.evaluate_after(step)
+            if eval_loss is not None:
+                eval_steps.append(step)
+                eval_losses.append(eval_loss)
             if self.topology.rank == 0:
-                log(f"step {step} loss {loss:.4f} grad_norm {report.grad_norm:.3f}")
-            self.progress.write(
-                "step",
-                **step_figures(
-                    step, loss, report, learning_rate, sums, time.perf_counter() - step_started, self.objective
-                ),
-            )
+                evaluated = "" if eval_loss is None else f" eval_loss {eval_loss:.4f}"
+                log(f"step {step} loss {loss:.4f} grad_norm {report.grad_norm:.3f}{evaluated}")
+            figures = step_figures(step, loss, report, learning_rate, sums, step_s, self.objective)
+            self.progress.write("step", **figures, **({} if eval_loss is None else {"eval_loss": eval_loss}))
         train_s = time.perf_counter() - train_started
         planner_misses = torch.tensor([float(self.trainer.planner.num_misses)])
         all_reduce_sum_([planner_misses])  # every rank's planner decides for its own graphs
@@ -211,12 +221,30 @@ class SegmentRun:
             losses=losses,
             grad_norms=grad_norms,
             learning_rates=learning_rates,
+            eval_steps=eval_steps,
+            eval_losses=eval_losses,
             skipped=skipped,
             num_input_tokens=num_input_tokens,
             num_token_slots=num_token_slots,
             num_stale=num_stale,
             train_s=train_s,
             planner_misses=int(planner_misses.item()),
+        )
+
+    def evaluate_after(self, step: int) -> float | None:
+        """The eval loss after `step` where one is due (every `train.eval_every` steps, and the segment's last step);
+        None where not, or without held-out data."""
+        every, last = self.config.train.eval_every, step == self.segment.end_step - 1
+        if self.eval_rows is None or not (last or (every and (step + 1) % every == 0)):
+            return None
+        return evaluate(
+            self.trainer,
+            self.ldp,
+            self.objective,
+            self.eval_rows,
+            revision=self.base.revision,
+            rows_per_forward=self.config.train.rows_per_forward,
+            loss_tokens=self.plan.eval_loss_tokens,
         )
 
     def save_state(self) -> SavedState:
@@ -254,6 +282,8 @@ class SegmentRun:
             losses=steps.losses,
             grad_norms=steps.grad_norms,
             learning_rates=steps.learning_rates,
+            eval_steps=steps.eval_steps,
+            eval_losses=steps.eval_losses,
             skipped_steps=steps.skipped,
             num_skipped_steps=len(steps.skipped),
             num_stale_trajectories=steps.num_stale,

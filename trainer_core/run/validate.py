@@ -46,6 +46,7 @@ from trainer_core.files import sha256_file
 from trainer_core.input_files import file_kind
 from trainer_core.model_checks import check_model, quiet_transformers
 from trainer_core.run.device_memory import MemoryReport, check_device_memory
+from trainer_core.run.held_out import HeldOutFiles, stage_eval_files
 from trainer_core.run.plan_size import PlanSize, check_plan_size
 
 if TYPE_CHECKING:  # transformers (2-3 s) is imported by the checks that use it: importing this module stays light
@@ -73,6 +74,8 @@ class CheckedInputs:
     plan_size: PlanSize
     memory: MemoryReport | None = None
     """The memory model's prediction per training rank, and what it was checked against."""
+    held_out: HeldOutFiles | None = None
+    """`data.eval_path`, staged and checked (None without it; `data.eval_fraction` is split by the plan)."""
 
     @property
     def cache_dir(self) -> Path:
@@ -82,6 +85,8 @@ class CheckedInputs:
         """Move the staged documents into the stage cache (a no-op when they came from it)."""
         if not self.from_cache:
             keep_store(self.store, self.cache_dir, self.cache_key)
+        if self.held_out is not None:
+            self.held_out.store_cache(self.cache_dir)
 
 
 def _check_output_dir(path: str, key: str) -> None:
@@ -169,7 +174,7 @@ def _check_template(template: str, config: RunConfig) -> None:
         ) from None
 
 
-def _check_kind(config: RunConfig, source: DataSource, store: DocumentStore) -> None:
+def check_kind(config: RunConfig, source: DataSource, store: DocumentStore) -> None:
     if config.data.kind == "rl" and not store.is_rl:
         raise DataError(
             f"{source.label}: data.kind='rl' but the records carry no reward or advantage; add them "
@@ -182,7 +187,7 @@ def _check_kind(config: RunConfig, source: DataSource, store: DocumentStore) -> 
         )
 
 
-def _check_positions(config: RunConfig, prepared: Prepared, model_config: PretrainedConfig) -> None:
+def check_positions(config: RunConfig, prepared: Prepared, model_config: PretrainedConfig) -> None:
     """Positions past the model's table would index out of it (absolute) or extrapolate untrained (rotary)."""
     limit = getattr(model_config, "max_position_embeddings", None)
     if not limit:
@@ -228,15 +233,23 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
                 f"data.path: {', '.join(str(f) for f in source.files)} changed while it was read; run again once "
                 "nothing writes to it any more"
             )
+    held_out = None
     try:
-        _check_kind(config, source, store)
+        check_kind(config, source, store)
         prepared = fit_store(store, source, options)
-        _check_positions(config, prepared, model_config)
+        check_positions(config, prepared, model_config)
+        held_out = stage_eval_files(config, tokenizer, template, fingerprint["tokenizer"], options)
+        if held_out is not None:
+            check_kind(config, held_out.source, held_out.store)
+            check_positions(config, held_out.prepared, model_config)
+            fingerprint.update(held_out.fingerprint())
         size = check_plan_size(config, prepared)
         with quiet_transformers():
             memory = check_device_memory(config, model_config, size.row_len)
     except BaseException:
         store.close()  # a scratch store goes at once, not when the garbage collector finds it
+        if held_out is not None:
+            held_out.close()
         raise
     return CheckedInputs(
         config=config,
@@ -252,6 +265,7 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
         prepared=prepared,
         plan_size=size,
         memory=memory,
+        held_out=held_out,
     )
 
 
