@@ -20,7 +20,7 @@ from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import config_from_dict
 from trainer_core.data import DataError
 from trainer_core.errors import ConfigError
-from trainer_core.run.plan import build_plan, load_eval_shard, load_segment_shard, read_plan, run_dir_for, write_plan
+from trainer_core.run.plan import build_plan, load_eval_shard, read_plan, run_dir_for, write_plan
 from trainer_core.run.records import SegmentResult
 from trainer_core.run.segment_main import segment_result_path, train_segment
 from trainer_core.run.state import state_dir_for
