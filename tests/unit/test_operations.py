@@ -175,6 +175,30 @@ def test_the_loss_curve_draws_the_learning_rate_on_its_own_axis(tmp_path):
     assert orange_pixels(plain) == 0 and orange_pixels(rated) > 100
 
 
+def test_the_loss_curve_draws_the_eval_loss_where_it_was_measured(tmp_path):
+    """The held-out loss is a green line (matplotlib's tab:green) only when eval points are given."""
+    from matplotlib.image import imread
+
+    steps, losses = [0, 1, 2, 3], [2.0, 1.5, 1.2, 1.0]
+    plain = imread(write_loss_curve(tmp_path / "plain.png", steps, losses, [0], "run"))
+    evaluated = imread(write_loss_curve(tmp_path / "eval.png", steps, losses, [0], "run", None, [(1, 1.8), (3, 1.4)]))
+
+    def green_pixels(image) -> int:  # tab:green is (0.17, 0.63, 0.17)
+        red, green, blue = image[..., 0], image[..., 1], image[..., 2]
+        return int(((abs(red - 0.17) < 0.08) & (abs(green - 0.63) < 0.08) & (abs(blue - 0.17) < 0.08)).sum())
+
+    assert green_pixels(plain) == 0 and green_pixels(evaluated) > 100
+
+
+def test_the_live_table_shows_the_eval_loss_at_the_steps_that_have_one():
+    from tasks.live import metrics_row
+
+    record = {"step": 3, "loss": 1.0, "grad_norm": 0.5, "learning_rate": 1e-3, "stepped": True}
+    record |= {"tokens_per_s": 10.0, "step_s": 0.1}
+    assert "eval_loss" not in metrics_row(record)
+    assert metrics_row({**record, "eval_loss": 1.234567})["eval_loss"] == 1.2346
+
+
 def test_a_prefect_api_error_does_not_stop_the_live_view(prefect_harness):
     from uuid import uuid4
 

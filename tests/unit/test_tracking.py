@@ -33,6 +33,7 @@ def step_record(step: int, attempt: int = 0) -> dict:
         "step_s": 0.5,
         "tokens_per_s": 200.0,
         "clip_fraction": None,  # an RL figure not measured at this step: left out
+        "eval_loss": 1.5 + attempt if step == 4 else None,  # held-out rows evaluated after step 4 only
     }
 
 
@@ -75,6 +76,7 @@ def test_mlflow_holds_one_point_per_step_the_params_and_the_checkpoint(tmp_path)
     assert [m.value for m in client.get_metric_history(run.info.run_id, "skipped")] == [0, 0, 1, 0, 0, 0, 0, 0]
     assert {"learning_rate", "grad_norm", "tokens_per_s"} <= set(run.data.metrics)
     assert "clip_fraction" not in run.data.metrics
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval_loss")] == [(4, 1.5)]
     assert run.data.params["train.steps"] == "8" and run.data.params["train.objective"] == ""
     assert run.data.tags[CHECKPOINT_URL_TAG] == "s3://bucket/runs/x/checkpoints/step-00000008"
 
@@ -87,6 +89,7 @@ def test_tensorboard_holds_one_point_per_step_and_the_checkpoint(tmp_path):
     events.Reload()
     losses = events.Scalars("loss")
     assert [e.step for e in losses] == list(range(8))
+    assert [(e.step, e.value) for e in events.Scalars("eval_loss")] == [(4, 1.5)]
     assert [e.value for e in losses] == pytest.approx([expected_loss(s) for s in range(8)])
     texts = events.Tags()["tensors"]
     assert any(tag.startswith(CHECKPOINT_URL_TAG) for tag in texts) and any(t.startswith("params") for t in texts)

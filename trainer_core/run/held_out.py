@@ -126,16 +126,23 @@ def _picked(prepared: Prepared, indices: np.ndarray) -> Prepared:
     )
 
 
-def split_held_out(prepared: Prepared, fraction: float, seed: int, label: str) -> tuple[Prepared, Prepared]:
-    """(what trains, what is held out): `fraction` of the kept documents (rounded, at least one), chosen with `seed`;
-    both keep file order. A DataError when nothing would be left on either side."""
-    count = len(prepared.lengths)
+def held_out_count(count: int, fraction: float, label: str) -> int:
+    """How many of `count` kept documents `fraction` holds out (rounded, at least one); a DataError when none would
+    be left to train on (the pre-flight checks it, before anything is written)."""
     held = min(max(1, round(fraction * count)), count)
     if held >= count:
         raise DataError(
             f"{label}: data.eval_fraction={fraction} of {count} conversation(s) leaves none to train on; lower "
             "eval_fraction, add conversations, or hold out files of their own with data.eval_path"
         )
+    return held
+
+
+def split_held_out(prepared: Prepared, fraction: float, seed: int, label: str) -> tuple[Prepared, Prepared]:
+    """(what trains, what is held out): `fraction` of the kept documents (`held_out_count`), chosen with `seed`;
+    both keep file order."""
+    count = len(prepared.lengths)
+    held = held_out_count(count, fraction, label)
     chosen = np.random.default_rng([seed, _SPLIT_STREAM]).permutation(count)[:held]
     is_held = np.zeros(count, dtype=bool)
     is_held[chosen] = True

@@ -46,7 +46,7 @@ from trainer_core.files import sha256_file
 from trainer_core.input_files import file_kind
 from trainer_core.model_checks import check_model, quiet_transformers
 from trainer_core.run.device_memory import MemoryReport, check_device_memory
-from trainer_core.run.held_out import HeldOutFiles, stage_eval_files
+from trainer_core.run.held_out import HeldOutFiles, held_out_count, stage_eval_files
 from trainer_core.run.plan_size import PlanSize, check_plan_size
 
 if TYPE_CHECKING:  # transformers (2-3 s) is imported by the checks that use it: importing this module stays light
@@ -238,6 +238,8 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
         check_kind(config, source, store)
         prepared = fit_store(store, source, options)
         check_positions(config, prepared, model_config)
+        if config.data.eval_fraction:
+            held_out_count(len(prepared.lengths), config.data.eval_fraction, source.label)
         held_out = stage_eval_files(config, tokenizer, template, fingerprint["tokenizer"], options)
         if held_out is not None:
             check_kind(config, held_out.source, held_out.store)
