@@ -19,7 +19,7 @@ from infra.publication.retention import is_retired
 from infra.runs import ledger
 from infra.runs.run_state import segment_bundle, stored_bundle
 from infra.store.base import open_store
-from tests.conftest import tiny_tree
+from tests.conftest import EXAMPLES, tiny_tree
 from tests.e2e.flows.prefect_queries import artifacts_of, flow_runs_named, run_events, table_rows, task_runs_of
 from trainer_core.config import config_from_dict
 from trainer_core.model import build_trainer
@@ -184,7 +184,8 @@ def test_failed_segment_is_retried_and_resumes_bitwise(prefect_harness, local_ru
     marker = tmp_path / "fault-happened"
     monkeypatch.setenv(FAULT_ENV, f"4:1:{marker}")  # step 4 is inside the second segment, on rank 1
     monkeypatch.setenv(FAULT_KIND_ENV, "kill")  # SIGKILL, as the OOM killer would
-    config, result = run_flow(tmp_path, tracking={"backend": "mlflow"})
+    held_out = {"eval_path": str(EXAMPLES / "tiny" / "eval.jsonl")}  # evaluating changes no training result
+    config, result = run_flow(tmp_path, tracking={"backend": "mlflow"}, data=held_out, train={"eval_every": 2})
     assert marker.is_file()
     entries = ledger.read(Path(config.run.work_dir) / result["run_id"])
     failures = [e for e in entries if e["stage"] == "segment" and e["status"] == "failed"]
@@ -211,6 +212,12 @@ def test_failed_segment_is_retried_and_resumes_bitwise(prefect_harness, local_ru
     assert [m.value for m in losses] == pytest.approx(result["losses"], rel=1e-6)
     rates = client.get_metric_history(tracked.info.run_id, "learning_rate")
     assert [m.value for m in rates] == pytest.approx(result["learning_rates"], rel=1e-6)
+    # The held-out loss after every second step and each segment's last, once each (the killed attempt's step 3
+    # included: its retry did not log it again), as the run's summary has it.
+    assert list(result["eval_losses"]) == ["1", "2", "3", "5"]
+    evaluated = client.get_metric_history(tracked.info.run_id, "eval_loss")
+    assert [m.step for m in evaluated] == [1, 2, 3, 5]
+    assert [m.value for m in evaluated] == pytest.approx(list(result["eval_losses"].values()), rel=1e-6)
     assert tracked.data.params["train.steps"] == str(config.train.steps)
     assert tracked.data.tags["checkpoint_url"] == result["checkpoint_url"]
 
