@@ -89,6 +89,8 @@ def write_plan_fn(config: RunConfig, computed: ComputedPlan, lease_token: str | 
         data_kind=plan.data_kind,
         packed=plan.packed,
         num_flat_groups=plan.num_flat_groups,
+        num_eval_conversations=plan.num_eval_conversations,
+        eval_loss_tokens=plan.eval_loss_tokens,
         stage_digests=plan.stage_digests,
         parent=parent_of(config.model.path),  # the committed checkpoint model.path named (None: a plain model)
         wall_s=computed.compute_s + time.perf_counter() - started,
