@@ -325,13 +325,16 @@ def test_a_work_dir_deleted_mid_run_and_a_fresh_worker_resume_from_the_store(
         real_fetch(planned, segment_index)
 
     monkeypatch.setattr(tasks.segment, "fetch_segment_inputs", delete_the_run_dir_first)
-    config, result = run_flow(tmp_path)
+    held_out = {"eval_path": str(EXAMPLES / "tiny" / "eval.jsonl")}  # its rows come back from the store too
+    config, result = run_flow(tmp_path, data=held_out)
     assert result["losses"] == local_result["losses"] and result["segments_trained"] == 2
+    assert list(result["eval_losses"]) == ["2", "5"]  # segment 1 evaluated the held-out rows fetched from the store
     resumed = exported_weights(fetch_checkpoint(config, result, tmp_path / "resumed"))
     baseline = exported_weights(fetch_checkpoint(local_config, local_result, tmp_path / "baseline"))
     assert resumed.keys() == baseline.keys() and all(torch.equal(resumed[k], baseline[k]) for k in baseline)
     # A fresh worker: another, empty work dir on the same store finds everything there.
-    fresh = config_from_dict(tiny_tree(tmp_path / "fresh", storage={"url": config.storage.url}), config_dir=tmp_path)
+    fresh_tree = tiny_tree(tmp_path / "fresh", storage={"url": config.storage.url}, data=held_out)
+    fresh = config_from_dict(fresh_tree, config_dir=tmp_path)
     again = train_flow(fresh)
     assert again["run_id"] == result["run_id"] and again["losses"] == result["losses"]
     assert again["launch_wall_s"] == 0 and again["export_wall_s"] == 0 and again["segments_reused"] == 2
