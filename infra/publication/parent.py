@@ -9,6 +9,9 @@ A copy already there is used again only if its manifest is the store's and every
 The parent is written beside the files (`PARENT_FILE`): the plan's input fingerprint takes the manifest's sha256
 from it (so the run id names the exact weights, trainer_core/run/validate.py), and the ledger's plan line
 records it. A plain local model directory is left as it is.
+
+The resolving and the verified fetch (`checkpoint_source`, `fetch_checkpoint`) serve any reader of a committed
+checkpoint by reference: `rankflow eval` uses them too (flows/cli/eval.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from infra.publication.checkpoints import download_checkpoint, resolve_latest
 from infra.publication.manifests import MANIFEST_FILE, ManifestError, checkpoint_key, checkpoint_name, parse_manifest
-from infra.store.base import open_store
+from infra.store.base import ObjectStore, StorageSettings, open_store
 from infra.store.verified import local_copy_matches
 from trainer_core.config import RunConfig
 from trainer_core.errors import ConfigError
@@ -34,33 +37,55 @@ _REFERENCE = re.compile(rf"^(?P<run>{_RUN})@(?P<which>latest|step-\d+)$")
 
 
 @dataclass(frozen=True)
-class ParentCheckpoint:
+class CommittedCheckpoint:
+    """A committed checkpoint as fetched: where the store keeps it, and its manifest's sha256 (which pins every
+    file's bytes). Written beside a parent's files as `PARENT_FILE`."""
+
     url: str
     run_id: str
     checkpoint: str
     manifest_sha256: str
 
 
-def _source(config: RunConfig) -> tuple[str, str, str | None] | None:
-    """(store URL, run id, checkpoint name or None for LATEST) where model.path names a checkpoint; else None."""
+@dataclass(frozen=True)
+class CheckpointSource:
+    """Where a committed checkpoint named by reference lives."""
+
+    store_url: str | None
+    """The store: the URL's own, or for `RUN@…` the store given with it (None: none was given)."""
+    run_id: str
+    name: str | None
+    """The checkpoint (step-NNNNNNNN), or None for the run's LATEST."""
+
+
+def checkpoint_source(reference: str, store_url: str | None) -> CheckpointSource | None:
+    """Where `reference` points: a checkpoint URL (its store is the URL's), or `RUN@latest` / `RUN@step-N` in
+    `store_url`; None where it has neither form."""
+    named = _REFERENCE.match(reference)
+    if named is not None:
+        which = named["which"]
+        # step-10 and step-00000010 name one checkpoint (stored under the zero-padded name)
+        name = None if which == "latest" else checkpoint_name(int(which.removeprefix("step-")))
+        return CheckpointSource(store_url, named["run"], name)
+    url = _URL.match(reference.removeprefix("file://"))
+    if url is None:
+        return None
+    return CheckpointSource(url["store"], url["run"], url["name"])
+
+
+def _source(config: RunConfig) -> CheckpointSource | None:
+    """Where model.path names a committed checkpoint; else None (a plain local model directory)."""
     path = config.model.path
     if path is None:
         return None
-    reference = _REFERENCE.match(path)
-    if reference is not None:
-        which = reference["which"]
-        # step-10 and step-00000010 name one checkpoint (stored under the zero-padded name)
-        name = None if which == "latest" else checkpoint_name(int(which.removeprefix("step-")))
-        return config.storage.url, reference["run"], name
-    url = _URL.match(path.removeprefix("file://"))
-    if url is None:
-        return None
-    if "://" not in path and not (Path(path) / MANIFEST_FILE).is_file():
-        return None  # a local directory shaped like a checkpoint, but no committed one: an ordinary model directory
-    return url["store"], url["run"], url["name"]
+    source = checkpoint_source(path, config.storage.url)
+    if source is not None and _REFERENCE.match(path) is None and "://" not in path:
+        if not (Path(path) / MANIFEST_FILE).is_file():
+            return None  # a local directory shaped like a checkpoint, but no committed one: an ordinary model directory
+    return source
 
 
-def resolve_parent(config: RunConfig) -> ParentCheckpoint | None:
+def resolve_parent(config: RunConfig) -> CommittedCheckpoint | None:
     """Fetch the checkpoint `model.path` names (verified) and point `model.path` at the local copy.
 
     Raises ConfigError (exit 2, nothing trained) for a reference that names nothing usable; a store that does
@@ -69,46 +94,70 @@ def resolve_parent(config: RunConfig) -> ParentCheckpoint | None:
     source = _source(config)
     if source is None:
         return None
-    store_url, run_id, name = source
-    same_store = store_url.rstrip("/") == config.storage.url.rstrip("/")
-    store = open_store(config.storage if same_store else store_url)
-    given = config.model.path or ""  # a source was found, so model.path is set
-    if name is None:
-        name = resolve_latest(store, run_id).checkpoint
-        if name is None:
-            raise ConfigError(
-                f"model.path={given!r}: run {run_id} has no committed checkpoint that verifies in {store.url}; "
-                "name a run that has one (rankflow checkpoints runs lists them), or a checkpoint URL"
-            )
-    dest = Path(config.run.work_dir) / "cache" / "parents" / run_id / name
-    manifest = _stored_manifest(store, run_id, name, given)
-    if not _cached(dest, manifest):
-        shutil.rmtree(dest, ignore_errors=True)
-        try:
-            download_checkpoint(store, run_id, name, dest)
-        except (FileNotFoundError, ManifestError, ValueError) as error:
-            raise ConfigError(f"model.path={given!r}: {error}; point it at a committed checkpoint") from None
+    store = open_source_store(source, config.storage)  # RUN@… is in the run's own store
+    label = f"model.path={config.model.path!r}"  # a source was found, so model.path is set
+    parent, dest = fetch_checkpoint(
+        store, source, Path(config.run.work_dir) / "cache" / "parents", label, fix="point it at a committed checkpoint"
+    )
     if (dest / "adapter_config.json").is_file() and not (dest / "config.json").is_file():
         raise ConfigError(
-            f"model.path={given!r} is a LoRA adapter checkpoint; continuing an adapter is not supported yet: set "
+            f"{label} is a LoRA adapter checkpoint; continuing an adapter is not supported yet: set "
             "model.path to its base model and [model.lora] to train a new adapter, or name a full checkpoint"
         )
-    parent = ParentCheckpoint(
-        url=store.url_of(run_id, "checkpoints", name),
-        run_id=run_id,
-        checkpoint=name,
-        manifest_sha256=hashlib.sha256(manifest).hexdigest(),
-    )
     (dest / PARENT_FILE).write_text(json.dumps(asdict(parent), indent=1))
     config.model.path = str(dest)
     return parent
 
 
-def _stored_manifest(store, run_id: str, name: str, given: str) -> bytes:
+def open_source_store(source: CheckpointSource, storage: StorageSettings | str) -> ObjectStore:
+    """The store `source` is in: opened with `storage` (its credentials and options) where that is the same store,
+    by the source's own URL otherwise."""
+    assert source.store_url is not None, "RUN@… names no store of its own: the caller gives one"
+    url = storage if isinstance(storage, str) else storage.url
+    return open_store(storage if source.store_url.rstrip("/") == url.rstrip("/") else source.store_url)
+
+
+def fetch_checkpoint(
+    store: ObjectStore, source: CheckpointSource, cache_root: Path, label: str, *, fix: str
+) -> tuple[CommittedCheckpoint, Path]:
+    """The checkpoint `source` names (LATEST resolved), downloaded verified into `cache_root/RUN/NAME`: what it is
+    and where. A copy already there is used again only if its manifest is the store's and every file still hashes
+    to it.
+
+    A reference that names no committed checkpoint, or a file that does not match the manifest, raises ConfigError
+    (`label`: the input as the message names it; `fix`: what to do about a checkpoint that does not verify); a
+    store that does not answer raises its OSError.
+    """
+    run_id, name = source.run_id, source.name
+    if name is None:
+        name = resolve_latest(store, run_id).checkpoint
+        if name is None:
+            raise ConfigError(
+                f"{label}: run {run_id} has no committed checkpoint that verifies in {store.url}; "
+                "name a run that has one (rankflow checkpoints runs lists them), or a checkpoint URL"
+            )
+    dest = cache_root / run_id / name
+    manifest = _stored_manifest(store, run_id, name, label)
+    if not _cached(dest, manifest):
+        shutil.rmtree(dest, ignore_errors=True)
+        try:
+            download_checkpoint(store, run_id, name, dest)
+        except (FileNotFoundError, ManifestError, ValueError) as error:
+            raise ConfigError(f"{label}: {error}; {fix}") from None
+    fetched = CommittedCheckpoint(
+        url=store.url_of(run_id, "checkpoints", name),
+        run_id=run_id,
+        checkpoint=name,
+        manifest_sha256=hashlib.sha256(manifest).hexdigest(),
+    )
+    return fetched, dest
+
+
+def _stored_manifest(store: ObjectStore, run_id: str, name: str, label: str) -> bytes:
     stored = store.get(checkpoint_key(run_id, name, MANIFEST_FILE))
     if stored is None:
         raise ConfigError(
-            f"model.path={given!r}: checkpoint {name} of run {run_id} is not committed in {store.url} (no "
+            f"{label}: checkpoint {name} of run {run_id} is not committed in {store.url} (no "
             f"{MANIFEST_FILE}); name a committed checkpoint (rankflow checkpoints list {run_id})"
         )
     return stored.data
