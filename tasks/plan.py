@@ -20,7 +20,7 @@ from infra.runs import ledger
 from trainer_core.config import RunConfig
 from trainer_core.run.plan import Plan, build_plan, read_plan, run_dir_for, write_plan
 from trainer_core.run.plan_shards import StagedShards
-from trainer_core.run.validate import parent_of
+from trainer_core.run.validate import run_parent
 
 from .failure_report import reports_failures
 from .outcomes import PlannedRun
@@ -92,7 +92,7 @@ def write_plan_fn(config: RunConfig, computed: ComputedPlan, lease_token: str | 
         num_eval_conversations=plan.num_eval_conversations,
         eval_loss_tokens=plan.eval_loss_tokens,
         stage_digests=plan.stage_digests,
-        parent=parent_of(config.model.path),  # the committed checkpoint model.path named (None: a plain model)
+        parent=run_parent(config),  # the committed checkpoint model.path named (None: a plain model)
         wall_s=computed.compute_s + time.perf_counter() - started,
     )
     planned = _planned(plan, run_dir, config, lease_token)

@@ -69,6 +69,10 @@ class LoraSection(_Section):
     target_modules: list[str] | str = "all-linear"
     """Module names (or suffixes) to adapt, e.g. ["q_proj", "v_proj"]; "all-linear": every linear layer but the output.
     The pre-flight checks that each name matches a module of the model."""
+    init_from: str | None = None
+    """A peft adapter directory (adapter_model.safetensors) whose weights the adapter starts from instead of peft's
+    initialisation, with a fresh optimizer; set for you when model.path names a committed LoRA checkpoint (its
+    adapter continues, on its base). Its rank, alpha and modules must be this section's."""
 
     @field_validator("target_modules")
     @classmethod
@@ -496,6 +500,15 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _continued_adapter_unsharded(self) -> "RunConfig":
+        if self.model.lora is not None and self.model.lora.init_from is not None and self.train.sharding == "fsdp":
+            raise ValueError(
+                "a LoRA adapter that continues (model.lora.init_from, or model.path naming a LoRA checkpoint) with "
+                'train.sharding = "fsdp": not supported yet; set train.sharding = "none" to continue it'
+            )
+        return self
+
+    @model_validator(mode="after")
     def _eval_needs_data(self) -> "RunConfig":
         if self.train.eval_every and not self.data.has_eval:
             raise ValueError(
@@ -548,6 +561,8 @@ def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
         config.model.path = inp(config.model.path)
     if config.model.config is not None:
         config.model.config = inp(config.model.config)
+    if config.model.lora is not None and config.model.lora.init_from is not None:
+        config.model.lora.init_from = inp(config.model.lora.init_from)
     config.tokenizer.path = inp(config.tokenizer.path)
     given = config.data.path
     resolved = [resolve_entry(entry, config_dir) for entry in entries(given)]
@@ -578,6 +593,11 @@ def _check_inputs_exist(
     checks = [
         ("model.path", config.model.path, "a local Hugging Face model directory"),
         ("model.config", config.model.config, "a config.json file"),
+        (
+            "model.lora.init_from",
+            config.model.lora.init_from if config.model.lora else None,
+            "a peft adapter directory",
+        ),
         ("tokenizer.path", config.tokenizer.path, "tokenizer.json or a tokenizer directory"),
     ]
     for key, value, what in checks:

@@ -49,6 +49,7 @@ from .config import RunConfig
 from .model_config import peft_lora_config, read_model_config
 from .training import MemoryPlanner, MissReports, OptimizerConfig, StalenessPolicy, Trainer, pad_vocabulary
 from .training.activation_checkpointing import checkpoint_blocks
+from .training.lora_init import adapter_values
 from .training.lora_injection import inject_lora, inject_lora_on_meta
 from .training.sharded_load import load_sharded
 from .training.sharding import ShardedModel, shard_model
@@ -200,4 +201,9 @@ def build_trainer(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.run.seed)
             trainer.add_lora_checkpoint(LORA_CHECKPOINT, lora, optimizer=optimizer)
+        assert config.model.lora is not None
+        if config.model.lora.init_from is not None:  # a committed adapter continues (a fresh optimizer)
+            checkpoint = trainer.checkpoints[LORA_CHECKPOINT]
+            shapes = {name: param.shape for name, param in checkpoint.parameters().items()}
+            checkpoint.replace(adapter_values(Path(config.model.lora.init_from), LORA_CHECKPOINT, shapes))
     return trainer

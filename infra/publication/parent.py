@@ -31,6 +31,8 @@ from trainer_core.config import RunConfig
 from trainer_core.errors import ConfigError
 from trainer_core.run.validate import PARENT_FILE
 
+from .parent_adapter import continue_adapter
+
 _RUN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _URL = re.compile(rf"^(?P<store>.+)/(?P<run>{_RUN})/checkpoints/(?P<name>step-\d+)/?$")
 _REFERENCE = re.compile(rf"^(?P<run>{_RUN})@(?P<which>latest|step-\d+)$")
@@ -99,12 +101,10 @@ def resolve_parent(config: RunConfig) -> CommittedCheckpoint | None:
     parent, dest = fetch_checkpoint(
         store, source, Path(config.run.work_dir) / "cache" / "parents", label, fix="point it at a committed checkpoint"
     )
-    if (dest / "adapter_config.json").is_file() and not (dest / "config.json").is_file():
-        raise ConfigError(
-            f"{label} is a LoRA adapter checkpoint; continuing an adapter is not supported yet: set "
-            "model.path to its base model and [model.lora] to train a new adapter, or name a full checkpoint"
-        )
     (dest / PARENT_FILE).write_text(json.dumps(asdict(parent), indent=1))
+    if (dest / "adapter_config.json").is_file() and not (dest / "config.json").is_file():
+        continue_adapter(config, dest, label)
+        return parent
     config.model.path = str(dest)
     return parent
 

@@ -94,8 +94,12 @@ def write_checkpoint_files(
         writer.adapter(name, adapter_dir)
     if len(adapters) == 1:
         model_dirs.append(directory)
-    if adapters and config.model.path is None:
+    from trainer_core.run.validate import parent_of  # here: validate's checks import far more than the layout needs
+
+    continued = config.model.lora is not None and parent_of(config.model.lora.init_from) is not None
+    if adapters and (config.model.path is None or continued):
         # Built from model.config and run.seed, the base exists nowhere else: ship it, and name it in each adapter.
+        # So for a committed adapter that continues: its base was fetched into this run's work dir, a cache.
         base = subdirectory(BASE_DIR)
         writer.model(base, None)
         model_dirs.append(base)

@@ -206,6 +206,8 @@ def digest_view(config: RunConfig) -> dict:
     for section in ("model", "tokenizer", "data"):
         training_config[section].pop("path", None)
         training_config[section].pop("config", None)
+    if training_config["model"].get("lora") is not None:  # where the adapter starts from: its bytes are fingerprinted
+        training_config["model"]["lora"].pop("init_from")
     # The held-out files' bytes are in the inputs' fingerprint; how often they are evaluated changes no result.
     training_config["data"].pop("eval_path")
     training_config["train"].pop("eval_every")

@@ -126,6 +126,13 @@ def parent_of(model_dir: str | None) -> dict | None:
     return json.loads((Path(model_dir) / PARENT_FILE).read_text())
 
 
+def run_parent(config: RunConfig) -> dict | None:
+    """The committed checkpoint the run starts from: a full model's (`model.path`), or a LoRA adapter's that
+    continues (`model.lora.init_from`, with `model.path` its base)."""
+    lora = config.model.lora
+    return parent_of(config.model.path) or (parent_of(lora.init_from) if lora is not None else None)
+
+
 def input_fingerprint(config: RunConfig, template: str | None, source: DataSource | None = None) -> dict:
     """Digests of the inputs that decide the result (paths themselves do not).
 
@@ -151,10 +158,12 @@ def input_fingerprint(config: RunConfig, template: str | None, source: DataSourc
         # enough to notice a different model in the same directory.
         fingerprint["model_dir"] = sorted((p.name, p.stat().st_size) for p in model_dir.iterdir() if p.is_file())
         fingerprint["model_config"] = sha256_file(model_dir / "config.json")
-        parent = parent_of(config.model.path)
+        parent = run_parent(config)
         if parent is not None:  # a committed checkpoint: its manifest pins every file's sha256
             fingerprint["model_dir"] = [p for p in fingerprint["model_dir"] if p[0] != PARENT_FILE]
             fingerprint["parent_manifest_sha256"] = parent["manifest_sha256"]
+    if config.model.lora is not None and config.model.lora.init_from is not None:  # the adapter's starting weights
+        fingerprint["lora_init"] = sha256_file(Path(config.model.lora.init_from) / "adapter_model.safetensors")
     return fingerprint
 
 
