@@ -1,9 +1,9 @@
 """The `rankflow` command line (`flows.cli:main`, the console script; `python -m flows.cli`).
 
 `parser` builds the commands and maps errors to exit statuses; each command
-lives in its own module: `run` (run, serve), `checkpoints`, `deploy`,
-`server`, `ui`; `schedule` checks the schedule options `serve` and `deploy`
-share.
+lives in its own module: `run` (run, serve), `checkpoints`, `eval`,
+`deploy`, `server`, `ui`; `schedule` checks the schedule options `serve` and
+`deploy` share.
 """
 
 from .parser import main

@@ -7,12 +7,14 @@
     rankflow deploy CONFIG --pool NAME [--cron EXPR]    deploy the flow to a work pool of that server
     rankflow s3 serve [--dir D] [--bucket B]            start a local S3 server (SeaweedFS)
     rankflow checkpoints runs|list|verify|pull|gc [RUN_ID]  the runs of a store; read, verify, download or tidy a run's checkpoints
+    rankflow eval CHECKPOINT --data FILE [...]           the eval loss of a committed checkpoint (verified first)
 
 Exit status: 0 success; 2 bad config or input (nothing started, nothing
 written); 1 a failure during the run; 75 (EX_TEMPFAIL) another run of the
 same run id is running (it holds the run lease; nothing was done: run again
 later, or set run.lease_wait_s to wait). `run` prints, as the last line of its
-standard output, one JSON object summarising the run.
+standard output, one JSON object summarising the run; `eval` prints one JSON
+line, the eval loss of a committed checkpoint.
 
 Bad input is found before Prefect starts: `validate_inputs` reads and checks
 the config, tokenizer, model and data, so a bad input costs seconds and prints
@@ -41,6 +43,7 @@ from trainer_core.errors import BadInputError
 
 from .checkpoints import add_checkpoint_commands
 from .deploy import add_deploy_parser
+from .eval import add_eval_parser
 from .run import EXIT_BAD_INPUT, cmd_run, cmd_serve
 from .server import add_server_parser
 
@@ -110,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     s3_serve.add_argument("--bucket", default="rankflow", help="bucket to create")
     s3_serve.set_defaults(handler=cmd_s3_serve)
     add_checkpoint_commands(commands)
+    add_eval_parser(commands)
     return parser
 
 

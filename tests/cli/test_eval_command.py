@@ -1,0 +1,295 @@
+"""`rankflow eval CHECKPOINT --data FILE`: the eval loss of a committed checkpoint, against references.
+
+One tiny run (planned with `data.eval_path = examples/tiny/eval.jsonl`, L = 2 logical ranks) and one tiny LoRA run
+are trained, exported and committed by the pipeline's own stage functions in this process (segment, export,
+commit: no Prefect, no torchrun). The references:
+
+- a float64 transformers model loaded from the committed files, each conversation alone and unpadded, the mean
+  negative log-likelihood of its assistant tokens (tokens and loss mask from the data stages, in memory);
+- the eval loss the run recorded after its last step;
+- for a LoRA checkpoint, the float64 model of its `merged/` weights (base + adapter, merged by the export).
+
+Bad input exits 2 with one line naming the input and the fix, and leaves nothing behind (the temporary directory
+and the working directory are checked empty).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from flows.cli import main
+from infra.publication.commit import commit_checkpoint
+from infra.store.base import open_store
+from tests.cli.test_run_command import _rankflow, _toml
+from tests.conftest import EXAMPLES, tiny_tree
+from tests.publication_helpers import same_size_other_bytes
+from trainer_core.config import config_from_dict
+from trainer_core.run.checkpoint_eval import MAX_SEQ_LEN_CAP, EvalSettings, default_max_seq_len
+from trainer_core.run.export_main import export_segment
+from trainer_core.run.plan import build_plan, run_dir_for, write_plan
+from trainer_core.run.records import SegmentResult
+from trainer_core.run.segment import segment_result_path
+from trainer_core.run.segment_main import train_segment
+
+REPO = Path(__file__).resolve().parents[2]
+EVAL_FILE = EXAMPLES / "tiny" / "eval.jsonl"
+TRAIN = {"steps": 2, "steps_per_segment": 2, "global_batch_size": 4, "logical_dp": 2, "nproc_per_node": 1}
+LORA = {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+
+
+def train_and_commit(tmp_path: Path, **sections) -> dict:
+    """Plan, train (one segment, in this process), export and commit a tiny run; what a test needs of it."""
+    tree = tiny_tree(tmp_path, train={**TRAIN, "learning_rate": 1e-2}, **sections)
+    config = config_from_dict(tree, config_dir=tmp_path)
+    plan, shards = build_plan(config)
+    run_dir = run_dir_for(config, plan.run_id)
+    write_plan(plan, shards, run_dir)
+    train_segment(run_dir, 0)
+    staged = tmp_path / "staged"
+    export_segment(run_dir, 0, staged)
+    outcome = commit_checkpoint(staged, open_store(config.storage), plan.run_id)
+    return {
+        "tree": tree,
+        "store": config.storage.url,
+        "run_id": plan.run_id,
+        "url": outcome.checkpoint_url,
+        "result": SegmentResult.read(segment_result_path(run_dir, 0)),
+    }
+
+
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory) -> dict:
+    tmp_path = tmp_path_factory.mktemp("eval-run")
+    return train_and_commit(tmp_path, data={"eval_path": str(EVAL_FILE)})
+
+
+@pytest.fixture(scope="module")
+def committed_lora(tmp_path_factory) -> dict:
+    tmp_path = tmp_path_factory.mktemp("eval-lora")
+    return train_and_commit(tmp_path, model={"lora": LORA}, export={"merge_lora": True})
+
+
+def rankflow_eval(capsys, *args: str) -> dict:
+    """`rankflow eval ARGS` in this process: exit 0, and standard output is one JSON line."""
+    assert main(["eval", *args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1, lines
+    return json.loads(lines[0])
+
+
+def reference_eval_loss(model_dir: Path, tokenizer_dir: Path, max_seq_len: int = 512, overflow: str = "error"):
+    """(mean NLL per assistant token, conversations, loss tokens, tokens): float64, one conversation at a time."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer_core.data import DataOptions, load_chat_template, load_tokenizer, prepare, read_records
+
+    options = DataOptions(max_seq_len=max_seq_len, overflow=overflow)  # pyright: ignore[reportArgumentType]
+    tokenizer, template = load_tokenizer(tokenizer_dir), load_chat_template(tokenizer_dir)
+    prepared = prepare(read_records(str(EVAL_FILE)), tokenizer, template, options)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float64).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for document in prepared.documents:
+            tokens = torch.from_numpy(document.input_ids)[None]
+            logprobs = torch.log_softmax(model(tokens).logits[0, :-1], dim=-1)
+            target = logprobs.gather(1, tokens[0, 1:, None])[:, 0]
+            chosen = torch.from_numpy(document.loss_mask[1:])
+            total -= float(target[chosen].sum())
+            count += int(chosen.sum())
+    return total / count, len(prepared.documents), count, int(prepared.lengths.sum())
+
+
+def test_the_eval_loss_is_the_float64_mean_over_assistant_tokens(committed, capsys):
+    url = committed["url"]
+    summary = rankflow_eval(capsys, url, "--data", str(EVAL_FILE))
+    expected, conversations, loss_tokens, tokens = reference_eval_loss(Path(url), Path(url))
+    assert summary["eval_loss"] == pytest.approx(expected, rel=1e-5)
+    assert (summary["conversations"], summary["loss_tokens"], summary["tokens"]) == (conversations, loss_tokens, tokens)
+    assert summary["checkpoint"] == url and summary["run_id"] == committed["run_id"]
+    assert summary["step"] == 2 and summary["kind"] == "full" and summary["dtype"] == "float32"
+    assert summary["max_seq_len"] == 512  # the tiny model's max_position_embeddings
+    assert summary["truncated"] == summary["dropped"] == 0 and summary["seconds"] > 0
+
+
+def test_it_equals_the_eval_loss_the_run_recorded_after_its_last_step(committed, capsys):
+    recorded = committed["result"]
+    assert recorded.eval_steps == [1]  # the segment's last step
+    summary = rankflow_eval(
+        capsys, f"{committed['run_id']}@latest", "--store", committed["store"], "--data", str(EVAL_FILE)
+    )
+    assert summary["checkpoint"] == committed["url"]
+    assert summary["eval_loss"] == pytest.approx(recorded.eval_losses[-1], rel=1e-5)
+
+
+def test_truncation_keeps_the_first_tokens_and_counts_them(committed, capsys):
+    url = committed["url"]
+    summary = rankflow_eval(capsys, url, "--data", str(EVAL_FILE), "--max-seq-len", "24", "--batch-rows", "3")
+    expected, conversations, loss_tokens, tokens = reference_eval_loss(Path(url), Path(url), 24, "truncate")
+    assert summary["eval_loss"] == pytest.approx(expected, rel=1e-5)
+    assert (summary["conversations"], summary["loss_tokens"], summary["tokens"]) == (conversations, loss_tokens, tokens)
+    assert summary["truncated"] > 0 and summary["conversations"] + summary["dropped"] == summary["records"] == 100
+
+
+def test_rows_laid_out_chunk_by_chunk_give_the_loss_of_one_layout(committed, capsys, monkeypatch):
+    arguments = [committed["url"], "--data", str(EVAL_FILE), "--batch-rows", "4"]
+    whole = rankflow_eval(capsys, *arguments)
+    monkeypatch.setattr("trainer_core.run.checkpoint_eval.CHUNK_CONVERSATIONS", 10)  # 100 rows in chunks of 8
+    chunked = rankflow_eval(capsys, *arguments)
+    assert chunked["eval_loss"] == pytest.approx(whole["eval_loss"], rel=1e-12)  # the same forwards, summed apart
+    assert (chunked["loss_tokens"], chunked["tokens"]) == (whole["loss_tokens"], whole["tokens"])
+
+
+def test_the_command_prints_one_json_line_and_reads_the_store_from_a_config(committed, tmp_path):
+    """As a user runs it: a `rankflow` process, RUN@step-N in the store of a run config, a --work-dir cache."""
+    config_file = tmp_path / "run.toml"
+    config_file.write_text(_toml(committed["tree"]))
+    work = tmp_path / "work"
+    reference = f"{committed['run_id']}@step-2"
+    command = [*_rankflow(), "eval", reference, "--config", str(config_file), "--data", str(EVAL_FILE)]
+    done = subprocess.run([*command, "--work-dir", str(work)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["checkpoint"] == committed["url"]
+    in_process = committed["result"].eval_losses[-1]
+    assert json.loads(lines[0])["eval_loss"] == pytest.approx(in_process, rel=1e-5)
+    cached = work / "cache" / "checkpoints" / committed["run_id"] / "step-00000002"
+    assert (cached / "MANIFEST.json").is_file() and (cached / "model.safetensors").is_file()
+    assert sorted(p.name for p in work.iterdir()) == ["cache"]  # the data stages' scratch is gone
+
+
+def test_a_spoiled_cached_copy_is_fetched_again(committed, tmp_path, capsys):
+    work = tmp_path / "work"
+    first = rankflow_eval(capsys, committed["url"], "--data", str(EVAL_FILE), "--work-dir", str(work))
+    weights = work / "cache" / "checkpoints" / committed["run_id"] / "step-00000002" / "model.safetensors"
+    good = weights.read_bytes()
+    same_size_other_bytes(weights)  # only the hash can tell
+    again = rankflow_eval(capsys, committed["url"], "--data", str(EVAL_FILE), "--work-dir", str(work))
+    assert weights.read_bytes() == good and again["eval_loss"] == first["eval_loss"]
+
+
+def test_a_lora_checkpoint_is_its_adapter_over_its_base(committed_lora, capsys):
+    url = Path(committed_lora["url"])
+    summary = rankflow_eval(capsys, str(url), "--data", str(EVAL_FILE))
+    assert summary["kind"] == "lora"
+    expected, conversations, _, _ = reference_eval_loss(url / "merged", url)  # base + adapter, merged by the export
+    assert summary["eval_loss"] == pytest.approx(expected, rel=1e-5) and summary["conversations"] == conversations
+    base_alone, _, _, _ = reference_eval_loss(url / "base", url)
+    assert abs(base_alone - expected) > 1e-3  # the adapter changed the loss: a base alone would not pass
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+)
+def test_the_device_option_runs_the_model_there(committed, capsys, device):
+    summary = rankflow_eval(capsys, committed["url"], "--data", str(EVAL_FILE), "--device", device)
+    assert summary["device"].startswith(device)
+    assert summary["eval_loss"] == pytest.approx(committed["result"].eval_losses[-1], rel=1e-4)
+
+
+@pytest.fixture
+def clean_places(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """(the temporary directory, the working directory): both empty, to be checked empty after the command."""
+    temporary, cwd = tmp_path / "tmp", tmp_path / "cwd"
+    temporary.mkdir()
+    cwd.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    monkeypatch.chdir(cwd)
+    return temporary, cwd
+
+
+def bad_record_file(tmp_path: Path) -> str:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(EVAL_FILE.read_text().splitlines()[0] + '\n{"messages": [{"role": "user"}]}\n')
+    return str(bad)
+
+
+def spoiled_store(tmp_path: Path, committed: dict) -> str:
+    """A copy of the store with one byte of the committed weights flipped, under an intact manifest."""
+    store = tmp_path / "spoiled-store"
+    shutil.copytree(committed["store"], store)
+    checkpoint = store / committed["run_id"] / "checkpoints" / "step-00000002"
+    same_size_other_bytes(checkpoint / "model.safetensors")
+    return str(checkpoint)
+
+
+BAD_INPUT = {
+    "missing data": (
+        lambda c, t: [c["url"], "--data", str(t / "missing.jsonl")],
+        r"--data='.*missing.jsonl' does not exist; point it at",
+    ),
+    "bad record": (lambda c, t: [c["url"], "--data", bad_record_file(t)], r"bad.jsonl:2: .*content"),
+    "no such step": (
+        lambda c, t: [c["url"].replace("step-00000002", "step-00000099"), "--data", str(EVAL_FILE)],
+        r"checkpoint step-00000099 of run .* is not committed .*name a committed checkpoint",
+    ),
+    "no such run": (
+        lambda c, t: ["nope-0123456789ab@latest", "--store", c["store"], "--data", str(EVAL_FILE)],
+        r"run nope-0123456789ab has no committed checkpoint that verifies",
+    ),
+    "not a checkpoint": (
+        lambda c, t: [str(EXAMPLES / "tiny"), "--data", str(EVAL_FILE)],
+        r"names no committed checkpoint; give a committed checkpoint's URL",
+    ),
+    "no store for RUN@": (
+        lambda c, t: [f"{c['run_id']}@latest", "--data", str(EVAL_FILE)],
+        r"give the store, --store URL .* or --config TOML",
+    ),
+    "flipped byte": (
+        lambda c, t: [spoiled_store(t, c), "--data", str(EVAL_FILE)],
+        r"does not verify: .*model.safetensors: .* do not match its manifest",
+    ),
+    "rl data": (
+        lambda c, t: [c["url"], "--data", str(EXAMPLES / "tiny" / "rl.jsonl")],
+        r"rl.jsonl: the records are RL trajectories .*drop the RL fields",
+    ),
+    "over the positions": (
+        lambda c, t: [c["url"], "--data", str(EVAL_FILE), "--max-seq-len", "600"],
+        r"--max-seq-len 600: more positions than the model's max_position_embeddings=512; give at most 512",
+    ),
+    "no rows": (lambda c, t: [c["url"], "--data", str(EVAL_FILE), "--batch-rows", "0"], r"--batch-rows 0: .*give 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(committed, tmp_path, clean_places, capsys, case):
+    arguments, message = BAD_INPUT[case]
+    args = arguments(committed, tmp_path)
+    assert main(["eval", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith("rankflow: bad input: ") and "Traceback" not in captured.err
+    assert re.search(message, line), line
+    temporary, cwd = clean_places
+    assert list(temporary.iterdir()) == [] and list(cwd.iterdir()) == []
+
+
+def test_a_store_that_does_not_answer_is_one_line_and_exit_1(committed, clean_places, capsys, monkeypatch):
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("http://127.0.0.1:9: connection refused")
+
+    monkeypatch.setattr("infra.publication.parent.fetch_checkpoint", unreachable)
+    assert main(["eval", committed["url"], "--data", str(EVAL_FILE)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.splitlines() == [
+        f"rankflow: eval {committed['url']}: ConnectionError: http://127.0.0.1:9: connection refused"
+    ]
+    temporary, cwd = clean_places
+    assert list(temporary.iterdir()) == [] and list(cwd.iterdir()) == []
+
+
+def test_the_default_length_is_the_models_positions_capped():
+    assert default_max_seq_len(512) == 512
+    assert default_max_seq_len(1000) == 1000 - 1000 % 8  # a row is padded to a multiple of 8
+    assert default_max_seq_len(40960) == MAX_SEQ_LEN_CAP
+    assert default_max_seq_len(None) == MAX_SEQ_LEN_CAP
+    with pytest.raises(ValueError, match="--max-seq-len 4"):
+        EvalSettings(max_seq_len=4)
