@@ -179,6 +179,8 @@ def _check_lora(config: RunConfig, model_config: PretrainedConfig) -> None:
             f"model.lora.target_modules={lora.target_modules!r} does not fit this model "
             f'({one_line(error)}); choose among its linear layers {linear}, or use "all-linear"'
         ) from None
+    if lora.init_from is not None:
+        _check_adapter_fits(lora.init_from, model)
     if config.model.pad_vocab_to_multiple_of is not None:
         from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -189,6 +191,23 @@ def _check_lora(config: RunConfig, model_config: PretrainedConfig) -> None:
                 "model.pad_vocab_to_multiple_of pads; leave those layers out of target_modules, or unset "
                 "model.pad_vocab_to_multiple_of"
             )
+
+
+def _check_adapter_fits(init_from: str, model: torch.nn.Module) -> None:
+    """The adapter a run continues holds exactly the tensors this run's adapter has (peft names it "default" here)."""
+    from safetensors import SafetensorError
+
+    from .training.lora_init import adapter_values
+
+    shapes = {name: p.shape for name, p in model.named_parameters() if ".default." in name or name.endswith(".default")}
+    try:
+        adapter_values(Path(init_from), "default", shapes)
+    except (ValueError, OSError, SafetensorError) as error:
+        raise ConfigError(
+            f"model.lora.init_from={init_from!r}: {one_line(error)}; continue it with the adapter's own "
+            "target_modules (or remove them from [model.lora]: they are read from the adapter), or train a new "
+            "adapter"
+        ) from None
 
 
 def check_model(config: RunConfig, tokenizer_vocab_size: int) -> PretrainedConfig:

@@ -20,6 +20,7 @@ from tests.conftest import tiny_tree
 from trainer_core.config import ConfigError, RunConfig, config_from_dict
 from trainer_core.model import build_trainer
 from trainer_core.run.plan import build_plan
+from trainer_core.run.validate import validate_inputs
 
 pytestmark = [pytest.mark.flow, pytest.mark.distributed]
 
@@ -107,5 +108,7 @@ def test_an_adapter_of_other_modules_does_not_load(lora_parent, tmp_path):
     parent_config, result = lora_parent
     config = child(tmp_path, parent_config, f"{result['run_id']}@latest", lora={**LORA, "target_modules": ["q_proj"]})
     resolve_parent(config)
+    with pytest.raises(ConfigError, match=r"model.lora.init_from=.*does not hold the adapter being trained"):
+        validate_inputs(config)  # the pre-flight: exit 2 before anything is written
     with pytest.raises(ValueError, match="does not hold the adapter being trained: 0 tensor.s. missing"):
         build_trainer(config)
