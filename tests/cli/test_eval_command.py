@@ -32,6 +32,7 @@ from tests.cli.test_run_command import _rankflow, _toml
 from tests.conftest import EXAMPLES, tiny_tree
 from tests.publication_helpers import same_size_other_bytes
 from trainer_core.config import config_from_dict
+from trainer_core.errors import ConfigError
 from trainer_core.run.checkpoint_eval import MAX_SEQ_LEN_CAP, EvalSettings, default_max_seq_len
 from trainer_core.run.export_main import export_segment
 from trainer_core.run.plan import build_plan, run_dir_for, write_plan
@@ -185,6 +186,29 @@ def test_a_lora_checkpoint_is_its_adapter_over_its_base(committed_lora, capsys):
     assert abs(base_alone - expected) > 1e-3  # the adapter changed the loss: a base alone would not pass
 
 
+def test_an_adapter_names_its_base_by_a_path_on_this_machine_or_is_refused(committed_lora, tmp_path, capsys):
+    """A model.path run's adapter names that base directory: used where it exists, refused (exit 2) where not."""
+    from trainer_core.data import open_source
+    from trainer_core.run.checkpoint_eval import evaluate_checkpoint
+
+    url = Path(committed_lora["url"])
+    expected = rankflow_eval(capsys, str(url), "--data", str(EVAL_FILE))["eval_loss"]
+    adapter, base = tmp_path / "adapter", tmp_path / "elsewhere" / "base"
+    shutil.copytree(url, adapter, ignore=shutil.ignore_patterns("base", "merged"))
+    shutil.copytree(url / "base", base)
+    adapter_config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**adapter_config, "base_model_name_or_path": str(base)}))
+    source = open_source(str(EVAL_FILE))
+    found = evaluate_checkpoint(adapter, source, EvalSettings(), scratch=tmp_path / "scratch-1")
+    assert found.kind == "lora" and found.eval_loss == pytest.approx(expected, rel=1e-6)
+    shutil.rmtree(base)
+    with pytest.raises(ConfigError, match=r"a LoRA adapter over the base model '.*base', which is neither in the"):
+        evaluate_checkpoint(adapter, source, EvalSettings(), scratch=tmp_path / "scratch-2")
+    (adapter / "adapter_config.json").unlink()
+    with pytest.raises(ConfigError, match="holds neither config.json .* nor adapter_config.json"):
+        evaluate_checkpoint(adapter, source, EvalSettings(), scratch=tmp_path / "scratch-3")
+
+
 @pytest.mark.parametrize(
     "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 )
@@ -253,6 +277,14 @@ BAD_INPUT = {
     "over the positions": (
         lambda c, t: [c["url"], "--data", str(EVAL_FILE), "--max-seq-len", "600"],
         r"--max-seq-len 600: more positions than the model's max_position_embeddings=512; give at most 512",
+    ),
+    "not a device": (
+        lambda c, t: [c["url"], "--data", str(EVAL_FILE), "--device", "tpu"],
+        r"--device 'tpu' is not a device rankflow eval runs on; give cpu, cuda or cuda:N",
+    ),
+    "a device this machine lacks": (
+        lambda c, t: [c["url"], "--data", str(EVAL_FILE), "--device", "cuda:64"],
+        r"--device cuda:64: this machine has \d+ CUDA device\(s\); give cpu, or one it has",
     ),
     "no rows": (lambda c, t: [c["url"], "--data", str(EVAL_FILE), "--batch-rows", "0"], r"--batch-rows 0: .*give 1"),
 }

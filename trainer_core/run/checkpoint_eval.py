@@ -69,6 +69,26 @@ class EvalSettings:
             raise ConfigError(f"--max-seq-len {self.max_seq_len}: a conversation needs room; give at least 8")
         if self.batch_rows < 1:
             raise ConfigError(f"--batch-rows {self.batch_rows}: a forward runs at least one row; give 1 or more")
+        self.torch_device()  # a device this machine does not have is bad input, found before any download
+
+    def torch_device(self) -> torch.device:
+        """`device` as torch names it, checked: cpu, or a CUDA device this machine has."""
+        if self.device is None:
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            raise ConfigError(
+                f"--device {self.device!r} is not a device rankflow eval runs on; give cpu, cuda or cuda:N"
+            )
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if device.type == "cuda" and (device.index or 0) >= count:
+            raise ConfigError(
+                f"--device {self.device}: this machine has {count} CUDA device(s); give cpu, or one it has"
+            )
+        return device
 
 
 @dataclass(frozen=True)
@@ -217,7 +237,7 @@ def evaluate_checkpoint(
     label = label or str(directory)
     files = _model_files(directory, label)
     max_seq_len = _max_seq_len(settings, files.model_dir)
-    device = torch.device(settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = settings.torch_device()
     store, prepared = _stage(source, directory, settings, max_seq_len, scratch)  # bad data costs no model load
     try:
         model = _load_model(files, device)
