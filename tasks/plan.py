@@ -18,9 +18,9 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.runs import ledger
 from trainer_core.config import RunConfig
+from trainer_core.run.parent_record import run_parent
 from trainer_core.run.plan import Plan, build_plan, read_plan, run_dir_for, write_plan
 from trainer_core.run.plan_shards import StagedShards
-from trainer_core.run.validate import run_parent
 
 from .failure_report import reports_failures
 from .outcomes import PlannedRun

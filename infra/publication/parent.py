@@ -29,7 +29,7 @@ from infra.store.base import ObjectStore, StorageSettings, open_store
 from infra.store.verified import local_copy_matches
 from trainer_core.config import RunConfig
 from trainer_core.errors import ConfigError
-from trainer_core.run.validate import PARENT_FILE
+from trainer_core.run.parent_record import PARENT_FILE
 
 from .parent_adapter import continue_adapter
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer_core.config import RunConfig
+from trainer_core.run.parent_record import parent_of
 from trainer_core.training import Trainer, export_checkpoint_module, save_hf_model
 
 MERGED_DIR = "merged"
@@ -94,8 +95,6 @@ def write_checkpoint_files(
         writer.adapter(name, adapter_dir)
     if len(adapters) == 1:
         model_dirs.append(directory)
-    from trainer_core.run.validate import parent_of  # here: validate's checks import far more than the layout needs
-
     continued = config.model.lora is not None and parent_of(config.model.lora.init_from) is not None
     if adapters and (config.model.path is None or continued):
         # Built from model.config and run.seed, the base exists nowhere else: ship it, and name it in each adapter.

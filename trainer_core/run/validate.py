@@ -24,7 +24,6 @@ has decided the inputs are good, so tokenizing happens once.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +46,7 @@ from trainer_core.input_files import file_kind
 from trainer_core.model_checks import check_model, quiet_transformers
 from trainer_core.run.device_memory import MemoryReport, check_device_memory
 from trainer_core.run.held_out import HeldOutFiles, held_out_count, stage_eval_files
+from trainer_core.run.parent_record import PARENT_FILE, run_parent
 from trainer_core.run.plan_size import PlanSize, check_plan_size
 
 if TYPE_CHECKING:  # transformers (2-3 s) is imported by the checks that use it: importing this module stays light
@@ -113,24 +113,6 @@ def check_outputs(config: RunConfig) -> None:
     _check_output_dir(config.run.work_dir, "run.work_dir")
     if "://" not in config.storage.url:
         _check_output_dir(config.storage.url, "storage.url")
-
-
-PARENT_FILE = ".rankflow-parent.json"
-"""Beside a committed checkpoint fetched as `model.path` (infra/publication/parent.py): where it came from."""
-
-
-def parent_of(model_dir: str | None) -> dict | None:
-    """The committed checkpoint a fetched `model.path` came from (url, run_id, checkpoint, manifest_sha256)."""
-    if model_dir is None or not (Path(model_dir) / PARENT_FILE).is_file():
-        return None
-    return json.loads((Path(model_dir) / PARENT_FILE).read_text())
-
-
-def run_parent(config: RunConfig) -> dict | None:
-    """The committed checkpoint the run starts from: a full model's (`model.path`), or a LoRA adapter's that
-    continues (`model.lora.init_from`, with `model.path` its base)."""
-    lora = config.model.lora
-    return parent_of(config.model.path) or (parent_of(lora.init_from) if lora is not None else None)
 
 
 def input_fingerprint(config: RunConfig, template: str | None, source: DataSource | None = None) -> dict:

@@ -23,8 +23,8 @@ from infra.store.verified import StoredObjectCorrupt
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import ConfigError, RunConfig, config_from_dict
 from trainer_core.model import build_trainer
+from trainer_core.run.parent_record import PARENT_FILE
 from trainer_core.run.plan import build_plan
-from trainer_core.run.validate import PARENT_FILE
 
 pytestmark = [pytest.mark.flow, pytest.mark.distributed]
 
