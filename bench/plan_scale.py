@@ -70,6 +70,7 @@ def _plan_once(side: str, settings: list[str]) -> dict:
 
     started = time.perf_counter()
     config = load_config(EXAMPLES / "tiny_sft.toml", settings)
+    config.data.eval_path, config.train.eval_every = None, 0  # the in-memory plan predates held-out data
     if side == "streamed":
         plan, shards = build_plan(config)
         write_plan(plan, shards, run_dir_for(config, plan.run_id))
