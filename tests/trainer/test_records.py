@@ -64,15 +64,17 @@ def test_a_segment_result_reads_and_rewrites_today_s_bytes_nan_included():
     result = SegmentResult.from_json(old)
     assert math.isnan(result.losses[1]) and result.planner.choices == {"retain": 5, "offload": 1}
     # A file from before the padding cut has no num_token_slots: it reads as 0, and today's bytes add it in place;
-    # one from before the learning-rate schedules has no learning_rates: it reads as [].
+    # one from before the learning-rate schedules has no learning_rates: it reads as []; one from before
+    # evaluation has no eval_steps or eval_losses: both read as [].
     assert result.num_token_slots == 0 and result.learning_rates == []
+    assert result.eval_steps == [] and result.eval_losses == []
     today = {}
     for key, value in OLD_SEGMENT.items():
         today[key] = value
         if key == "num_tokens":
             today["num_token_slots"] = 0
         if key == "grad_norms":
-            today["learning_rates"] = []
+            today |= {"learning_rates": [], "eval_steps": [], "eval_losses": []}
     assert result.to_json() == json.dumps(today, indent=2)
     today["num_token_slots"] = 1024
     assert SegmentResult.from_json(json.dumps(today, indent=2)).to_json() == json.dumps(today, indent=2)
