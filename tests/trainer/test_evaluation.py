@@ -173,3 +173,36 @@ def test_a_bad_held_out_record_names_its_file_and_line(tmp_path):
     with pytest.raises(DataError, match=rf"{bad}:2"):
         planned(tmp_path, {"eval_path": str(bad)})
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").glob("test-*"))
+
+
+def test_the_held_out_rl_loss_counts_every_trajectory_whatever_policy_sampled_it():
+    """The staleness bound decides what trains; measured on held-out rows it would drop them from the loss (a
+    held-out loss biased to 0) or refuse them mid-run (`stale_trajectories = "error"`)."""
+    from trainer_core.objectives import ClippedPolicyGradient
+
+    torch.manual_seed(0)
+    rows = {
+        "loss_mask": torch.ones(2, 6, dtype=torch.bool),
+        "behaviour_logprobs": -torch.rand(2, 6),
+        "advantages": torch.randn(2, 6),
+        "policy_version": torch.tensor([[0] * 6, [5] * 6]),
+    }
+    logprobs = -torch.rand(2, 5)
+    settings = {"clip_low": 0.2, "clip_high": 0.28, "sft_coef": 0.1, "initial_policy_version": 5}
+    unbounded = ClippedPolicyGradient(**settings, max_data_staleness=None, stale_trajectories="drop")
+    expected = unbounded.loss_sum(logprobs, rows, revision=0).loss
+    for policy in ("drop", "error"):
+        bounded = ClippedPolicyGradient(**settings, max_data_staleness=1, stale_trajectories=policy)  # type: ignore[arg-type]
+        measured = bounded.for_evaluation().loss_sum(logprobs, rows, revision=0)
+        assert torch.equal(measured.loss, expected) and measured.num_dropped == 0
+    dropping = ClippedPolicyGradient(**settings, max_data_staleness=1, stale_trajectories="drop")
+    assert dropping.loss_sum(logprobs, rows, revision=0).num_dropped == 1  # training still drops the old one
+
+
+def test_a_held_out_rl_set_is_measured_whole_after_training_left_its_policies_behind(tmp_path):
+    """RL held out from trajectories of policies 0-3, staleness bound 0: after one step every one is stale for
+    training, none for evaluation (it measured exactly 0.0 when the bound applied there)."""
+    rl = {"path": str(EXAMPLES / "tiny" / "rl.jsonl"), "kind": "rl", "max_seq_len": 160, "eval_fraction": 0.2}
+    bound = {"initial_policy_version": 3, "max_data_staleness": 0, "stale_trajectories": "drop"}
+    outcome = trained(planned(tmp_path, rl, rl=bound))
+    assert outcome["eval_steps"] == [1, 3] and all(loss != 0.0 for loss in outcome["eval_losses"])

@@ -73,3 +73,8 @@ class Objective(Protocol):
     def step_figures(self, sums: Mapping[str, float]) -> dict[str, float | int | None]:
         """The step record's objective figures from the globally reduced sums (the loop's and the objective's)."""
         ...
+
+    def for_evaluation(self) -> "Objective":
+        """The objective a held-out loss is measured with (`trainer_core.run.evaluation`): every loss token counts,
+        so a bound on what trains (RL's data staleness) drops or refuses nothing there."""
+        ...

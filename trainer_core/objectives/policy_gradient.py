@@ -169,6 +169,18 @@ class ClippedPolicyGradient:
             loss = loss + self.sft_coef * sft_loss_sum(logprobs, mask)
         return LossSum(loss, dict(zip(self.figures, sums.tolist())), num_stale)
 
+    def for_evaluation(self) -> "ClippedPolicyGradient":
+        """Without the staleness bound: held-out trajectories are measured whatever policy sampled them (the bound
+        decides what trains; the held-out loss divides by every held-out loss token)."""
+        return ClippedPolicyGradient(
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            sft_coef=self.sft_coef,
+            initial_policy_version=self.initial_policy_version,
+            max_data_staleness=None,
+            stale_trajectories=self.stale_trajectories,
+        )
+
     def step_figures(self, sums: Mapping[str, float]) -> dict[str, float | int | None]:
         # Fractions over the loss tokens kept; None when the step kept none (all stale).
         kept = sums["kept_tokens"]

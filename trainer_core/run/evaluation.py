@@ -43,6 +43,7 @@ def evaluate(
     loss_tokens: int,
 ) -> float:
     """The held-out loss per loss token (NaN when the rows hold no loss token); the same on every rank."""
+    objective = objective.for_evaluation()  # every held-out loss token counts (no staleness bound)
     num_rows = next(iter(rows.values())).shape[0]
     ranges = ldp.topology.logical_row_ranges(num_rows)
     sharded = trainer.sharding is not None
