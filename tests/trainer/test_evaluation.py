@@ -206,3 +206,47 @@ def test_a_held_out_rl_set_is_measured_whole_after_training_left_its_policies_be
     bound = {"initial_policy_version": 3, "max_data_staleness": 0, "stale_trajectories": "drop"}
     outcome = trained(planned(tmp_path, rl, rl=bound))
     assert outcome["eval_steps"] == [1, 3] and all(loss != 0.0 for loss in outcome["eval_losses"])
+
+
+def test_the_memory_check_counts_held_out_rows_longer_than_the_training_rows(tmp_path):
+    """Held-out rows are as long as their longest conversation: a forward over them holds more than a training
+    forward where they are longer, and the pre-flight's prediction (train.device_memory_gb) must say so."""
+    from trainer_core.run.validate import validate_inputs
+
+    long_reply = " ".join(["The capital of Japan is Tokyo."] * 40)
+    long_file = tmp_path / "long.jsonl"
+    record = {"messages": [{"role": "user", "content": "Repeat."}, {"role": "assistant", "content": long_reply}]}
+    long_file.write_text(json.dumps(record) + "\n")
+
+    def predicted(data: dict) -> int:
+        tree = tiny_tree(tmp_path, train=TRAIN)
+        tree["data"].update({"max_seq_len": 512, **data})
+        checked = validate_inputs(config_from_dict(tree, config_dir=tmp_path))
+        assert checked.memory is not None
+        checked.store.close()
+        return checked.memory.estimate.total
+
+    assert predicted({"eval_path": str(long_file)}) > predicted({}) == predicted({"eval_path": str(EVAL_FILE)})
+
+
+def test_evaluation_puts_back_each_modules_own_mode(tmp_path):
+    """A caller's module left in eval() inside a training model stays so; the rest train again."""
+    from trainer_core.model import build_trainer
+    from trainer_core.ranks import LogicalDataParallel, Topology
+    from trainer_core.run.evaluation import evaluate
+
+    run_dir = planned(tmp_path, {"eval_path": str(EVAL_FILE)})
+    plan = read_plan(run_dir)
+    trainer = build_trainer(plan.run_config())
+    ldp = LogicalDataParallel(trainer, Topology(0, 1, 1))
+    trainer.model.train()
+    frozen = trainer.model.get_submodule("model.layers.0.self_attn.q_norm").eval()
+    rng = torch.get_rng_state()
+    rows = load_eval_shard(run_dir, plan)
+    assert rows is not None
+    from trainer_core.objectives import SFT
+
+    loss = evaluate(trainer, ldp, SFT(), rows, revision=0, rows_per_forward=4, loss_tokens=plan.eval_loss_tokens)
+    assert loss > 0 and torch.equal(torch.get_rng_state(), rng) and torch.is_grad_enabled()
+    assert not frozen.training and trainer.model.training and trainer.model.model.layers[1].training
+    assert all(p.grad is None for p in trainer.model.parameters())

@@ -4,15 +4,15 @@
 
 The held-out rows (`plan/eval.safetensors`, `trainer_core.run.held_out`) are split over the logical ranks as a
 step's batch is (`Topology.logical_row_ranges`), each logical rank's rows run in forwards of `rows_per_forward`
-rows (the training forward's size, so evaluation needs no more activation memory than a step), each trimmed to its
-own longest row. A logical rank's loss sum is the float64 sum of its forwards' objective loss sums, in order; the
+rows (the training forward's rows; no activation is kept), each trimmed to its own longest row. Held-out rows
+may be longer than the training rows: the pre-flight's memory check counts the longer (`validate_inputs`). A logical rank's loss sum is the float64 sum of its forwards' objective loss sums, in order; the
 sums are reduced over logical ranks in logical order, so the eval loss is bitwise the same at any number of
 processes where the training is (the deterministic reduction). Divided by the held-out loss tokens: the mean loss
 per assistant token (SFT), or the objective's loss per loss token (RL), as a training step's loss is.
 
 Why training is unchanged (tests/trainer/test_evaluation.py checks it bitwise): the forwards run under
 `torch.no_grad()` (the trainer keeps no graph, no planner decision, no version), in `eval()` mode (no dropout draw),
-inside a forked RNG, and the model's training mode is put back after; no gradient, optimizer state or buffer is
+inside a forked RNG, and every module's training mode is put back after; no gradient, optimizer state or buffer is
 written. On a sharded model every process runs the same number of forwards (FSDP's all-gathers are collectives):
 a logical rank with fewer rows runs throwaway forwards of one short row to keep in step.
 """
@@ -51,7 +51,7 @@ def evaluate(
     in_step = max(-(-len(r) // rows_per_forward) for r in ranges) if sharded else 0
     sums: dict[int, torch.Tensor] = {}
     model = trainer.model
-    was_training = model.training
+    modes = [(module, module.training) for module in model.modules()]  # each module's own, put back as it was
     device = model_device(model)
     with (
         coordinated("evaluation", lockstep=sharded),
@@ -75,6 +75,7 @@ def evaluate(
                 if pieces:
                     sums[logical_rank] = total
         finally:
-            model.train(was_training)
+            for module, training in modes:
+                module.training = training
     total_loss = float(ldp.reduce(sums, "sum"))
     return total_loss / loss_tokens if loss_tokens else float("nan")

@@ -233,12 +233,21 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
             held_out_count(len(prepared.lengths), config.data.eval_fraction, source.label)
         held_out = stage_eval_files(config, tokenizer, template, fingerprint["tokenizer"], options)
         if held_out is not None:
-            check_kind(config, held_out.source, held_out.store)
+            if held_out.store.is_rl != (config.data.kind == "rl"):
+                what = "RL trajectories" if held_out.store.is_rl else "conversations without rewards (SFT)"
+                raise DataError(
+                    f"{held_out.source.label}: data.eval_path holds {what}, and the run trains "
+                    f"data.kind={config.data.kind!r}; hold out data of the kind the run trains on"
+                )
             check_positions(config, held_out.prepared, model_config)
             fingerprint.update(held_out.fingerprint())
         size = check_plan_size(config, prepared)
+        # A forward runs the training's rows or the held-out ones (unpacked, as long as their longest): the longer.
+        row_len = (
+            size.row_len if held_out is None else max(size.row_len, round_up(int(held_out.prepared.lengths.max())))
+        )
         with quiet_transformers():
-            memory = check_device_memory(config, model_config, size.row_len)
+            memory = check_device_memory(config, model_config, row_len)
     except BaseException:
         store.close()  # a scratch store goes at once, not when the garbage collector finds it
         if held_out is not None:

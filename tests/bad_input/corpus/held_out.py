@@ -4,8 +4,11 @@ The held-out files go through every check `data.path` does, and their messages n
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .common import GOOD_SFT, Case
 
+RL_RECORD = (Path(__file__).resolve().parents[3] / "examples" / "tiny" / "rl.jsonl").read_text().splitlines()[0] + "\n"
 FIX_EVAL_FILES = r"point (it|data\.eval_path) at a JSONL file, or at Parquet or Arrow files"
 
 
@@ -38,6 +41,13 @@ CASES: list[Case] = [
         r"{dir}/eval\.jsonl: no conversations found",
         r"the file is empty",
         **_with_eval(""),
+    ),
+    Case(
+        "eval_path_of_another_kind",
+        "data-record",
+        r"{dir}/eval\.jsonl: data\.eval_path holds RL trajectories, and the run trains data\.kind='sft'",
+        r"hold out data of the kind the run trains on",
+        **_with_eval(RL_RECORD),
     ),
     Case(
         "eval_path_and_fraction",
