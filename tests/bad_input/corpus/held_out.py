@@ -1,6 +1,7 @@
 """Bad-input cases: held-out data (`data.eval_path`, `data.eval_fraction`) and `train.eval_every`.
 
-The held-out files go through every check `data.path` does, and their messages name `data.eval_path`."""
+The held-out files go through every check `data.path` does: a message names the file and line, or `data.eval_path`
+for a file that is missing or of the wrong kind."""
 
 from __future__ import annotations
 
