@@ -30,12 +30,12 @@ from infra.publication.commit import commit_checkpoint
 from infra.store.base import open_store
 from tests.cli.test_run_command import _rankflow, _toml
 from tests.conftest import EXAMPLES, tiny_tree
+from tests.plan_helpers import planned_run_dir
 from tests.publication_helpers import same_size_other_bytes
 from trainer_core.config import config_from_dict
 from trainer_core.errors import ConfigError
 from trainer_core.run.checkpoint_eval import MAX_SEQ_LEN_CAP, EvalSettings, default_max_seq_len
 from trainer_core.run.export_main import export_segment
-from trainer_core.run.plan import build_plan, run_dir_for, write_plan
 from trainer_core.run.records import SegmentResult
 from trainer_core.run.segment import segment_result_path
 from trainer_core.run.segment_main import train_segment
@@ -50,17 +50,15 @@ def train_and_commit(tmp_path: Path, **sections) -> dict:
     """Plan, train (one segment, in this process), export and commit a tiny run; what a test needs of it."""
     tree = tiny_tree(tmp_path, train={**TRAIN, "learning_rate": 1e-2}, **sections)
     config = config_from_dict(tree, config_dir=tmp_path)
-    plan, shards = build_plan(config)
-    run_dir = run_dir_for(config, plan.run_id)
-    write_plan(plan, shards, run_dir)
+    run_dir = planned_run_dir(config)
     train_segment(run_dir, 0)
     staged = tmp_path / "staged"
     export_segment(run_dir, 0, staged)
-    outcome = commit_checkpoint(staged, open_store(config.storage), plan.run_id)
+    outcome = commit_checkpoint(staged, open_store(config.storage), run_dir.name)  # the run dir is named by the id
     return {
         "tree": tree,
         "store": config.storage.url,
-        "run_id": plan.run_id,
+        "run_id": run_dir.name,
         "url": outcome.checkpoint_url,
         "result": SegmentResult.read(segment_result_path(run_dir, 0)),
     }

@@ -17,10 +17,11 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import EXAMPLES, tiny_tree
+from tests.plan_helpers import planned_run_dir
 from trainer_core.config import config_from_dict
 from trainer_core.data import DataError
 from trainer_core.errors import ConfigError
-from trainer_core.run.plan import build_plan, load_eval_shard, read_plan, run_dir_for, write_plan
+from trainer_core.run.plan import load_eval_shard, read_plan
 from trainer_core.run.records import SegmentResult
 from trainer_core.run.segment_main import segment_result_path, train_segment
 from trainer_core.run.state import state_dir_for
@@ -32,11 +33,7 @@ TRAIN = {"steps": 4, "steps_per_segment": 2, "global_batch_size": 4, "logical_dp
 def planned(tmp_path: Path, data: dict | None = None, train: dict | None = None, **sections) -> Path:
     tree = tiny_tree(tmp_path, train={**TRAIN, **(train or {})}, **sections)
     tree["data"].update(data or {})
-    config = config_from_dict(tree, config_dir=tmp_path)
-    plan, shards = build_plan(config)
-    run_dir = run_dir_for(config, plan.run_id)
-    write_plan(plan, shards, run_dir)
-    return run_dir
+    return planned_run_dir(config_from_dict(tree, config_dir=tmp_path))
 
 
 def trained(run_dir: Path) -> dict:

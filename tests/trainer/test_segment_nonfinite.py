@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_tree
+from tests.plan_helpers import planned_run_dir
 from tests.trainer.ranks import launch_two_ranks
 from trainer_core.config import ConfigError, config_from_dict
 from trainer_core.run.faults import NONFINITE_LOSS_ENV
-from trainer_core.run.plan import build_plan, run_dir_for, write_plan
 from trainer_core.run.records import SegmentResult
 from trainer_core.run.segment_main import segment_result_path, train_segment
 from trainer_core.run.state import state_dir_for
@@ -23,11 +23,7 @@ from trainer_core.run.state import state_dir_for
 
 def planned_run(tmp_path: Path, nproc_per_node: int = 1, **train) -> Path:
     tree = tiny_tree(tmp_path, train={"steps": 3, "steps_per_segment": 3, "nproc_per_node": nproc_per_node, **train})
-    config = config_from_dict(tree, config_dir=tmp_path)
-    plan, shards = build_plan(config)
-    run_dir = run_dir_for(config, plan.run_id)
-    write_plan(plan, shards, run_dir)
-    return run_dir
+    return planned_run_dir(config_from_dict(tree, config_dir=tmp_path))
 
 
 def saved_revision(run_dir: Path) -> int:
