@@ -26,12 +26,13 @@ import numpy as np
 import torch
 
 from trainer_core.data import DataError, DataOptions, Prepared
-from trainer_core.data.cache import cache_key, keep_store, open_cached
+from trainer_core.data.cache import cache_key, keep_store
 from trainer_core.data.records import DataSource, open_source
 from trainer_core.data.shards import stack_rows, unpacked_steps
 from trainer_core.data.store import DocumentStore
-from trainer_core.data.streaming import fit_store, stage_to_scratch
+from trainer_core.data.streaming import fit_store
 from trainer_core.data_sources import data_digest
+from trainer_core.run.staging import cached_or_staged
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -80,16 +81,9 @@ def stage_eval_files(
     source = open_source(config.data.eval_path, config.data.format, key="data.eval_path")
     digest = data_digest(source.files)
     key = cache_key(digest, tokenizer_sha256, template, options.advantage_normalization, source.format_name)
-    store = open_cached(Path(config.run.work_dir) / "cache", key)
-    from_cache = store is not None
-    if store is None:
-        store = stage_to_scratch(source, tokenizer, template, options.advantage_normalization)
-        if data_digest(source.files) != digest:
-            store.close()
-            raise DataError(
-                f"data.eval_path: {', '.join(str(f.path) for f in source.files)} changed while it was read; run "
-                "again once nothing writes to it any more"
-            )
+    cache_dir = Path(config.run.work_dir) / "cache"
+    normalization = options.advantage_normalization
+    store, from_cache = cached_or_staged(source, digest, key, cache_dir, tokenizer, template, normalization)
     try:
         prepared = fit_store(store, source, options)
     except BaseException:

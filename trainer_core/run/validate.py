@@ -33,11 +33,11 @@ from tokenizers import Tokenizer
 
 from trainer_core.config import RunConfig
 from trainer_core.data import DataError, DataOptions, Prepared, load_chat_template, load_tokenizer
-from trainer_core.data.cache import cache_key, keep_store, open_cached
+from trainer_core.data.cache import cache_key, keep_store
 from trainer_core.data.records import DataSource, open_source
 from trainer_core.data.shards import round_up
 from trainer_core.data.store import DocumentStore
-from trainer_core.data.streaming import fit_store, stage_to_scratch
+from trainer_core.data.streaming import fit_store
 from trainer_core.data.tokenize import tokenizer_file
 from trainer_core.data_sources import data_digest
 from trainer_core.errors import ConfigError
@@ -48,6 +48,7 @@ from trainer_core.run.device_memory import MemoryReport, check_device_memory
 from trainer_core.run.held_out import HeldOutFiles, held_out_count, stage_eval_files
 from trainer_core.run.parent_record import PARENT_FILE, run_parent
 from trainer_core.run.plan_size import PlanSize, check_plan_size
+from trainer_core.run.staging import cached_or_staged
 
 if TYPE_CHECKING:  # transformers (2-3 s) is imported by the checks that use it: importing this module stays light
     from transformers import PretrainedConfig
@@ -212,18 +213,11 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
         fingerprint["data"], fingerprint["tokenizer"], template, options.advantage_normalization, source.format_name
     )
     # A cached store's data had the same bytes (the key holds their digest), so every record passed then.
-    store = open_cached(Path(config.run.work_dir) / "cache", key)
-    from_cache = store is not None
-    if store is None:
-        store = stage_to_scratch(source, tokenizer, template, options.advantage_normalization)
-        if data_digest(source.files) != fingerprint["data"]:
-            # The records staged are not (all) the bytes the run id names: a plan, and the stage cache under that
-            # digest, would hold other data than the fingerprint says.
-            store.close()
-            raise DataError(
-                f"data.path: {', '.join(str(f) for f in source.files)} changed while it was read; run again once "
-                "nothing writes to it any more"
-            )
+    cache_dir = Path(config.run.work_dir) / "cache"
+    normalization = options.advantage_normalization
+    store, from_cache = cached_or_staged(
+        source, fingerprint["data"], key, cache_dir, tokenizer, template, normalization
+    )
     held_out = None
     try:
         check_kind(config, source, store)
