@@ -321,15 +321,20 @@ def diagnose_launch(result, stage: str | None = None) -> Failure:
     # torchrun ends the surviving ranks with SIGTERM, so a SIGTERM is only the cause when nothing else is.
     hard = {r: c for r, c in signalled.items() if -c not in _PREEMPTION_SIGNALS}
     if hard:
-        rank, code = min(hard.items())
+        rank = result.root_cause_rank if result.root_cause_rank in hard else min(hard)
+        code = hard[rank]
         how = "SIGKILL: the kernel's OOM killer or an operator" if code == -signal.SIGKILL else _signal_name(code)
         return failure(FailureClass.RANK_DIED, rank, f"killed by {how}")
     own = [(r, c) for r, c in records if c is not FailureClass.COLLECTIVE_TIMEOUT]
     if own:
         return failure(own[0][1], own[0][0]["rank"], _record_detail(own[0][0]))
     if signalled:
-        rank, code = min(signalled.items())
-        return failure(FailureClass.PREEMPTED, rank, f"stopped by {_signal_name(code)} (a preemption or an operator)")
+        # A peer torchrun ended may have no record either (it was ended before its collective failed):
+        # torchrun's root cause names the rank signalled first, its own SIGTERMs came after.
+        rank = result.root_cause_rank if result.root_cause_rank in signalled else min(signalled)
+        return failure(
+            FailureClass.PREEMPTED, rank, f"stopped by {_signal_name(signalled[rank])} (a preemption or an operator)"
+        )
     if records:
         return failure(records[0][1], records[0][0]["rank"], _record_detail(records[0][0]))
     for line in result.rank_errors:  # a rank that printed its error but recorded none

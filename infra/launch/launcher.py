@@ -68,6 +68,8 @@ class LaunchResult:
     """Each rank's last lines."""
     rank_exits: dict[int, int] = field(default_factory=dict)
     """Exit status of each rank torchrun reported as failed (negative: killed by that signal)."""
+    root_cause_rank: int | None = None
+    """The rank torchrun saw fail first (its `Root Cause` section): the one it did not end itself."""
     error_records: tuple[dict, ...] = ()
     """The errors ranks recorded (rank, time, type, message, traceback), oldest first."""
     stopped_ranks: tuple[int, ...] = ()
@@ -122,6 +124,19 @@ _FAILED_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exit
 def parse_rank_exits(torchrun_lines: list[str] | tuple[str, ...]) -> dict[int, int]:
     """{rank: exit status} from torchrun's failure summary (`rank : R (local_rank: L)` / `exitcode : C`)."""
     return {int(rank): int(code) for rank, code in _FAILED_RANK.findall("\n".join(torchrun_lines))}
+
+
+def parse_root_cause_rank(torchrun_lines: list[str] | tuple[str, ...]) -> int | None:
+    """The rank of torchrun's `Root Cause (first observed failure)` section, if it printed one.
+
+    torchrun records the ranks it ends with SIGTERM after the first failure
+    too, so two ranks may show the same signal; only this section says which
+    one failed on its own.
+    """
+    text = "\n".join(torchrun_lines)
+    _, found, root = text.rpartition("Root Cause (first observed failure)")
+    exits = _FAILED_RANK.findall(root) if found else []
+    return int(exits[0][0]) if exits else None
 
 
 def _read_error_records(directory: Path) -> tuple[dict, ...]:
@@ -235,6 +250,7 @@ class _LaunchOutput:
             stalled=ending.stalled,
             rank_tails={r: rank_logs.last_lines(r) for r in sorted(rank_logs.tails)},
             rank_exits=parse_rank_exits(self.torchrun_lines),
+            root_cause_rank=parse_root_cause_rank(self.torchrun_lines),
             error_records=_read_error_records(self.directory),
             stopped_ranks=ending.stopped_ranks,
             log_dir=str(self.directory) if self.keep else None,

@@ -9,7 +9,7 @@ from prefect.states import Failed
 
 from flows.run_record import RunRecord
 from infra.launch.failures import Failure, FailureClass, classify_exception, diagnose_launch
-from infra.launch.launcher import LaunchError, LaunchResult, parse_rank_exits
+from infra.launch.launcher import LaunchError, LaunchResult, parse_rank_exits, parse_root_cause_rank
 from infra.runs.loss_curve import write_loss_curve
 from tasks.outcomes import SegmentOutcome
 from tasks.retry_policy import retry_if_retriable
@@ -76,6 +76,11 @@ def test_diagnosis_names_the_killed_rank_not_the_peer_that_lost_it():
     assert (killed.cause, killed.rank, killed.retriable) == (FailureClass.RANK_DIED, 1, True)
     preempted = diagnose_launch(_result(rank_exits={0: -15, 1: -15}, error_records=(lost_peer,)), "segment")
     assert (preempted.cause, preempted.rank) == (FailureClass.PREEMPTED, 1)
+    # The peer was ended by torchrun before its collective failed: no record, the same signal; the root cause tells.
+    both_ended = diagnose_launch(_result(rank_exits={0: -15, 1: -15}, root_cause_rank=1), "segment")
+    assert (both_ended.cause, both_ended.rank) == (FailureClass.PREEMPTED, 1)
+    both_killed = diagnose_launch(_result(rank_exits={0: -9, 1: -9}, root_cause_rank=1), "segment")
+    assert (both_killed.cause, both_killed.rank) == (FailureClass.RANK_DIED, 1)
     bug = {"rank": 1, "time": 2.0, "type": "TypeError", "message": "unsupported operand"}
     code = diagnose_launch(_result(rank_exits={0: -15, 1: 1}, error_records=(lost_peer, bug)), "segment")
     assert (code.cause, code.rank, code.retriable) == (FailureClass.CODE_ERROR, 1, False)
@@ -111,6 +116,8 @@ def test_torchrun_failure_summary_is_parsed():
         "  exitcode  : -9 (pid: 8)",
     ]
     assert parse_rank_exits(lines) == {0: -15, 1: -9}
+    assert parse_root_cause_rank(lines) == 1
+    assert parse_root_cause_rank(lines[:6]) is None  # no summary section: no root cause claimed
 
 
 def test_retry_condition_follows_the_failure_class():
