@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, get_args
 
 from trainer_core.errors import ConfigError
 
+from .output import emit
+
 if TYPE_CHECKING:
     from infra.publication.parent import CommittedCheckpoint
     from infra.store.base import StorageSettings
@@ -63,7 +65,6 @@ def _storage(args: argparse.Namespace) -> str | StorageSettings | None:
 def fetch_verified(args: argparse.Namespace, cache_root: Path) -> tuple[CommittedCheckpoint, Path]:
     """The checkpoint CHECKPOINT names, downloaded into `cache_root` with every file verified."""
     from infra.publication.parent import checkpoint_source, fetch_checkpoint, open_source_store
-    from infra.store.verified import StoredObjectCorrupt
 
     storage = _storage(args)
     source = checkpoint_source(args.checkpoint, storage if isinstance(storage, str | None) else storage.url)
@@ -75,13 +76,7 @@ def fetch_verified(args: argparse.Namespace, cache_root: Path) -> tuple[Committe
             "(a path, file://PATH or s3://BUCKET/PREFIX) or --config TOML (its storage.url)"
         )
     store = open_source_store(source, storage if storage is not None else source.store_url)
-    try:
-        return fetch_checkpoint(store, source, cache_root, _label(args), fix=_WHERE)
-    except StoredObjectCorrupt as corrupt:  # the verified download refused the bytes: the checkpoint is bad input
-        raise ConfigError(
-            f"{_label(args)} does not verify: {corrupt}; nothing was evaluated: evaluate another checkpoint "
-            "(rankflow checkpoints verify RUN STEP --store URL checks one)"
-        ) from None
+    return fetch_checkpoint(store, source, cache_root, _label(args), fix="evaluate another checkpoint")
 
 
 @contextmanager
@@ -121,7 +116,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         **result.to_dict(),
         "seconds": round(time.perf_counter() - started, 3),
     }
-    print(json.dumps(summary))
+    emit(json.dumps(summary))
     return EXIT_OK
 
 

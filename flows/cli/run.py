@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 from trainer_core.config import ConfigError, RunConfig, load_config
 from trainer_core.errors import BadInputError
 
+from .output import emit
+
 if TYPE_CHECKING:
     from trainer_core.run.device_memory import MemoryReport
 
@@ -55,18 +57,6 @@ def _summary(result: dict | None, wall_s: float, error: BaseException | None) ->
     return summary
 
 
-def _fetch_parent(config: RunConfig) -> OSError | None:
-    """`model.path` naming a committed checkpoint: fetched (verified) before planning; a bad reference raises
-    ConfigError (exit 2); a store that does not answer is returned (exit 1: run the same command later)."""
-    from infra.publication.parent import resolve_parent
-
-    try:
-        resolve_parent(config)
-    except OSError as outage:
-        return outage
-    return None
-
-
 def check_tracking(config: RunConfig) -> None:
     """A tracking backend whose library is missing is bad input (exit 2, the extra to install named)."""
     from infra.tracking import missing_library
@@ -79,23 +69,26 @@ def check_tracking(config: RunConfig) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args)
     check_tracking(config)
-    parent_unavailable = _fetch_parent(config)
-    if parent_unavailable is not None:
-        print(f"rankflow: run failed: {parent_unavailable}", file=sys.stderr)
-        print(json.dumps({**_summary(None, 0.0, parent_unavailable), "failed_stage": "model-fetch"}))
-        return EXIT_FAILED
     # A bad config is reported without transformers or torch; wall_s starts after the imports, as when they
     # were module-level (loading the config is milliseconds).
+    from infra.publication.parent import no_parent_cache_if_refused, resolve_parent
     from trainer_core.run.validate import validate_inputs
 
     started = time.perf_counter()
-    # Every input is read and checked before Prefect (and its temporary server) starts,
-    # and the store is probed before the first byte is written (the stage cache included).
-    checked = validate_inputs(config)
+    with no_parent_cache_if_refused(config):  # bad input writes nothing: not even the parent's verified copy
+        try:
+            resolve_parent(config)  # model.path naming a committed checkpoint: fetched (verified) before planning
+        except OSError as outage:  # its store does not answer: exit 1, run the same command later
+            print(f"rankflow: run failed: {outage}", file=sys.stderr)
+            emit(json.dumps({**_summary(None, 0.0, outage), "failed_stage": "model-fetch"}))
+            return EXIT_FAILED
+        # Every input is read and checked before Prefect (and its temporary server) starts,
+        # and the store is probed before the first byte is written (the stage cache included).
+        checked = validate_inputs(config)
     unavailable = _storage_preflight(config)
     if unavailable is not None:
         print(f"rankflow: run failed: {unavailable}", file=sys.stderr)
-        print(
+        emit(
             json.dumps(
                 {
                     **_summary(None, time.perf_counter() - started, unavailable),
@@ -127,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunAlreadyActive as busy:  # the flow run ended as Cancelled, having done nothing
         drain_prefect()
         print(f"rankflow: {busy}", file=sys.stderr)
-        print(
+        emit(
             json.dumps(
                 {
                     "run_id": busy.run_id,
@@ -153,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print_memory(checked.memory)
     if message is not None:
         print(message, file=sys.stderr)
-    print(json.dumps(_summary(result, time.perf_counter() - started, error)))
+    emit(json.dumps(_summary(result, time.perf_counter() - started, error)))
     return EXIT_OK if error is None else EXIT_FAILED
 
 

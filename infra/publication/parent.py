@@ -20,15 +20,24 @@ import hashlib
 import json
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from infra.publication.checkpoints import download_checkpoint, resolve_latest
-from infra.publication.manifests import MANIFEST_FILE, ManifestError, checkpoint_key, checkpoint_name, parse_manifest
+from infra.publication.manifests import (
+    MANIFEST_FILE,
+    ManifestError,
+    checkpoint_key,
+    checkpoint_name,
+    parse_manifest,
+    step_of,
+)
 from infra.store.base import ObjectStore, StorageSettings, open_store
-from infra.store.verified import local_copy_matches
+from infra.store.verified import StoredObjectCorrupt, local_copy_matches
 from trainer_core.config import RunConfig
-from trainer_core.errors import ConfigError
+from trainer_core.errors import BadInputError, ConfigError
 from trainer_core.run.parent_record import PARENT_FILE
 
 from .parent_adapter import continue_adapter
@@ -109,6 +118,38 @@ def resolve_parent(config: RunConfig) -> CommittedCheckpoint | None:
     return parent
 
 
+@contextmanager
+def no_parent_cache_if_refused(config: RunConfig) -> Iterator[None]:
+    """Around `resolve_parent(config)` and the checks of the run's other inputs: a run refused as bad input, by
+    the fetch (a checkpoint that does not verify) or later (a LoRA rank that differs, an empty data file), leaves
+    no cache entry. What was created under `run.work_dir` meanwhile is removed again; a copy that was already
+    cached stays."""
+    cache_root = Path(config.run.work_dir) / "cache" / "parents"
+    created = _first_missing(cache_root)
+    before = set(cache_root.glob("*/*")) if created is None else set()
+    try:
+        yield
+    except BadInputError:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        else:
+            for entry in set(cache_root.glob("*/*")) - before:
+                shutil.rmtree(entry, ignore_errors=True)
+                with suppress(OSError):
+                    entry.parent.rmdir()  # the run's folder, when this entry was its only one
+        raise
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of `path` and its ancestors that does not exist yet (None: `path` exists)."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if candidate.exists() or candidate.is_symlink():
+            break
+        missing = candidate
+    return missing
+
+
 def open_source_store(source: CheckpointSource, storage: StorageSettings | str) -> ObjectStore:
     """The store `source` is in: opened with `storage` (its credentials and options) where that is the same store,
     by the source's own URL otherwise."""
@@ -144,6 +185,11 @@ def fetch_checkpoint(
             download_checkpoint(store, run_id, name, dest)
         except (FileNotFoundError, ManifestError, ValueError) as error:
             raise ConfigError(f"{label}: {error}; {fix}") from None
+        except StoredObjectCorrupt as corrupt:  # the verified download refused the bytes: the checkpoint is bad input
+            raise ConfigError(
+                f"{label} does not verify: {corrupt}; nothing was read from it: {fix} "
+                f"(rankflow checkpoints verify {run_id} {step_of(name)} --store URL checks one)"
+            ) from None
     fetched = CommittedCheckpoint(
         url=store.url_of(run_id, "checkpoints", name),
         run_id=run_id,

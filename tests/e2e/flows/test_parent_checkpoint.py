@@ -19,7 +19,7 @@ from flows.cli import main
 from flows.pipeline import train_flow
 from infra.publication.parent import resolve_parent
 from infra.runs import ledger
-from infra.store.verified import StoredObjectCorrupt
+from tests.cli.test_run_command import _toml
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import ConfigError, RunConfig, config_from_dict
 from trainer_core.model import build_trainer
@@ -114,7 +114,7 @@ def test_bytes_changed_in_the_store_are_refused_and_a_changed_cache_is_fetched_a
 
     (Path(url) / "model.safetensors").write_bytes(bytes(data))  # under an intact manifest
     damaged = child(tmp_path / "damaged", parent_config, url, store_url=str(store))
-    with pytest.raises(StoredObjectCorrupt, match="model.safetensors"):
+    with pytest.raises(ConfigError, match=r"does not verify: .*model\.safetensors"):
         resolve_parent(damaged)
     assert not (Path(damaged.run.work_dir) / "cache" / "parents" / result["run_id"] / "step-00000002").exists()
 
@@ -126,3 +126,52 @@ def test_a_reference_that_names_no_committed_checkpoint_exits_2_and_writes_nothi
     with pytest.raises(ConfigError, match="model.path="):
         resolve_parent(config)
     assert not Path(config.run.work_dir).exists()
+
+
+def _spoil(case: str, tree: dict, store: Path, result: dict) -> None:
+    if case == "an empty data file":  # found by the input checks, after the parent was fetched
+        empty = store.parent / "empty.jsonl"
+        empty.write_text("")
+        tree["data"]["path"] = str(empty)
+    elif case == "a LoRA rank other than the adapter's":  # a full checkpoint has no adapter: the rank is checked
+        tree["model"]["lora"] = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj"], "init_from": "/nonexistent"}
+    else:  # a flipped byte under an intact manifest: the verified fetch refuses it
+        weights = store / result["run_id"] / "checkpoints" / "step-00000002" / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 0xFF
+        weights.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("case", "cached_before"),
+    [
+        ("an empty data file", False),
+        ("an empty data file", True),
+        ("a LoRA rank other than the adapter's", False),
+        ("a flipped byte", False),
+    ],
+)
+def test_a_run_refused_as_bad_input_leaves_no_copy_of_its_parent(parent, tmp_path, capsys, case, cached_before):
+    """Exit 2 with one line, and no cache entry: nothing written (a copy cached by an earlier run stays)."""
+    parent_config, result = parent
+    store = tmp_path / "store"
+    shutil.copytree(parent_config.storage.url, store)
+    work = tmp_path / "work"
+    tree = tiny_tree(tmp_path, train=SHORT)
+    tree["model"] = {"path": f"{result['run_id']}@latest"}
+    tree["storage"] = {"url": str(store)}
+    entry = work / "cache" / "parents" / result["run_id"] / "step-00000002"
+    if cached_before:
+        resolve_parent(config_from_dict(tree, config_dir=tmp_path))
+        assert entry.is_dir()
+    before = sorted(work.rglob("*")) if work.exists() else None
+    _spoil(case, tree, store, result)
+    config_file = tmp_path / "child.toml"
+    config_file.write_text(_toml(tree))
+    capsys.readouterr()
+    assert main(["run", str(config_file)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert captured.err.startswith("rankflow: bad input: "), captured.err
+    after = sorted(work.rglob("*")) if work.exists() else None
+    assert after == before, (before, after)
