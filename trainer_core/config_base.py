@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import types
+import typing
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 _INT64_MAX = 2**63 - 1
 # AdamW's decay rates: a beta of 1 never forgets, a negative one oscillates.
 _Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
+def _scalar_types(annotation: Any) -> set[Any]:
+    """The plain types an annotation admits (`int | None` gives {int, NoneType}; Annotated is unwrapped)."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Annotated:
+        return _scalar_types(args[0])
+    if args and typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return set().union(*(_scalar_types(arg) for arg in args))
+    return {annotation}
 
 
 class _Section(BaseModel):
@@ -18,3 +30,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid", validate_assignment=True, allow_inf_nan=False, use_attribute_docstrings=True
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # Pydantic's lax mode reads true as 1: `--set train.steps=true` would train one step.
+        if not isinstance(value, bool) or info.field_name is None:
+            return value
+        admitted = _scalar_types(cls.model_fields[info.field_name].annotation)
+        if bool in admitted or Any in admitted:
+            return value
+        words = "a whole number" if int in admitted else "a number" if float in admitted else None
+        if words is None:
+            return value
+        raise ValueError(f"must be {words} (got {value!r}); write {words}, not true or false")
