@@ -44,7 +44,8 @@ from trainer_core.errors import BadInputError
 from .checkpoints import add_checkpoint_commands
 from .deploy import add_deploy_parser
 from .eval import add_eval_parser
-from .run import EXIT_BAD_INPUT, cmd_run, cmd_serve
+from .output import OutputLost, flush_stdout, require_stdout
+from .run import EXIT_BAD_INPUT, EXIT_FAILED, cmd_run, cmd_serve
 from .server import add_server_parser
 
 
@@ -128,10 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     _prefect_defaults()
     args = build_parser().parse_args(argv)
     try:
+        require_stdout()
         code = args.handler(args)
+        flush_stdout()
     except BadInputError as error:
         print(f"rankflow: bad input: {_without_credentials(str(error))}", file=sys.stderr)
         code = EXIT_BAD_INPUT
+    except OutputLost as lost:
+        print(f"rankflow: {lost}", file=sys.stderr)
+        code = EXIT_FAILED
     if argv is None and args.handler is cmd_run and "prefect" in sys.modules:
         from ..finish import exit_now, stop_temporary_server
 

@@ -164,6 +164,43 @@ def test_the_command_prints_one_json_line_and_reads_the_store_from_a_config(comm
     assert sorted(p.name for p in work.iterdir()) == ["cache"]  # the data stages' scratch is gone
 
 
+@pytest.mark.parametrize("where", ["/dev/full", "a pipe its reader closed"])
+def test_a_result_line_standard_output_refuses_is_one_line_and_exit_1(committed, tmp_path, where):
+    """No traceback, no "Exception ignored" at the interpreter's exit: one line naming what happened."""
+    command = [*_rankflow(), "eval", committed["url"], "--data", str(EVAL_FILE)]
+    if where == "/dev/full":
+        with open("/dev/full", "w") as full:
+            done = subprocess.run(command, cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+        code, stderr = done.returncode, done.stderr
+    else:
+        process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert process.stdout is not None
+        process.stdout.close()  # the reader is gone before the line comes (`rankflow eval … | head -c0`)
+        stderr = process.communicate(timeout=300)[1]
+        code = process.returncode
+    assert code == 1, stderr
+    assert stderr.startswith("rankflow: could not write the result to standard output ("), stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_standard_output_closed_is_refused_before_anything_runs(committed, tmp_path):
+    work = tmp_path / "work"
+    for args in (
+        ["eval", committed["url"], "--data", str(EVAL_FILE), "--work-dir", str(work)],
+        ["run", str(REPO / "examples" / "tiny_sft.toml"), "--set", f"run.work_dir={work}"],
+    ):
+        done = subprocess.run(
+            ["bash", "-c", 'exec "$@" >&-', "rankflow", *_rankflow(), *args],
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith("rankflow: bad input: standard output is closed"), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and not work.exists(), done.stderr
+
+
 def test_a_spoiled_cached_copy_is_fetched_again(committed, tmp_path, capsys):
     work = tmp_path / "work"
     first = rankflow_eval(capsys, committed["url"], "--data", str(EVAL_FILE), "--work-dir", str(work))

@@ -1,0 +1,62 @@
+"""Standard output, where every command prints its result: refused up front when closed, and a lost write
+reported as one line.
+
+A command started with standard output closed (`>&-`) would print its result to nowhere and exit 0 (Python sets
+`sys.stdout` to None), and a file the command opens could take descriptor 1; it is refused before anything runs.
+A result line that cannot be written (`>/dev/full`, a reader that closed its pipe) ends the command with exit 1
+and one line on standard error instead of a traceback: the work itself (a committed checkpoint) stands, only its
+report was lost.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from trainer_core.errors import BadInputError
+
+
+class OutputLost(Exception):
+    """Standard output refused the command's result (a full disk, a closed pipe)."""
+
+
+def require_stdout() -> None:
+    """Refuse to start with standard output closed (bad input: exit 2, nothing done)."""
+    if sys.stdout is None:
+        raise BadInputError(
+            "standard output is closed, and the command prints its result there; run it with standard output "
+            "open (a terminal, a file: > result.txt, or a pipe)"
+        )
+
+
+def emit(line: str) -> None:
+    """Print `line` and flush it now, so a refused write is seen here (raises OutputLost)."""
+    try:
+        print(line, flush=True)
+    except OSError as error:
+        raise _lost(error) from None
+
+
+def flush_stdout() -> None:
+    """Flush what the command printed (raises OutputLost when standard output refuses it)."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except OSError as error:
+        raise _lost(error) from None
+
+
+def _lost(error: OSError) -> OutputLost:
+    # Nothing more can reach standard output: point it at /dev/null so the interpreter's own flush at exit
+    # does not print an "Exception ignored" traceback after our one line.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    reason = error.strerror or type(error).__name__
+    return OutputLost(
+        f"could not write the result to standard output ({reason}); the command's work is done but its result "
+        "line is lost: write standard output to a file with space, or to a reader that stays open"
+    )
