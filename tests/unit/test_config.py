@@ -34,7 +34,10 @@ def test_set_overrides_parse_toml_values():
         ({"train": {"stepz": 3}}, "train.stepz: unknown key"),
         ({"train": {"steps": "ten"}}, "train.steps: must be a whole number (got 'ten'); write a whole number"),
         # pydantic reads true as 1: `--set train.steps=true` must not train one step
-        ({"train": {"steps": True}}, "train.steps: must be a whole number (got True); write a whole number, not true or false"),
+        (
+            {"train": {"steps": True}},
+            "train.steps: must be a whole number (got True); write a whole number, not true or false",
+        ),
         ({"train": {"eval_every": True}}, "train.eval_every: must be a whole number (got True)"),
         ({"train": {"learning_rate": False}}, "train.learning_rate: must be a number (got False)"),
         (
@@ -54,7 +57,9 @@ def test_bad_config_names_the_key(tmp_path, sections, expected):
 
 
 def test_booleans_stay_where_a_boolean_is_meant(tmp_path):
-    config = config_from_dict(tiny_tree(tmp_path, storage={"keep_states": True}, data={"pack": True}), config_dir=tmp_path)
+    config = config_from_dict(
+        tiny_tree(tmp_path, storage={"keep_states": True}, data={"pack": True}), config_dir=tmp_path
+    )
     assert config.storage.keep_states is True and config.data.pack is True
 
 
