@@ -23,6 +23,7 @@ from .config_messages import describe_validation_error
 from .config_train import TrainSection
 from .data_sources import data_files, entries, resolve_entry
 from .errors import ConfigError
+from .input_files import resolved_path
 from .storage_url import check_storage_url, local_path, overlap
 
 __all__ = ["ConfigError", "RunConfig", "config_from_dict", "load_config"]
@@ -363,19 +364,19 @@ def _set_dotted(tree: dict[str, Any], dotted: str, raw_value: str, created: list
 
 
 def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
-    def inp(value: str) -> str:
-        return str((config_dir / Path(value).expanduser()).resolve())
+    def inp(value: str, key: str) -> str:
+        return str(resolved_path(config_dir / Path(value).expanduser(), key, f"point {key} at a real path"))
 
-    def out(value: str) -> str:
-        return str(Path(value).expanduser().resolve())
+    def out(value: str, key: str) -> str:
+        return str(resolved_path(value, key, f"point {key} at a directory, not a link that loops"))
 
     if config.model.path is not None and not names_stored_checkpoint(config.model.path):
-        config.model.path = inp(config.model.path)
+        config.model.path = inp(config.model.path, "model.path")
     if config.model.config is not None:
-        config.model.config = inp(config.model.config)
+        config.model.config = inp(config.model.config, "model.config")
     if config.model.lora is not None and config.model.lora.init_from is not None:
-        config.model.lora.init_from = inp(config.model.lora.init_from)
-    config.tokenizer.path = inp(config.tokenizer.path)
+        config.model.lora.init_from = inp(config.model.lora.init_from, "model.lora.init_from")
+    config.tokenizer.path = inp(config.tokenizer.path, "tokenizer.path")
     given = config.data.path
     resolved = [resolve_entry(entry, config_dir) for entry in entries(given)]
     config.data.path = resolved[0] if isinstance(given, str) else resolved
@@ -383,17 +384,17 @@ def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
     if held_out is not None:
         resolved = [resolve_entry(entry, config_dir, "data.eval_path") for entry in entries(held_out)]
         config.data.eval_path = resolved[0] if isinstance(held_out, str) else resolved
-    config.run.work_dir = out(config.run.work_dir)
+    config.run.work_dir = out(config.run.work_dir, "run.work_dir")
     url = config.storage.url
     if url.startswith("file://"):
         url = url.removeprefix("file://")
     if "://" not in url:  # the scheme itself was checked by StorageSection's validator
-        config.storage.url = out(url)
+        config.storage.url = out(url, "storage.url")
     tracking = config.tracking
     if tracking.backend != "none" and tracking.uri is None:
         tracking.uri = DEFAULT_TRACKING_URIS[tracking.backend].format(work_dir=config.run.work_dir)
     elif tracking.backend != "none" and tracking.uri is not None and "://" not in tracking.uri:
-        tracking.uri = out(tracking.uri)  # a directory (TensorBoard, W&B): as the command's cwd names it
+        tracking.uri = out(tracking.uri, "tracking.uri")  # a directory (TensorBoard, W&B): as the command's cwd names it
     if tracking.experiment is None:
         tracking.experiment = config.run.name
     return config

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from .errors import ConfigError
-from .input_files import open_input
+from .input_files import open_input, resolved_path
 
 FileType = Literal["jsonl", "parquet", "arrow"]
 DataPath = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -92,13 +92,7 @@ def resolve_entry(entry: str, config_dir: Path, key: str = "data.path") -> str:
     """An entry made absolute against the config's directory; a URL is left as given (and refused later)."""
     if "://" in entry:
         return entry
-    path = config_dir / Path(entry).expanduser()
-    try:
-        return str(path.resolve())
-    except RuntimeError:  # Python 3.11's resolve() raises this on a symbolic link loop
-        raise ConfigError(
-            f"{key}={str(path)!r} is a symbolic link that loops (or has too many levels); {fix_for(key)}"
-        ) from None
+    return str(resolved_path(config_dir / Path(entry).expanduser(), key, fix_for(key)))
 
 
 def _not_found(entry: str, given: str, key: str) -> ConfigError:

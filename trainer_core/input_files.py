@@ -70,6 +70,19 @@ class InputFile:
         self.close()
 
 
+def resolved_path(path: str | Path, key: str, fix: str) -> Path:
+    """`path` made absolute, its symbolic links followed; one that loops (or cannot be followed) is bad input
+    naming `key` and the fix."""
+    path = Path(path).expanduser()
+    try:
+        return path.resolve()
+    except RuntimeError:  # Python 3.11's resolve() on a symbolic link loop
+        problem = "is a symbolic link that loops (or has too many levels)"
+    except OSError as error:  # later Pythons: ELOOP, or a directory on the way that cannot be read
+        problem = f"cannot be followed ({error.strerror or error})"
+    raise ConfigError(f"{key}={str(path)!r} {problem}; {fix}")
+
+
 def open_input(path: str | Path, label: str, fix: str) -> InputFile:
     """Open a regular file for reading, or raise ConfigError `LABEL: problem; FIX`.
 

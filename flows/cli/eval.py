@@ -65,6 +65,7 @@ def _storage(args: argparse.Namespace) -> str | StorageSettings | None:
 def fetch_verified(args: argparse.Namespace, cache_root: Path) -> tuple[CommittedCheckpoint, Path]:
     """The checkpoint CHECKPOINT names, downloaded into `cache_root` with every file verified."""
     from infra.publication.parent import checkpoint_source, fetch_checkpoint, open_source_store
+    from trainer_core.input_files import resolved_path
 
     storage = _storage(args)
     source = checkpoint_source(args.checkpoint, storage if isinstance(storage, str | None) else storage.url)
@@ -75,6 +76,9 @@ def fetch_verified(args: argparse.Namespace, cache_root: Path) -> tuple[Committe
             f"{_label(args)} names a checkpoint of run {source.run_id} in a store: give the store, --store URL "
             "(a path, file://PATH or s3://BUCKET/PREFIX) or --config TOML (its storage.url)"
         )
+    if "://" not in source.store_url or source.store_url.startswith("file://"):  # a local store: a real directory
+        key = "--store" if args.store is not None and source.store_url == args.store else "the checkpoint URL's store"
+        resolved_path(source.store_url.removeprefix("file://"), key, fix="give the store's real directory")
     store = open_source_store(source, storage if storage is not None else source.store_url)
     return fetch_checkpoint(store, source, cache_root, _label(args), fix="evaluate another checkpoint")
 
@@ -82,11 +86,13 @@ def fetch_verified(args: argparse.Namespace, cache_root: Path) -> tuple[Committe
 @contextmanager
 def _places(work_dir: str | None) -> Iterator[tuple[Path, Path]]:
     """(checkpoint cache root, scratch for the data stages): under --work-dir, or one temporary directory."""
+    from trainer_core.input_files import resolved_path
+
     if work_dir is None:
         with tempfile.TemporaryDirectory(prefix="rankflow-eval-") as temporary:
             yield Path(temporary) / "checkpoints", Path(temporary) / "scratch"
         return
-    root = Path(work_dir)
+    root = resolved_path(work_dir, "--work-dir", fix="give a directory, not a link that loops")
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="eval-scratch-", dir=root) as scratch:
         yield root / "cache" / "checkpoints", Path(scratch)

@@ -322,7 +322,26 @@ BAD_INPUT = {
         r"--device cuda:64: this machine has \d+ CUDA device\(s\); give cpu, or one it has",
     ),
     "no rows": (lambda c, t: [c["url"], "--data", str(EVAL_FILE), "--batch-rows", "0"], r"--batch-rows 0: .*give 1"),
+    "a store that is a link loop": (
+        lambda c, t: [f"{c['run_id']}@latest", "--store", link_loop(t), "--data", str(EVAL_FILE)],
+        r"--store='.*loop' is a symbolic link that loops .*; give the store's real directory",
+    ),
+    "a checkpoint URL through a link loop": (
+        lambda c, t: [f"{link_loop(t)}/{c['run_id']}/checkpoints/step-2", "--data", str(EVAL_FILE)],
+        r"the checkpoint URL's store='.*loop' is a symbolic link that loops",
+    ),
+    "a work dir that is a link loop": (
+        lambda c, t: [c["url"], "--data", str(EVAL_FILE), "--work-dir", link_loop(t) + "/work"],
+        r"--work-dir='.*loop/work' is a symbolic link that loops",
+    ),
 }
+
+
+def link_loop(tmp_path: Path) -> str:
+    """A symbolic link to itself (resolving it raises RuntimeError on Python 3.11, ELOOP on reading)."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    return str(loop)
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUT))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,24 @@ def test_booleans_stay_where_a_boolean_is_meant(tmp_path):
         tiny_tree(tmp_path, storage={"keep_states": True}, data={"pack": True}), config_dir=tmp_path
     )
     assert config.storage.keep_states is True and config.data.pack is True
+
+
+@pytest.mark.parametrize(
+    ("key", "section"),
+    [
+        ("model.path", "model"),
+        ("tokenizer.path", "tokenizer"),
+        ("run.work_dir", "run"),
+        ("storage.url", "storage"),
+        ("data.path", "data"),
+    ],
+)
+def test_a_path_that_is_a_symlink_loop_is_bad_input_naming_its_key(tmp_path, key, section):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    values = {"path": str(loop), "config": None} if key == "model.path" else {key.split(".")[1]: str(loop)}
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}='.*loop' is a symbolic link that loops"):
+        config_from_dict(tiny_tree(tmp_path, **{section: values}), config_dir=tmp_path)
 
 
 def test_missing_data_file_names_the_key(tmp_path):
