@@ -5,9 +5,10 @@
     [model.lora]         adapter_config.json, adapter_model.safetensors (PEFT layout), tokenizer files
                          → PeftModel.from_pretrained(base, DIR), or AutoPeftModelForCausalLM: the adapter's
                            config names its base (`base_model_name_or_path`): model.path as the run had it, or,
-                           for model.config, "base", a directory of this checkpoint
-      model.config       base/: config.json, model*.safetensors, tokenizer files: the frozen base that config and
-                           run.seed built, which exists nowhere else → AutoModelForCausalLM.from_pretrained(DIR/base);
+                           for a base shipped in base/, "base", a directory of this checkpoint
+      model.config, or   base/: config.json, model*.safetensors, tokenizer files: the frozen base that config and
+      a committed parent   run.seed built, or that was fetched from a committed checkpoint into the run's cache
+                           (it exists nowhere else that lasts) → AutoModelForCausalLM.from_pretrained(DIR/base);
                            the name is relative to the adapter's directory (peft reads it from the current one)
       export.merge_lora  merged/: config.json, model*.safetensors (base + adapter), tokenizer files
                          → AutoModelForCausalLM.from_pretrained(DIR/merged)
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer_core.config import RunConfig
-from trainer_core.run.parent_record import parent_of
+from trainer_core.run.parent_record import run_parent
 from trainer_core.training import Trainer, export_checkpoint_module, save_hf_model
 
 MERGED_DIR = "merged"
@@ -95,10 +96,10 @@ def write_checkpoint_files(
         writer.adapter(name, adapter_dir)
     if len(adapters) == 1:
         model_dirs.append(directory)
-    continued = config.model.lora is not None and parent_of(config.model.lora.init_from) is not None
-    if adapters and (config.model.path is None or continued):
+    if adapters and (config.model.path is None or run_parent(config) is not None):
         # Built from model.config and run.seed, the base exists nowhere else: ship it, and name it in each adapter.
-        # So for a committed adapter that continues: its base was fetched into this run's work dir, a cache.
+        # So for a base fetched from a committed checkpoint (a full model's, or the base of an adapter that
+        # continues): it lies in this run's work dir, a cache, and a name pointing there would not outlive it.
         base = subdirectory(BASE_DIR)
         writer.model(base, None)
         model_dirs.append(base)

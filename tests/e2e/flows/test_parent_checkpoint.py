@@ -175,3 +175,29 @@ def test_a_run_refused_as_bad_input_leaves_no_copy_of_its_parent(parent, tmp_pat
     assert captured.err.startswith("rankflow: bad input: "), captured.err
     after = sorted(work.rglob("*")) if work.exists() else None
     assert after == before, (before, after)
+
+
+def test_a_new_adapter_over_a_committed_full_checkpoint_ships_that_base(parent, tmp_path):
+    """The base lies in this run's cache: the checkpoint must carry it (`base/`), not name the cache's path."""
+    parent_config, result = parent
+    tree = tiny_tree(tmp_path, train=SHORT)
+    tree["model"] = {
+        "path": f"{result['run_id']}@latest",
+        "lora": {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj"]},
+    }
+    tree["storage"] = {"url": parent_config.storage.url}
+    adapter_run = train_flow(config_from_dict(tree, config_dir=tmp_path))
+    assert isinstance(adapter_run, dict) and adapter_run["status"] == "completed", adapter_run
+    checkpoint = Path(adapter_run["checkpoint_url"])
+    adapter_config = json.loads((checkpoint / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == "base"
+    base_weights = load_file(str(checkpoint / "base" / "model.safetensors"))
+    parent_weights = committed_weights(result)
+    assert base_weights.keys() == parent_weights.keys()
+    assert all(torch.equal(base_weights[name], tensor) for name, tensor in parent_weights.items())
+    shutil.rmtree(Path(tree["run"]["work_dir"]) / "cache")  # the checkpoint stands without the run's cache
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(checkpoint / "base"), local_files_only=True)
+    assert isinstance(PeftModel.from_pretrained(base, str(checkpoint)), PeftModel)
