@@ -33,8 +33,9 @@ class TrainSection(_Section):
     """Linear warm-up from 0: step s (0-based) of the first warmup_steps trains at learning_rate × s / warmup_steps,
     as transformers' schedulers do."""
     lr_schedule: Literal[SCHEDULE_KINDS] = "constant"  # pyright: ignore[reportInvalidTypeForm]
-    """After the warm-up: `constant`, or a `linear` or `cosine` decay to learning_rate × min_lr_ratio at the last
-    step; transformers' get_constant/linear/cosine(_with_min_lr)_schedule_with_warmup, step for step."""
+    """After the warm-up: `constant`, or a `linear` or `cosine` decay toward learning_rate × min_lr_ratio, reached at
+    step `steps` (one past the last step trained, so the last step's rate is a little above it); transformers'
+    get_constant/linear/cosine(_with_min_lr)_schedule_with_warmup, step for step."""
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     """Where a linear or cosine decay ends, as a fraction of learning_rate."""
     grad_clip: float = Field(default=1.0, ge=0)
