@@ -50,11 +50,11 @@ def _first_record_format(file: DataFile) -> FileFormat:
     return FileFormat.default()
 
 
-def source_of(files: Sequence[DataFile], data_format: str = "auto") -> DataSource:
+def source_of(files: Sequence[DataFile], data_format: str = "auto", format_option: str = "data.format") -> DataSource:
     """`files` with each one's format: `data_format` ("auto": each file's first record's); files of two formats
     are a DataError naming both."""
     if data_format != "auto":
-        return DataSource(tuple(files), tuple(FileFormat.set_by_config(data_format) for _ in files))
+        return DataSource(tuple(files), tuple(FileFormat.set_by_config(data_format, format_option) for _ in files))
     formats = [_first_record_format(file) for file in files]
     detected = [f for f in formats if f.first_where is not None]
     for other in detected[1:]:
@@ -67,10 +67,12 @@ def source_of(files: Sequence[DataFile], data_format: str = "auto") -> DataSourc
     return DataSource(tuple(files), tuple(formats))
 
 
-def open_source(path: DataPath, data_format: str = "auto", key: str = "data.path") -> DataSource:
+def open_source(
+    path: DataPath, data_format: str = "auto", key: str = "data.path", format_option: str = "data.format"
+) -> DataSource:
     """The data `path` (a resolved `data.path`, or `data.eval_path`: `key`) names, read in `data_format` (see
-    `source_of`)."""
-    return source_of(data_files(path, key=key), data_format)
+    `source_of`; `format_option` is what set it, as messages name it)."""
+    return source_of(data_files(path, key=key), data_format, format_option)
 
 
 def iter_source(source: DataSource) -> Iterator[Record]:
@@ -98,7 +100,10 @@ def iter_source(source: DataSource) -> Iterator[Record]:
             num_records += 1
             yield record
         if not num_records:
-            raise DataError(f"{file.path}: no conversations found; the file is empty")
+            raise DataError(
+                f"{file.path}: no conversations found, the file is empty; add records to it, or leave it out of "
+                f"{file.key}"
+            )
 
 
 def iter_records(path: DataPath, data_format: str = "auto") -> Iterator[Record]:

@@ -47,14 +47,14 @@ CASES: list[Case] = [
         "data_empty",
         "data-file",
         r"{bad}/empty_file\.jsonl: no conversations found",
-        r"the file is empty",
+        r"add records to it, or leave it out of data\.path",
         config={"data": {"path": "{bad}/empty_file.jsonl"}},
     ),
     Case(
         "data_blank_lines_only",
         "data-file",
         r"{dir}/data\.jsonl: no conversations found",
-        r"the file is empty",
+        r"add records to it, or leave it out of data\.path",
         **data_section("\n", "   \n", "\n"),
     ),
     Case(

@@ -104,7 +104,7 @@ CASES: list[Case] = [
         "data_list_holds_an_empty_file",
         "data-file",
         r"{dir}/b\.jsonl: no conversations found",
-        r"the file is empty",
+        r"add records to it, or leave it out of data\.path",
         files={"a.jsonl": GOOD_SFT, "b.jsonl": ""},
         config={"data": {"path": ["a.jsonl", "b.jsonl"]}},
     ),
@@ -239,7 +239,7 @@ CASES: list[Case] = [
         "data.parquet",
         parquet([], schema=_EMPTY_MESSAGES),
         r"{dir}/data\.parquet: no conversations found",
-        r"the file is empty",
+        r"add records to it, or leave it out of data\.path",
     ),
     _columnar_case(
         "parquet_null_content",

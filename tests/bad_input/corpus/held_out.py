@@ -40,7 +40,7 @@ CASES: list[Case] = [
         "eval_path_empty_file",
         "data-file",
         r"{dir}/eval\.jsonl: no conversations found",
-        r"the file is empty",
+        r"add records to it, or leave it out of data\.eval_path",
         **_with_eval(""),
     ),
     Case(
