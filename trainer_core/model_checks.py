@@ -203,8 +203,17 @@ def _check_adapter_fits(init_from: str, model: torch.nn.Module) -> None:
     try:
         adapter_values(Path(init_from), "default", shapes)
     except (ValueError, OSError, SafetensorError) as error:
+        from .run.parent_record import parent_of
+
+        parent = parent_of(init_from)  # continued from model.path = a committed LoRA checkpoint: name that
+        problem = one_line(error)
+        if parent is not None:
+            problem = problem.replace(str(Path(init_from)) + "/", "")
+        label = (
+            f"model.path names the LoRA checkpoint {parent['url']}" if parent else f"model.lora.init_from={init_from!r}"
+        )
         raise ConfigError(
-            f"model.lora.init_from={init_from!r}: {one_line(error)}; continue it with the adapter's own "
+            f"{label}: {problem}; continue it with the adapter's own "
             "target_modules (or remove them from [model.lora]: they are read from the adapter), or train a new "
             "adapter"
         ) from None

@@ -108,7 +108,11 @@ def test_an_adapter_of_other_modules_does_not_load(lora_parent, tmp_path):
     parent_config, result = lora_parent
     config = child(tmp_path, parent_config, f"{result['run_id']}@latest", lora={**LORA, "target_modules": ["q_proj"]})
     resolve_parent(config)
-    with pytest.raises(ConfigError, match=r"model.lora.init_from=.*does not hold the adapter being trained"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"model.path names the LoRA checkpoint {result['checkpoint_url']}: adapter_model.safetensors does not "
+        "hold the adapter being trained",
+    ):
         validate_inputs(config)  # the pre-flight: exit 2 before anything is written
     with pytest.raises(ValueError, match="does not hold the adapter being trained: 0 tensor.s. missing"):
         build_trainer(config)
