@@ -105,7 +105,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from trainer_core.run.checkpoint_eval import EvalSettings, evaluate_checkpoint
 
     settings = EvalSettings(max_seq_len=args.max_seq_len, batch_rows=args.batch_rows, device=args.device)
-    source = open_source(args.data, args.format, key="--data")  # a missing file or a wrong format costs no download
+    source = open_source(
+        args.data, args.format, key="--data", format_option="--format"
+    )  # a missing file or a wrong format costs no download
     try:
         with _places(args.work_dir) as (cache_root, scratch):
             checkpoint, directory = fetch_verified(args, cache_root)

@@ -305,6 +305,10 @@ BAD_INPUT = {
         lambda c, t: [spoiled_store(t, c), "--data", str(EVAL_FILE)],
         r"does not verify: .*model.safetensors: .* do not match its manifest",
     ),
+    "a format the records are not in": (
+        lambda c, t: [c["url"], "--data", str(EVAL_FILE), "--format", "sharegpt"],
+        r"a messages record in a ShareGPT file \(--format='sharegpt'\); give --format auto \(or messages\)",
+    ),
     "rl data": (
         lambda c, t: [c["url"], "--data", str(EXAMPLES / "tiny" / "rl.jsonl")],
         r"rl.jsonl: the records are RL trajectories .*drop the RL fields",

@@ -42,6 +42,8 @@ class FileFormat:
     explicit: bool
     first_where: str | None = None
     """The record the format was detected from (None: set by the config, or the file has none)."""
+    option: str = "data.format"
+    """What set the format: the config key, or `rankflow eval`'s --format."""
 
     @classmethod
     def of_first_record(cls, record: Any, where: str) -> "FileFormat":
@@ -49,8 +51,8 @@ class FileFormat:
         return cls(found, f"its first record, {where}, is {found.title}", explicit=False, first_where=where)
 
     @classmethod
-    def set_by_config(cls, name: str) -> "FileFormat":
-        return cls(FORMATS[name], f"data.format={name!r}", explicit=True)
+    def set_by_config(cls, name: str, option: str = "data.format") -> "FileFormat":
+        return cls(FORMATS[name], f"{option}={name!r}", explicit=True, option=option)
 
     @classmethod
     def default(cls) -> "FileFormat":
@@ -65,8 +67,13 @@ class FileFormat:
             found = detect(record)
         if found is not None and found is not self.format:
             marker = next(m for m in found.markers if m in record)
+            choice = (
+                f"give {self.option} auto (or {found.name})"
+                if self.option.startswith("--")
+                else f"set {self.option}='auto' (or {found.name!r})"
+            )
             fix = (
-                f"set data.format='auto' (or {found.name!r}) to read the file as its records are, or convert it"
+                f"{choice} to read the file as its records are, or convert it"
                 if self.explicit
                 else "one file holds one format: convert this record (docs/data.md shows each format) or move it "
                 "to a file of its own"
