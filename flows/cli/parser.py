@@ -12,7 +12,10 @@
 Exit status: 0 success; 2 bad config or input (nothing started, nothing
 written); 1 a failure during the run; 75 (EX_TEMPFAIL) another run of the
 same run id is running (it holds the run lease; nothing was done: run again
-later, or set run.lease_wait_s to wait). `run` prints, as the last line of its
+later, or set run.lease_wait_s to wait). Standard output closed is bad input
+(exit 2, before anything runs); a result that standard output refuses (a full
+disk, a closed pipe) is one line on standard error and exit 1
+(`flows.cli.output`). `run` prints, as the last line of its
 standard output, one JSON object summarising the run; `eval` prints one JSON
 line, the eval loss of a committed checkpoint.
 
