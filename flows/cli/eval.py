@@ -27,16 +27,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
-from trainer_core.errors import ConfigError
+from trainer_core.errors import BadInputError, ConfigError
 
 from .output import emit
 
 if TYPE_CHECKING:
-    from infra.publication.parent import CommittedCheckpoint
+    from infra.publication.parent import CommittedCheckpoint, Created
     from infra.store.base import StorageSettings
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -62,8 +62,11 @@ def _storage(args: argparse.Namespace) -> str | StorageSettings | None:
     return args.store
 
 
-def fetch_verified(args: argparse.Namespace, cache_root: Path) -> tuple[CommittedCheckpoint, Path]:
-    """The checkpoint CHECKPOINT names, downloaded into `cache_root` with every file verified."""
+def fetch_verified(
+    args: argparse.Namespace, cache_root: Path, created: Created | None = None
+) -> tuple[CommittedCheckpoint, Path]:
+    """The checkpoint CHECKPOINT names, downloaded into `cache_root` with every file verified (what it creates is
+    recorded in `created`: `parent.undone_if_refused`)."""
     from infra.publication.parent import checkpoint_source, fetch_checkpoint, open_source_store
     from trainer_core.input_files import resolved_path
 
@@ -80,12 +83,13 @@ def fetch_verified(args: argparse.Namespace, cache_root: Path) -> tuple[Committe
         key = "--store" if args.store is not None and source.store_url == args.store else "the checkpoint URL's store"
         resolved_path(source.store_url.removeprefix("file://"), key, fix="give the store's real directory")
     store = open_source_store(source, storage if storage is not None else source.store_url)
-    return fetch_checkpoint(store, source, cache_root, _label(args), fix="evaluate another checkpoint")
+    return fetch_checkpoint(store, source, cache_root, _label(args), fix="evaluate another checkpoint", created=created)
 
 
 @contextmanager
 def _places(work_dir: str | None) -> Iterator[tuple[Path, Path]]:
     """(checkpoint cache root, scratch for the data stages): under --work-dir, or one temporary directory."""
+    from infra.publication.parent import missing_directories
     from trainer_core.input_files import resolved_path
 
     if work_dir is None:
@@ -93,14 +97,22 @@ def _places(work_dir: str | None) -> Iterator[tuple[Path, Path]]:
             yield Path(temporary) / "checkpoints", Path(temporary) / "scratch"
         return
     root = resolved_path(work_dir, "--work-dir", fix="give a directory, not a link that loops")
+    made = missing_directories(root)
     root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="eval-scratch-", dir=root) as scratch:
-        yield root / "cache" / "checkpoints", Path(scratch)
+    try:
+        with tempfile.TemporaryDirectory(prefix="eval-scratch-", dir=root) as scratch:
+            yield root / "cache" / "checkpoints", Path(scratch)
+    except BadInputError:  # bad input writes nothing: the directories made for it go again, when empty
+        for directory in reversed(made):
+            with suppress(OSError):
+                directory.rmdir()
+        raise
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from infra.publication.manifests import step_of
+    from infra.publication.parent import undone_if_refused
     from trainer_core.data import open_source
     from trainer_core.run.checkpoint_eval import EvalSettings, evaluate_checkpoint
 
@@ -109,8 +121,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.data, args.format, key="--data", format_option="--format"
     )  # a missing file or a wrong format costs no download
     try:
-        with _places(args.work_dir) as (cache_root, scratch):
-            checkpoint, directory = fetch_verified(args, cache_root)
+        with _places(args.work_dir) as (cache_root, scratch), undone_if_refused() as created:
+            checkpoint, directory = fetch_verified(args, cache_root, created)  # bad input later: its copy goes
             result = evaluate_checkpoint(directory, source, settings, scratch=scratch, label=_label(args))
     except OSError as error:  # a store that does not answer, a full disk: not bad input
         print(f"rankflow: eval {args.checkpoint}: {type(error).__name__}: {error}", file=sys.stderr)

@@ -71,13 +71,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_tracking(config)
     # A bad config is reported without transformers or torch; wall_s starts after the imports, as when they
     # were module-level (loading the config is milliseconds).
-    from infra.publication.parent import no_parent_cache_if_refused, resolve_parent
+    from infra.publication.parent import resolve_parent, undone_if_refused
     from trainer_core.run.validate import validate_inputs
 
     started = time.perf_counter()
-    with no_parent_cache_if_refused(config):  # bad input writes nothing: not even the parent's verified copy
+    with undone_if_refused() as created:  # bad input writes nothing: not even the parent's verified copy
         try:
-            resolve_parent(config)  # model.path naming a committed checkpoint: fetched (verified) before planning
+            resolve_parent(config, created)  # model.path naming a committed checkpoint: fetched, verified
         except OSError as outage:  # its store does not answer: exit 1, run the same command later
             print(f"rankflow: run failed: {outage}", file=sys.stderr)
             emit(json.dumps({**_summary(None, 0.0, outage), "failed_stage": "model-fetch"}))

@@ -38,6 +38,7 @@ from infra.store.base import ObjectStore, StorageSettings, open_store
 from infra.store.verified import StoredObjectCorrupt, local_copy_matches
 from trainer_core.config import RunConfig
 from trainer_core.errors import BadInputError, ConfigError
+from trainer_core.input_files import resolved_path
 from trainer_core.run.parent_record import PARENT_FILE
 
 from .parent_adapter import continue_adapter
@@ -96,7 +97,7 @@ def _source(config: RunConfig) -> CheckpointSource | None:
     return source
 
 
-def resolve_parent(config: RunConfig) -> CommittedCheckpoint | None:
+def resolve_parent(config: RunConfig, created: Created | None = None) -> CommittedCheckpoint | None:
     """Fetch the checkpoint `model.path` names (verified) and point `model.path` at the local copy.
 
     Raises ConfigError (exit 2, nothing trained) for a reference that names nothing usable; a store that does
@@ -105,10 +106,19 @@ def resolve_parent(config: RunConfig) -> CommittedCheckpoint | None:
     source = _source(config)
     if source is None:
         return None
+    path = config.model.path or ""
+    if _REFERENCE.match(path) is None and ("://" not in path or path.startswith("file://")):
+        # A local store's path that loops is bad input, not an outage (reading through it fails with ELOOP).
+        resolved_path(path.removeprefix("file://"), "model.path", "point it at a committed checkpoint")
     store = open_source_store(source, config.storage)  # RUN@… is in the run's own store
     label = f"model.path={config.model.path!r}"  # a source was found, so model.path is set
     parent, dest = fetch_checkpoint(
-        store, source, Path(config.run.work_dir) / "cache" / "parents", label, fix="point it at a committed checkpoint"
+        store,
+        source,
+        Path(config.run.work_dir) / "cache" / "parents",
+        label,
+        fix="point it at a committed checkpoint",
+        created=created,
     )
     (dest / PARENT_FILE).write_text(json.dumps(asdict(parent), indent=1))
     if (dest / "adapter_config.json").is_file() and not (dest / "config.json").is_file():
@@ -118,36 +128,37 @@ def resolve_parent(config: RunConfig) -> CommittedCheckpoint | None:
     return parent
 
 
+Created = list[tuple[Path, bool]]
+"""What a fetch created, outermost first: (a directory, whether it is a download of its own)."""
+
+
 @contextmanager
-def no_parent_cache_if_refused(config: RunConfig) -> Iterator[None]:
-    """Around `resolve_parent(config)` and the checks of the run's other inputs: a run refused as bad input, by
-    the fetch (a checkpoint that does not verify) or later (a LoRA rank that differs, an empty data file), leaves
-    no cache entry. What was created under `run.work_dir` meanwhile is removed again; a copy that was already
-    cached stays."""
-    cache_root = Path(config.run.work_dir) / "cache" / "parents"
-    created = _first_missing(cache_root)
-    before = set(cache_root.glob("*/*")) if created is None else set()
+def undone_if_refused() -> Iterator[Created]:
+    """A list for `fetch_checkpoint(created=)`: a command refused as bad input, by the fetch (a checkpoint that does
+    not verify) or later (a LoRA rank that differs, an empty data file), leaves nothing of it. Its own downloads are
+    removed, and the directories it made are removed when empty: never a directory it did not make, nor one that
+    another process filled meanwhile (a copy cached earlier stays)."""
+    created: Created = []
     try:
-        yield
+        yield created
     except BadInputError:
-        if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
-        else:
-            for entry in set(cache_root.glob("*/*")) - before:
-                shutil.rmtree(entry, ignore_errors=True)
+        for path, download in reversed(created):
+            if download:
+                shutil.rmtree(path, ignore_errors=True)
+            else:
                 with suppress(OSError):
-                    entry.parent.rmdir()  # the run's folder, when this entry was its only one
+                    path.rmdir()  # only when empty
         raise
 
 
-def _first_missing(path: Path) -> Path | None:
-    """The outermost of `path` and its ancestors that does not exist yet (None: `path` exists)."""
-    missing = None
+def missing_directories(path: Path) -> list[Path]:
+    """`path` and its ancestors that do not exist yet, outermost first."""
+    missing: list[Path] = []
     for candidate in (path, *path.parents):
         if candidate.exists() or candidate.is_symlink():
             break
-        missing = candidate
-    return missing
+        missing.append(candidate)
+    return missing[::-1]
 
 
 def open_source_store(source: CheckpointSource, storage: StorageSettings | str) -> ObjectStore:
@@ -159,11 +170,17 @@ def open_source_store(source: CheckpointSource, storage: StorageSettings | str) 
 
 
 def fetch_checkpoint(
-    store: ObjectStore, source: CheckpointSource, cache_root: Path, label: str, *, fix: str
+    store: ObjectStore,
+    source: CheckpointSource,
+    cache_root: Path,
+    label: str,
+    *,
+    fix: str,
+    created: Created | None = None,
 ) -> tuple[CommittedCheckpoint, Path]:
     """The checkpoint `source` names (LATEST resolved), downloaded verified into `cache_root/RUN/NAME`: what it is
     and where. A copy already there is used again only if its manifest is the store's and every file still hashes
-    to it.
+    to it. What it creates is recorded in `created` (see `undone_if_refused`).
 
     A reference that names no committed checkpoint, or a file that does not match the manifest, raises ConfigError
     (`label`: the input as the message names it; `fix`: what to do about a checkpoint that does not verify); a
@@ -180,6 +197,9 @@ def fetch_checkpoint(
     dest = cache_root / run_id / name
     manifest = _stored_manifest(store, run_id, name, label)
     if not _cached(dest, manifest):
+        if created is not None:
+            created.extend((directory, False) for directory in missing_directories(dest.parent))
+            created.append((dest, True))
         shutil.rmtree(dest, ignore_errors=True)
         try:
             download_checkpoint(store, run_id, name, dest)

@@ -164,10 +164,17 @@ def test_the_command_prints_one_json_line_and_reads_the_store_from_a_config(comm
     assert sorted(p.name for p in work.iterdir()) == ["cache"]  # the data stages' scratch is gone
 
 
-@pytest.mark.parametrize("where", ["/dev/full", "a pipe its reader closed"])
-def test_a_result_line_standard_output_refuses_is_one_line_and_exit_1(committed, tmp_path, where):
-    """No traceback, no "Exception ignored" at the interpreter's exit: one line naming what happened."""
-    command = [*_rankflow(), "eval", committed["url"], "--data", str(EVAL_FILE)]
+@pytest.mark.parametrize(
+    ("command", "where"),
+    [("eval", "/dev/full"), ("eval", "a pipe its reader closed"), ("checkpoints verify", "/dev/full")],
+)
+def test_a_result_line_standard_output_refuses_is_one_line_and_exit_1(committed, tmp_path, command, where):
+    """No traceback, no "Exception ignored" at the interpreter's exit: one line naming what happened (for
+    `checkpoints`, not reported as a storage failure)."""
+    if command == "eval":
+        command = [*_rankflow(), "eval", committed["url"], "--data", str(EVAL_FILE)]
+    else:
+        command = [*_rankflow(), "checkpoints", "verify", committed["run_id"], "--store", committed["store"]]
     if where == "/dev/full":
         with open("/dev/full", "w") as full:
             done = subprocess.run(command, cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
@@ -360,6 +367,29 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(committed, tmp_path,
     assert re.search(message, line), line
     temporary, cwd = clean_places
     assert list(temporary.iterdir()) == [] and list(cwd.iterdir()) == []
+
+
+# (a flipped byte with the checkpoint cached before is no refusal: the cached copy verifies and is used)
+@pytest.mark.parametrize(
+    ("case", "cached_before"), [("an empty data file", False), ("an empty data file", True), ("a flipped byte", False)]
+)
+def test_bad_input_with_a_work_dir_leaves_it_as_it_was(committed, tmp_path, capsys, case, cached_before):
+    """Found after the download (an empty file) or by it: this call's copy and directories go, an earlier copy stays."""
+    work = tmp_path / "work"
+    url = committed["url"]
+    if cached_before:
+        rankflow_eval(capsys, url, "--data", str(EVAL_FILE), "--work-dir", str(work))
+    before = sorted(work.rglob("*")) if work.exists() else None
+    data = EVAL_FILE
+    if case == "an empty data file":
+        data = tmp_path / "empty.jsonl"
+        data.write_text("")
+    else:
+        url = spoiled_store(tmp_path, committed)  # another store: nothing of it is cached
+    assert main(["eval", url, "--data", str(data), "--work-dir", str(work)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1, captured.err
+    assert (sorted(work.rglob("*")) if work.exists() else None) == before
 
 
 def test_a_store_that_does_not_answer_is_one_line_and_exit_1(committed, clean_places, capsys, monkeypatch):

@@ -143,27 +143,44 @@ def _spoil(case: str, tree: dict, store: Path, result: dict) -> None:
 
 
 @pytest.mark.parametrize(
-    ("case", "cached_before"),
+    ("case", "work_dir"),
     [
-        ("an empty data file", False),
-        ("an empty data file", True),
-        ("a LoRA rank other than the adapter's", False),
-        ("a flipped byte", False),
+        ("an empty data file", "new"),
+        ("an empty data file", "holding this parent"),  # cached by an earlier run: it stays
+        ("an empty data file", "filled by another run meanwhile"),  # made by this run, then another's too
+        ("a LoRA rank other than the adapter's", "new"),
+        ("a flipped byte", "new"),
+        ("a flipped byte", "holding another parent"),  # cache/parents exists: no empty run folder is left
     ],
 )
-def test_a_run_refused_as_bad_input_leaves_no_copy_of_its_parent(parent, tmp_path, capsys, case, cached_before):
-    """Exit 2 with one line, and no cache entry: nothing written (a copy cached by an earlier run stays)."""
+def test_a_run_refused_as_bad_input_leaves_no_copy_of_its_parent(parent, tmp_path, capsys, monkeypatch, case, work_dir):
+    """Exit 2 with one line, and no cache entry: nothing written, and nothing else removed."""
     parent_config, result = parent
     store = tmp_path / "store"
     shutil.copytree(parent_config.storage.url, store)
     work = tmp_path / "work"
     tree = tiny_tree(tmp_path, train=SHORT)
     tree["model"] = {"path": f"{result['run_id']}@latest"}
+    if case == "a flipped byte":  # by URL: RUN@latest skips a LATEST that does not verify before any download
+        tree["model"]["path"] = str(store / result["run_id"] / "checkpoints" / "step-00000002")
     tree["storage"] = {"url": str(store)}
     entry = work / "cache" / "parents" / result["run_id"] / "step-00000002"
-    if cached_before:
+    if work_dir == "holding this parent":
         resolve_parent(config_from_dict(tree, config_dir=tmp_path))
         assert entry.is_dir()
+    elif work_dir == "holding another parent":
+        (work / "cache" / "parents" / "other-0123456789ab" / "step-00000001").mkdir(parents=True)
+    elif work_dir == "filled by another run meanwhile":
+        import trainer_core.run.validate as validate
+
+        checks = validate.validate_inputs
+
+        def another_run_writes_first(config):  # the refused run's checks are slow; another run starts meanwhile
+            (work / "other-run-0123456789ab").mkdir()
+            (work / "other-run-0123456789ab" / "ledger.jsonl").write_text("{}\n")
+            return checks(config)
+
+        monkeypatch.setattr(validate, "validate_inputs", another_run_writes_first)
     before = sorted(work.rglob("*")) if work.exists() else None
     _spoil(case, tree, store, result)
     config_file = tmp_path / "child.toml"
@@ -174,7 +191,10 @@ def test_a_run_refused_as_bad_input_leaves_no_copy_of_its_parent(parent, tmp_pat
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1, captured.err
     assert captured.err.startswith("rankflow: bad input: "), captured.err
     after = sorted(work.rglob("*")) if work.exists() else None
-    assert after == before, (before, after)
+    if work_dir == "filled by another run meanwhile":  # the other run's files stay; nothing of this one's
+        assert after == [work / "other-run-0123456789ab", work / "other-run-0123456789ab" / "ledger.jsonl"], after
+    else:
+        assert after == before, (before, after)
 
 
 def test_a_new_adapter_over_a_committed_full_checkpoint_ships_that_base(parent, tmp_path):
@@ -201,3 +221,15 @@ def test_a_new_adapter_over_a_committed_full_checkpoint_ships_that_base(parent, 
 
     base = AutoModelForCausalLM.from_pretrained(str(checkpoint / "base"), local_files_only=True)
     assert isinstance(PeftModel.from_pretrained(base, str(checkpoint)), PeftModel)
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"])
+def test_a_checkpoint_url_through_a_symlink_loop_is_bad_input(parent, tmp_path, scheme):
+    """Not an outage (reading through the loop fails with ELOOP, an OSError): exit 2 naming model.path."""
+    parent_config, result = parent
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    reference = f"{scheme}{loop}/{result['run_id']}/checkpoints/step-00000002"
+    with pytest.raises(ConfigError, match=r"model\.path='.*loop/.*' is a symbolic link that loops"):
+        resolve_parent(child(tmp_path, parent_config, reference))  # the plain path: refused by the config already
+    assert not (tmp_path / "work").exists()
