@@ -394,9 +394,10 @@ def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
     if tracking.backend != "none" and tracking.uri is None:
         tracking.uri = DEFAULT_TRACKING_URIS[tracking.backend].format(work_dir=config.run.work_dir)
     elif tracking.backend != "none" and tracking.uri is not None and "://" not in tracking.uri:
-        tracking.uri = out(
-            tracking.uri, "tracking.uri"
-        )  # a directory (TensorBoard, W&B): as the command's cwd names it
+        # a directory (TensorBoard, W&B): as the command's cwd names it
+        tracking.uri = out(tracking.uri, "tracking.uri")
+    elif tracking.backend != "none" and tracking.uri is not None and tracking.uri.startswith("file://"):
+        out(tracking.uri.removeprefix("file://"), "tracking.uri")  # checked only: MLflow reads the URI as given
     if tracking.experiment is None:
         tracking.experiment = config.run.name
     return config

@@ -35,9 +35,18 @@ class _Section(BaseModel):
     @classmethod
     def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
         # Pydantic's lax mode reads true as 1: `--set train.steps=true` would train one step.
-        if not isinstance(value, bool) or info.field_name is None:
+        if info.field_name is None:
             return value
-        admitted = _scalar_types(cls.model_fields[info.field_name].annotation)
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, list | tuple) and any(isinstance(item, bool) for item in value):
+            items = typing.get_args(annotation) if typing.get_origin(annotation) in (tuple, list) else ()
+            admitted = set().union(*(_scalar_types(item) for item in items if item is not Ellipsis))
+            if admitted and bool not in admitted and admitted & {int, float}:
+                raise ValueError(f"must be a list of numbers (got {list(value)!r}); write numbers, not true or false")
+            return value
+        if not isinstance(value, bool):
+            return value
+        admitted = _scalar_types(annotation)
         if bool in admitted or Any in admitted:
             return value
         words = "a whole number" if int in admitted else "a number" if float in admitted else None

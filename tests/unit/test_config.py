@@ -41,6 +41,7 @@ def test_set_overrides_parse_toml_values():
         ),
         ({"train": {"eval_every": True}}, "train.eval_every: must be a whole number (got True)"),
         ({"train": {"learning_rate": False}}, "train.learning_rate: must be a number (got False)"),
+        ({"train": {"betas": [False, 0.9]}}, "train.betas: must be a list of numbers (got "),
         (
             {"train": {"logical_dp": 3, "nproc_per_node": 2}},
             "train.logical_dp=3 is not a multiple of train.nproc_per_node=2",
@@ -72,12 +73,15 @@ def test_booleans_stay_where_a_boolean_is_meant(tmp_path):
         ("run.work_dir", "run"),
         ("storage.url", "storage"),
         ("data.path", "data"),
+        ("tracking.uri", "tracking"),
     ],
 )
 def test_a_path_that_is_a_symlink_loop_is_bad_input_naming_its_key(tmp_path, key, section):
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
     values = {"path": str(loop), "config": None} if key == "model.path" else {key.split(".")[1]: str(loop)}
+    if key == "tracking.uri":  # as MLflow's file: URI too
+        values = {"backend": "mlflow", "uri": f"file://{loop}"}
     with pytest.raises(ConfigError, match=rf"{re.escape(key)}='.*loop' is a symbolic link that loops"):
         config_from_dict(tiny_tree(tmp_path, **{section: values}), config_dir=tmp_path)
 
