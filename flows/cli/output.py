@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
 
 from trainer_core.errors import BadInputError
 
@@ -27,6 +30,40 @@ def require_stdout() -> None:
             "standard output is closed, and the command prints its result there; run it with standard output "
             "open (a terminal, a file: > result.txt, or a pipe)"
         )
+
+
+class _Guarded:
+    """Standard output whose refused writes raise OutputLost: not an OSError, so no handler of storage failures
+    (`except OSError`) reports a full disk on standard output as the store's."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as error:
+            raise _lost(error) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as error:
+            raise _lost(error) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def guarded_stdout() -> Iterator[None]:
+    """Standard output guarded (see `_Guarded`) while a command runs; as it was afterwards."""
+    original = sys.stdout
+    sys.stdout = _Guarded(original)  # pyright: ignore[reportAttributeAccessIssue]
+    try:
+        yield
+    finally:
+        sys.stdout = original
 
 
 def emit(line: str) -> None:

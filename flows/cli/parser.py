@@ -47,7 +47,7 @@ from trainer_core.errors import BadInputError
 from .checkpoints import add_checkpoint_commands
 from .deploy import add_deploy_parser
 from .eval import add_eval_parser
-from .output import OutputLost, flush_stdout, require_stdout
+from .output import OutputLost, flush_stdout, guarded_stdout, require_stdout
 from .run import EXIT_BAD_INPUT, EXIT_FAILED, cmd_run, cmd_serve
 from .server import add_server_parser
 
@@ -133,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         require_stdout()
-        code = args.handler(args)
-        flush_stdout()
+        with guarded_stdout():
+            code = args.handler(args)
+            flush_stdout()
     except BadInputError as error:
         print(f"rankflow: bad input: {_without_credentials(str(error))}", file=sys.stderr)
         code = EXIT_BAD_INPUT
