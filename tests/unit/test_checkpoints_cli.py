@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,13 @@ def test_gc_with_a_config_applies_its_retention(store_dir, tmp_path, capsys):
     listed = json.loads(capsys.readouterr().out)
     assert [c["checkpoint"] for c in listed["checkpoints"]] == ["step-00000020"]
     assert not (store_dir / RUN / "checkpoints" / "step-00000010").exists()
+
+
+@pytest.mark.parametrize("command", ["runs", "list", "verify"])
+def test_a_store_that_is_a_symlink_loop_is_bad_input(tmp_path, capsys, command):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    args = [] if command == "runs" else [RUN]
+    assert main(["checkpoints", command, *args, "--store", f"file://{loop}"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert re.match(r"rankflow: bad input: --store='.*loop' is a symbolic link that loops", line), line
