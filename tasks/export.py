@@ -90,7 +90,6 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     fetch_segment_state(planned, segment_index, stored_only=True)
     journal.begin(fingerprint, outcome_lost=lost)
     progress_file = export_progress_path(run_dir, segment_index)
-    progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
     watch = ProgressWatch(
         progress_file, planned.train.stall_timeout_s
     )  # a hung rank: ended at stall_timeout_s, not the collective's

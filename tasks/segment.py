@@ -81,7 +81,6 @@ def train_segment_fn(
     if not nodes_move_their_files(planned):  # a work pool's nodes fetch their own inputs (tasks.nodes)
         fetch_segment_inputs(planned, segment_index)
     progress_file = progress_path(run_dir, segment_index)
-    progress_file.unlink(missing_ok=True)  # a failed attempt's records must not count as progress
     publisher = publisher_for(live, segment_index)
     tracking = tracking_sink_for(planned, warn=_warning_to_this_run())
     watch = SegmentWatch(progress_file, planned.train.stall_timeout_s, on_records=_each(publisher, tracking))

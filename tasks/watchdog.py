@@ -38,6 +38,10 @@ class ProgressWatch:
         on_records: Callable[[list[dict]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        # Made just before its launch: a failed attempt's file is not this launch's progress. Read, its old records
+        # would count as progress, and once the new rank 0 truncated the file and wrote past the old length the
+        # reader would resume mid-record.
+        progress_file.unlink(missing_ok=True)
         self._reader = ProgressReader(progress_file)
         self._stall_timeout_s = stall_timeout_s
         self._on_records = on_records
