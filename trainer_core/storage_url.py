@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from .input_files import resolved_path
+
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # S3's rules (3-63 characters of lowercase letters, digits, '.' and '-', starting and
 # ending with a letter or digit), widened to the legacy upper case and '_' some servers keep.
@@ -63,6 +65,13 @@ def local_path(url: str) -> Path | None:
     if "://" in url and not url.startswith("file://"):
         return None  # an object store cannot overlap a local directory
     return Path(url.removeprefix("file://")).expanduser().resolve()
+
+
+def check_local_store(url: str, key: str) -> None:
+    """A local store (`file://PATH` or a plain path) reached through a symbolic link loop is bad input naming `key`:
+    reading through it fails with ELOOP, an OSError the readers would take for an outage. An object store passes."""
+    if "://" not in url or url.startswith("file://"):
+        resolved_path(url.removeprefix("file://"), key, fix="give the store's real directory")
 
 
 def overlap(first: str | Path, second: str | Path) -> Overlap | None:

@@ -32,10 +32,9 @@ def _store(args: argparse.Namespace):
             "(a path, file://PATH or s3://BUCKET/PREFIX) or --config TOML (its storage.url)"
         )
     if args.store is not None:
-        if "://" not in args.store or args.store.startswith("file://"):  # a loop is bad input, not an outage
-            from trainer_core.input_files import resolved_path
+        from trainer_core.storage_url import check_local_store
 
-            resolved_path(args.store.removeprefix("file://"), "--store", fix="give the store's real directory")
+        check_local_store(args.store, "--store")
         return open_store(args.store)
     from trainer_core.config import load_config
 

@@ -27,11 +27,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
-from trainer_core.errors import BadInputError, ConfigError
+from trainer_core.errors import ConfigError
 
 from .output import emit
 
@@ -68,7 +68,7 @@ def fetch_verified(
     """The checkpoint CHECKPOINT names, downloaded into `cache_root` with every file verified (what it creates is
     recorded in `created`: `parent.undone_if_refused`)."""
     from infra.publication.parent import checkpoint_source, fetch_checkpoint, open_source_store
-    from trainer_core.input_files import resolved_path
+    from trainer_core.storage_url import check_local_store
 
     storage = _storage(args)
     source = checkpoint_source(args.checkpoint, storage if isinstance(storage, str | None) else storage.url)
@@ -79,16 +79,16 @@ def fetch_verified(
             f"{_label(args)} names a checkpoint of run {source.run_id} in a store: give the store, --store URL "
             "(a path, file://PATH or s3://BUCKET/PREFIX) or --config TOML (its storage.url)"
         )
-    if "://" not in source.store_url or source.store_url.startswith("file://"):  # a local store: a real directory
-        key = "--store" if args.store is not None and source.store_url == args.store else "the checkpoint URL's store"
-        resolved_path(source.store_url.removeprefix("file://"), key, fix="give the store's real directory")
+    given_store = args.store is not None and source.store_url == args.store
+    check_local_store(source.store_url, "--store" if given_store else "the checkpoint URL's store")
     store = open_source_store(source, storage if storage is not None else source.store_url)
     return fetch_checkpoint(store, source, cache_root, _label(args), fix="evaluate another checkpoint", created=created)
 
 
 @contextmanager
-def _places(work_dir: str | None) -> Iterator[tuple[Path, Path]]:
-    """(checkpoint cache root, scratch for the data stages): under --work-dir, or one temporary directory."""
+def _places(work_dir: str | None, created: Created) -> Iterator[tuple[Path, Path]]:
+    """(checkpoint cache root, scratch for the data stages): under --work-dir, or one temporary directory. The
+    directories made for --work-dir are recorded in `created` (`parent.undone_if_refused`)."""
     from infra.publication.parent import missing_directories
     from trainer_core.input_files import resolved_path
 
@@ -97,16 +97,10 @@ def _places(work_dir: str | None) -> Iterator[tuple[Path, Path]]:
             yield Path(temporary) / "checkpoints", Path(temporary) / "scratch"
         return
     root = resolved_path(work_dir, "--work-dir", fix="give a directory, not a link that loops")
-    made = missing_directories(root)
+    created.extend((directory, False) for directory in missing_directories(root))
     root.mkdir(parents=True, exist_ok=True)
-    try:
-        with tempfile.TemporaryDirectory(prefix="eval-scratch-", dir=root) as scratch:
-            yield root / "cache" / "checkpoints", Path(scratch)
-    except BadInputError:  # bad input writes nothing: the directories made for it go again, when empty
-        for directory in reversed(made):
-            with suppress(OSError):
-                directory.rmdir()
-        raise
+    with tempfile.TemporaryDirectory(prefix="eval-scratch-", dir=root) as scratch:
+        yield root / "cache" / "checkpoints", Path(scratch)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -117,12 +111,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from trainer_core.run.checkpoint_eval import EvalSettings, evaluate_checkpoint
 
     settings = EvalSettings(max_seq_len=args.max_seq_len, batch_rows=args.batch_rows, device=args.device)
-    source = open_source(
-        args.data, args.format, key="--data", format_option="--format"
-    )  # a missing file or a wrong format costs no download
-    try:
-        with _places(args.work_dir) as (cache_root, scratch), undone_if_refused() as created:
-            checkpoint, directory = fetch_verified(args, cache_root, created)  # bad input later: its copy goes
+    # A missing file or a wrong format costs no download.
+    source = open_source(args.data, args.format, key="--data", format_option="--format")
+    try:  # bad input found after the download: what this call made goes again
+        with undone_if_refused() as created, _places(args.work_dir, created) as (cache_root, scratch):
+            checkpoint, directory = fetch_verified(args, cache_root, created)
             result = evaluate_checkpoint(directory, source, settings, scratch=scratch, label=_label(args))
     except OSError as error:  # a store that does not answer, a full disk: not bad input
         print(f"rankflow: eval {args.checkpoint}: {type(error).__name__}: {error}", file=sys.stderr)

@@ -67,20 +67,14 @@ def guarded_stdout() -> Iterator[None]:
 
 
 def emit(line: str) -> None:
-    """Print `line` and flush it now, so a refused write is seen here (raises OutputLost)."""
-    try:
-        print(line, flush=True)
-    except OSError as error:
-        raise _lost(error) from None
+    """Print `line` and flush it now: under `guarded_stdout`, a refused write raises OutputLost here."""
+    print(line, flush=True)
 
 
 def flush_stdout() -> None:
-    """Flush what the command printed (raises OutputLost when standard output refuses it)."""
-    try:
-        if sys.stdout is not None:
-            sys.stdout.flush()
-    except OSError as error:
-        raise _lost(error) from None
+    """Flush what the command printed (under `guarded_stdout`: OutputLost when standard output refuses it)."""
+    if sys.stdout is not None:
+        sys.stdout.flush()
 
 
 def _lost(error: OSError) -> OutputLost:

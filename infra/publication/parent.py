@@ -38,8 +38,8 @@ from infra.store.base import ObjectStore, StorageSettings, open_store
 from infra.store.verified import StoredObjectCorrupt, local_copy_matches
 from trainer_core.config import RunConfig
 from trainer_core.errors import BadInputError, ConfigError
-from trainer_core.input_files import resolved_path
 from trainer_core.run.parent_record import PARENT_FILE
+from trainer_core.storage_url import check_local_store
 
 from .parent_adapter import continue_adapter
 
@@ -106,10 +106,8 @@ def resolve_parent(config: RunConfig, created: Created | None = None) -> Committ
     source = _source(config)
     if source is None:
         return None
-    path = config.model.path or ""
-    if _REFERENCE.match(path) is None and ("://" not in path or path.startswith("file://")):
-        # A local store's path that loops is bad input, not an outage (reading through it fails with ELOOP).
-        resolved_path(path.removeprefix("file://"), "model.path", "point it at a committed checkpoint")
+    if _REFERENCE.match(config.model.path or "") is None:  # a URL: its store may be a local path
+        check_local_store(config.model.path or "", "model.path")
     store = open_source_store(source, config.storage)  # RUN@… is in the run's own store
     label = f"model.path={config.model.path!r}"  # a source was found, so model.path is set
     parent, dest = fetch_checkpoint(
