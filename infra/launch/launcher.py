@@ -37,6 +37,7 @@ from pathlib import Path
 from infra.launch.processes import handles_signal, is_stopped, kill_launch, rank_pids, signal_pids
 from infra.launch.rank_logs import RankLogTail
 from infra.launch.rendezvous import STORE_HOST_ENV, NodeRendezvous
+from infra.launch.warm_ranks import launch_env
 from trainer_core.run.process_boot import BOOT_SCRIPT, PARENT_PID_ENV
 from trainer_core.run.rank_process import ERRORS_DIR_ENV, RankErrorRecord
 
@@ -153,7 +154,7 @@ def _read_error_records(directory: Path) -> tuple[dict, ...]:
 def _child_env(
     env: dict[str, str] | None, nproc_per_node: int, errors_dir: Path, node: NodeRendezvous | None = None
 ) -> dict[str, str]:
-    child_env = {**os.environ, **(env or {})}
+    child_env = {**os.environ, **launch_env(), **(env or {})}  # the run's warm process, when it has one
     child_env.setdefault("OMP_NUM_THREADS", _threads_per_rank(nproc_per_node))
     if node is None or node.is_loopback:
         # Collective traffic of a single-node (or one-machine) launch stays on loopback as well.

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import psutil
 
+from trainer_core.run.warm_client import WARM_SOCKET_ENV
+from trainer_core.run.warm_zygote import children_dir
+
 PROC = Path("/proc")
 _GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
@@ -71,13 +74,30 @@ def _environ_value(pid: int, name: str) -> str | None:
         return None
 
 
+def _forked_rank(stand_in: int) -> int | None:
+    """The pid of the process a run's warm process forked for the rank `stand_in` stands in for, if any."""
+    socket_path = _environ_value(stand_in, WARM_SOCKET_ENV)
+    if not socket_path:
+        return None
+    try:
+        forked = (children_dir(socket_path) / str(stand_in)).read_text()
+    except OSError:
+        return None  # started by itself, not served yet, or ended
+    return int(forked) if forked.isdigit() else None
+
+
 def rank_pids(torchrun_pid: int) -> dict[int, int]:
-    """{global rank: pid} of the ranks torchrun has started (its children that carry RANK)."""
+    """{global rank: pid} of the ranks torchrun has started (its children that carry RANK).
+
+    A rank forked by the run's warm process (`infra.launch.warm_ranks`) is that
+    forked process, not torchrun's child that stands in for it: the one that
+    runs the rank's code, stops, and prints its stacks.
+    """
     ranks = {}
     for pid in child_pids(torchrun_pid):
         rank = _environ_value(pid, "RANK")
         if rank is not None and rank.isdigit():
-            ranks[int(rank)] = pid
+            ranks[int(rank)] = _forked_rank(pid) or pid
     return ranks
 
 
@@ -90,8 +110,10 @@ def signal_pids(pids: list[int] | tuple[int, ...], sig: int) -> None:
 
 
 def kill_launch(process: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """End torchrun and every rank: ranks (stopped ones too) by SIGKILL, then torchrun's group."""
-    signal_pids(descendant_pids(process.pid), signal.SIGKILL)
+    """End torchrun and every rank: ranks (stopped ones too, forked ones too) by SIGKILL, then torchrun's group."""
+    descendants = descendant_pids(process.pid)
+    forked = [pid for pid in map(_forked_rank, descendants) if pid is not None]
+    signal_pids(descendants + forked, signal.SIGKILL)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)

@@ -19,6 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+FORKED_ENV = "RANKFLOW_WARM_FORKED"
+"""Set to 1 in a rank forked by a run's warm process (`trainer_core.run.warm_zygote`)."""
+
 
 def process_start_time() -> float | None:
     """When this process started, in epoch seconds (resolution: one clock tick, 10 ms); None off Linux."""
@@ -40,11 +43,14 @@ class LaunchPhases:
 
     @classmethod
     def starting(cls) -> LaunchPhases:
-        """Marks `process_start` (when known) and `imports_done` (now: the rank's code is loaded)."""
+        """Marks `process_start` (when known) and `imports_done` (now: the rank's code is loaded); a rank the
+        run's warm process forked (its imports done before it started) also marks `forked`, at its start."""
         phases = cls()
         started = process_start_time()
         if started is not None:
             phases.marks["process_start"] = started
+            if os.environ.get(FORKED_ENV) == "1":
+                phases.marks["forked"] = started
         phases.mark("imports_done")
         return phases
 

@@ -14,7 +14,9 @@ started through this file, run by its path (a module under a package would
 import the package first), which imports only the standard library, arms
 the signal against the parent its parent named (`RANKFLOW_PARENT_PID`), exits
 at once if that parent is already gone, and only then runs MODULE as
-`__main__`, as `-m` would.
+`__main__`, as `-m` would; or, when the launcher named a run's warm process,
+has that process fork MODULE with its imports done and stands in for it
+(`trainer_core.run.warm_client`).
 
 Linux only; elsewhere MODULE just runs.
 """
@@ -73,4 +75,8 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(f"usage: python {BOOT_SCRIPT} MODULE [ARGS...]")
     die_with_parent()
+    if sys.argv[1] in os.environ.get("RANKFLOW_WARM_MODULES", "").split(","):  # forked with its imports done
+        from trainer_core.run.warm_client import run_warm
+
+        run_warm(sys.argv[1], sys.argv[2:])  # returns only when it cannot serve this module
     _run_module_as_main(sys.argv[1:])

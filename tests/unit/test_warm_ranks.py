@@ -1,0 +1,269 @@
+"""A run's warm process: torchrun's ranks are forked with their imports done, and behave as ranks started anew.
+
+Real torchrun launches of a small module, with and without a warm process:
+what the rank sees (arguments, working directory, environment, threads,
+`__main__`), how it ends (exit status, a signal) as torchrun reports it, and
+that no forked rank outlives its launch however it ends (a timeout, a stall,
+its stand-in killed). A warm process that is gone, or that does not hold the
+module, leaves the ranks to start by themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from infra.launch.launcher import launch
+from infra.launch.processes import rank_pids, wait_gone
+from infra.launch.warm_ranks import DISABLE_ENV, launch_env, start_warm_process, warm_ranks
+
+pytestmark = pytest.mark.distributed
+
+PROBE = "warm_probe"
+PROBE_BODY = """
+import sys
+START_HAD_TORCH = "torch" in sys.modules  # before this module imports it: loaded already only in a forked rank
+import json, os, signal, time
+import torch  # what makes a warm start worth it
+
+def main():
+    rank = os.environ["RANK"]
+    with open(os.path.join(os.environ["PROBE_OUT"], f"rank-{rank}.json"), "w") as out:
+        json.dump({
+            "pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv[1:], "cwd": os.getcwd(),
+            "marker": os.environ.get("PROBE_MARKER"), "threads": torch.get_num_threads(),
+            "forked": os.environ.get("RANKFLOW_WARM_FORKED"), "torch_loaded_at_start": START_HAD_TORCH,
+        }, out)
+    print(f"hello from rank {rank}", flush=True)
+    if rank == "1":
+        action = os.environ.get("PROBE_ACTION", "")
+        if action.startswith("exit"):
+            sys.exit(int(action[4:]))
+        if action in ("term", "kill", "stop"):
+            os.kill(os.getpid(), {"term": signal.SIGTERM, "kill": signal.SIGKILL, "stop": signal.SIGSTOP}[action])
+        if action == "sleep":
+            time.sleep(600)
+    if os.environ.get("PROBE_ACTION") == "sleep":
+        time.sleep(600)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.fixture
+def probe(tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / f"{PROBE}.py").write_text(textwrap.dedent(PROBE_BODY))
+    out = tmp_path / "out"
+    out.mkdir()
+    return {"PYTHONPATH": f"{code}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "PROBE_OUT": str(out)}
+
+
+@pytest.fixture
+def warm(probe):
+    process = start_warm_process((PROBE,), env=probe)
+    deadline = time.monotonic() + 120
+    while not process.is_ready():
+        assert process.process.poll() is None, (process.directory / "warm.log").read_text()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    yield process
+    process.stop()
+
+
+def _seen(probe, rank):
+    return json.loads((Path(probe["PROBE_OUT"]) / f"rank-{rank}.json").read_text())
+
+
+def _launch(probe, warm, timeout_s=120, **env):
+    lines = []
+    result = launch(
+        PROBE,
+        ["--flag", "value with spaces"],
+        nproc_per_node=2,
+        timeout_s=timeout_s,
+        env={**probe, **(warm.env() if warm else {}), **env},
+        on_line=lines.append,
+    )
+    return result, lines
+
+
+def test_a_forked_rank_sees_what_a_rank_started_anew_sees(probe, warm):
+    result, lines = _launch(probe, warm, PROBE_MARKER="the launch's own")
+    assert result.returncode == 0, lines
+    assert "[rank 0] hello from rank 0" in lines and "[rank 1] hello from rank 1" in lines  # its log files
+    forked = [_seen(probe, rank) for rank in (0, 1)]
+    cold, cold_lines = _launch(probe, None, PROBE_MARKER="the launch's own")
+    assert cold.returncode == 0, cold_lines
+    anew = [_seen(probe, rank) for rank in (0, 1)]
+    for mine, reference in zip(forked, anew, strict=True):
+        assert mine["ppid"] == warm.process.pid and reference["ppid"] != warm.process.pid
+        assert mine["forked"] == "1" and reference["forked"] is None
+        assert mine["torch_loaded_at_start"] and not reference["torch_loaded_at_start"]  # the imports were done
+        for key in ("argv", "cwd", "marker", "threads"):
+            assert mine[key] == reference[key], key
+    assert anew[0]["argv"] == ["--flag", "value with spaces"] and anew[0]["marker"] == "the launch's own"
+
+
+@pytest.mark.parametrize(
+    ("action", "exit_status"), [("exit3", 3), ("term", -signal.SIGTERM), ("kill", -signal.SIGKILL)]
+)
+def test_torchrun_sees_a_forked_rank_end_as_it_ended(probe, warm, action, exit_status):
+    result, lines = _launch(probe, warm, PROBE_ACTION=action)
+    assert result.returncode != 0
+    assert result.rank_exits.get(1) == exit_status, lines
+    assert result.root_cause_rank == 1
+
+
+def test_a_stalled_launch_names_the_stopped_forked_rank_and_leaves_no_rank(probe, warm):
+    stalled_after = time.monotonic() + 8
+
+    def monitor():
+        return "no progress" if time.monotonic() > stalled_after else None
+
+    lines = []
+    result = launch(
+        PROBE,
+        [],
+        nproc_per_node=2,
+        timeout_s=120,
+        env={**probe, **warm.env(), "PROBE_ACTION": "stop"},
+        on_line=lines.append,
+        monitor=monitor,
+        poll_s=0.2,
+    )
+    assert result.stalled == "no progress"
+    assert result.stopped_ranks == (1,), lines  # the forked process, not its stand-in, is the one stopped
+    assert wait_gone([_seen(probe, 0)["pid"], _seen(probe, 1)["pid"]], 5) == []
+
+
+def test_a_timed_out_launch_leaves_no_forked_rank(probe, warm):
+    result, _ = _launch(probe, warm, timeout_s=15, PROBE_ACTION="sleep")
+    assert result.timed_out
+    assert wait_gone([_seen(probe, 0)["pid"], _seen(probe, 1)["pid"]], 5) == []
+    assert not list((warm.directory / "children").iterdir())
+
+
+def test_a_killed_stand_in_takes_its_forked_rank_with_it(probe, warm):
+    import threading
+
+    results = []
+    launching = threading.Thread(target=lambda: results.append(_launch(probe, warm, PROBE_ACTION="sleep")))
+    launching.start()
+    deadline = time.monotonic() + 120
+    while not all((Path(probe["PROBE_OUT"]) / f"rank-{r}.json").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    forked = _seen(probe, 1)["pid"]
+    torchrun = next(
+        p for p in psutil.Process().children(recursive=True) if "loopback_torchrun" in " ".join(p.cmdline())
+    )
+    ranks = rank_pids(torchrun.pid)
+    assert ranks[1] == forked  # the launcher resolves the stand-in to the process it stands in for
+    stand_in = next(c.pid for c in torchrun.children() if c.environ().get("RANK") == "1")
+    os.kill(stand_in, signal.SIGKILL)
+    assert wait_gone([forked], 3) == []
+    launching.join(60)
+    ((result, _),) = results
+    assert result.returncode != 0 and result.rank_exits.get(1) == -signal.SIGKILL
+
+
+def test_ranks_start_by_themselves_when_the_warm_process_is_gone_or_lacks_the_module(probe, warm):
+    other = {**warm.env(), "RANKFLOW_WARM_MODULES": "trainer_core.run.segment_main"}  # not the probe
+    result, lines = _launch(probe, None, **other)
+    assert result.returncode == 0, lines
+    assert _seen(probe, 0)["forked"] is None
+    warm.process.kill()
+    warm.process.wait()
+    result, lines = _launch(probe, warm)
+    assert result.returncode == 0, lines
+    assert _seen(probe, 1)["forked"] is None and _seen(probe, 1)["ppid"] != warm.process.pid
+
+
+def test_warm_ranks_starts_one_process_per_context_and_stops_it(monkeypatch):
+    with warm_ranks(("json",)) as warm:
+        assert warm is not None and launch_env()["RANKFLOW_WARM_PID"] == str(warm.process.pid)
+        with warm_ranks(("json",)) as inner:
+            assert inner is warm  # a flow inside `rankflow run` uses the one the command started
+        deadline = time.monotonic() + 60
+        while not warm.is_ready():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert warm.process.poll() is not None and not warm.directory.exists()
+    assert launch_env() == {}
+    monkeypatch.setenv(DISABLE_ENV, "0")
+    with warm_ranks(("json",)) as none:
+        assert none is None and launch_env() == {}
+
+
+SLEEPER = """
+import time
+if __name__ == "__main__":
+    time.sleep(2)
+"""
+
+
+def _ready_light_process(tmp_path):
+    (tmp_path / "warm_sleeper.py").write_text(SLEEPER)
+    process = start_warm_process(("warm_sleeper",), env={"PYTHONPATH": str(tmp_path)})
+    deadline = time.monotonic() + 60
+    while not process.is_ready():
+        assert process.process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    return process
+
+
+def _request(path, module, fds):
+    import socket
+
+    from trainer_core.run.warm_client import HEADER
+
+    body = json.dumps({"module": module, "args": [], "cwd": os.getcwd(), "env": dict(os.environ), "client_pid": 1})
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(str(path))
+    connection.settimeout(30)
+    socket.send_fds(connection, [HEADER.pack(len(body))], fds)
+    connection.sendall(body.encode())
+    return connection
+
+
+def _cpu_s(pid):
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def test_the_warm_process_refuses_what_it_cannot_serve_and_keeps_serving(tmp_path):
+    import socket
+
+    warm = _ready_light_process(tmp_path)
+    try:
+        with open(os.devnull, "rb") as null_in, open(os.devnull, "wb") as null_out:
+            fds = [null_in.fileno(), null_out.fileno(), null_out.fileno()]
+            assert _request(warm.socket_path, "not_served", fds).recv(64) == b"no\n"
+            assert _request(warm.socket_path, "warm_sleeper", fds[:1]).recv(64) == b"no\n"  # not the three streams
+            junk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            junk.connect(str(warm.socket_path))
+            junk.sendall(b"\xff" * 64)  # no request: dropped, nothing forked
+            junk.settimeout(30)
+            assert junk.recv(64) == b""
+            served = _request(warm.socket_path, "warm_sleeper", fds)
+            assert served.recv(64).decode().startswith("ok ")
+            served.sendall(b"chatter after the request")  # read and ignored while the child sleeps: no busy loop
+            before = _cpu_s(warm.process.pid)
+            time.sleep(1.0)
+            assert _cpu_s(warm.process.pid) - before < 0.3
+            status = served.recv(64)
+            while not status.endswith(b"\n"):
+                status += served.recv(64)
+            assert status == b"exit 0\n"
+    finally:
+        warm.stop()
