@@ -10,6 +10,7 @@ from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import State
 from prefect.runtime import flow_run
 
+from infra.launch.warm_ranks import warm_ranks
 from infra.publication.commit import CommitOutcome
 from infra.publication.parent import resolve_parent
 from infra.tracking import tag_checkpoint
@@ -43,7 +44,7 @@ def _planning_name() -> str:
 def train_flow(config: RunConfig) -> dict | State:
     """Train `config` in segments, exporting and committing checkpoints as configured."""
     run = RunRecord(config)
-    with run.failures_reported():
+    with run.failures_reported(), warm_ranks():  # `rankflow run` started it already; a deployed run starts it here
         check_storage(config.storage.url)
         resolve_parent(config)  # model.path naming a committed checkpoint (a deployed run; `rankflow run` did it)
         computed = compute_plan(config)  # pure: names the run (its id), writes nothing for it

@@ -100,6 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILED
     checked.store_cache()
+    from infra.launch.warm_ranks import warm_ranks
     from infra.runs.run_lease import RunAlreadyActive
 
     from ..finish import drain_prefect
@@ -109,7 +110,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     quiet_tracebacks()  # tracebacks go to the run's log files and the Prefect API, not to the terminal
     result, error, message = None, None, None
     try:
-        summary = train_flow(config)
+        with warm_ranks():  # the ranks' imports, once, beside the start of Prefect's temporary server
+            summary = train_flow(config)
         # Called directly, a flow returns its state's result: the Cancelled state it returns when
         # another run holds the run id raises its data (RunAlreadyActive, below), so a value is the summary.
         assert isinstance(summary, dict)

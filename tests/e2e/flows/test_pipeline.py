@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from infra.publication.checkpoints import download_checkpoint, latest_checkpoint
 from infra.publication.journal import journal_path_for
 from infra.publication.retention import is_retired
 from infra.runs import ledger
-from infra.runs.run_state import segment_bundle, stored_bundle
+from infra.runs.run_state import read_bundle_manifest, segment_bundle, stored_bundle
 from infra.store.base import open_store
 from tests.conftest import EXAMPLES, tiny_tree
 from tests.e2e.flows.prefect_queries import artifacts_of, flow_runs_named, run_events, table_rows, task_runs_of
@@ -321,6 +322,12 @@ def test_a_work_dir_deleted_mid_run_and_a_fresh_worker_resume_from_the_store(
 
     def delete_the_run_dir_first(planned, segment_index):
         if segment_index == 1:  # the whole run directory is gone when segment 1 starts
+            # Once segment 0's state is stored: its upload runs beside segment 1, and a state lost from the only
+            # disk that held it before it was stored is trained again, not resumed (a loaded machine got here first).
+            store, deadline = open_store(planned.storage), time.monotonic() + 120
+            while read_bundle_manifest(store, planned.run_id, segment_bundle(0)) is None:
+                assert time.monotonic() < deadline, "segment 0's state was never stored"
+                time.sleep(0.05)
             shutil.rmtree(planned.run_dir)
         real_fetch(planned, segment_index)
 

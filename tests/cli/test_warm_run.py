@@ -1,0 +1,109 @@
+"""`rankflow run` with warm ranks: the same checkpoint, bitwise, as ranks started anew, and nothing left running.
+
+Two real `rankflow` processes on the same tiny config (2 segments of 2 gloo
+ranks, then an export), one as a user runs it (the run's warm process forks
+every rank) and one with `RANKFLOW_WARM_RANKS=0` (every rank imports by
+itself, as before warm processes). The reference is the second run: its
+committed weights and its losses. The progress records say which ranks were
+forked; a child subreaper (tests/cli/watch_exit.py) finds what the command
+left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.launch.warm_ranks import DISABLE_ENV
+from tests.conftest import tiny_tree
+from trainer_core.run.progress import export_progress_path, progress_path
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.flow, pytest.mark.distributed]
+
+
+def _toml(tree: dict) -> str:
+    return "\n".join(
+        f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
+        for section, values in tree.items()
+    )
+
+
+def _run(root: Path, warm: bool) -> dict:
+    root.mkdir()
+    tree = tiny_tree(root, train={"steps": 4, "steps_per_segment": 2, "global_batch_size": 4})
+    config = root / "run.toml"
+    config.write_text(_toml(tree))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PREFECT_HOME": str(root / "prefect-home"),
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        DISABLE_ENV: "1" if warm else "0",
+    }
+    env.pop("PREFECT_API_URL", None)
+    script = Path(sys.executable).with_name("rankflow")
+    rankflow = [str(script)] if script.is_file() else [sys.executable, "-m", "flows.cli"]
+    out = root / "watched.json"
+    subprocess.run(
+        [sys.executable, "-m", "tests.cli.watch_exit", str(out), "--", *rankflow, "run", str(config)],
+        cwd=root,
+        env=env,
+        timeout=900,
+        check=True,
+    )
+    watched = json.loads(out.read_text())
+    assert watched["returncode"] == 0, watched["stderr"][-3000:]
+    summary = json.loads(watched["stdout"].strip().splitlines()[-1])
+    run_dir = Path(tree["run"]["work_dir"]) / summary["run_id"]
+    ready = [
+        json.loads(line)
+        for path in (progress_path(run_dir, 0), progress_path(run_dir, 1), export_progress_path(run_dir, 1))
+        for line in path.read_text().splitlines()
+        if '"ready"' in line
+    ]
+    weights = Path(summary["checkpoint_url"]) / "model.safetensors"
+    return {
+        "summary": summary,
+        "ready": ready,
+        "weights": weights.read_bytes(),
+        "left": watched["left_behind"],
+        "output": watched["stdout"] + watched["stderr"],
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("warm-run")
+    return {"warm": _run(root / "warm", warm=True), "anew": _run(root / "anew", warm=False)}
+
+
+def test_a_run_with_warm_ranks_commits_bitwise_what_ranks_started_anew_commit(runs):
+    warm, anew = runs["warm"], runs["anew"]
+    assert warm["summary"]["run_id"] == anew["summary"]["run_id"]
+    assert warm["summary"]["losses"] == anew["summary"]["losses"] and len(warm["summary"]["losses"]) == 4
+    assert warm["weights"] == anew["weights"]
+
+
+def test_every_launch_of_a_run_is_forked_warm_and_none_without(runs):
+    assert len(runs["warm"]["ready"]) == 3 and len(runs["anew"]["ready"]) == 3  # two segments and the export
+    segments_warm = [r for r in runs["warm"]["ready"] if "phases" in r]
+    assert segments_warm and all("forked" in r["phases"] for r in segments_warm)
+    assert all("forked" not in r.get("phases", {}) for r in runs["anew"]["ready"])
+
+
+def test_the_warm_process_does_not_outlive_the_command(runs):
+    assert runs["warm"]["left"] == []
+
+
+def test_a_forked_rank_prints_no_more_than_a_rank_started_anew(runs):
+    assert "Warning" not in runs["warm"]["output"], [
+        line for line in runs["warm"]["output"].splitlines() if "Warning" in line
+    ]
