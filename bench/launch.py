@@ -1,10 +1,12 @@
 """`python -m bench.launch`: where a segment launch's seconds go, against the floor of a bare torchrun launch.
 
 The tiny job (`examples/tiny_sft.toml`: 2 gloo ranks, 20 steps a segment) is
-planned once; segment 0 is launched once (cold; it also writes the state the
-others resume from), then, interleaved, `--reps` launches of segment 1 (which
-loads segment 0's state, as every segment after the first does) and as many
-bare torchrun launches of the same number of ranks running
+planned once; segment 0 is launched once (it writes the state the others
+resume from), then, interleaved, `--reps` launches of segment 1 (which loads
+segment 0's state, as every segment after the first does) as a run makes them
+(its ranks forked by the run's warm process, `infra.launch.warm_ranks`), as
+many with every rank importing by itself (`cold`: as before warm processes),
+and as many bare torchrun launches of the same number of ranks running
 `bench/scripts/launch_floor.py` (import torch, join a gloo process group: the floor).
 Each segment launch is split from timestamps: the bench's clock around
 `infra.launch.launcher.launch`, the marks rank 0 puts in its `ready` record
@@ -167,16 +169,19 @@ def _plan_tiny_job(work: Path) -> Path:
     return run_dir
 
 
-def _launch_segment(code: Path, run_dir: Path, segment: int, world_size: int) -> dict[str, float]:
-    """One launch of `segment` by `code`'s launcher and trainer core (`scripts/segment_launch.py`), split."""
+def _launch_segment(code: Path, run_dir: Path, segment: int, world_size: int, warm: bool = True) -> dict[str, float]:
+    """One launch of `segment` by `code`'s launcher and trainer core (`scripts/segment_launch.py`), split;
+    `warm`: as a run launches, its ranks forked by the run's warm process (otherwise each imports by itself)."""
     command = [sys.executable, str(SEGMENT_LAUNCH_SCRIPT), str(run_dir), str(segment), str(world_size)]
-    done = subprocess.run(
-        command, cwd=code, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(code)}
-    )
+    env = {**os.environ, "PYTHONPATH": str(code), "RANKFLOW_WARM_RANKS": "1" if warm else "0"}
+    done = subprocess.run(command, cwd=code, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"the segment launch of {code} failed:\n{done.stderr[-4000:]}")
     timed = json.loads(done.stdout.splitlines()[-1])
-    return breakdown(segment_marks(timed["launch"], timed["exit"], timed["records"]))
+    pieces = breakdown(segment_marks(timed["launch"], timed["exit"], timed["records"]))
+    if timed.get("warm_ready_s") is not None:
+        pieces["warm_ready_s"] = round(timed["warm_ready_s"], 3)  # before the clock: a run hides it
+    return pieces
 
 
 def _launch_floor(world_size: int, work: Path) -> dict[str, float]:
@@ -222,12 +227,17 @@ def main(argv: list[str] | None = None) -> dict:
     world_size = 2
     imports = {"code": _rank_imports(code), **({"before": _rank_imports(before)} if before else {})}
     print(f"rank imports: {imports}", flush=True)
-    sides: dict[str, list[dict[str, float]]] = {"floor": [], "code": [], **({"before": []} if before else {})}
+    sides: dict[str, list[dict[str, float]]] = {
+        "floor": [],
+        "code": [],
+        "cold": [],
+        **({"before": []} if before else {}),
+    }
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
         work = Path(tmp)
         run_dirs = {"code": _plan_tiny_job(work / "code")}
-        cold = _launch_segment(code, run_dirs["code"], 0, world_size)  # writes the state segment 1 resumes
-        print(f"segment 0 (cold): {cold}", flush=True)
+        first = _launch_segment(code, run_dirs["code"], 0, world_size)  # writes the state segment 1 resumes
+        print(f"segment 0 (first launch): {first}", flush=True)
         if before is not None:
             run_dirs["before"] = work / "before" / run_dirs["code"].relative_to(work / "code")
             shutil.copytree(run_dirs["code"], run_dirs["before"])
@@ -237,12 +247,14 @@ def main(argv: list[str] | None = None) -> dict:
             for name in names[rep % len(names) :] + names[: rep % len(names)]:  # each side first in turn
                 if name == "floor":
                     sides[name].append(_launch_floor(world_size, work))
+                elif name == "cold":
+                    sides[name].append(_launch_segment(code, run_dirs["code"], 1, world_size, warm=False))
                 else:
                     checkout = checkouts[name]
                     assert checkout is not None
                     sides[name].append(_launch_segment(checkout, run_dirs[name], 1, world_size))
                 print(f"rep {rep} {name}: {sides[name][-1]}", flush=True)
-    floor, segment = medians(sides["floor"]), medians(sides["code"])
+    floor, segment, cold_launches = medians(sides["floor"]), medians(sides["code"]), medians(sides["cold"])
     result = {
         "bench": "launch",
         "baseline": {"what": "bare torchrun: import torch, gloo process group", **floor},
@@ -251,6 +263,8 @@ def main(argv: list[str] | None = None) -> dict:
         "higher_is_better": False,
         "target_to_first_step_s": TARGET_TO_FIRST_STEP_S,
         "meets_target": segment["to_first_step_s"] <= TARGET_TO_FIRST_STEP_S,
+        "cold": {"what": "the same launches, every rank importing by itself (RANKFLOW_WARM_RANKS=0)", **cold_launches},
+        "warm_to_first_step_speedup": round(cold_launches["to_first_step_s"] / segment["to_first_step_s"], 3),
     }
     if before is not None:
         earlier = medians(sides["before"])
@@ -260,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["wall_speedup"] = round(earlier["wall_s"] / segment["wall_s"], 3)
     result.update(
         {
-            "cold_first_launch": cold,
+            "first_launch": first,
             "rank_imports": imports,
             "reps": reps,
             "world_size": world_size,
