@@ -74,7 +74,8 @@ _active: contextvars.ContextVar[WarmProcess | None] = contextvars.ContextVar("ra
 
 def start_warm_process(modules: tuple[str, ...] = ENTRY_POINTS, env: dict[str, str] | None = None) -> WarmProcess:
     """Start a warm process importing `modules`; it is ready once its socket exists (`is_ready`)."""
-    # Short and under /tmp: a Unix socket's path holds at most 107 bytes.
+    # Short and under /tmp: a Unix socket's path holds at most 107 bytes (a longer one: the warm process
+    # fails to bind and exits, and the ranks start by themselves). The directory is this user's alone (0700).
     directory = Path(tempfile.mkdtemp(prefix="rankflow-warm-", dir="/tmp" if os.path.isdir("/tmp") else None))
     child_env = {**os.environ, **(env or {})}
     for name in (WARM_SOCKET_ENV, WARM_PID_ENV, WARM_MODULES_ENV):
@@ -111,7 +112,11 @@ def warm_ranks(modules: tuple[str, ...] = ENTRY_POINTS) -> Iterator[WarmProcess 
     if os.environ.get(DISABLE_ENV) == "0" or _active.get() is not None:
         yield _active.get()
         return
-    warm = start_warm_process(modules)
+    try:
+        warm = start_warm_process(modules)
+    except OSError:  # no temporary directory, no process to spare: the ranks start by themselves, as before
+        yield None
+        return
     token = _active.set(warm)
     try:
         yield warm

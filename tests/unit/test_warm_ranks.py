@@ -267,3 +267,24 @@ def test_the_warm_process_refuses_what_it_cannot_serve_and_keeps_serving(tmp_pat
             assert status == b"exit 0\n"
     finally:
         warm.stop()
+
+
+def test_ranks_start_by_themselves_at_once_when_the_warm_directory_was_removed(probe, warm):
+    import shutil
+
+    shutil.rmtree(warm.directory)  # a /tmp cleaner: the socket is gone, the process is not
+    started = time.monotonic()
+    result, lines = _launch(probe, warm)
+    assert result.returncode == 0, lines
+    assert _seen(probe, 0)["forked"] is None and time.monotonic() - started < 60  # not the 120 s wait
+
+
+def test_a_warm_process_that_cannot_start_leaves_the_run_without_one(monkeypatch):
+    import tempfile
+
+    def no_room(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", no_room)
+    with warm_ranks(("json",)) as none:
+        assert none is None and launch_env() == {}

@@ -61,8 +61,8 @@ def _connect(path: str, warm_pid: int) -> socket.socket | None:
     """A connection to the warm process once its socket exists; None if it is gone or never gets ready."""
     deadline = time.monotonic() + READY_WAIT_S
     while not os.path.exists(path):
-        if not _alive(warm_pid) or time.monotonic() > deadline:
-            return None
+        if not _alive(warm_pid) or time.monotonic() > deadline or not os.path.isdir(os.path.dirname(path)):
+            return None  # gone, never ready, or its directory removed (the socket will not appear)
         time.sleep(0.02)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

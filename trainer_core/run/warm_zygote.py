@@ -169,7 +169,10 @@ class WarmServer:
             for fd in fds:
                 os.close(fd)
         stand_in = int(request.get("client_pid", 0))
-        (self.children / str(stand_in)).write_text(str(child))
+        try:
+            (self.children / str(stand_in)).write_text(str(child))
+        except OSError:
+            pass  # its directory removed under it (a /tmp cleaner): the launcher then sees only the stand-in
         self.by_connection[connection] = child
         self.by_child[child] = (connection, stand_in)
         try:
@@ -204,7 +207,10 @@ class WarmServer:
             if child == 0:
                 return
             connection, stand_in = self.by_child.pop(child, (None, 0))
-            (self.children / str(stand_in)).unlink(missing_ok=True)
+            try:
+                (self.children / str(stand_in)).unlink(missing_ok=True)
+            except OSError:
+                pass
             if connection is not None and connection in self.by_connection:
                 try:
                     connection.sendall(_status_line(status).encode())
