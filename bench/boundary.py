@@ -14,7 +14,9 @@ bytes per parameter: FP32 weights and two AdamW moments):
   before records.)
 - candidate: segment K saves (fsync'd, fingerprinted); segment K+1 starts at
   once from the local state (its record's trust rule: no hashing) while the
-  state upload runs beside it (hashing once).
+  state upload runs beside it (hashing once), its ranks forked by the run's
+  warm process as a run's are (`infra.launch.warm_ranks`; the baseline's
+  ranks import by themselves, as before).
 
 Printed: each side's boundary in seconds and seconds per GB at each size,
 the pieces (save, hash, upload, verify, launch to ready with its load,
@@ -160,6 +162,7 @@ def _planned(root: Path, overrides: dict, store_url: str):
 
 def measure(root: Path, overrides: dict, store_url: str, side: str) -> dict:
     """One boundary (segment 0 → 1) on one side; returns its figures in seconds."""
+    from infra.launch.warm_ranks import warm_ranks
     from infra.runs import run_state as infra_run_state
     from tasks import run_state, segment
     from tasks.state_upload import upload_state_fn
@@ -172,6 +175,7 @@ def measure(root: Path, overrides: dict, store_url: str, side: str) -> dict:
     quiet = {"on_line": lambda _line: None}
     timer = _Timer()
     with (
+        warm_ranks() if side == "candidate" else contextlib.nullcontext(),
         timer.wrapping(segment, "fetch_segment_inputs", "verify_s"),
         timer.wrapping(infra_run_state, "_entries", "hash_s"),
         timer.wrapping(state_record.LocalState, "digests", "hash_s"),
