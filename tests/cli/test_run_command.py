@@ -11,60 +11,27 @@ the run's own ledger and log files.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli.watched_run import watched_rankflow_run
 from tests.conftest import tiny_tree
 from trainer_core.run.faults import FAULT_ENV, FAULT_KIND_ENV
 
-REPO = Path(__file__).resolve().parents[2]
 EXIT_WITHIN_S = 2.0
 
 pytestmark = [pytest.mark.flow, pytest.mark.distributed]  # `rankflow run`: a Prefect flow over torchrun
-
-
-def _toml(tree: dict) -> str:
-    return "\n".join(
-        f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
-        for section, values in tree.items()
-    )
-
-
-def _rankflow() -> list[str]:
-    script = Path(sys.executable).with_name("rankflow")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "flows.cli"]
 
 
 @pytest.fixture(scope="module")
 def failed_run(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("failed-run")
     tree = tiny_tree(root, train={"steps": 2, "steps_per_segment": 2, "global_batch_size": 4})
-    config = root / "run.toml"
-    config.write_text(_toml(tree))
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "PREFECT_HOME": str(root / "prefect-home"),
-        "DO_NOT_TRACK": "1",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        FAULT_ENV: f"1:1:{root / 'fault-happened'}",
-        FAULT_KIND_ENV: "code",
-    }  # rank 1 raises a TypeError at step 1: a retry would fail the same way
-    env.pop("PREFECT_API_URL", None)  # the command's own temporary server, as on a fresh machine
-    out = root / "watched.json"
-    subprocess.run(
-        [sys.executable, "-m", "tests.cli.watch_exit", str(out), "--", *_rankflow(), "run", str(config)],
-        cwd=root,
-        env=env,
-        timeout=900,
-        check=True,
-    )
-    return {"root": root, "tree": tree, **json.loads(out.read_text())}
+    # rank 1 raises a TypeError at step 1: a retry would fail the same way
+    env = {FAULT_ENV: f"1:1:{root / 'fault-happened'}", FAULT_KIND_ENV: "code"}
+    return {"root": root, "tree": tree, **watched_rankflow_run(root, tree, env)}
 
 
 def test_a_failed_run_prints_one_clean_line_naming_stage_rank_and_retries(failed_run):

@@ -12,54 +12,22 @@ left running.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from infra.launch.warm_ranks import DISABLE_ENV
+from tests.cli.watched_run import watched_rankflow_run
 from tests.conftest import tiny_tree
 from trainer_core.run.progress import export_progress_path, progress_path
 
-REPO = Path(__file__).resolve().parents[2]
-
 pytestmark = [pytest.mark.flow, pytest.mark.distributed]
-
-
-def _toml(tree: dict) -> str:
-    return "\n".join(
-        f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
-        for section, values in tree.items()
-    )
 
 
 def _run(root: Path, warm: bool) -> dict:
     root.mkdir()
     tree = tiny_tree(root, train={"steps": 4, "steps_per_segment": 2, "global_batch_size": 4})
-    config = root / "run.toml"
-    config.write_text(_toml(tree))
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "PREFECT_HOME": str(root / "prefect-home"),
-        "DO_NOT_TRACK": "1",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        DISABLE_ENV: "1" if warm else "0",
-    }
-    env.pop("PREFECT_API_URL", None)
-    script = Path(sys.executable).with_name("rankflow")
-    rankflow = [str(script)] if script.is_file() else [sys.executable, "-m", "flows.cli"]
-    out = root / "watched.json"
-    subprocess.run(
-        [sys.executable, "-m", "tests.cli.watch_exit", str(out), "--", *rankflow, "run", str(config)],
-        cwd=root,
-        env=env,
-        timeout=900,
-        check=True,
-    )
-    watched = json.loads(out.read_text())
+    watched = watched_rankflow_run(root, tree, {DISABLE_ENV: "1" if warm else "0"})
     assert watched["returncode"] == 0, watched["stderr"][-3000:]
     summary = json.loads(watched["stdout"].strip().splitlines()[-1])
     run_dir = Path(tree["run"]["work_dir"]) / summary["run_id"]
