@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.launch.processes import is_alive, is_stopped
 from trainer_core.run.process_boot import BOOT_SCRIPT, PARENT_PID_ENV
 from trainer_core.run.warm_client import WARM_MODULES_ENV, WARM_PID_ENV, WARM_SOCKET_ENV
 
@@ -61,11 +62,35 @@ class WarmProcess:
     def is_ready(self) -> bool:
         return self.process.poll() is None and self.socket_path.exists()
 
+    def is_usable(self) -> bool:
+        """Alive and not stopped: a stopped one would keep each rank waiting for its answer."""
+        return self.process.poll() is None and not is_stopped(self.process.pid)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()  # its children die with it (their parent-death signal)
         self.process.wait()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+PREFIX = "rankflow-warm-"
+OWNER_FILE = "owner.pid"
+"""In a warm directory: the pid of the process that started the warm process (it dies with that process)."""
+
+
+def remove_orphaned_directories(parent: Path) -> list[Path]:
+    """Remove the warm directories under `parent` whose owner is gone (a `rankflow run` that was SIGKILLed
+    cannot remove its own); returns them. A directory without its owner's pid yet is being made: kept."""
+    removed = []
+    for directory in parent.glob(f"{PREFIX}*"):
+        try:
+            owner = (directory / OWNER_FILE).read_text()
+        except OSError:
+            continue
+        if owner.isdigit() and not is_alive(int(owner)) and directory.stat().st_uid == os.getuid():
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed
 
 
 _active: contextvars.ContextVar[WarmProcess | None] = contextvars.ContextVar("rankflow_warm_process", default=None)
@@ -76,7 +101,10 @@ def start_warm_process(modules: tuple[str, ...] = ENTRY_POINTS, env: dict[str, s
     """Start a warm process importing `modules`; it is ready once its socket exists (`is_ready`)."""
     # Short and under /tmp: a Unix socket's path holds at most 107 bytes (a longer one: the warm process
     # fails to bind and exits, and the ranks start by themselves). The directory is this user's alone (0700).
-    directory = Path(tempfile.mkdtemp(prefix="rankflow-warm-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    parent = Path("/tmp") if os.path.isdir("/tmp") else Path(tempfile.gettempdir())
+    remove_orphaned_directories(parent)
+    directory = Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
+    (directory / OWNER_FILE).write_text(str(os.getpid()))
     child_env = {**os.environ, **(env or {})}
     for name in (WARM_SOCKET_ENV, WARM_PID_ENV, WARM_MODULES_ENV):
         child_env.pop(name, None)  # it is no rank: it must never wait for itself
@@ -103,7 +131,7 @@ def start_warm_process(modules: tuple[str, ...] = ENTRY_POINTS, env: dict[str, s
 def launch_env() -> dict[str, str]:
     """The environment a launch adds for its ranks: the active warm process's names, or nothing."""
     warm = _active.get()
-    return warm.env() if warm is not None and warm.process.poll() is None else {}
+    return warm.env() if warm is not None and warm.is_usable() else {}
 
 
 @contextmanager

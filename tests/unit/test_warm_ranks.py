@@ -50,6 +50,9 @@ def main():
             os.kill(os.getpid(), {"term": signal.SIGTERM, "kill": signal.SIGKILL, "stop": signal.SIGSTOP}[action])
         if action == "sleep":
             time.sleep(600)
+        if action == "late3":
+            time.sleep(4)
+            sys.exit(3)
     if os.environ.get("PROBE_ACTION") == "sleep":
         time.sleep(600)
 
@@ -288,3 +291,39 @@ def test_a_warm_process_that_cannot_start_leaves_the_run_without_one(monkeypatch
     monkeypatch.setattr(tempfile, "mkdtemp", no_room)
     with warm_ranks(("json",)) as none:
         assert none is None and launch_env() == {}
+
+
+def test_a_rank_whose_warm_process_is_stopped_still_ends_as_it_ended(probe, warm):
+    import threading
+
+    results = []
+    launching = threading.Thread(target=lambda: results.append(_launch(probe, warm, PROBE_ACTION="late3")))
+    launching.start()
+    deadline = time.monotonic() + 120
+    while not (Path(probe["PROBE_OUT"]) / "rank-1.json").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(warm.process.pid, signal.SIGSTOP)  # its children run on; it can neither reap them nor report
+    stopped_at = time.monotonic()
+    try:
+        assert not warm.is_usable()  # the next launch would not name it
+        launching.join(60)
+        assert not launching.is_alive() and time.monotonic() - stopped_at < 20  # not the stall watchdog's wait
+        ((result, lines),) = results
+        assert result.rank_exits.get(1) == 3 and _seen(probe, 1)["forked"] == "1", lines
+    finally:
+        os.kill(warm.process.pid, signal.SIGCONT)
+
+
+def test_warm_directories_of_dead_owners_are_removed_and_others_kept(tmp_path):
+    from infra.launch.warm_ranks import OWNER_FILE, PREFIX, remove_orphaned_directories
+
+    dead = psutil.Popen(["true"])
+    dead.wait()
+    orphaned, owned, making = (tmp_path / f"{PREFIX}{name}" for name in ("orphaned", "owned", "making"))
+    for directory in (orphaned, owned, making):
+        directory.mkdir()
+    (orphaned / OWNER_FILE).write_text(str(dead.pid))
+    (owned / OWNER_FILE).write_text(str(os.getpid()))
+    assert remove_orphaned_directories(tmp_path) == [orphaned]
+    assert not orphaned.exists() and owned.exists() and making.exists()

@@ -14,7 +14,10 @@ then stays as the child's stand-in, which is what torchrun watches:
   signal raised on itself, so torchrun reports the rank exactly as it would
   have without the warm start;
 - this process dying (torchrun gone, SIGKILL) closes the socket, and the warm
-  process kills the child at once.
+  process kills the child at once;
+- a child that has ended is seen here even when the warm process does not
+  report it (stopped, or too busy): its status is read from /proc while it
+  waits to be reaped.
 
 Only the standard library is imported here: this runs before any slow import,
 from `trainer_core.run.process_boot`. Whenever the warm process cannot serve
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -40,6 +44,8 @@ WARM_MODULES_ENV = "RANKFLOW_WARM_MODULES"
 """The modules it serves, comma-separated: any other (torchrun itself) starts as before, without waiting."""
 READY_WAIT_S = 120.0
 """The longest a rank waits for a warm process still importing; then it imports itself."""
+ZOMBIE_GRACE_S = 1.0
+"""How long a child that has ended waits for the warm process to report it before its own status is taken."""
 ANSWER_WAIT_S = 30.0
 """The longest a rank waits for the warm process to fork it; then it closes the request and imports itself."""
 HEADER = struct.Struct("!Q")
@@ -48,13 +54,52 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 """What torchrun (or a person) sends a rank to end it; passed on to the child."""
 
 
-def _alive(pid: int) -> bool:
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (the state first), or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rsplit(b")", 1)[1].split()[0]
+            return stat.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
+        return None
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in (b"Z", b"X")
+
+
+def _status_of_unreaped(pid: int) -> str | None:
+    """`exit CODE` / `signal N` of a child that has ended and is not reaped yet (a zombie), else None.
+
+    Its status is in /proc/PID/stat (field 52, as waitpid reports it) until its
+    parent reaps it: a warm process that is stopped, or too busy to answer,
+    cannot hold the rank's end back.
+    """
+    fields = _stat(pid)
+    if fields is None or fields[0] != b"Z" or len(fields) < 50:
+        return None
+    status = int(fields[49])
+    return f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.waitstatus_to_exitcode(status)}"
+
+
+def _wait_for_end(connection: socket.socket, child: int) -> str:
+    """How the child ended: the warm process's report, or the child's own status if that report does not come
+    within ZOMBIE_GRACE_S of its end; "" if the warm process went without reporting."""
+    ended_at = None
+    while True:
+        try:
+            ready, _, _ = select.select([connection], [], [], 0.25)
+        except InterruptedError:
+            continue
+        if ready:
+            return _read_line(connection)
+        status = _status_of_unreaped(child)
+        if status is None:
+            ended_at = None
+        elif ended_at is None:
+            ended_at = time.monotonic()
+        elif time.monotonic() - ended_at > ZOMBIE_GRACE_S:
+            return status + "\n"
 
 
 def _connect(path: str, warm_pid: int) -> socket.socket | None:
@@ -141,7 +186,7 @@ def run_warm(module: str, args: list[str]) -> None:
 
     for number in FORWARDED_SIGNALS:
         signal.signal(number, forward)
-    status = _read_line(connection)
+    status = _wait_for_end(connection, child)
     if not status:  # the warm process died, and the child with it (its parent-death signal)
         os.write(2, f"rank ended with its warm process (pid {warm_pid}) before it reported\n".encode())
         os._exit(1)
