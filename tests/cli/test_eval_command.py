@@ -28,7 +28,8 @@ import torch
 from flows.cli import main
 from infra.publication.commit import commit_checkpoint
 from infra.store.base import open_store
-from tests.cli.test_run_command import _rankflow, _toml
+from tests.cli.watched_run import rankflow_command as _rankflow
+from tests.cli.watched_run import toml_text as _toml
 from tests.conftest import EXAMPLES, tiny_tree
 from tests.plan_helpers import planned_run_dir
 from tests.publication_helpers import same_size_other_bytes

@@ -27,7 +27,7 @@ from infra.publication.checkpoints import latest_checkpoint
 from infra.store.base import open_store
 from tests.conftest import tiny_tree
 
-from .test_run_command import _toml
+from .watched_run import toml_text as _toml
 
 DISK_SIZE = "4m"
 

@@ -19,7 +19,7 @@ from flows.cli import main
 from flows.pipeline import train_flow
 from infra.publication.parent import resolve_parent
 from infra.runs import ledger
-from tests.cli.test_run_command import _toml
+from tests.cli.watched_run import toml_text as _toml
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import ConfigError, RunConfig, config_from_dict
 from trainer_core.model import build_trainer
