@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import textwrap
 import time
@@ -329,3 +330,21 @@ def test_warm_directories_of_dead_owners_are_removed_and_others_kept(tmp_path):
     (owned / OWNER_FILE).write_text(str(os.getpid()))
     assert remove_orphaned_directories(tmp_path) == [orphaned]
     assert not orphaned.exists() and owned.exists() and making.exists()
+
+
+def test_starting_a_warm_process_removes_the_directory_a_killed_run_left():
+    from infra.launch.warm_ranks import OWNER_FILE, PREFIX
+
+    dead = psutil.Popen(["true"])
+    dead.wait()
+    left = Path("/tmp") / f"{PREFIX}left-by-a-killed-run"
+    left.mkdir()
+    (left / OWNER_FILE).write_text(str(dead.pid))
+    (left / "socket").write_text("")
+    warm = start_warm_process(("json",))
+    try:
+        assert not left.exists() and warm.directory.exists()
+        assert (warm.directory / OWNER_FILE).read_text() == str(os.getpid())
+    finally:
+        warm.stop()
+        shutil.rmtree(left, ignore_errors=True)

@@ -69,7 +69,7 @@ def _alive(pid: int) -> bool:
 
 
 def _status_of_unreaped(pid: int) -> str | None:
-    """`exit CODE` / `signal N` of a child that has ended and is not reaped yet (a zombie), else None.
+    """The status line (`exit CODE` / `signal N`) of a child that has ended and is not reaped yet (a zombie), else None.
 
     Its status is in /proc/PID/stat (field 52, as waitpid reports it) until its
     parent reaps it: a warm process that is stopped, or too busy to answer,
@@ -78,8 +78,14 @@ def _status_of_unreaped(pid: int) -> str | None:
     fields = _stat(pid)
     if fields is None or fields[0] != b"Z" or len(fields) < 50:
         return None
-    status = int(fields[49])
-    return f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.waitstatus_to_exitcode(status)}"
+    return status_line(int(fields[49]))
+
+
+def status_line(status: int) -> str:
+    """A waitpid status as the warm process reports it: `exit CODE` or `signal N`, with its newline."""
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}\n"
+    return f"exit {os.waitstatus_to_exitcode(status)}\n"
 
 
 def _wait_for_end(connection: socket.socket, child: int) -> str:
@@ -99,7 +105,7 @@ def _wait_for_end(connection: socket.socket, child: int) -> str:
         elif ended_at is None:
             ended_at = time.monotonic()
         elif time.monotonic() - ended_at > ZOMBIE_GRACE_S:
-            return status + "\n"
+            return status
 
 
 def _connect(path: str, warm_pid: int) -> socket.socket | None:

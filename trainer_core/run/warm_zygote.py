@@ -43,7 +43,7 @@ import traceback
 from pathlib import Path
 
 from trainer_core.run.launch_phases import FORKED_ENV
-from trainer_core.run.warm_client import HEADER
+from trainer_core.run.warm_client import HEADER, status_line
 
 CHILDREN_DIR = "children"
 """Beside the socket: CHILDREN_DIR/<stand-in pid> holds the pid of the child that runs that rank."""
@@ -124,12 +124,6 @@ def _run_child(request: dict, fds: list[int], listener: socket.socket, connectio
             except (OSError, ValueError):
                 pass
         os._exit(code)
-
-
-def _status_line(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        return f"signal {os.WTERMSIG(status)}\n"
-    return f"exit {os.waitstatus_to_exitcode(status)}\n"
 
 
 class WarmServer:
@@ -213,7 +207,7 @@ class WarmServer:
                 pass
             if connection is not None and connection in self.by_connection:
                 try:
-                    connection.sendall(_status_line(status).encode())
+                    connection.sendall(status_line(status).encode())
                 except OSError:
                     pass
                 self.by_connection.pop(connection)
