@@ -144,10 +144,11 @@ def _planned(root: Path, overrides: dict, store_url: str):
         "model": {"config": str(root / "model_config.json")},
         "tokenizer": {"path": str(EXAMPLES / "tiny" / "tokenizer.json")},
         "data": {"path": str(EXAMPLES / "tiny" / "sft.jsonl"), "max_seq_len": 64, "overflow": "truncate"},
-        # One step per segment, two rows of 64 tokens: the boundary, not the steps, is what is measured.
+        # Two steps per segment, two rows of 64 tokens: the boundary, not the steps, is what is measured; the
+        # next segment's second step gives the step's own compute, which the boundary's first step holds too.
         "train": {
-            "steps": 2,
-            "steps_per_segment": 1,
+            "steps": 4,
+            "steps_per_segment": 2,
             "global_batch_size": 2,
             "logical_dp": 1,
             "nproc_per_node": 1,
@@ -199,9 +200,14 @@ def measure(root: Path, overrides: dict, store_url: str, side: str) -> dict:
             upload_s = upload["upload_s"]
     records_k, records_next = _records(progress_path(run_dir, 0)), _records(progress_path(run_dir, 1))
     event = {r["event"]: r for r in records_k} | {f"next_{r['event']}": r for r in records_next}
-    first_step = min(r["time"] for r in records_next if r["event"] == "step")
+    next_steps = sorted(r["time"] for r in records_next if r["event"] == "step")
+    first_step = next_steps[0]
+    step_s = next_steps[1] - next_steps[0]
     figures = {
         "boundary_s": boundary_s(records_k, records_next),
+        # The boundary less one step's own compute: what the GPUs would sit idle (the critical path).
+        "idle_s": boundary_s(records_k, records_next) - step_s,
+        "step_s": step_s,
         "save_s": event["saved"]["time"] - event["saving"]["time"],
         "exit_s": exited - event["saved"]["time"],
         "hash_s": timer.seconds.get("hash_s", 0.0),
@@ -259,15 +265,21 @@ def main(argv: list[str] | None = None) -> dict:
     for side in ("baseline", "candidate"):
         boundaries = [results[size][side]["boundary_s"] for size in sizes]
         fixed_s, per_gb = linear_fit(sizes, boundaries)
+        idle_fixed_s, idle_per_gb = linear_fit(sizes, [results[size][side]["idle_s"] for size in sizes])
         summary[side] = {
             "name": "save, upload, then launch" if side == "baseline" else "launch beside the upload",
             "boundary_s": boundaries[-1],
             "s_per_gb": {f"{size:.3f}": round(results[size][side]["boundary_s"] / size, 3) for size in sizes},
             "fit_fixed_s": round(fixed_s, 3),
             "fit_s_per_gb": round(per_gb, 3),
+            "idle_fit_fixed_s": round(idle_fixed_s, 3),
+            "idle_fit_s_per_gb": round(idle_per_gb, 3),
             "pieces_at_largest": results[sizes[-1]][side],
         }
-        print(f"{side}: boundary ≈ {fixed_s:.2f} s + {per_gb:.2f} s/GB")
+        print(
+            f"{side}: boundary ≈ {fixed_s:.2f} s + {per_gb:.2f} s/GB; "
+            f"less the step's compute ≈ {idle_fixed_s:.2f} s + {idle_per_gb:.2f} s/GB"
+        )
     result = {
         "bench": "boundary",
         "baseline": summary["baseline"],
@@ -275,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
         "ratio": round(summary["candidate"]["boundary_s"] / summary["baseline"]["boundary_s"], 4),
         "higher_is_better": False,
         "target": "ratio <= 0.5 at the largest size; critical_path_s_per_gb <= 1.0",
-        "critical_path_s_per_gb": summary["candidate"]["fit_s_per_gb"],
+        "critical_path_s_per_gb": summary["candidate"]["idle_fit_s_per_gb"],
         "state_gb": [round(size, 3) for size in sizes],
         "reps": args.reps,
         "machine": machine(),

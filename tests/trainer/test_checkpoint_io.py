@@ -85,11 +85,13 @@ def test_save_and_restore_round_trips_weights_and_optimizer_with_a_new_identity(
 
 def test_a_restore_mapped_from_its_files_trains_bitwise_like_one_read_whole_and_never_writes_them(tmp_path):
     """The weights stream from the safetensors map and the moments stay copy-on-write mapped: steps after the
-    restore match a twin restored from fully read copies (`load_file`, `torch.load`), and the files keep their bytes."""
+    restore match a twin restored from fully read weights (`load_file`) and the optimizer state as it was in
+    memory before the save, and the files keep their bytes."""
     import hashlib
     import json
 
     trainer, _ = trained_adapter_and_head()
+    in_memory = copy.deepcopy(trainer.checkpoints["adapter"].optimizer.state_dict())
     save_checkpoint(trainer.checkpoints["adapter"], tmp_path / "saved")
     files = sorted((tmp_path / "saved").iterdir())
     digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
@@ -99,7 +101,7 @@ def test_a_restore_mapped_from_its_files_trains_bitwise_like_one_read_whole_and_
     twin.load_state_dict(
         {
             "params": load_file(str(tmp_path / "saved" / "params.safetensors")),
-            "optimizer": torch.load(tmp_path / "saved" / "optimizer.pt", weights_only=True),
+            "optimizer": in_memory,
             "revision": json.loads((tmp_path / "saved" / "version.json").read_text())["revision"],
         }
     )
@@ -113,3 +115,18 @@ def test_a_restore_mapped_from_its_files_trains_bitwise_like_one_read_whole_and_
         for moment in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(mapped.optimizer.state[param][moment], twin.optimizer.state[twin_param][moment])
     assert {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files} == digests
+
+
+def test_a_state_saved_before_the_optimizer_file_was_safetensors_still_restores(tmp_path):
+    """States written by earlier versions hold `optimizer.pt` (torch.save): a resume from one restores the same."""
+    trainer, _ = trained_adapter_and_head()
+    adapter = trainer.checkpoints["adapter"]
+    save_checkpoint(adapter, tmp_path / "saved")
+    torch.save(adapter.optimizer.state_dict(), tmp_path / "saved" / "optimizer.pt")
+    (tmp_path / "saved" / "optimizer.safetensors").unlink()
+    moments = {n: adapter.optimizer.state[p]["exp_avg_sq"].clone() for n, p in adapter.parameters().items()}
+    trainer.backward(sft_loss(trainer.forward(*batch(seed=4)).logprobs, batch(seed=4)[1]))
+    trainer.step(["adapter"])  # move away from the saved state
+    restore_checkpoint(adapter, tmp_path / "saved")
+    for name, param in adapter.parameters().items():
+        assert torch.equal(adapter.optimizer.state[param]["exp_avg_sq"], moments[name]), name

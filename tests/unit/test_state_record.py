@@ -25,7 +25,7 @@ from trainer_core.run.records import SegmentResult
 from trainer_core.run.state import save_training_state, state_dir_for
 from trainer_core.run.state_record import LocalState, LocalStateChanged, record_path, write_record
 
-FILES = {"base/params.safetensors": os.urandom(300_000), "base/optimizer.pt": os.urandom(200_000), "meta.json": b"{}"}
+FILES = {"base/params.safetensors": os.urandom(300_000), "base/optimizer.safetensors": os.urandom(200_000), "meta.json": b"{}"}
 
 
 RESULT = SegmentResult(
@@ -155,14 +155,14 @@ def test_bytes_changed_in_place_are_not_trusted_before_or_after_hashing(planned,
 
 def test_a_changed_state_is_never_uploaded_and_its_local_copies_are_discarded(planned):
     LocalState.load(state_of(planned)).digests()  # pyright: ignore[reportOptionalMemberAccess]
-    write_in_place(state_of(planned) / "base/optimizer.pt", keep_mtime=True)
+    write_in_place(state_of(planned) / "base/optimizer.safetensors", keep_mtime=True)
     later = state_dir_for(Path(planned.run_dir), 1)
     later.mkdir(parents=True)  # a later segment resumed from it
-    with pytest.raises(LocalStateChanged, match="optimizer.pt no longer has the bytes its save wrote"):
+    with pytest.raises(LocalStateChanged, match="optimizer.safetensors no longer has the bytes its save wrote"):
         upload_state_fn(planned, 0)
     store = open_store(planned.storage)
     assert read_bundle_manifest(store, planned.run_id, "segment-0000") is None
-    assert not store.fs.exists(store.path(planned.run_id, "state/segment-0000/base/optimizer.pt"))
+    assert not store.fs.exists(store.path(planned.run_id, "state/segment-0000/base/optimizer.safetensors"))
     assert not state_of(planned).exists() and not record_path(state_of(planned)).exists() and not later.exists()
     with pytest.raises(FileNotFoundError, match="neither in the store nor"):
         upload_state_fn(planned, 0)  # the rerun trains it again; the upload alone cannot invent it

@@ -1,8 +1,12 @@
 """Save, restore and export checkpoint-owned parameters and modules.
 
 - `save_checkpoint` / `restore_checkpoint`: a checkpoint's training state
-  (weights, AdamW state, revision) in a directory. Restoring gives the
-  checkpoint a new identity, so graphs recorded before it cannot be backwarded.
+  (weights, AdamW state, revision) in a directory: `params.safetensors` and
+  `optimizer.safetensors`, written straight to the disk
+  (`trainer_core.safetensors_write`), read back memory-mapped. Restoring gives
+  the checkpoint a new identity, so graphs recorded before it cannot be
+  backwarded. A state saved before the optimizer file was safetensors
+  (`optimizer.pt`, `torch.save`) still restores.
 - `export_checkpoint_module`: the inference form — a Hugging Face directory for
   the base model (peft wrappers unwrapped, the true vocabulary: `hf_weights`), a peft adapter directory (`adapter_config.json`,
   `adapter_model.safetensors`, loadable with `PeftModel.from_pretrained`) for a
@@ -19,17 +23,24 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from trainer_core.safetensors_write import write_safetensors
+
 from .checkpoints import Checkpoint
 from .hf_weights import save_hf_model
+from .optimizer_tensors import optimizer_from_tensors, optimizer_to_tensors
 
 VERSION_FILE = "version.json"
+PARAMS_FILE = "params.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+OLD_OPTIMIZER_FILE = "optimizer.pt"
+"""The optimizer file of states saved before OPTIMIZER_FILE (`torch.save`): read, never written."""
 
 
 def save_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    state = checkpoint.state_dict()
-    save_file({n: t.contiguous() for n, t in state["params"].items()}, str(directory / "params.safetensors"))
-    torch.save(state["optimizer"], directory / "optimizer.pt")
+    state = checkpoint.state_dict(copy=False)  # written as they are: nothing changes them during the save
+    write_safetensors(directory / PARAMS_FILE, state["params"])
+    write_safetensors(directory / OPTIMIZER_FILE, *optimizer_to_tensors(state["optimizer"]))
     (directory / VERSION_FILE).write_text(
         json.dumps(
             {
@@ -81,11 +92,19 @@ def restore_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimize
         raise ValueError(
             f"{directory} holds a '{meta['kind']}' checkpoint, not '{checkpoint.kind}'; restore it into a checkpoint of that kind"
         )
-    optimizer = torch.load(directory / "optimizer.pt", weights_only=True, mmap=True) if with_optimizer else None
-    with safe_open(str(directory / "params.safetensors"), framework="pt") as params:
+    optimizer = read_optimizer_state(directory) if with_optimizer else None
+    with safe_open(str(directory / PARAMS_FILE), framework="pt") as params:
         checkpoint.load_state_dict(
             {"params": _SafetensorsTensors(params), "optimizer": optimizer, "revision": meta["revision"]}
         )
+
+
+def read_optimizer_state(directory: Path) -> dict:
+    """The saved optimizer `state_dict`, its tensors memory-mapped (copy-on-write: the file is never written)."""
+    if not (directory / OPTIMIZER_FILE).is_file() and (directory / OLD_OPTIMIZER_FILE).is_file():
+        return torch.load(directory / OLD_OPTIMIZER_FILE, weights_only=True, mmap=True)
+    with safe_open(str(directory / OPTIMIZER_FILE), framework="pt") as saved:
+        return optimizer_from_tensors({name: saved.get_tensor(name) for name in saved.keys()}, saved.metadata() or {})
 
 
 def export_checkpoint_module(trainer, name: str, directory: Path) -> list[str]:

@@ -289,10 +289,12 @@ class Checkpoint:
 
     # -- state ----------------------------------------------------------------------
 
-    def state_dict(self) -> dict:
-        """Weights (the FP32 masters where there are masters), AdamW state and revision."""
+    def state_dict(self, *, copy: bool = True) -> dict:
+        """Weights (the FP32 masters where there are masters), AdamW state and revision. The weights are copies
+        unless `copy` is False (then the live tensors: for a writer that is done before the next step)."""
+        weights = {s.name: (s.master if s.master is not None else s.param).detach() for s in self._slots}
         return {
-            "params": {s.name: (s.master if s.master is not None else s.param).detach().clone() for s in self._slots},
+            "params": {name: t.clone() for name, t in weights.items()} if copy else weights,
             "optimizer": self.optimizer.state_dict(),
             "revision": self.revision,
         }
