@@ -124,6 +124,7 @@ class SegmentRun:
                 planner_reports_dir(run_dir), prefix=f"segment-{segment_index:04d}-rank-{topology.rank}-"
             ),
             mesh=training_mesh(topology) if sharded else None,
+            weights_from_state=segment_index > 0,  # _resume below writes every weight of a full fine-tune
         )
         (base,) = trainer.checkpoints.values()  # the full model, or the LoRA adapter
         phases.mark("model_built")
