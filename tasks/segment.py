@@ -30,6 +30,7 @@ from trainer_core.run.progress import progress_path
 from trainer_core.run.records import SegmentResult
 from trainer_core.run.segment_main import segment_result_path
 from trainer_core.run.state import has_state, state_dir_for
+from trainer_core.run.state_readahead import read_ahead
 
 from ._launch import launch_stage
 from ._logging import rank_line_logger
@@ -78,6 +79,8 @@ def train_segment_fn(
         outcome = _outcome(stored, 0.0, reused=True)
         ledger.record(run_dir, "segment", "reused", segment=segment_index)
         return outcome
+    if segment_index > 0:  # its ranks then load the state from memory (trainer_core/run/state_readahead.py)
+        read_ahead(state_dir_for(run_dir, segment_index - 1))
     if not nodes_move_their_files(planned):  # a work pool's nodes fetch their own inputs (tasks.nodes)
         fetch_segment_inputs(planned, segment_index)
     progress_file = progress_path(run_dir, segment_index)

@@ -3,18 +3,17 @@ nothing left behind when a write fails."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import mmap
 import os
 import threading
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save
 
+from tests.page_cache import resident_pages
 from trainer_core import direct_write
 from trainer_core.direct_write import DirectFile
 from trainer_core.safetensors_write import write_safetensors
@@ -66,25 +65,6 @@ def test_the_library_reads_every_tensor_and_the_metadata_back(tmp_path, chunk_by
             assert read.dtype == tensor.dtype and torch.equal(read, tensor), name
 
 
-def _resident_pages(path: Path) -> int:
-    """Pages of `path` in the page cache: mincore(2) over a shared read-only map of the file."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    size = path.stat().st_size
-    vector = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
-    with path.open("rb") as handle:
-        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, handle.fileno(), 0)
-        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
-        try:
-            assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
-        finally:
-            libc.munmap(address, size)
-    return sum(page & 1 for page in vector)
-
-
 def test_a_large_file_goes_past_the_page_cache_where_the_filesystem_takes_o_direct(tmp_path):
     path = tmp_path / "big.safetensors"
     with DirectFile(tmp_path / "probe") as probe:
@@ -93,9 +73,9 @@ def test_a_large_file_goes_past_the_page_cache_where_the_filesystem_takes_o_dire
     write_safetensors(path, tensors)
     pages = -(-path.stat().st_size // mmap.PAGESIZE)
     if direct:
-        assert _resident_pages(path) <= 2, "the bytes went through the page cache"
+        assert resident_pages(path) <= 2, "the bytes went through the page cache"
     else:  # this filesystem has no O_DIRECT: the cached path wrote it
-        assert _resident_pages(path) > pages // 2
+        assert resident_pages(path) > pages // 2
     with safe_open(str(path), framework="pt") as saved:
         assert torch.equal(saved.get_tensor("w"), tensors["w"])
 
