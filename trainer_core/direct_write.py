@@ -74,12 +74,30 @@ class DirectFile:
         self._offset = 0
         """File offset of the current buffer's first byte."""
         self.size = 0
+        self._finished = False
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.write_tensor(torch.frombuffer(bytearray(data), dtype=torch.uint8) if len(data) else torch.empty(0))
+    def _check_open(self) -> None:
+        if self._finished:
+            raise ValueError(f"{self.path}: written after it was finished (its tail is padded; nothing may follow)")
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Append bytes (any buffer: copied into the staging buffers, never first into a bytes object)."""
+        self._check_open()
+        with memoryview(data) as view, view.cast("B") as source:
+            position, total = 0, source.nbytes
+            while position < total:
+                take = min(total - position, CHUNK_BYTES - self._filled)
+                self._buffers[self._current][self._filled : self._filled + take] = source[position : position + take]
+                self._filled += take
+                position += take
+                if self._filled == CHUNK_BYTES:
+                    self._flush(CHUNK_BYTES)
+        self.size += total
+        return total
 
     def write_tensor(self, tensor: torch.Tensor) -> None:
         """Append the tensor's bytes (row-major, native byte order: little-endian on every supported machine)."""
+        self._check_open()
         source = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
         position, total = 0, source.numel()
         while position < total:
@@ -110,25 +128,34 @@ class DirectFile:
                 with view[written:] as rest:
                     written += os.pwrite(self._fd, rest, offset + written)
 
-    def close(self) -> None:
-        """Write what is buffered (the tail padded to a block, then cut back to the file's true length)."""
-        try:
+    def finish(self) -> int:
+        """Write what is buffered (the tail padded to a block, then cut back to the file's true length) and wait
+        for every write; returns the descriptor, ready for an fsync. Nothing may be appended after."""
+        if not self._finished:
+            self._finished = True
             if self._filled:
                 padded = -(-self._filled // BLOCK_BYTES) * BLOCK_BYTES if self.direct else self._filled
                 self._views[self._current][self._filled : padded].zero_()
                 self._flush(padded)
-            for future in self._pending:
+            for index, future in enumerate(self._pending):
                 if future is not None:
                     future.result()
+                    self._pending[index] = None
             os.ftruncate(self._fd, self.size)
+        return self._fd
+
+    def close(self) -> None:
+        try:
+            self.finish()
         finally:
             self._release()
 
     def _release(self) -> None:
+        if self._fd < 0:
+            return
         self._writer.shutdown(wait=True)
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        os.close(self._fd)
+        self._fd = -1
         del self._views
         for buffer in self._buffers:
             buffer.close()

@@ -5,7 +5,8 @@ way `checkpoint_io.save_checkpoint` saves a replicated one (rank 0 writes the
 whole tensors): no rank holds them whole, and gathering 100 GB of state onto
 one rank is what sharding exists to avoid. Here every rank writes its own
 shards of the weights and of the AdamW moments (DCP: one `__<rank>_0.distcp`
-per rank and a `.metadata` the coordinator writes), beside `version.json`
+per rank and a `.metadata` the coordinator writes, straight to the disk:
+`dcp_direct_write`), beside `version.json`
 (name, kind, identity, revision), so the directory travels as run-state files
 like any other.
 
@@ -34,6 +35,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
 from .checkpoints import Checkpoint
+from .dcp_direct_write import direct_writer
 
 __all__ = ["DCP_DIR", "is_sharded", "missing_shard_files", "restore_sharded_checkpoint", "save_sharded_checkpoint"]
 
@@ -55,7 +57,7 @@ def save_sharded_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     params = {name: param.detach() for name, param in checkpoint.parameters().items()}
     optimizer = get_optimizer_state_dict(checkpoint.owner, checkpoint.optimizer)
-    dcp_save({"params": params, "optimizer": optimizer}, checkpoint_id=str(directory / DCP_DIR))
+    dcp_save({"params": params, "optimizer": optimizer}, storage_writer=direct_writer(directory / DCP_DIR))
     if _is_writer():
         version = {
             "name": checkpoint.name,
