@@ -25,7 +25,11 @@ from trainer_core.run.records import SegmentResult
 from trainer_core.run.state import save_training_state, state_dir_for
 from trainer_core.run.state_record import LocalState, LocalStateChanged, record_path, write_record
 
-FILES = {"base/params.safetensors": os.urandom(300_000), "base/optimizer.safetensors": os.urandom(200_000), "meta.json": b"{}"}
+FILES = {
+    "base/params.safetensors": os.urandom(300_000),
+    "base/optimizer.safetensors": os.urandom(200_000),
+    "meta.json": b"{}",
+}
 
 
 RESULT = SegmentResult(
