@@ -70,7 +70,7 @@ def _no_init_weights():
     try:
         from transformers.initialization import no_init_weights
     except ImportError:  # transformers 4.x
-        from transformers.modeling_utils import no_init_weights
+        from transformers.modeling_utils import no_init_weights  # pyright: ignore[reportAttributeAccessIssue]
     return no_init_weights()
 
 
