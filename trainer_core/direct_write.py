@@ -37,16 +37,30 @@ BLOCK_BYTES = 4096
 """Alignment O_DIRECT asks of offsets and lengths on every common filesystem (logical blocks of 512 or 4096)."""
 
 
-def _open(path: Path) -> tuple[int, bool]:
-    """A new file at `path` for writing, O_DIRECT where the filesystem takes it; (descriptor, direct)."""
+def _open(path: Path, probe: mmap.mmap) -> tuple[int, bool]:
+    """A new file at `path` for writing, O_DIRECT where the filesystem takes it; (descriptor, direct).
+
+    Some filesystems accept O_DIRECT at open and refuse the writes (EINVAL; older overlayfs, some FUSE): one
+    aligned block is written first, from `probe` (page-aligned), and refused, the file is opened again cached.
+    The block is overwritten by the file's first bytes, or cut off when the file is shorter.
+    """
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
     direct = getattr(os, "O_DIRECT", 0)
     if direct:
         try:
-            return os.open(path, flags | direct, 0o644), True
+            descriptor = os.open(path, flags | direct, 0o644)
         except OSError as error:
             if error.errno != errno.EINVAL:  # EINVAL: this filesystem has no O_DIRECT
                 raise
+        else:
+            try:
+                with memoryview(probe) as whole, whole[:BLOCK_BYTES] as block:
+                    os.pwrite(descriptor, block, 0)
+                return descriptor, True
+            except OSError as error:
+                os.close(descriptor)
+                if error.errno != errno.EINVAL:
+                    raise
     return os.open(path, flags, 0o644), False
 
 
@@ -63,8 +77,13 @@ class DirectFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd, self.direct = _open(path)
         self._buffers = [mmap.mmap(-1, CHUNK_BYTES) for _ in range(2)]  # anonymous maps are page-aligned
+        try:
+            self._fd, self.direct = _open(path, self._buffers[0])
+        except BaseException:
+            for buffer in self._buffers:
+                buffer.close()
+            raise
         self._views = [torch.frombuffer(buffer, dtype=torch.uint8) for buffer in self._buffers]
         self._pending: list[Future | None] = [None, None]
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="direct-write")

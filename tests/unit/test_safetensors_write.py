@@ -4,6 +4,7 @@ nothing left behind when a write fails."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import os
 import threading
@@ -45,9 +46,10 @@ def chunk_bytes(request, monkeypatch):
 
 
 def test_the_file_is_the_librarys_own_bytes(tmp_path, chunk_bytes):
-    tensors = mixed_tensors()
-    for metadata in (None, {"format": "pt"}):
-        path = tmp_path / f"{metadata is None}.safetensors"
+    for index, (tensors, metadata) in enumerate(
+        [(mixed_tensors(), None), (mixed_tensors(), {"format": "pt"}), ({"s": torch.tensor(1.0)}, None), ({}, None)]
+    ):
+        path = tmp_path / f"{index}.safetensors"
         size = write_safetensors(path, tensors, metadata)
         expected = save({name: t.contiguous() for name, t in tensors.items()}, metadata=metadata)
         assert path.read_bytes() == expected and size == len(expected)
@@ -94,6 +96,24 @@ def test_a_filesystem_without_o_direct_gets_the_same_bytes_through_its_cache(tmp
         assert not probe.direct
     write_safetensors(tmp_path / "x.safetensors", tensors)
     assert (tmp_path / "x.safetensors").read_bytes() == save({n: t.contiguous() for n, t in tensors.items()})
+
+
+def test_a_filesystem_that_opens_o_direct_but_refuses_its_writes_is_written_through_its_cache(
+    tmp_path, monkeypatch, chunk_bytes
+):
+    real_pwrite = os.pwrite
+
+    def refuse_direct(fd, data, offset):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(direct_write.os, "pwrite", refuse_direct)
+    tensors = mixed_tensors()
+    write_safetensors(tmp_path / "x.safetensors", tensors)
+    assert (tmp_path / "x.safetensors").read_bytes() == save({n: t.contiguous() for n, t in tensors.items()})
+    write_safetensors(tmp_path / "tiny.safetensors", {"s": torch.tensor(1.0)})  # shorter than the probed block
+    assert (tmp_path / "tiny.safetensors").read_bytes() == save({"s": torch.tensor(1.0)})
 
 
 def test_a_failing_disk_raises_its_error_and_leaves_no_thread_or_descriptor(tmp_path, monkeypatch, chunk_bytes):
