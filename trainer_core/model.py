@@ -100,6 +100,8 @@ def build_model(config: RunConfig, *, weights_from_state: bool = False) -> tuple
         with torch.random.fork_rng(devices=[]), _no_init_weights() if weights_from_state else contextlib.nullcontext():
             torch.manual_seed(config.run.seed)
             model = AutoModelForCausalLM.from_config(read_model_config(config), dtype=dtype)
+        if weights_from_state:
+            model.tie_weights()  # skipped with the initialisation: tied embeddings would be two parameters
     # The config stays as the base has it (use_cache included): it is what the export writes, and the trainer's
     # forwards ask for no KV cache themselves (training/outputs.py).
     true_vocab = None

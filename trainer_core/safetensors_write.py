@@ -52,6 +52,10 @@ def _layout(tensors: Mapping[str, torch.Tensor]) -> list[str]:
 def safetensors_header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
     """The file's first bytes: the header's length and the header (offsets of each tensor's bytes after it)."""
     header: dict[str, object] = {}
+    if bad := sorted(
+        key for key, value in (metadata or {}).items() if not isinstance(key, str) or not isinstance(value, str)
+    ):
+        raise TypeError(f"safetensors metadata must map str to str; {bad} do not (json.dumps the values first)")
     if metadata:
         header["__metadata__"] = dict(sorted(metadata.items()))
     offset = 0

@@ -3,11 +3,12 @@ segment trains bitwise like one built with it, and the export writes the same fi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
-from tests.conftest import tiny_tree
+from tests.conftest import EXAMPLES, tiny_tree
 from tests.plan_helpers import planned_run_dir
 from trainer_core.config import config_from_dict
 from trainer_core.model import build_trainer
@@ -68,3 +69,20 @@ def test_the_skipped_initialisation_is_real_and_a_lora_base_keeps_its_own(tmp_pa
         if "lora_" not in n
     }
     assert all(torch.equal(base[name], kept[name]) for name in base)
+
+
+def test_tied_embeddings_stay_tied_without_initialisation_and_resume(tmp_path, monkeypatch):
+    """transformers ties the weights inside the initialisation it skips: the build ties them itself."""
+    config_file = tmp_path / "tied.json"
+    config_file.write_text(
+        json.dumps(json.loads((EXAMPLES / "tiny" / "model_config.json").read_text()) | {"tie_word_embeddings": True})
+    )
+    tree = tiny_tree(tmp_path, train=TRAIN, model={"config": str(config_file)})
+    run_dir = planned_run_dir(config_from_dict(tree, config_dir=tmp_path))
+    config = read_plan(run_dir).run_config()
+    for weights_from_state in (False, True):
+        model = build_trainer(config, weights_from_state=weights_from_state).model
+        assert model.lm_head.weight is model.model.embed_tokens.weight, weights_from_state
+    train_segment(run_dir, 0)
+    train_segment(run_dir, 1)  # resumes through the skipped initialisation
+    assert SegmentResult.read(segment_result_path(run_dir, 1)).losses

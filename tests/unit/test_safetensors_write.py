@@ -133,7 +133,9 @@ def test_a_failing_disk_raises_its_error_and_leaves_no_thread_or_descriptor(tmp_
     assert not [t for t in threading.enumerate() if t.name.startswith("direct-write")]
 
 
-def test_an_unsupported_dtype_is_refused_before_anything_is_written(tmp_path):
+def test_an_unsupported_dtype_or_metadata_that_is_not_text_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match="safetensors has no dtype for"):
         write_safetensors(tmp_path / "x.safetensors", {"z": torch.zeros(2, dtype=torch.complex64)})
+    with pytest.raises(TypeError, match=r"must map str to str; \['step'\]"):
+        write_safetensors(tmp_path / "x.safetensors", {"w": torch.zeros(2)}, {"step": 5, "ok": "1"})  # type: ignore[dict-item]
     assert not (tmp_path / "x.safetensors").exists()
