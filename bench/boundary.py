@@ -261,21 +261,21 @@ def main(argv: list[str] | None = None) -> dict:
     from bench._storage import BUCKET, seaweedfs
 
     results: dict[float, dict[str, dict]] = {}
-    with seaweedfs() as (_server, tmp):
-        for size in args.sizes_gb:
-            overrides = model_for(size)
-            gigabytes = state_gb(overrides)
-            runs: dict[str, list[dict]] = {"baseline": [], "candidate": []}
-            for rep in range(args.reps):
-                order = ("baseline", "candidate") if rep % 2 == 0 else ("candidate", "baseline")
-                for side in order:
+    for size in args.sizes_gb:
+        overrides = model_for(size)
+        gigabytes = state_gb(overrides)
+        runs: dict[str, list[dict]] = {"baseline": [], "candidate": []}
+        for rep in range(args.reps):
+            order = ("baseline", "candidate") if rep % 2 == 0 else ("candidate", "baseline")
+            for side in order:
+                # A fresh store each time, removed after: the uploads of earlier measurements would otherwise fill
+                # the page cache, and on these machines memory then comes back slowly (up to 6 s/GB to touch).
+                with seaweedfs() as (_server, tmp):
                     url = f"s3://{BUCKET}/{side}-{size}-{rep}"
                     runs[side].append(measure(tmp / f"{side}-{size}-{rep}", overrides, url, side))
-                    print(
-                        f"{size} GB rep {rep + 1}/{args.reps} {side}: {runs[side][-1]['boundary_s']:.2f} s", flush=True
-                    )
-            results[gigabytes] = {side: medians(side_runs) for side, side_runs in runs.items()}
-            _print_size(gigabytes, results[gigabytes])
+                print(f"{size} GB rep {rep + 1}/{args.reps} {side}: {runs[side][-1]['boundary_s']:.2f} s", flush=True)
+        results[gigabytes] = {side: medians(side_runs) for side, side_runs in runs.items()}
+        _print_size(gigabytes, results[gigabytes])
     sizes = sorted(results)
     summary = {}
     for side in ("baseline", "candidate"):
