@@ -35,11 +35,14 @@ def available_memory_bytes() -> int:
 
 
 def _files(state_dir: Path) -> dict[Path, int]:
-    """Each regular file under `state_dir` and its size (nothing where the directory is gone or changing)."""
+    """Each regular file under `state_dir` and its size, smallest first (nothing where the directory is gone or
+    changing). Smallest first: the weights (a third of a full fine-tune's state) are restored before the ranks
+    are ready, the AdamW moments only paged in by the first step."""
     try:
-        return {p: p.stat().st_size for p in sorted(state_dir.rglob("*")) if p.is_file() and not p.is_symlink()}
+        sizes = {p: p.stat().st_size for p in state_dir.rglob("*") if p.is_file() and not p.is_symlink()}
     except OSError:
         return {}
+    return dict(sorted(sizes.items(), key=lambda item: (item[1], str(item[0]))))
 
 
 def _read(files: list[Path]) -> None:

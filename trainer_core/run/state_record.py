@@ -39,6 +39,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from trainer_core.files import size_and_sha256
+from trainer_core.thread_priority import yield_cpu
 
 RECORD_FORMAT = "rankflow-local-state/1"
 _HASH_THREADS = 4
@@ -187,7 +188,7 @@ class LocalState:
         """Every file's (size, sha256), hashed only where not recorded yet, and recorded; checked by the rule."""
         self.check()
         missing = [entry for entry in self.record.files if entry.sha256 is None]
-        with ThreadPoolExecutor(max_workers=_HASH_THREADS) as pool:
+        with ThreadPoolExecutor(max_workers=_HASH_THREADS, initializer=yield_cpu) as pool:
             hashed = dict(zip([e.path for e in missing], pool.map(self._hash_unchanged, missing), strict=True))
         if hashed:
             files = [
