@@ -95,33 +95,34 @@ class DirectFile:
         self.size = 0
         self._finished = False
 
-    def _check_open(self) -> None:
-        if self._finished:
-            raise ValueError(f"{self.path}: written after it was finished (its tail is padded; nothing may follow)")
-
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Append bytes (any buffer: copied into the staging buffers, never first into a bytes object)."""
-        self._check_open()
         with memoryview(data) as view, view.cast("B") as source:
-            position, total = 0, source.nbytes
-            while position < total:
-                take = min(total - position, CHUNK_BYTES - self._filled)
-                self._buffers[self._current][self._filled : self._filled + take] = source[position : position + take]
-                self._filled += take
-                position += take
-                if self._filled == CHUNK_BYTES:
-                    self._flush(CHUNK_BYTES)
-        self.size += total
+
+            def copy(start: int, source_start: int, length: int) -> None:
+                self._buffers[self._current][start : start + length] = source[source_start : source_start + length]
+
+            total = source.nbytes
+            self._append(total, copy)
         return total
 
     def write_tensor(self, tensor: torch.Tensor) -> None:
         """Append the tensor's bytes (row-major, native byte order: little-endian on every supported machine)."""
-        self._check_open()
         source = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-        position, total = 0, source.numel()
+
+        def copy(start: int, source_start: int, length: int) -> None:
+            self._views[self._current][start : start + length].copy_(source[source_start : source_start + length])
+
+        self._append(source.numel(), copy)
+
+    def _append(self, total: int, copy) -> None:  # noqa: ANN001 - copy(start, source_start, length) into the buffer
+        """Stage `total` bytes, `copy` moving each piece into the current buffer; each full buffer is written."""
+        if self._finished:
+            raise ValueError(f"{self.path}: written after it was finished (its tail is padded; nothing may follow)")
+        position = 0
         while position < total:
             take = min(total - position, CHUNK_BYTES - self._filled)
-            self._views[self._current][self._filled : self._filled + take].copy_(source[position : position + take])
+            copy(self._filled, position, take)
             self._filled += take
             position += take
             if self._filled == CHUNK_BYTES:

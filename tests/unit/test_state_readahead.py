@@ -33,6 +33,8 @@ def test_a_state_larger_than_half_the_available_memory_is_left_on_disk(tmp_path,
     size = sum(f.stat().st_size for f in files)
     monkeypatch.setattr(state_readahead, "available_memory_bytes", lambda: 2 * size - 2)
     assert read_ahead(state) is None
+    monkeypatch.setattr(state_readahead, "available_memory_bytes", lambda: None)  # unknown: not read either
+    assert read_ahead(state) is None
     monkeypatch.setattr(state_readahead, "available_memory_bytes", lambda: 2 * size)
     reader = read_ahead(state)
     assert reader is not None
