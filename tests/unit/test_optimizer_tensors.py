@@ -87,3 +87,7 @@ def test_state_the_file_cannot_name_is_refused(change, message):
 def test_a_file_that_is_not_an_optimizer_state_is_refused():
     with pytest.raises(ValueError, match="not a saved optimizer state"):
         optimizer_from_tensors({}, {"format": "pt"})
+    _, metadata = optimizer_to_tensors(stepped(1)[1].state_dict())
+    for name in ("weight", "state.x.exp_avg", "state.0", "other.0.exp_avg"):
+        with pytest.raises(ValueError, match="not 'state.<index>.<key>'"):
+            optimizer_from_tensors({name: torch.zeros(1)}, metadata)

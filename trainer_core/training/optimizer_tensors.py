@@ -57,7 +57,9 @@ def optimizer_from_tensors(tensors: Mapping[str, torch.Tensor], metadata: Mappin
     for index, entries in json.loads(metadata["state_values"]).items():
         state.setdefault(int(index), {}).update(entries)
     for name, tensor in tensors.items():
-        index, key = name.removeprefix(TENSOR_PREFIX).split(".", 1)
+        index, _, key = name.removeprefix(TENSOR_PREFIX).partition(".")
+        if not name.startswith(TENSOR_PREFIX) or not index.isdigit() or not key:
+            raise ValueError(f"the saved optimizer state holds a tensor {name!r}, not 'state.<index>.<key>'")
         state.setdefault(int(index), {})[key] = tensor
     groups = [
         {key: tuple(value) if isinstance(value, list) and key != "params" else value for key, value in group.items()}
