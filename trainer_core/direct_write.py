@@ -44,7 +44,8 @@ def _open(path: Path, probe: mmap.mmap) -> tuple[int, bool]:
     aligned block is written first, from `probe` (page-aligned), and refused, the file is opened again cached.
     The block is overwritten by the file's first bytes, or cut off when the file is shorter.
     """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    # O_NOFOLLOW: a link planted where a state file goes is refused, never written through.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     direct = getattr(os, "O_DIRECT", 0)
     if direct:
         try:

@@ -139,3 +139,12 @@ def test_an_unsupported_dtype_or_metadata_that_is_not_text_is_refused_before_any
     with pytest.raises(TypeError, match=r"must map str to str; \['step'\]"):
         write_safetensors(tmp_path / "x.safetensors", {"w": torch.zeros(2)}, {"step": 5, "ok": "1"})  # type: ignore[dict-item]
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_a_link_where_the_file_goes_is_refused_and_what_it_points_to_is_untouched(tmp_path):
+    target = tmp_path / "elsewhere.bin"
+    target.write_bytes(b"keep me")
+    (tmp_path / "x.safetensors").symlink_to(target)
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):
+        write_safetensors(tmp_path / "x.safetensors", {"w": torch.zeros(2)})
+    assert target.read_bytes() == b"keep me"
