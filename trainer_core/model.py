@@ -219,10 +219,10 @@ def build_trainer(
     )
     if lora is None:
         base = trainer.add_base_checkpoint(BASE_CHECKPOINT, optimizer=optimizer)
-        owned = {id(p) for p in base.parameters().values()}
-        if weights_from_state and (unowned := [n for n, p in model.named_parameters() if id(p) not in owned]):
-            # A weight the restore would not write must not keep uninitialised memory.
-            raise RuntimeError(f"weights {unowned[:4]} are in no checkpoint; build without weights_from_state")
+        if weights_from_state:  # a weight the restore would not write must not keep uninitialised memory
+            owned = {id(p) for p in base.parameters().values()}
+            if unowned := [n for n, p in model.named_parameters() if id(p) not in owned]:
+                raise RuntimeError(f"weights {unowned[:4]} are in no checkpoint; build without weights_from_state")
     elif sharding is not None:
         trainer.add_lora_checkpoint(LORA_CHECKPOINT, lora, optimizer=optimizer)  # adopts the injected adapter
     else:

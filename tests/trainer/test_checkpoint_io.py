@@ -130,3 +130,28 @@ def test_a_state_saved_before_the_optimizer_file_was_safetensors_still_restores(
     restore_checkpoint(adapter, tmp_path / "saved")
     for name, param in adapter.parameters().items():
         assert torch.equal(adapter.optimizer.state[param]["exp_avg_sq"], moments[name]), name
+
+
+def test_every_checkpoint_of_a_trainer_round_trips_its_weights_and_moments_through_its_own_files(tmp_path):
+    """An adapter and a head of one trainer, each saved to its own directory and restored after both moved on:
+    weights and AdamW state equal the in-memory copies taken at the save, and neither file set holds the other's."""
+    trainer, _ = trained_adapter_and_head()
+    expected = {}
+    for name, checkpoint in trainer.checkpoints.items():
+        save_checkpoint(checkpoint, tmp_path / name)
+        expected[name] = {
+            n: (p.detach().clone(), {k: v.clone() for k, v in checkpoint.optimizer.state[p].items()})
+            for n, p in checkpoint.parameters().items()
+        }
+    ids, mask = batch(seed=7)
+    out = trainer.forward(ids, mask, outputs=("logprobs", "heads"))
+    trainer.backward(sft_loss(out.logprobs, mask) + out.heads["value"].pow(2).mean())
+    trainer.step()  # both move away from what was saved
+    for name, checkpoint in trainer.checkpoints.items():
+        restore_checkpoint(checkpoint, tmp_path / name)
+        params = checkpoint.parameters()
+        assert sorted(params) == sorted(expected[name])
+        for n, (weight, moments) in expected[name].items():
+            assert torch.equal(params[n], weight), (name, n)
+            state = checkpoint.optimizer.state[params[n]]
+            assert all(torch.equal(state[k], v) for k, v in moments.items()), (name, n)
