@@ -29,6 +29,7 @@ from infra.publication.finalizer import HeldFinalizer
 from infra.runs.run_state import BundleManifest, manifest_path, read_bundle_manifest, segment_bundle
 from infra.store.base import ObjectStore, storage_errors
 from infra.store.objects import list_files, put_small, remove_empty_directories, remove_files
+from trainer_core.run.state_record import forget_record
 
 
 def states_to_remove(anchor: int, exported: Callable[[int], bool], published: Callable[[int], bool]) -> list[int]:
@@ -67,6 +68,7 @@ def retire_state(
         remove_files(store, base, sorted(files))
         remove_empty_directories(store, base, sorted(files))
     local = run_dir / prefix.rstrip("/")
+    forget_record(local)  # first, as a save replaces a state: no record outlives its files
     cached = local.exists() or local.is_symlink()
     if local.is_dir() and not local.is_symlink():
         shutil.rmtree(local)

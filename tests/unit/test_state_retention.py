@@ -24,6 +24,7 @@ from infra.store.base import open_store
 from infra.store.objects import list_files
 from tests.publication_helpers import RUN, random_files, stage
 from tests.store_fixtures import memory_or_local_store
+from trainer_core.run.state_record import record_path, write_record
 
 NUM_SEGMENTS, STEPS_PER_SEGMENT = 4, 3
 QUICK = FinalizerSettings(wait_s=5.0, poll_s=0.05)
@@ -48,6 +49,7 @@ def stored_run(store, run_dir: Path) -> dict[int, dict[str, bytes]]:
         for relative, data in files[segment].items():
             (run_dir / relative).parent.mkdir(parents=True, exist_ok=True)
             (run_dir / relative).write_bytes(data)
+        write_record(run_dir / f"state/segment-{segment:04d}")  # as a save leaves it
         publish_bundle(store, RUN, run_dir, segment_bundle(segment), files[segment])
     return files
 
@@ -92,8 +94,10 @@ def test_states_before_the_committed_checkpoint_go_and_results_stay(store, tmp_p
     )
     for segment in (0, 1, 2):
         assert state_in_store(store, segment) == {} and not (run_dir / f"state/segment-{segment:04d}").exists()
+        assert not record_path(run_dir / f"state/segment-{segment:04d}").exists()  # the record went with it
         manifest = stored_bundle(store, RUN, segment_bundle(segment))  # verifies: the rerun reuses the segment
         assert manifest is not None and [e.path for e in manifest.files] == [f"segments/segment-{segment:04d}.json"]
+    assert record_path(run_dir / "state/segment-0003").exists()
     assert set(state_in_store(store, 3)) == {"base/params.safetensors", "meta.json"}
     fresh = tmp_path / "fresh"  # another worker resumes from segment 3's state, verified
     fetch_bundle(store, RUN, fresh, segment_bundle(3))
