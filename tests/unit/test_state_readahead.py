@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.page_cache import resident_pages
+from tests.unit.test_state_record import planned  # noqa: F401 - the fixture
 from trainer_core.run import state_readahead
 from trainer_core.run.state_readahead import read_ahead
 from trainer_core.safetensors_write import write_safetensors
@@ -49,3 +51,27 @@ def test_nothing_is_read_where_there_is_no_state_and_links_are_not_followed(tmp_
     (linked / "params.safetensors").symlink_to(files[0])
     assert read_ahead(linked) is None
     assert resident_pages(files[0]) <= 2
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_the_next_segments_task_reads_the_previous_state_ahead_before_its_input_check(planned, monkeypatch):  # noqa: F811
+    """The wiring: segment 1's task starts the read of segment 0's state, then checks its inputs."""
+    from pathlib import Path
+
+    from tasks import segment as segment_task
+    from trainer_core.run.state import state_dir_for
+
+    calls = []
+    monkeypatch.setattr(segment_task, "read_ahead", lambda state_dir: calls.append(("read", state_dir)))
+
+    def inputs(planned_run, segment_index):
+        calls.append(("inputs", segment_index))
+        raise _Stop
+
+    monkeypatch.setattr(segment_task, "fetch_segment_inputs", inputs)
+    with pytest.raises(_Stop):
+        segment_task.train_segment_fn(planned, 1, on_line=lambda _line: None)
+    assert calls == [("read", state_dir_for(Path(planned.run_dir), 0)), ("inputs", 1)]
