@@ -87,10 +87,22 @@ def test_import_costs_are_summed_per_package_from_importtime_output():
     assert launch.import_costs_by_package(stderr) == {"transformers": 0.25, "trainer_core": 0.05, "torch": 0.002}
 
 
-def test_a_rank_s_marks_start_at_the_process_s_own_start_as_the_kernel_tells_it():
-    psutil = pytest.importorskip("psutil")
-    started = process_start_time()
-    assert started == pytest.approx(psutil.Process(os.getpid()).create_time(), abs=0.02)
+def test_a_rank_s_marks_start_at_the_process_s_own_start_on_the_wall_clock():
+    """A child forked at a known wall-clock time gives that time (btime + ticks, as psutil computes it, was up to a
+    second early here: btime is whole seconds and the wall clock drifts from the boot clock)."""
+    read_end, write_end = os.pipe()
+    time.sleep(0.2)  # the child's start is not this process's
+    forked_at = time.time()
+    child = os.fork()
+    if child == 0:  # the child: its own start as it computes it, then leave at once
+        os.close(read_end)
+        os.write(write_end, repr(process_start_time()).encode())
+        os._exit(0)
+    os.close(write_end)
+    reported = float(os.read(read_end, 64).decode())
+    os.close(read_end)
+    os.waitpid(child, 0)
+    assert reported == pytest.approx(forked_at, abs=0.03)
     before = time.time()
     phases = LaunchPhases.starting()
     phases.mark("process_group")

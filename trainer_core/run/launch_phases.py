@@ -24,15 +24,22 @@ FORKED_ENV = "RANKFLOW_WARM_FORKED"
 
 
 def process_start_time() -> float | None:
-    """When this process started, in epoch seconds (resolution: one clock tick, 10 ms); None off Linux."""
+    """When this process started, in epoch seconds (resolution: one clock tick, 10 ms); None off Linux.
+
+    The kernel gives the start in clock ticks after boot; its age (now after boot, from /proc/uptime, less that)
+    is taken from `time.time()`. Added to /proc/stat's `btime` instead, it was up to a second early: btime is
+    whole seconds, and the wall clock drifts from the boot clock (a forked rank seemed to spend 0.94 s between
+    its fork and its first line).
+    """
     try:
         stat = Path("/proc/self/stat").read_text()
-        boot_line = next(line for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
-    except (OSError, StopIteration):
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
         return None
+    now = time.time()
     # Field 22 (starttime); the command name (field 2) may hold spaces, so count after its closing parenthesis.
     start_ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
-    return int(boot_line.split()[1]) + start_ticks / os.sysconf("SC_CLK_TCK")
+    return now - max(0.0, uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 @dataclass
