@@ -21,7 +21,7 @@ import torch
 
 from trainer_core.direct_write import DirectFile
 
-_DTYPES: dict[torch.dtype, tuple[str, int]] = {
+DTYPES: dict[torch.dtype, tuple[str, int]] = {
     # torch dtype: (safetensors name, the library's rank of it: tensors are laid out highest rank first)
     torch.bool: ("BOOL", 0),
     torch.uint8: ("U8", 1),
@@ -43,10 +43,10 @@ HEADER_ALIGN = 8
 
 
 def _layout(tensors: Mapping[str, torch.Tensor]) -> list[str]:
-    unsupported = sorted({str(t.dtype) for t in tensors.values() if t.dtype not in _DTYPES})
+    unsupported = sorted({str(t.dtype) for t in tensors.values() if t.dtype not in DTYPES})
     if unsupported:
         raise ValueError(f"safetensors has no dtype for {unsupported}; convert those tensors before saving")
-    return sorted(tensors, key=lambda name: (-_DTYPES[tensors[name].dtype][1], name))
+    return sorted(tensors, key=lambda name: (-DTYPES[tensors[name].dtype][1], name))
 
 
 def safetensors_header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
@@ -63,7 +63,7 @@ def safetensors_header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[st
         tensor = tensors[name]
         size = tensor.numel() * tensor.element_size()
         header[name] = {
-            "dtype": _DTYPES[tensor.dtype][0],
+            "dtype": DTYPES[tensor.dtype][0],
             "shape": list(tensor.shape),
             "data_offsets": [offset, offset + size],
         }

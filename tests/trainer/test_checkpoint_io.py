@@ -84,9 +84,9 @@ def test_save_and_restore_round_trips_weights_and_optimizer_with_a_new_identity(
 
 
 def test_a_restore_mapped_from_its_files_trains_bitwise_like_one_read_whole_and_never_writes_them(tmp_path):
-    """The weights stream from the safetensors map and the moments stay copy-on-write mapped: steps after the
-    restore match a twin restored from fully read weights (`load_file`) and the optimizer state as it was in
-    memory before the save, and the files keep their bytes."""
+    """The weights stream from the safetensors map and the moments are read past the page cache, loaded at the
+    optimizer's first use: steps after the restore match a twin restored from fully read weights (`load_file`)
+    and the optimizer state as it was in memory before the save, and the files keep their bytes."""
     import hashlib
     import json
 
@@ -155,3 +155,38 @@ def test_every_checkpoint_of_a_trainer_round_trips_its_weights_and_moments_throu
             assert torch.equal(params[n], weight), (name, n)
             state = checkpoint.optimizer.state[params[n]]
             assert all(torch.equal(state[k], v) for k, v in moments.items()), (name, n)
+
+
+def test_the_moments_are_read_beside_the_restore_and_loaded_at_the_optimizer_s_first_use(tmp_path, monkeypatch):
+    """`restore_checkpoint` returns with the weights in place while the moments are still being read; the first use
+    of the optimizer waits for them; a read that failed is raised at that use and at every later one."""
+    import threading
+
+    from trainer_core.training import checkpoint_io
+
+    trainer, _ = trained_adapter_and_head()
+    adapter = trainer.checkpoints["adapter"]
+    save_checkpoint(adapter, tmp_path / "saved")
+    saved = {n: p.detach().clone() for n, p in adapter.parameters().items()}
+    moments = {n: adapter.optimizer.state[p]["exp_avg"].clone() for n, p in adapter.parameters().items()}
+    trainer.backward(sft_loss(trainer.forward(*batch(seed=4)).logprobs, batch(seed=4)[1]))
+    trainer.step(["adapter"])  # move away from the saved state
+    let_go, real_read = threading.Event(), checkpoint_io.read_optimizer_state
+
+    def slow_read(directory):
+        assert let_go.wait(30)
+        return real_read(directory)
+
+    monkeypatch.setattr(checkpoint_io, "read_optimizer_state", slow_read)
+    restore_checkpoint(adapter, tmp_path / "saved")  # returns although the moments are not read yet
+    assert all(torch.equal(p, saved[n]) for n, p in adapter.parameters().items())
+    threading.Timer(0.3, let_go.set).start()
+    for name, param in adapter.parameters().items():  # the first use waits for the read
+        assert torch.equal(adapter.optimizer.state[param]["exp_avg"], moments[name]), name
+
+    (tmp_path / "saved" / "optimizer.safetensors").write_bytes(b"\x10" + bytes(7) + b"{}")  # damaged
+    monkeypatch.setattr(checkpoint_io, "read_optimizer_state", real_read)
+    restore_checkpoint(adapter, tmp_path / "saved")
+    for _ in range(2):  # never a fresh AdamW in its place
+        with pytest.raises(ValueError, match="optimizer.safetensors is not a whole safetensors file"):
+            adapter.optimizer  # noqa: B018 - the use under test

@@ -3,7 +3,9 @@
 - `save_checkpoint` / `restore_checkpoint`: a checkpoint's training state
   (weights, AdamW state, revision) in a directory: `params.safetensors` and
   `optimizer.safetensors`, written straight to the disk
-  (`trainer_core.safetensors_write`), read back memory-mapped. Restoring gives
+  (`trainer_core.safetensors_write`); the weights are read back
+  memory-mapped, the moments past the page cache into memory of their own
+  (`trainer_core.safetensors_read`). Restoring gives
   the checkpoint a new identity, so graphs recorded before it cannot be
   backwarded. A state saved before the optimizer file was safetensors
   (`optimizer.pt`, `torch.save`) still restores.
@@ -17,12 +19,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from trainer_core.safetensors_read import read_safetensors
 from trainer_core.safetensors_write import write_safetensors
 
 from .checkpoints import Checkpoint
@@ -84,15 +88,21 @@ def restore_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimize
     """Load a saved checkpoint (its AdamW state too, unless `with_optimizer` is False).
 
     Nothing is read twice or held twice: the weights stream from the memory-mapped safetensors file into the
-    parameters, and the AdamW moments are memory-mapped (copy-on-write: the file is never written), so the
-    pages are read as the first step touches them rather than all before it.
+    parameters (read ahead into the page cache: `trainer_core.run.state_readahead`), and the AdamW moments
+    (two thirds of a full fine-tune's state) are read past the page cache into memory the optimizer then owns
+    (`trainer_core.safetensors_read`), by a thread of their own: the checkpoint waits for them at the
+    optimizer's first use, so the read runs beside the weights' copy and the first forward and backward.
     """
     meta = json.loads((directory / VERSION_FILE).read_text())
     if meta["kind"] != checkpoint.kind:
         raise ValueError(
             f"{directory} holds a '{meta['kind']}' checkpoint, not '{checkpoint.kind}'; restore it into a checkpoint of that kind"
         )
-    optimizer = read_optimizer_state(directory) if with_optimizer else None
+    optimizer = None
+    if with_optimizer:  # read by a thread of its own, beside the weights' copy and the first forward and backward
+        reading = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-moments")
+        optimizer = reading.submit(read_optimizer_state, directory)
+        reading.shutdown(wait=False)  # the thread ends with the read; the checkpoint waits for it at its first step
     with safe_open(str(directory / PARAMS_FILE), framework="pt") as params:
         checkpoint.load_state_dict(
             {"params": _SafetensorsTensors(params), "optimizer": optimizer, "revision": meta["revision"]}
@@ -100,11 +110,11 @@ def restore_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimize
 
 
 def read_optimizer_state(directory: Path) -> dict:
-    """The saved optimizer `state_dict`, its tensors memory-mapped (copy-on-write: the file is never written)."""
+    """The saved optimizer `state_dict`, its tensors in memory of their own (`trainer_core.safetensors_read`: the
+    first step writes them in place, which a copy-on-write map would make copy every page again)."""
     if not (directory / OPTIMIZER_FILE).is_file() and (directory / OLD_OPTIMIZER_FILE).is_file():
         return torch.load(directory / OLD_OPTIMIZER_FILE, weights_only=True, mmap=True)
-    with safe_open(str(directory / OPTIMIZER_FILE), framework="pt") as saved:
-        return optimizer_from_tensors({name: saved.get_tensor(name) for name in saved.keys()}, saved.metadata() or {})
+    return optimizer_from_tensors(*read_safetensors(directory / OPTIMIZER_FILE))
 
 
 def export_checkpoint_module(trainer, name: str, directory: Path) -> list[str]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Literal
 
@@ -119,9 +120,25 @@ class Checkpoint:
         self._slots = [_Slot(qualified, param, locations[id(param)]) for qualified, param in distinct.values()]
         self.identity = new_identity()
         self.revision = 0
+        self._pending_optimizer_state: Future | None = None
         self.optimizer = self._new_optimizer()
         self.adapter_config = None
         """For a LoRA checkpoint, the peft LoraConfig it was injected with (exported beside it)."""
+
+    @property
+    def optimizer(self) -> torch.optim.AdamW:
+        """The checkpoint's AdamW; a restored state still being read (`load_state_dict` given a `Future`) is waited
+        for and loaded at its first use, which for a resumed segment is the first optimizer step."""
+        if self._pending_optimizer_state is not None:
+            # Pending until loaded: a read or a load that failed raises again at every use, never a fresh AdamW.
+            self._optimizer.load_state_dict(self._pending_optimizer_state.result())
+            self._pending_optimizer_state = None
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.AdamW) -> None:
+        self._optimizer = optimizer
+        self._pending_optimizer_state = None
 
     def _new_optimizer(self) -> torch.optim.AdamW:
         c = self.optimizer_config
@@ -309,10 +326,18 @@ class Checkpoint:
                     slot.master.copy_(params[slot.name])
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore weights and optimizer state. The identity changes: graphs and gradients from before are void."""
+        """Restore weights and optimizer state. The identity changes: graphs and gradients from before are void.
+
+        `state["optimizer"]` may be a `Future` of the optimizer's state dict (a restore reading the AdamW moments
+        beside the weights' copy and the first forward and backward): it is waited for and loaded at the
+        optimizer's first use (`optimizer`), and a failure to read it is raised there.
+        """
         self._load_weights(state["params"])
-        if state.get("optimizer") is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+        optimizer = state.get("optimizer")
+        if isinstance(optimizer, Future):
+            self._pending_optimizer_state = optimizer
+        elif optimizer is not None:
+            self.optimizer.load_state_dict(optimizer)
         self.revision = int(state["revision"])
         self.identity = new_identity()
         self.clear_gradients()
