@@ -1,6 +1,9 @@
-"""Reading a state ahead: its files end up in the page cache, unless they would not fit; links are not followed."""
+"""Reading a state ahead: the files its ranks read through the page cache end up there (not the AdamW moments, which
+they read past it), unless they would not fit; links are not followed; started at the save, read once."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -8,7 +11,7 @@ import torch
 from tests.page_cache import resident_pages
 from tests.unit.test_state_record import planned  # noqa: F401 - the fixture
 from trainer_core.run import state_readahead
-from trainer_core.run.state_readahead import read_ahead
+from trainer_core.run.state_readahead import ReadAheadWhenSaved, read_ahead
 from trainer_core.safetensors_write import write_safetensors
 
 
@@ -20,19 +23,21 @@ def written_past_the_cache(tmp_path):
     return state, sorted((state / "base").iterdir())
 
 
-def test_the_state_is_in_the_page_cache_once_the_reader_ends(tmp_path):
-    state, files = written_past_the_cache(tmp_path)
-    before = sum(resident_pages(f) for f in files)
+def test_the_weights_are_in_the_page_cache_once_the_reader_ends_and_the_moments_are_not(tmp_path):
+    state, (optimizer, params) = written_past_the_cache(tmp_path)
+    before = resident_pages(params)
     reader = read_ahead(state)
     assert reader is not None and reader.daemon
     reader.join(timeout=60)
-    pages = sum(-(-f.stat().st_size // 4096) for f in files)
-    assert sum(resident_pages(f) for f in files) >= pages - 2 > before
+    assert resident_pages(params) >= -(-params.stat().st_size // 4096) - 2 > before
+    assert (
+        resident_pages(optimizer) <= 2
+    )  # the ranks read the moments past the cache (trainer_core/safetensors_read.py)
 
 
 def test_a_state_larger_than_half_the_available_memory_is_left_on_disk(tmp_path, monkeypatch):
     state, files = written_past_the_cache(tmp_path)
-    size = sum(f.stat().st_size for f in files)
+    size = files[1].stat().st_size  # the weights: the moments are not read ahead
     monkeypatch.setattr(state_readahead, "available_memory_bytes", lambda: 2 * size - 2)
     assert read_ahead(state) is None
     monkeypatch.setattr(state_readahead, "available_memory_bytes", lambda: None)  # unknown: not read either
@@ -48,9 +53,36 @@ def test_nothing_is_read_where_there_is_no_state_and_links_are_not_followed(tmp_
     outside, files = written_past_the_cache(tmp_path / "outside")
     linked = tmp_path / "linked"
     linked.mkdir()
-    (linked / "params.safetensors").symlink_to(files[0])
+    (linked / "params.safetensors").symlink_to(files[1])
     assert read_ahead(linked) is None
-    assert resident_pages(files[0]) <= 2
+    assert resident_pages(files[1]) <= 2
+
+
+def test_a_segment_s_watch_reads_its_state_ahead_from_its_saved_record_and_the_next_task_joins_that_read(
+    tmp_path, monkeypatch
+):
+    state, (_optimizer, params) = written_past_the_cache(tmp_path)
+    reading = threading.Event()
+    let_go = threading.Event()
+    real_read = state_readahead._read
+
+    def slow_read(files):
+        reading.set()
+        let_go.wait(30)
+        real_read(files)
+
+    monkeypatch.setattr(state_readahead, "_read", slow_read)
+    when_saved = ReadAheadWhenSaved(state)
+    when_saved([{"event": "step"}, {"event": "saving"}])
+    assert when_saved.started is None and not reading.is_set()
+    when_saved([{"event": "saved"}])
+    assert when_saved.started is not None and reading.wait(10)
+    assert read_ahead(state) is when_saved.started  # the next segment's task: the same read, not a second one
+    when_saved([{"event": "saved"}])  # a record seen again starts nothing
+    let_go.set()
+    when_saved.started.join(60)
+    assert resident_pages(params) >= -(-params.stat().st_size // 4096) - 2
+    assert read_ahead(state) is not when_saved.started  # done: a later call reads again (the pages may be gone)
 
 
 class _Stop(Exception):
