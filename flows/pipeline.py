@@ -50,17 +50,19 @@ def train_flow(config: RunConfig) -> dict | State:
         computed = compute_plan(config)  # pure: names the run (its id), writes nothing for it
         planned = run.planned(write_plan_task(config, computed, lease_token=run.leased(computed)))
         live = create_live_artifacts(planned.run_id, planned.total_steps, steps_done=0)
-        uploads = run.uploads(StateUploads(planned))
-        previous = None
-        for index in range(planned.num_segments):
-            previous = train_segment(planned, index, live, wait_for=[previous] if previous else None, return_state=True)
-            run.segments.append(previous.result())
-            uploads.after(index)  # the state to the store, beside the next segment (one upload at a time)
-            show_steps_done(live, run.segments[-1].end_step)
-            if config.export_after_segment(index):
-                uploads.wait()  # a checkpoint is published only from states the store holds
-                run.commits.append(publish_checkpoint(run, planned, index))
-        uploads.wait()  # nothing is reported before every state is stored
+        with run.uploads(StateUploads(planned)) as uploads:  # a held upload is let go however the flow leaves
+            previous = None
+            for index in range(planned.num_segments):
+                previous = train_segment(
+                    planned, index, live, wait_for=[previous] if previous else None, return_state=True
+                )
+                run.segments.append(previous.result())
+                uploads.after(index)  # the state to the store, beside the next segment (one upload at a time)
+                show_steps_done(live, run.segments[-1].end_step)
+                if config.export_after_segment(index):
+                    uploads.wait()  # a checkpoint is published only from states the store holds
+                    run.commits.append(publish_checkpoint(run, planned, index))
+            uploads.wait()  # nothing is reported before every state is stored
         run.files = report(planned, run.segments, run.commits)
     return run.outcome()  # the summary; Cancelled when another run of the run id holds its lease
 

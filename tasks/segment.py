@@ -30,8 +30,9 @@ from trainer_core.run.progress import progress_path
 from trainer_core.run.records import SegmentResult
 from trainer_core.run.segment_main import segment_result_path
 from trainer_core.run.state import has_state, state_dir_for
-from trainer_core.run.state_readahead import read_ahead
+from trainer_core.run.state_readahead import ReadAheadWhenSaved, read_ahead
 
+from . import upload_hold
 from ._launch import launch_stage
 from ._logging import rank_line_logger
 from .events import SEGMENT_COMPLETED, emit_run_event, flow_run_url
@@ -69,6 +70,13 @@ def _outcome(result: SegmentResult, launch_wall_s: float, reused: bool) -> Segme
 def train_segment_fn(
     planned: PlannedRun, segment_index: int, on_line=print, live: LiveArtifacts | None = None
 ) -> SegmentOutcome:
+    try:
+        return _train_segment(planned, segment_index, on_line, live)
+    finally:  # however it ends: the previous state's upload, held while this segment loads it, may start
+        upload_hold.release(planned.run_dir, segment_index - 1)
+
+
+def _train_segment(planned: PlannedRun, segment_index: int, on_line, live: LiveArtifacts | None) -> SegmentOutcome:  # noqa: ANN001 - on_line: a line callback
     run_dir = Path(planned.run_dir)
     fence(planned, f"segment {segment_index}")
     result_path = segment_result_path(run_dir, segment_index)
@@ -80,13 +88,16 @@ def train_segment_fn(
         ledger.record(run_dir, "segment", "reused", segment=segment_index)
         return outcome
     if segment_index > 0:  # its ranks then load the state from memory (trainer_core/run/state_readahead.py)
-        read_ahead(state_dir_for(run_dir, segment_index - 1))
+        read_ahead(state_dir_for(run_dir, segment_index - 1))  # started at the previous segment's save, if it ran here
     if not nodes_move_their_files(planned):  # a work pool's nodes fetch their own inputs (tasks.nodes)
         fetch_segment_inputs(planned, segment_index)
     progress_file = progress_path(run_dir, segment_index)
     publisher = publisher_for(live, segment_index)
     tracking = tracking_sink_for(planned, warn=_warning_to_this_run())
-    watch = SegmentWatch(progress_file, planned.train.stall_timeout_s, on_records=_each(publisher, tracking))
+    consumers = [publisher, tracking, upload_hold.ReleaseAtFirstStep(run_dir, segment_index - 1)]
+    if segment_index + 1 < planned.num_segments:  # the next segment loads this state: read it ahead once saved
+        consumers.append(ReadAheadWhenSaved(state_dir_for(run_dir, segment_index)))
+    watch = SegmentWatch(progress_file, planned.train.stall_timeout_s, on_records=_each(*consumers))
     monitor = fenced_monitor(planned, f"segment {segment_index}", watch)
     try:
         if planned.train.nnodes > 1:

@@ -32,6 +32,7 @@ from infra.runs import ledger
 from trainer_core.run.segment_main import segment_result_path
 from trainer_core.run.state import has_state, state_dir_for
 
+from . import upload_hold
 from .failure_report import reports_failures
 from .fencing import fence
 from .outcomes import PlannedRun
@@ -40,12 +41,20 @@ from .run_state import publish_segment_state, stored_segment_result
 
 
 def upload_state_fn(planned: PlannedRun, segment_index: int) -> dict:
-    """Store segment `segment_index`'s state and result unless the store holds them already; returns figures."""
+    """Store segment `segment_index`'s state and result unless the store holds them already; returns figures.
+
+    Held first while the next segment loads the state (`tasks.upload_hold`)."""
     run_dir = Path(planned.run_dir)
+    held_s = upload_hold.wait_for_release(run_dir, segment_index)
     fence(planned, f"state upload of segment {segment_index}")
     started = time.perf_counter()
     if stored_segment_result(planned, segment_index) is not None:
-        return {"segment": segment_index, "already_stored": True, "upload_s": time.perf_counter() - started}
+        return {
+            "segment": segment_index,
+            "already_stored": True,
+            "upload_s": time.perf_counter() - started,
+            "held_s": held_s,
+        }
     state_dir = state_dir_for(run_dir, segment_index)
     if not (has_state(state_dir) and segment_result_path(run_dir, segment_index).is_file()):
         raise FileNotFoundError(
@@ -53,7 +62,13 @@ def upload_state_fn(planned: PlannedRun, segment_index: int) -> dict:
             "rerun the run: the segment is trained again from the last state in the store"
         )
     figures = publish_segment_state(planned, segment_index)
-    return {"segment": segment_index, "already_stored": False, "upload_s": time.perf_counter() - started, **figures}
+    return {
+        "segment": segment_index,
+        "already_stored": False,
+        "upload_s": time.perf_counter() - started,
+        "held_s": held_s,
+        **figures,
+    }
 
 
 def _run_name() -> str:
@@ -76,9 +91,11 @@ def upload_state(planned: PlannedRun, segment_index: int) -> dict:
 class StateUploads:
     """The run's state uploads, one in flight at a time, each submitted after its segment.
 
-    `after(K)` submits the upload of segment K behind the previous upload; `wait()` blocks until every upload
-    submitted so far is stored (raising the first failure), and returns the seconds the flow waited: what the
-    uploads still cost on the critical path.
+    `after(K)` submits the upload of segment K behind the previous upload, held until segment K+1 has loaded the
+    state where K+1 follows on this node (`tasks.upload_hold`); `wait()` lets every held upload start, then
+    blocks until every upload submitted so far is stored (raising the first failure), and returns the seconds
+    the flow waited: what the uploads still cost on the critical path. Used as a context manager, it lets every
+    held upload start when the flow leaves it, however it leaves.
     """
 
     def __init__(self, planned: PlannedRun) -> None:
@@ -89,9 +106,12 @@ class StateUploads:
     def after(self, segment_index: int) -> None:
         self._raise_failed()  # a failed upload stops the run at the next segment, not only at its end
         previous = self._futures[-1:]
+        if segment_index + 1 < self.planned.num_segments and self.planned.train.nnodes == 1:
+            upload_hold.hold(self.planned.run_dir, segment_index)  # released by segment K+1's first step
         self._futures.append(upload_state.submit(self.planned, segment_index, wait_for=previous))
 
     def wait(self) -> float:
+        upload_hold.release_all(self.planned.run_dir)  # waited for now: nothing is gained by holding them
         started = time.perf_counter()
         for future in self._futures:
             future.result()  # raises the upload's failure (or its upstream's, which ran first)
@@ -100,6 +120,12 @@ class StateUploads:
         if waited > 0.05:
             ledger.record(Path(self.planned.run_dir), "state-upload", "waited", waited_s=round(waited, 3))
         return waited
+
+    def __enter__(self) -> StateUploads:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        upload_hold.release_all(self.planned.run_dir)
 
     def _raise_failed(self) -> None:
         for future in self._futures:

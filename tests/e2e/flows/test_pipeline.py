@@ -316,6 +316,7 @@ def test_a_work_dir_deleted_mid_run_and_a_fresh_worker_resume_from_the_store(
     prefect_harness, local_run, tmp_path, monkeypatch
 ):
     import tasks.segment
+    from tasks import upload_hold
 
     _, local_config, local_result = local_run
     real_fetch = tasks.segment.fetch_segment_inputs
@@ -324,6 +325,8 @@ def test_a_work_dir_deleted_mid_run_and_a_fresh_worker_resume_from_the_store(
         if segment_index == 1:  # the whole run directory is gone when segment 1 starts
             # Once segment 0's state is stored: its upload runs beside segment 1, and a state lost from the only
             # disk that held it before it was stored is trained again, not resumed (a loaded machine got here first).
+            # The upload waits for segment 1's first step (tasks/upload_hold.py): let it go, as that step would.
+            upload_hold.release(planned.run_dir, 0)
             store, deadline = open_store(planned.storage), time.monotonic() + 120
             while read_bundle_manifest(store, planned.run_id, segment_bundle(0)) is None:
                 assert time.monotonic() < deadline, "segment 0's state was never stored"
