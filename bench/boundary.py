@@ -14,9 +14,10 @@ bytes per parameter: FP32 weights and two AdamW moments):
   before records.)
 - candidate: segment K saves (fsync'd, fingerprinted); segment K+1 starts at
   once from the local state (its record's trust rule: no hashing) while the
-  state upload runs beside it (hashing once), its ranks forked by the run's
-  warm process as a run's are (`infra.launch.warm_ranks`; the baseline's
-  ranks import by themselves, as before).
+  state upload runs beside it (hashing once; held until K+1's first step, as
+  a run's is: `tasks.upload_hold`), its ranks forked by the run's warm
+  process as a run's are (`infra.launch.warm_ranks`; the baseline's ranks
+  import by themselves, as before).
 
 Each segment runs two steps: the next segment's second step is a step's own
 compute. The boundary holds the first step's compute, which is not time a
@@ -182,7 +183,7 @@ def measure(root: Path, overrides: dict, store_url: str, side: str) -> dict:
     """One boundary (segment 0 → 1) on one side; returns its figures in seconds."""
     from infra.launch.warm_ranks import warm_ranks
     from infra.runs import run_state as infra_run_state
-    from tasks import run_state, segment
+    from tasks import run_state, segment, upload_hold
     from tasks.state_upload import upload_state_fn
     from trainer_core.run import state_record
     from trainer_core.run.progress import progress_path
@@ -209,6 +210,7 @@ def measure(root: Path, overrides: dict, store_url: str, side: str) -> dict:
             segment.train_segment_fn(planned, 1, **quiet)
         else:
             upload: dict = {}
+            upload_hold.hold(run_dir, 0)  # as a run's flow does (`StateUploads.after`): segment 1 releases it
             uploader = threading.Thread(target=lambda: upload.update(upload_state_fn(planned, 0)))
             uploader.start()
             next_called = time.time()
