@@ -2,9 +2,9 @@
 
 The AdamW moments are two thirds of a full fine-tune's state. Kept as named
 tensors they are written by the same direct safetensors writer as the
-weights (`trainer_core.safetensors_write`) and read back memory-mapped
-(`safe_open` maps the file copy-on-write: pages are read as the first step
-touches them), where `torch.save`'s zip went through the page cache.
+weights (`trainer_core.safetensors_write`) and read back past the page
+cache into memory of their own (`trainer_core.safetensors_read`), where
+`torch.save`'s zip went through the page cache.
 
     state.<param index>.<key>   every tensor of the per-parameter state (exp_avg, exp_avg_sq, step)
     metadata "state_values"      the per-parameter entries that are not tensors, as JSON
@@ -50,7 +50,7 @@ def optimizer_to_tensors(state_dict: Mapping) -> tuple[dict[str, torch.Tensor], 
 
 
 def optimizer_from_tensors(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> dict:
-    """The `state_dict` that `optimizer_to_tensors` took apart (tensors as given: memory-mapped stay mapped)."""
+    """The `state_dict` that `optimizer_to_tensors` took apart (the tensors as given, not copied)."""
     if metadata.get(FORMAT_KEY) != FORMAT:
         raise ValueError(f"not a saved optimizer state (format {metadata.get(FORMAT_KEY)!r}, expected {FORMAT!r})")
     state: dict[int, dict[str, object]] = {}
