@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import mmap
 import os
 import struct
@@ -44,10 +45,10 @@ def _open(path: Path, direct: bool) -> int:
     return os.open(path, flags | (getattr(os, "O_DIRECT", 0) if direct else 0))
 
 
-def _read_whole(path: Path, buffer: mmap.mmap, size: int) -> None:
-    """`size` bytes of `path` into `buffer` (page-aligned, whole blocks long), O_DIRECT where the file system
-    takes it (EINVAL at the open or at a read: through the cache)."""
-    direct = bool(getattr(os, "O_DIRECT", 0))
+def _read_whole(path: Path, buffer: mmap.mmap, size: int, direct: bool) -> None:
+    """`size` bytes of `path` into `buffer` (page-aligned, whole blocks long), O_DIRECT where asked and the file
+    system takes it (EINVAL at the open or at a read: through the cache)."""
+    direct = direct and bool(getattr(os, "O_DIRECT", 0))
     try:
         descriptor = _open(path, direct)
     except OSError as error:
@@ -65,19 +66,28 @@ def _read_whole(path: Path, buffer: mmap.mmap, size: int) -> None:
                         if not (direct and error.errno == errno.EINVAL):
                             raise
                         os.close(descriptor)  # O_DIRECT accepted at the open, refused at the read
+                        descriptor = -1  # never closed twice: the number may be another thread's file by now
                         direct, descriptor = False, _open(path, False)
                         continue
                 if count == 0:
                     raise EOFError(f"{path} ends at byte {done}, before byte {size} it held when opened")
                 done += count
     finally:
-        os.close(descriptor)
+        if descriptor >= 0:
+            os.close(descriptor)
 
 
-def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """(every tensor of `path`, views of one buffer of the process's own, the file's metadata)."""
+def only_reader_on_this_node() -> bool:
+    """Whether this process is the only one of its launch on this node (torchrun's LOCAL_WORLD_SIZE; 1 outside
+    torchrun). Several replicas each read the whole file: through the page cache the disk serves them once."""
+    return os.environ.get("LOCAL_WORLD_SIZE", "1") == "1"
+
+
+def check_safetensors(path: Path) -> tuple[dict[str, tuple[torch.dtype, list[int]]], dict[str, str]]:
+    """(each tensor's dtype and shape, the metadata), from the library's validation of the file (header, dtypes,
+    shapes, offsets within the file); a damaged file is refused with an error naming it."""
     try:
-        with safe_open(str(path), framework="pt") as checked:  # the library's validation of the whole file
+        with safe_open(str(path), framework="pt") as checked:
             metadata = checked.metadata() or {}
             layouts = {
                 name: (checked.get_slice(name).get_dtype(), checked.get_slice(name).get_shape())
@@ -85,21 +95,41 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str
             }
     except SafetensorError as damaged:
         raise ValueError(f"{path} is not a whole safetensors file ({damaged}); it was cut short or changed") from None
+    if unknown := sorted(f"{name} ({dtype})" for name, (dtype, _) in layouts.items() if dtype not in _TORCH_DTYPES):
+        raise ValueError(f"{path}: tensors {unknown} have dtypes rankflow does not save")
+    return {name: (_TORCH_DTYPES[dtype], list(shape)) for name, (dtype, shape) in layouts.items()}, metadata
+
+
+SMALL_TENSOR_BYTES = 4096
+"""Tensors at most this large (AdamW's `step`) get memory of their own: a view would keep the whole buffer alive
+after the moments moved to a GPU."""
+
+
+def read_safetensors(path: Path, *, direct: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(every tensor of `path`, views of one buffer of the process's own, the file's metadata). `direct`: past the
+    page cache (O_DIRECT), else through it; either way into memory the caller owns."""
+    layouts, _ = check_safetensors(path)
     size = path.stat().st_size
-    buffer = mmap.mmap(-1, max(BLOCK_BYTES, -(-size // BLOCK_BYTES) * BLOCK_BYTES))
-    _read_whole(path, buffer, size)
+    # MAP_PRIVATE: ordinary anonymous memory (Python's default is a shared map: shmem, not reclaimable as such).
+    buffer = mmap.mmap(
+        -1, max(BLOCK_BYTES, -(-size // BLOCK_BYTES) * BLOCK_BYTES), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    )
+    _read_whole(path, buffer, size, direct)
     (length,) = struct.unpack_from("<Q", buffer, 0)
     header = json.loads(buffer[8 : 8 + length])
+    changed = ValueError(f"{path} changed while it was read (its tensors are not those it held); read it again")
+    if sorted(name for name in header if name != "__metadata__") != sorted(layouts):
+        raise changed
     data_start = 8 + length
     tensors: dict[str, torch.Tensor] = {}
-    for name, (dtype_name, shape) in layouts.items():
-        if dtype_name not in _TORCH_DTYPES:
-            raise ValueError(f"{path}: tensor '{name}' has dtype {dtype_name}, which rankflow does not save")
-        dtype = _TORCH_DTYPES[dtype_name]
+    for name, (dtype, shape) in layouts.items():
         start, end = header[name]["data_offsets"]
+        if end - start != math.prod(shape) * dtype.itemsize or data_start + end > size:
+            raise changed
         if end == start:
             tensors[name] = torch.empty(shape, dtype=dtype)
             continue
         raw = torch.frombuffer(buffer, dtype=torch.uint8, count=end - start, offset=data_start + start)
-        tensors[name] = raw.view(dtype).reshape(shape)
-    return tensors, metadata
+        tensor = raw.view(dtype).reshape(shape)
+        tensors[name] = tensor.clone() if end - start <= SMALL_TENSOR_BYTES else tensor
+    return tensors, header.get("__metadata__") or {}

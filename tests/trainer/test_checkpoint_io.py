@@ -159,7 +159,8 @@ def test_every_checkpoint_of_a_trainer_round_trips_its_weights_and_moments_throu
 
 def test_the_moments_are_read_beside_the_restore_and_loaded_at_the_optimizer_s_first_use(tmp_path, monkeypatch):
     """`restore_checkpoint` returns with the weights in place while the moments are still being read; the first use
-    of the optimizer waits for them; a read that failed is raised at that use and at every later one."""
+    of the optimizer waits for them; a damaged file is refused before anything is restored; a read that failed is
+    raised at that use and at every later one."""
     import threading
 
     from trainer_core.training import checkpoint_io
@@ -173,9 +174,9 @@ def test_the_moments_are_read_beside_the_restore_and_loaded_at_the_optimizer_s_f
     trainer.step(["adapter"])  # move away from the saved state
     let_go, real_read = threading.Event(), checkpoint_io.read_optimizer_state
 
-    def slow_read(directory):
+    def slow_read(directory, direct):
         assert let_go.wait(30)
-        return real_read(directory)
+        return real_read(directory, direct=direct)
 
     monkeypatch.setattr(checkpoint_io, "read_optimizer_state", slow_read)
     restore_checkpoint(adapter, tmp_path / "saved")  # returns although the moments are not read yet
@@ -184,9 +185,44 @@ def test_the_moments_are_read_beside_the_restore_and_loaded_at_the_optimizer_s_f
     for name, param in adapter.parameters().items():  # the first use waits for the read
         assert torch.equal(adapter.optimizer.state[param]["exp_avg"], moments[name]), name
 
-    (tmp_path / "saved" / "optimizer.safetensors").write_bytes(b"\x10" + bytes(7) + b"{}")  # damaged
-    monkeypatch.setattr(checkpoint_io, "read_optimizer_state", real_read)
+    weights = {n: p.detach().clone() for n, p in adapter.parameters().items()}
+    damaged = (tmp_path / "saved" / "optimizer.safetensors").read_bytes()
+    (tmp_path / "saved" / "optimizer.safetensors").write_bytes(damaged[:200])  # cut short
+    with pytest.raises(ValueError, match="optimizer.safetensors is not a whole safetensors file"):
+        restore_checkpoint(adapter, tmp_path / "saved")  # refused before anything is restored
+    assert all(torch.equal(p, weights[n]) for n, p in adapter.parameters().items())
+
+    def failing_read(directory, direct):
+        raise OSError(5, "Input/output error", str(directory / "optimizer.safetensors"))
+
+    (tmp_path / "saved" / "optimizer.safetensors").write_bytes(damaged)
+    monkeypatch.setattr(checkpoint_io, "read_optimizer_state", failing_read)
     restore_checkpoint(adapter, tmp_path / "saved")
     for _ in range(2):  # never a fresh AdamW in its place
-        with pytest.raises(ValueError, match="optimizer.safetensors is not a whole safetensors file"):
+        with pytest.raises(OSError, match="Input/output error"):
             adapter.optimizer  # noqa: B018 - the use under test
+
+
+def test_a_step_with_a_moments_read_that_failed_changes_no_checkpoint(tmp_path, monkeypatch):
+    """All or none: the step loads every restored optimizer state before any checkpoint changes."""
+    from trainer_core.training import checkpoint_io
+
+    trainer, _ = trained_adapter_and_head()
+    save_checkpoint(trainer.checkpoints["value"], tmp_path / "value")
+
+    def failing_read(directory, direct):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(checkpoint_io, "read_optimizer_state", failing_read)
+    restore_checkpoint(trainer.checkpoints["value"], tmp_path / "value")
+    before = {
+        name: {n: p.detach().clone() for n, p in checkpoint.parameters().items()}
+        for name, checkpoint in trainer.checkpoints.items()
+    }
+    ids, mask = batch(seed=3)
+    out = trainer.forward(ids, mask, outputs=("logprobs", "heads"))
+    trainer.backward(sft_loss(out.logprobs, mask) + out.heads["value"].pow(2).mean())
+    with pytest.raises(OSError, match="Input/output error"):
+        trainer.step(learning_rate=1e-2)  # a given rate: nothing else asks the optimizers before they step
+    for name, checkpoint in trainer.checkpoints.items():
+        assert all(torch.equal(p, before[name][n]) for n, p in checkpoint.parameters().items()), name

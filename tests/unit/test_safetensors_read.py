@@ -112,3 +112,33 @@ def test_a_file_shorter_than_its_header_says_is_refused_and_names_itself(tmp_pat
     path.write_bytes(data[:-100])
     with pytest.raises(ValueError, match=r"cut\.safetensors is not a whole safetensors file"):
         read_safetensors(path)
+
+
+def test_read_through_the_cache_where_several_ranks_read_it_and_small_tensors_own_their_memory(tmp_path):
+    path = tmp_path / "moments.safetensors"
+    tensors = {"exp_avg": torch.randn(2_000_000), "step": torch.tensor(7.0)}
+    write_safetensors(path, tensors)
+    read, _ = read_safetensors(path, direct=False)
+    assert resident_pages(path) >= -(-path.stat().st_size // 4096) - 2  # the cache serves the next reader
+    assert all(torch.equal(read[name], tensors[name]) for name in tensors)
+    # AdamW's step is left on the CPU when the moments move to a GPU: it must not keep the whole buffer alive.
+    size = path.stat().st_size
+    assert abs(read["step"].data_ptr() - read["exp_avg"].data_ptr()) > size  # its own memory, not in the buffer
+
+
+def test_a_file_whose_tensors_change_between_the_check_and_the_read_is_refused(tmp_path, monkeypatch):
+    from trainer_core import safetensors_read
+
+    path, other = tmp_path / "moments.safetensors", tmp_path / "other.safetensors"
+    write_safetensors(path, {"exp_avg": torch.randn(1000)})
+    write_safetensors(other, {"exp_avg_sq": torch.randn(1000)})
+    real_check = safetensors_read.check_safetensors
+
+    def check_then_swap(checked):
+        layouts = real_check(checked)
+        other.replace(checked)  # swapped after the library checked it
+        return layouts
+
+    monkeypatch.setattr(safetensors_read, "check_safetensors", check_then_swap)
+    with pytest.raises(ValueError, match="changed while it was read"):
+        read_safetensors(path)

@@ -26,12 +26,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from trainer_core.safetensors_read import read_safetensors
+from trainer_core.safetensors_read import check_safetensors, only_reader_on_this_node, read_safetensors
 from trainer_core.safetensors_write import write_safetensors
 
 from .checkpoints import Checkpoint
 from .hf_weights import save_hf_model
-from .optimizer_tensors import optimizer_from_tensors, optimizer_to_tensors
+from .optimizer_tensors import check_optimizer_metadata, optimizer_from_tensors, optimizer_to_tensors
 
 VERSION_FILE = "version.json"
 PARAMS_FILE = "params.safetensors"
@@ -100,8 +100,9 @@ def restore_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimize
         )
     optimizer = None
     if with_optimizer:  # read by a thread of its own, beside the weights' copy and the first forward and backward
+        check_optimizer_file(directory)  # a missing or damaged file is refused before anything is restored
         reading = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-moments")
-        optimizer = reading.submit(read_optimizer_state, directory)
+        optimizer = reading.submit(read_optimizer_state, directory, direct=only_reader_on_this_node())
         reading.shutdown(wait=False)  # the thread ends with the read; the checkpoint waits for it at its first step
     with safe_open(str(directory / PARAMS_FILE), framework="pt") as params:
         checkpoint.load_state_dict(
@@ -109,12 +110,31 @@ def restore_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimize
         )
 
 
-def read_optimizer_state(directory: Path) -> dict:
+def _old_optimizer_file(directory: Path) -> bool:
+    return not (directory / OPTIMIZER_FILE).is_file() and (directory / OLD_OPTIMIZER_FILE).is_file()
+
+
+def check_optimizer_file(directory: Path) -> None:
+    """Refuse a missing, damaged or foreign optimizer file (its header only: the cheap part of a read)."""
+    if _old_optimizer_file(directory):
+        return
+    path = directory / OPTIMIZER_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} holds no {OPTIMIZER_FILE}; the state is incomplete: resume from another")
+    _, metadata = check_safetensors(path)
+    try:
+        check_optimizer_metadata(metadata)
+    except ValueError as foreign:
+        raise ValueError(f"{path}: {foreign}") from None
+
+
+def read_optimizer_state(directory: Path, *, direct: bool = True) -> dict:
     """The saved optimizer `state_dict`, its tensors in memory of their own (`trainer_core.safetensors_read`: the
-    first step writes them in place, which a copy-on-write map would make copy every page again)."""
-    if not (directory / OPTIMIZER_FILE).is_file() and (directory / OLD_OPTIMIZER_FILE).is_file():
+    first step writes them in place, which a copy-on-write map would make copy every page again); `direct`: read
+    past the page cache."""
+    if _old_optimizer_file(directory):
         return torch.load(directory / OLD_OPTIMIZER_FILE, weights_only=True, mmap=True)
-    return optimizer_from_tensors(*read_safetensors(directory / OPTIMIZER_FILE))
+    return optimizer_from_tensors(*read_safetensors(directory / OPTIMIZER_FILE, direct=direct))
 
 
 def export_checkpoint_module(trainer, name: str, directory: Path) -> list[str]:

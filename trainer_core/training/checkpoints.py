@@ -129,11 +129,17 @@ class Checkpoint:
     def optimizer(self) -> torch.optim.AdamW:
         """The checkpoint's AdamW; a restored state still being read (`load_state_dict` given a `Future`) is waited
         for and loaded at its first use, which for a resumed segment is the first optimizer step."""
+        self.finish_restore()
+        return self._optimizer
+
+    def finish_restore(self) -> None:
+        """Load a restored optimizer state still being read (waiting for the read); nothing where none is.
+
+        Pending until loaded: a read or a load that failed raises again at every use, never a fresh AdamW in its
+        place. The step calls it on every checkpoint before any of them changes (all or none)."""
         if self._pending_optimizer_state is not None:
-            # Pending until loaded: a read or a load that failed raises again at every use, never a fresh AdamW.
             self._optimizer.load_state_dict(self._pending_optimizer_state.result())
             self._pending_optimizer_state = None
-        return self._optimizer
 
     @optimizer.setter
     def optimizer(self, optimizer: torch.optim.AdamW) -> None:
@@ -334,6 +340,9 @@ class Checkpoint:
         """
         self._load_weights(state["params"])
         optimizer = state.get("optimizer")
+        pending = self._pending_optimizer_state
+        if pending is not None and pending.done() and pending.exception() is not None:
+            self._pending_optimizer_state = None  # a failed read is replaced by this load (or by the AdamW it left)
         if isinstance(optimizer, Future):
             self._pending_optimizer_state = optimizer
         elif optimizer is not None:

@@ -49,10 +49,15 @@ def optimizer_to_tensors(state_dict: Mapping) -> tuple[dict[str, torch.Tensor], 
     return tensors, metadata
 
 
-def optimizer_from_tensors(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> dict:
-    """The `state_dict` that `optimizer_to_tensors` took apart (the tensors as given, not copied)."""
+def check_optimizer_metadata(metadata: Mapping[str, str]) -> None:
+    """Refuse metadata that `optimizer_to_tensors` did not write."""
     if metadata.get(FORMAT_KEY) != FORMAT:
         raise ValueError(f"not a saved optimizer state (format {metadata.get(FORMAT_KEY)!r}, expected {FORMAT!r})")
+
+
+def optimizer_from_tensors(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> dict:
+    """The `state_dict` that `optimizer_to_tensors` took apart (the tensors as given, not copied)."""
+    check_optimizer_metadata(metadata)
     state: dict[int, dict[str, object]] = {}
     for index, entries in json.loads(metadata["state_values"]).items():
         state.setdefault(int(index), {}).update(entries)

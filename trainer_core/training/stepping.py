@@ -70,6 +70,8 @@ def step_checkpoints(
     Each checkpoint's rate is `Checkpoint.learning_rate(learning_rate, schedule_step)`: its own schedule where it
     has one, else `learning_rate`, else its optimizer's rate."""
     reduction = reduction or RankSum()
+    for checkpoint in checkpoints:  # a restore's moments still being read: loaded (or refused) before any update
+        checkpoint.finish_restore()
     rates = {c.name: c.learning_rate(learning_rate, schedule_step) for c in checkpoints}
     flags = reduction.local_flags(checkpoints)
     anywhere = agree_on_step(_terms(rates, checkpoints), [f for per in flags for f in per])
