@@ -87,8 +87,11 @@ def _train_segment(planned: PlannedRun, segment_index: int, on_line, live: LiveA
         outcome = _outcome(stored, 0.0, reused=True)
         ledger.record(run_dir, "segment", "reused", segment=segment_index)
         return outcome
+    moments_cached = planned.train.nproc_per_node > 1  # several ranks per node read them through the cache
     if segment_index > 0:  # its ranks then load the state from memory (trainer_core/run/state_readahead.py)
-        read_ahead(state_dir_for(run_dir, segment_index - 1))  # started at the previous segment's save, if it ran here
+        read_ahead(
+            state_dir_for(run_dir, segment_index - 1), moments=moments_cached
+        )  # started at the previous segment's save, if it ran here
     if not nodes_move_their_files(planned):  # a work pool's nodes fetch their own inputs (tasks.nodes)
         fetch_segment_inputs(planned, segment_index)
     progress_file = progress_path(run_dir, segment_index)
@@ -96,7 +99,7 @@ def _train_segment(planned: PlannedRun, segment_index: int, on_line, live: LiveA
     tracking = tracking_sink_for(planned, warn=_warning_to_this_run())
     consumers = [publisher, tracking, upload_hold.ReleaseAtFirstStep(run_dir, segment_index - 1)]
     if segment_index + 1 < planned.num_segments:  # the next segment loads this state: read it ahead once saved
-        consumers.append(ReadAheadWhenSaved(state_dir_for(run_dir, segment_index)))
+        consumers.append(ReadAheadWhenSaved(state_dir_for(run_dir, segment_index), moments=moments_cached))
     watch = SegmentWatch(progress_file, planned.train.stall_timeout_s, on_records=_each(*consumers))
     monitor = fenced_monitor(planned, f"segment {segment_index}", watch)
     try:

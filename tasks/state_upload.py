@@ -45,6 +45,7 @@ def upload_state_fn(planned: PlannedRun, segment_index: int) -> dict:
 
     Held first while the next segment loads the state (`tasks.upload_hold`)."""
     run_dir = Path(planned.run_dir)
+    fence(planned, f"state upload of segment {segment_index}")  # a run lease lost is told at once, not after the hold
     held_s = upload_hold.wait_for_release(run_dir, segment_index)
     fence(planned, f"state upload of segment {segment_index}")
     started = time.perf_counter()

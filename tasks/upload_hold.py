@@ -13,7 +13,8 @@ hiding it needs.
 
 The flow holds K's upload as it submits it, when a segment K+1 follows on
 this node (`StateUploads.after`); K+1's task releases it at its first
-`step` record, or when the task ends however it ends; the flow releases
+`step` record (written after the step, and after its evaluation where one
+is due), or when the task ends however it ends; the flow releases
 every hold before it waits for the uploads (a checkpoint to publish, the
 report) and when it leaves. A hold not released within `HOLD_LIMIT_S` lapses
 and the upload starts anyway: a lost release costs time, never the upload.
@@ -40,7 +41,7 @@ def _key(run_dir: Path | str, segment_index: int) -> tuple[str, int]:
 def hold(run_dir: Path | str, segment_index: int) -> None:
     """Segment `segment_index`'s upload waits (`wait_for_release`) until `release` for it."""
     with _lock:
-        _holds[_key(run_dir, segment_index)] = threading.Event()
+        _holds.setdefault(_key(run_dir, segment_index), threading.Event())  # a waiter on a hold keeps waiting on it
 
 
 def release(run_dir: Path | str, segment_index: int) -> None:
@@ -67,8 +68,11 @@ def wait_for_release(run_dir: Path | str, segment_index: int, limit_s: float = H
     if held is None:
         return 0.0
     started = time.monotonic()
-    if not held.wait(limit_s):
-        release(run_dir, segment_index)  # lapsed: the next segment never said; the upload goes on without it
+    if not held.wait(limit_s):  # lapsed: the next segment never said; the upload goes on without it
+        with _lock:
+            if _holds.get(_key(run_dir, segment_index)) is held:  # not a newer hold under the same key
+                del _holds[_key(run_dir, segment_index)]
+        held.set()
     return time.monotonic() - started
 
 

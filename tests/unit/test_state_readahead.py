@@ -35,6 +35,15 @@ def test_the_weights_are_in_the_page_cache_once_the_reader_ends_and_the_moments_
     )  # the ranks read the moments past the cache (trainer_core/safetensors_read.py)
 
 
+def test_a_launch_of_several_ranks_per_node_has_the_moments_read_ahead_too(tmp_path):
+    state, (optimizer, params) = written_past_the_cache(tmp_path)
+    reader = read_ahead(state, moments=True)
+    assert reader is not None
+    reader.join(timeout=60)
+    for path in (optimizer, params):
+        assert resident_pages(path) >= -(-path.stat().st_size // 4096) - 2
+
+
 def test_a_state_larger_than_half_the_available_memory_is_left_on_disk(tmp_path, monkeypatch):
     state, files = written_past_the_cache(tmp_path)
     size = files[1].stat().st_size  # the weights: the moments are not read ahead
@@ -82,7 +91,7 @@ def test_a_segment_s_watch_reads_its_state_ahead_from_its_saved_record_and_the_n
     let_go.set()
     when_saved.started.join(60)
     assert resident_pages(params) >= -(-params.stat().st_size // 4096) - 2
-    assert read_ahead(state) is not when_saved.started  # done: a later call reads again (the pages may be gone)
+    assert read_ahead(state) is when_saved.started  # done: read once per state, not again by the next task
 
 
 class _Stop(Exception):
@@ -97,7 +106,7 @@ def test_the_next_segments_task_reads_the_previous_state_ahead_before_its_input_
     from trainer_core.run.state import state_dir_for
 
     calls = []
-    monkeypatch.setattr(segment_task, "read_ahead", lambda state_dir: calls.append(("read", state_dir)))
+    monkeypatch.setattr(segment_task, "read_ahead", lambda state_dir, moments: calls.append(("read", state_dir)))
 
     def inputs(planned_run, segment_index):
         calls.append(("inputs", segment_index))

@@ -60,6 +60,20 @@ def test_release_all_lets_go_of_one_run_s_holds_only(tmp_path):
     assert upload_hold.wait_for_release(other, 0, limit_s=0.2) >= 0.2
 
 
+def test_a_hold_taken_again_keeps_its_waiter_and_a_lapse_leaves_a_newer_hold_alone(tmp_path):
+    upload_hold.hold(tmp_path, 0)
+    thread, out = _waiting(tmp_path, 0)
+    upload_hold.hold(tmp_path, 0)  # a retried submission: the same hold
+    upload_hold.release(tmp_path, 0)
+    thread.join(5)
+    assert not thread.is_alive()
+    upload_hold.hold(tmp_path, 1)
+    lapsing, _ = _waiting(tmp_path, 1, limit_s=0.2)
+    lapsing.join(5)
+    upload_hold.hold(tmp_path, 1)  # after the lapse: a new hold, which the lapse must not have taken
+    assert upload_hold.wait_for_release(tmp_path, 1, limit_s=0.2) >= 0.2
+
+
 def test_a_run_directory_named_through_a_link_is_the_same_run(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "run")
@@ -131,7 +145,7 @@ def test_the_next_segment_s_task_lets_the_upload_go_however_it_ends(planned, mon
             raise _Stop
 
         monkeypatch.setattr(segment_task, "fetch_segment_inputs", inputs)
-        monkeypatch.setattr(segment_task, "read_ahead", lambda state_dir: None)
+        monkeypatch.setattr(segment_task, "read_ahead", lambda state_dir, moments: None)
         with pytest.raises(_Stop):
             segment_task.train_segment_fn(planned, 1, on_line=lambda _line: None)
     else:  # its own state is saved already: nothing is trained, nothing read

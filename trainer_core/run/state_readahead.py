@@ -9,13 +9,16 @@ task's watch of the progress records), and runs while its ranks exit, the
 orchestrator checks the next segment's inputs and the next launch starts its
 ranks (about 2.5 s here); the next segment's task joins that read, or starts
 one where none ran here. The AdamW moments, two thirds of a full fine-tune's
-state, are not read ahead: the ranks read them past the cache themselves,
-beside the first forward and backward (`trainer_core.safetensors_read`).
+state, are not read ahead where a launch runs one rank per node: it reads
+them past the cache itself, beside the first forward and backward
+(`trainer_core.safetensors_read`). Several ranks per node read them through
+the cache, which then serves them all from one read of the disk, so they are
+read ahead too.
 Sharded states (DCP's files, read through the cache) are read ahead whole.
 Filling the page cache ran at 0.3–1.2 GB/s on this project's machines.
 
-It reads only what fits: files larger than half of the memory available now
-(or when that is unknown) are left to be read on demand (reading them ahead
+It reads only what fits: files that together take more than half of the
+memory available now (or when that is unknown) are left to be read on demand (reading them ahead
 would evict the pages the ranks are about to use). Nothing depends on it: a
 file that vanishes or fails to read is skipped.
 """
@@ -31,15 +34,14 @@ from trainer_core.training.checkpoint_io import OPTIMIZER_FILE
 BLOCK_BYTES = 8 * 2**20
 
 
-def _files(state_dir: Path) -> dict[Path, int]:
-    """Each regular file under `state_dir` and its size, smallest first (nothing where the directory is gone or
-    changing). Smallest first: the weights (a third of a full fine-tune's state) are restored before the ranks
-    are ready, the AdamW moments only paged in by the first step."""
+def _files(state_dir: Path, moments: bool) -> dict[Path, int]:
+    """Each regular file under `state_dir` the ranks read through the page cache (the AdamW moments' files only
+    where `moments`), and its size, smallest first; nothing where the directory is gone or changing."""
     try:
         sizes = {
             p: p.stat().st_size
             for p in state_dir.rglob("*")
-            if p.is_file() and not p.is_symlink() and p.name != OPTIMIZER_FILE
+            if p.is_file() and not p.is_symlink() and (moments or p.name != OPTIMIZER_FILE)
         }
     except OSError:
         return {}
@@ -61,22 +63,21 @@ _readers: dict[Path, threading.Thread] = {}
 _readers_lock = threading.Lock()
 
 
-def read_ahead(state_dir: Path) -> threading.Thread | None:
+def read_ahead(state_dir: Path, *, moments: bool = False) -> threading.Thread | None:
     """Start reading `state_dir`'s files into the page cache in a daemon thread; None where nothing is read.
-    Where a read of `state_dir` is still running (started at its save), that one is returned."""
+    `moments`: the AdamW moments' files too (a launch of several ranks per node reads them through the cache,
+    once for all). A state read ahead once in this process (started at its save) is not read again: that
+    reader is returned."""
     with _readers_lock:
-        running = _readers.get(state_dir)
-        if running is not None and running.is_alive():
-            return running
-        files = _files(state_dir)
+        if state_dir in _readers:
+            return _readers[state_dir]
+        files = _files(state_dir, moments)
         available = available_memory_bytes()
         if not files or available is None or sum(files.values()) > available // 2:
             return None
         reader = threading.Thread(target=_read, args=(list(files),), name=f"read-ahead-{state_dir.name}", daemon=True)
         reader.start()
         _readers[state_dir] = reader
-        for done in [path for path, thread in _readers.items() if not thread.is_alive()]:
-            del _readers[done]
         return reader
 
 
@@ -87,10 +88,16 @@ class ReadAheadWhenSaved:
     (0.5–0.8 s at 2 GB on this project's machines); from the save, the read runs beside that as well.
     """
 
-    def __init__(self, state_dir: Path) -> None:
-        self.state_dir = state_dir
+    def __init__(self, state_dir: Path, *, moments: bool = False) -> None:
+        self.state_dir, self.moments = state_dir, moments
+        self.asked = False
         self.started: threading.Thread | None = None
 
     def __call__(self, records: list[dict]) -> None:
-        if self.started is None and any(record.get("event") == "saved" for record in records):
-            self.started = read_ahead(self.state_dir)
+        if self.asked or not any(record.get("event") == "saved" for record in records):
+            return
+        self.asked = True
+        try:
+            self.started = read_ahead(self.state_dir, moments=self.moments)
+        except Exception:  # noqa: BLE001 - nothing depends on it: never fail the launch that watches
+            self.started = None
