@@ -23,8 +23,10 @@ Each segment runs two steps: the next segment's second step is a step's own
 compute. The boundary holds the first step's compute, which is not time a
 GPU sits idle; the critical path (`idle_s`) is the time from the last step
 of K until K+1 is ready to step (its `ready` record: state loaded), plus
-what its first step takes beyond its second (one-time costs such as moments
-paged in; both steps run beside the same upload).
+what its first step takes beyond a step's own compute (one-time costs such
+as the moments still being read), which is the shorter of K's last step and
+K+1's second (the upload starts at K+1's first step: its second runs beside
+it and alone would hide those costs).
 
 Printed: each side's boundary and critical path in seconds and seconds per
 GB at each size, the pieces (save, hash, upload, verify, launch to ready
@@ -96,11 +98,14 @@ def boundary_s(records_k: list[dict], records_next: list[dict]) -> float:
 
 def critical_path_s(records_k: list[dict], records_next: list[dict]) -> float:
     """What a GPU would sit idle: the last step of K until K+1 is ready to step, plus what K+1's first step takes
-    beyond its second (one-time costs)."""
+    beyond a step's own compute (one-time costs). A step's own compute is the shorter of K's last step and K+1's
+    second: K+1's second runs beside the upload, which starts at its first step, and would hide those costs."""
     last = max(r["time"] for r in records_k if r["event"] == "step")
     ready = max(r["time"] for r in records_next if r["event"] == "ready")
     first, second = sorted(r["time"] for r in records_next if r["event"] == "step")[:2]
-    return ready - last + max(0.0, (first - ready) - (second - first))
+    before_last, last_k = sorted(r["time"] for r in records_k if r["event"] == "step")[-2:]
+    step_s = min(last_k - before_last, second - first)
+    return ready - last + max(0.0, (first - ready) - step_s)
 
 
 def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:

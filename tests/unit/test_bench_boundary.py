@@ -36,12 +36,20 @@ def test_the_boundary_is_the_last_step_of_one_segment_to_the_first_of_the_next()
     assert boundary.boundary_s(before + [{"event": "saved", "time": 4.0}], after) == 6.75
 
 
-def test_the_critical_path_is_the_wait_for_ready_and_what_the_first_step_takes_beyond_the_second():
+def test_the_critical_path_is_the_wait_for_ready_and_what_the_first_step_takes_beyond_a_step():
     before = [{"event": "ready", "time": 1.0}, {"event": "step", "time": 2.0}, {"event": "step", "time": 3.5}]
     after = [{"event": "ready", "time": 9.0}, {"event": "step", "time": 10.25}, {"event": "step", "time": 11.0}]
     assert boundary.critical_path_s(before, after) == 5.5 + 0.5  # ready 5.5 s after; first step 1.25 vs 0.75
     faster_first = [{"event": "ready", "time": 9.0}, {"event": "step", "time": 9.5}, {"event": "step", "time": 10.5}]
     assert boundary.critical_path_s(before, faster_first) == 5.5
+    quiet_before = [{"event": "ready", "time": 1.0}, {"event": "step", "time": 2.0}, {"event": "step", "time": 2.5}]
+    upload_beside = [
+        {"event": "ready", "time": 9.0},
+        {"event": "step", "time": 10.25},
+        {"event": "step", "time": 12.25},
+    ]
+    # K+1's second step (2 s) ran beside the upload: the quiet step (0.5 s) is what the first is measured against.
+    assert boundary.critical_path_s(quiet_before, upload_beside) == 6.5 + 0.75
 
 
 def test_the_fit_recovers_a_line_and_one_point_is_all_per_gb():

@@ -87,11 +87,13 @@ class _SafetensorsTensors(Mapping[str, torch.Tensor]):
 def restore_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimizer: bool = True) -> None:
     """Load a saved checkpoint (its AdamW state too, unless `with_optimizer` is False).
 
-    Nothing is read twice or held twice: the weights stream from the memory-mapped safetensors file into the
-    parameters (read ahead into the page cache: `trainer_core.run.state_readahead`), and the AdamW moments
-    (two thirds of a full fine-tune's state) are read past the page cache into memory the optimizer then owns
-    (`trainer_core.safetensors_read`), by a thread of their own: the checkpoint waits for them at the
-    optimizer's first use, so the read runs beside the weights' copy and the first forward and backward.
+    Nothing is held twice: the weights stream from the memory-mapped safetensors file into the parameters
+    (read ahead into the page cache: `trainer_core.run.state_readahead`), and the AdamW moments (two thirds of a
+    full fine-tune's state) are read into memory the optimizer then owns (`trainer_core.safetensors_read`; past
+    the page cache where this process is its node's only rank, through it where several ranks each read the
+    file), by a thread of their own: the checkpoint waits for them at the optimizer's first use, so the read
+    runs beside the weights' copy and the first forward and backward. The optimizer file's header is checked
+    first: a missing or damaged file is refused before anything is restored.
     """
     meta = json.loads((directory / VERSION_FILE).read_text())
     if meta["kind"] != checkpoint.kind:
