@@ -77,15 +77,21 @@ def _read_whole(path: Path, buffer: mmap.mmap, size: int, direct: bool) -> None:
             os.close(descriptor)
 
 
+Layouts = dict[str, tuple[torch.dtype, list[int]]]
+"""Each tensor's dtype and shape, by name."""
+
+
 def only_reader_on_this_node() -> bool:
     """Whether this process is the only one of its launch on this node (torchrun's LOCAL_WORLD_SIZE; 1 outside
     torchrun). Several replicas each read the whole file: through the page cache the disk serves them once."""
     return os.environ.get("LOCAL_WORLD_SIZE", "1") == "1"
 
 
-def check_safetensors(path: Path) -> tuple[dict[str, tuple[torch.dtype, list[int]]], dict[str, str]]:
+def check_safetensors(path: Path) -> tuple[Layouts, dict[str, str]]:
     """(each tensor's dtype and shape, the metadata), from the library's validation of the file (header, dtypes,
-    shapes, offsets within the file); a damaged file is refused with an error naming it."""
+    shapes, offsets within the file); a damaged file, or a link in its place, is refused with an error naming it."""
+    if path.is_symlink():  # the read opens with O_NOFOLLOW: refused here, before a restore has changed anything
+        raise ValueError(f"{path} is a symbolic link; a state's files are its own: copy the file there instead")
     try:
         with safe_open(str(path), framework="pt") as checked:
             metadata = checked.metadata() or {}
@@ -105,10 +111,13 @@ SMALL_TENSOR_BYTES = 4096
 after the moments moved to a GPU."""
 
 
-def read_safetensors(path: Path, *, direct: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def read_safetensors(
+    path: Path, *, direct: bool = True, checked: Layouts | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(every tensor of `path`, views of one buffer of the process's own, the file's metadata). `direct`: past the
-    page cache (O_DIRECT), else through it; either way into memory the caller owns."""
-    layouts, _ = check_safetensors(path)
+    page cache (O_DIRECT), else through it; either way into memory the caller owns. `checked`: the layouts
+    `check_safetensors` gave for this file already (the bytes read are held to them all the same)."""
+    layouts = checked if checked is not None else check_safetensors(path)[0]
     size = path.stat().st_size
     # MAP_PRIVATE: ordinary anonymous memory (Python's default is a shared map: shmem, not reclaimable as such).
     buffer = mmap.mmap(

@@ -174,9 +174,9 @@ def test_the_moments_are_read_beside_the_restore_and_loaded_at_the_optimizer_s_f
     trainer.step(["adapter"])  # move away from the saved state
     let_go, real_read = threading.Event(), checkpoint_io.read_optimizer_state
 
-    def slow_read(directory, direct):
+    def slow_read(directory, direct, checked):
         assert let_go.wait(30)
-        return real_read(directory, direct=direct)
+        return real_read(directory, direct=direct, checked=checked)
 
     monkeypatch.setattr(checkpoint_io, "read_optimizer_state", slow_read)
     restore_checkpoint(adapter, tmp_path / "saved")  # returns although the moments are not read yet
@@ -192,7 +192,7 @@ def test_the_moments_are_read_beside_the_restore_and_loaded_at_the_optimizer_s_f
         restore_checkpoint(adapter, tmp_path / "saved")  # refused before anything is restored
     assert all(torch.equal(p, weights[n]) for n, p in adapter.parameters().items())
 
-    def failing_read(directory, direct):
+    def failing_read(directory, direct, checked):
         raise OSError(5, "Input/output error", str(directory / "optimizer.safetensors"))
 
     (tmp_path / "saved" / "optimizer.safetensors").write_bytes(damaged)
@@ -210,7 +210,7 @@ def test_a_step_with_a_moments_read_that_failed_changes_no_checkpoint(tmp_path, 
     trainer, _ = trained_adapter_and_head()
     save_checkpoint(trainer.checkpoints["value"], tmp_path / "value")
 
-    def failing_read(directory, direct):
+    def failing_read(directory, direct, checked):
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(checkpoint_io, "read_optimizer_state", failing_read)
@@ -226,3 +226,43 @@ def test_a_step_with_a_moments_read_that_failed_changes_no_checkpoint(tmp_path, 
         trainer.step(learning_rate=1e-2)  # a given rate: nothing else asks the optimizers before they step
     for name, checkpoint in trainer.checkpoints.items():
         assert all(torch.equal(p, before[name][n]) for n, p in checkpoint.parameters().items()), name
+
+
+def test_an_optimizer_file_replaced_by_a_link_is_refused_before_anything_is_restored(tmp_path):
+    """A link planted where the moments go (to a valid file elsewhere) is refused by the restore itself, with the
+    weights untouched, not at the first step after the weights were replaced."""
+    trainer, _ = trained_adapter_and_head()
+    adapter = trainer.checkpoints["adapter"]
+    save_checkpoint(adapter, tmp_path / "saved")
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    (tmp_path / "saved" / "optimizer.safetensors").rename(elsewhere)
+    (tmp_path / "saved" / "optimizer.safetensors").symlink_to(elsewhere)
+    trainer.backward(sft_loss(trainer.forward(*batch(seed=4)).logprobs, batch(seed=4)[1]))
+    trainer.step(["adapter"])  # move away from the saved state
+    weights = {n: p.detach().clone() for n, p in adapter.parameters().items()}
+    with pytest.raises(ValueError, match="optimizer.safetensors is a symbolic link"):
+        restore_checkpoint(adapter, tmp_path / "saved")
+    assert all(torch.equal(p, weights[n]) for n, p in adapter.parameters().items())
+
+
+def test_a_restore_checks_the_optimizer_file_s_header_once(tmp_path, monkeypatch):
+    from trainer_core import safetensors_read
+    from trainer_core.training import checkpoint_io
+
+    trainer, _ = trained_adapter_and_head()
+    adapter = trainer.checkpoints["adapter"]
+    save_checkpoint(adapter, tmp_path / "saved")
+    moments = {n: adapter.optimizer.state[p]["exp_avg_sq"].clone() for n, p in adapter.parameters().items()}
+    checks = []
+    real_check = safetensors_read.check_safetensors
+
+    def counted(path):
+        checks.append(path.name)
+        return real_check(path)
+
+    monkeypatch.setattr(safetensors_read, "check_safetensors", counted)
+    monkeypatch.setattr(checkpoint_io, "check_safetensors", counted)
+    restore_checkpoint(adapter, tmp_path / "saved")
+    for name, param in adapter.parameters().items():
+        assert torch.equal(adapter.optimizer.state[param]["exp_avg_sq"], moments[name]), name
+    assert checks == ["optimizer.safetensors"]

@@ -26,7 +26,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from trainer_core.safetensors_read import check_safetensors, only_reader_on_this_node, read_safetensors
+from trainer_core.safetensors_read import Layouts, check_safetensors, only_reader_on_this_node, read_safetensors
 from trainer_core.safetensors_write import write_safetensors
 
 from .checkpoints import Checkpoint
@@ -102,9 +102,9 @@ def restore_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimize
         )
     optimizer = None
     if with_optimizer:  # read by a thread of its own, beside the weights' copy and the first forward and backward
-        check_optimizer_file(directory)  # a missing or damaged file is refused before anything is restored
+        checked = check_optimizer_file(directory)  # a missing or damaged file is refused before anything is restored
         reading = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-moments")
-        optimizer = reading.submit(read_optimizer_state, directory, direct=only_reader_on_this_node())
+        optimizer = reading.submit(read_optimizer_state, directory, direct=only_reader_on_this_node(), checked=checked)
         reading.shutdown(wait=False)  # the thread ends with the read; the checkpoint waits for it at its first step
     with safe_open(str(directory / PARAMS_FILE), framework="pt") as params:
         checkpoint.load_state_dict(
@@ -116,27 +116,29 @@ def _old_optimizer_file(directory: Path) -> bool:
     return not (directory / OPTIMIZER_FILE).is_file() and (directory / OLD_OPTIMIZER_FILE).is_file()
 
 
-def check_optimizer_file(directory: Path) -> None:
-    """Refuse a missing, damaged or foreign optimizer file (its header only: the cheap part of a read)."""
+def check_optimizer_file(directory: Path) -> Layouts | None:
+    """Refuse a missing, damaged or foreign optimizer file (its header only: the cheap part of a read); returns its
+    tensors' layouts for the read (None for a state's old `optimizer.pt`)."""
     if _old_optimizer_file(directory):
-        return
+        return None
     path = directory / OPTIMIZER_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{directory} holds no {OPTIMIZER_FILE}; the state is incomplete: resume from another")
-    _, metadata = check_safetensors(path)
+    layouts, metadata = check_safetensors(path)
     try:
         check_optimizer_metadata(metadata)
     except ValueError as foreign:
         raise ValueError(f"{path}: {foreign}") from None
+    return layouts
 
 
-def read_optimizer_state(directory: Path, *, direct: bool = True) -> dict:
+def read_optimizer_state(directory: Path, *, direct: bool = True, checked: Layouts | None = None) -> dict:
     """The saved optimizer `state_dict`, its tensors in memory of their own (`trainer_core.safetensors_read`: the
     first step writes them in place, which a copy-on-write map would make copy every page again); `direct`: read
-    past the page cache."""
+    past the page cache; `checked`: its layouts from `check_optimizer_file` (not checked again)."""
     if _old_optimizer_file(directory):
         return torch.load(directory / OLD_OPTIMIZER_FILE, weights_only=True, mmap=True)
-    return optimizer_from_tensors(*read_safetensors(directory / OPTIMIZER_FILE, direct=direct))
+    return optimizer_from_tensors(*read_safetensors(directory / OPTIMIZER_FILE, direct=direct, checked=checked))
 
 
 def export_checkpoint_module(trainer, name: str, directory: Path) -> list[str]:
