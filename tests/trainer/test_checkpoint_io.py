@@ -266,3 +266,32 @@ def test_a_restore_checks_the_optimizer_file_s_header_once(tmp_path, monkeypatch
     for name, param in adapter.parameters().items():
         assert torch.equal(adapter.optimizer.state[param]["exp_avg_sq"], moments[name]), name
     assert checks == ["optimizer.safetensors"]
+
+
+def test_a_save_right_after_a_restore_writes_the_restored_moments_not_a_fresh_optimizer(tmp_path, monkeypatch):
+    """Saved again before any step (the moments still being read): the optimizer file is the one restored,
+    byte for byte; and a second restore before the first's read ended supersedes it."""
+    import threading
+
+    from trainer_core.training import checkpoint_io
+
+    trainer, _ = trained_adapter_and_head()
+    adapter = trainer.checkpoints["adapter"]
+    save_checkpoint(adapter, tmp_path / "first")
+    trainer.backward(sft_loss(trainer.forward(*batch(seed=4)).logprobs, batch(seed=4)[1]))
+    trainer.step(["adapter"])
+    save_checkpoint(adapter, tmp_path / "second")
+    let_go, real_read = threading.Event(), checkpoint_io.read_optimizer_state
+
+    def slow_read(directory, direct, checked):
+        if directory.name == "first":
+            assert let_go.wait(30)
+        return real_read(directory, direct=direct, checked=checked)
+
+    monkeypatch.setattr(checkpoint_io, "read_optimizer_state", slow_read)
+    restore_checkpoint(adapter, tmp_path / "first")  # its read waits
+    restore_checkpoint(adapter, tmp_path / "second")  # supersedes it: nothing waits for the first read
+    save_checkpoint(adapter, tmp_path / "again")
+    let_go.set()
+    for name in ("optimizer.safetensors", "params.safetensors"):
+        assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "second" / name).read_bytes(), name

@@ -339,14 +339,13 @@ class Checkpoint:
         optimizer's first use (`optimizer`), and a failure to read it is raised there.
         """
         self._load_weights(state["params"])
-        optimizer = state.get("optimizer")
-        pending = self._pending_optimizer_state
-        if pending is not None and pending.done() and pending.exception() is not None:
-            self._pending_optimizer_state = None  # a failed read is replaced by this load (or by the AdamW it left)
+        optimizer, pending = state.get("optimizer"), self._pending_optimizer_state
+        if optimizer is not None or (pending is not None and pending.done() and pending.exception() is not None):
+            self._pending_optimizer_state = None  # superseded by this state; a failed read by the AdamW it left
         if isinstance(optimizer, Future):
             self._pending_optimizer_state = optimizer
         elif optimizer is not None:
-            self.optimizer.load_state_dict(optimizer)
+            self._optimizer.load_state_dict(optimizer)
         self.revision = int(state["revision"])
         self.identity = new_identity()
         self.clear_gradients()
