@@ -112,6 +112,16 @@ def test_a_rank_s_marks_start_at_the_process_s_own_start_on_the_wall_clock():
     assert phases.marks["process_start"] <= before <= phases.marks["imports_done"] <= phases.marks["process_group"]
 
 
+def test_the_floor_takes_its_start_as_a_segment_s_rank_does():
+    """The floor script (run by path, without rankflow) reads the rank's clock, so the two splits line up."""
+    import runpy
+
+    floor = runpy.run_path(str(launch.FLOOR_SCRIPT), run_name="floor")
+    theirs, ours = floor["_process_start_time"](), process_start_time()
+    assert theirs is not None and ours is not None
+    assert abs(theirs - ours) <= 0.011  # the same process, the same clock, to a tick
+
+
 def test_a_checkout_without_the_trainer_core_is_refused_with_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         launch.main(["--code", str(tmp_path)])
