@@ -11,7 +11,7 @@ import pytest
 
 from trainer_core.config import RunConfig, config_from_dict
 
-pytest_plugins = ["tests.s3_fixture", "tests.postgres_fixture"]
+pytest_plugins = ["tests.s3_fixture", "tests.postgres_fixture", "tests.terminal_signals"]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
