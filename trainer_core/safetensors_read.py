@@ -111,6 +111,29 @@ SMALL_TENSOR_BYTES = 4096
 after the moments moved to a GPU."""
 
 
+def _header_as_checked(buffer: mmap.mmap, size: int, layouts: Layouts) -> dict | None:
+    """The header read with the bytes, if it names the tensors the check gave, each with its dtype, shape and a
+    byte range of that size within the file; None if not (the file changed between the check and the read)."""
+    try:
+        (length,) = struct.unpack_from("<Q", buffer, 0)
+        header = json.loads(buffer[8 : 8 + length])
+        if sorted(name for name in header if name != "__metadata__") != sorted(layouts):
+            return None
+        for name, (dtype, shape) in layouts.items():
+            entry = header[name]
+            start, end = entry["data_offsets"]
+            if (
+                entry["dtype"] != DTYPES[dtype][0]
+                or list(entry["shape"]) != list(shape)
+                or end - start != math.prod(shape) * dtype.itemsize
+                or not 0 <= start <= end <= size - 8 - length
+            ):
+                return None
+    except (ValueError, KeyError, TypeError, struct.error):  # not JSON, not a header: not the file checked
+        return None
+    return header
+
+
 def read_safetensors(
     path: Path, *, direct: bool = True, checked: Layouts | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -124,17 +147,13 @@ def read_safetensors(
         -1, max(BLOCK_BYTES, -(-size // BLOCK_BYTES) * BLOCK_BYTES), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
     )
     _read_whole(path, buffer, size, direct)
-    (length,) = struct.unpack_from("<Q", buffer, 0)
-    header = json.loads(buffer[8 : 8 + length])
-    changed = ValueError(f"{path} changed while it was read (its tensors are not those it held); read it again")
-    if sorted(name for name in header if name != "__metadata__") != sorted(layouts):
-        raise changed
-    data_start = 8 + length
+    header = _header_as_checked(buffer, size, layouts)
+    if header is None:
+        raise ValueError(f"{path} changed while it was read (its tensors are not those it held); read it again")
+    data_start = 8 + struct.unpack_from("<Q", buffer, 0)[0]
     tensors: dict[str, torch.Tensor] = {}
     for name, (dtype, shape) in layouts.items():
         start, end = header[name]["data_offsets"]
-        if end - start != math.prod(shape) * dtype.itemsize or data_start + end > size:
-            raise changed
         if end == start:
             tensors[name] = torch.empty(shape, dtype=dtype)
             continue

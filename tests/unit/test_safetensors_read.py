@@ -142,3 +142,36 @@ def test_a_file_whose_tensors_change_between_the_check_and_the_read_is_refused(t
     monkeypatch.setattr(safetensors_read, "check_safetensors", check_then_swap)
     with pytest.raises(ValueError, match="changed while it was read"):
         read_safetensors(path)
+
+
+@pytest.mark.parametrize(
+    "replacement",
+    [
+        pytest.param({"exp_avg": torch.arange(1000, dtype=torch.int32)}, id="same name and size, another dtype"),
+        pytest.param({"exp_avg": torch.randn(10, 100)}, id="same name and size, another shape"),
+        pytest.param(None, id="not a safetensors file"),
+    ],
+)
+def test_a_file_swapped_for_one_of_the_same_size_between_the_check_and_the_read_is_refused(
+    tmp_path, monkeypatch, replacement
+):
+    """Same tensor names and byte counts, other dtype or shape (or junk): the bytes would be read under the checked
+    layout, reinterpreted; the header read with them is held to every part of that layout."""
+    from trainer_core import safetensors_read
+
+    path, other = tmp_path / "moments.safetensors", tmp_path / "other.safetensors"
+    write_safetensors(path, {"exp_avg": torch.randn(1000)})
+    if replacement is None:
+        other.write_bytes(b"\xff" * path.stat().st_size)
+    else:
+        write_safetensors(other, replacement)
+    real_check = safetensors_read.check_safetensors
+
+    def check_then_swap(checked):
+        layouts = real_check(checked)
+        other.replace(checked)
+        return layouts
+
+    monkeypatch.setattr(safetensors_read, "check_safetensors", check_then_swap)
+    with pytest.raises(ValueError, match="changed while it was read"):
+        read_safetensors(path)
