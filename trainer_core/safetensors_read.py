@@ -45,6 +45,11 @@ def _open(path: Path, direct: bool) -> int:
     return os.open(path, flags | (getattr(os, "O_DIRECT", 0) if direct else 0))
 
 
+def _identity(status: os.stat_result) -> tuple[int, int, int, int]:
+    """What a write to the file changes: its size and times, to the kernel's clock tick (and which file it is)."""
+    return status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
+
+
 def _read_whole(path: Path, buffer: mmap.mmap, size: int, direct: bool) -> None:
     """`size` bytes of `path` into `buffer` (page-aligned, whole blocks long), O_DIRECT where asked and the file
     system takes it (EINVAL at the open or at a read: through the cache)."""
@@ -56,6 +61,7 @@ def _read_whole(path: Path, buffer: mmap.mmap, size: int, direct: bool) -> None:
             raise
         direct, descriptor = False, _open(path, False)
     try:
+        opened = _identity(os.fstat(descriptor))
         done = 0
         with memoryview(buffer) as whole:
             while done < size:
@@ -72,6 +78,8 @@ def _read_whole(path: Path, buffer: mmap.mmap, size: int, direct: bool) -> None:
                 if count == 0:
                     raise EOFError(f"{path} ends at byte {done}, before byte {size} it held when opened")
                 done += count
+        if _identity(os.fstat(descriptor)) != opened:  # written while read: the bytes may mix two versions
+            raise ValueError(f"{path} changed while it was read (written to during the read); read it again")
     finally:
         if descriptor >= 0:
             os.close(descriptor)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,27 @@ def test_a_file_swapped_for_one_of_the_same_size_between_the_check_and_the_read_
     monkeypatch.setattr(safetensors_read, "check_safetensors", check_then_swap)
     with pytest.raises(ValueError, match="changed while it was read"):
         read_safetensors(path)
+
+
+def test_a_file_written_to_while_it_is_read_is_refused_not_read_half_old_half_new(tmp_path, monkeypatch):
+    """A writer rewriting the file in place (`save_checkpoint` into the directory being restored) after the first
+    read call: the bytes read would mix two versions of the same layout; the read is refused."""
+    from trainer_core import safetensors_read
+
+    path = tmp_path / "moments.safetensors"
+    write_safetensors(path, {"exp_avg": torch.zeros(100_000)})
+    monkeypatch.setattr(safetensors_read, "READ_BYTES", 64 * 1024)
+    real_preadv, calls = os.preadv, []
+
+    def read_then_rewrite(descriptor, buffers, offset):
+        count = real_preadv(descriptor, buffers, offset)
+        if not calls:
+            time.sleep(0.02)  # past the kernel's coarse clock tick, as a real writer is
+            write_safetensors(path, {"exp_avg": torch.ones(100_000)})  # same layout, other bytes, in place
+        calls.append(offset)
+        return count
+
+    monkeypatch.setattr(safetensors_read.os, "preadv", read_then_rewrite)
+    with pytest.raises(ValueError, match="written to during the read"):
+        read_safetensors(path)
+    assert len(calls) > 1  # the rewrite came mid-read
