@@ -295,3 +295,88 @@ def test_a_save_right_after_a_restore_writes_the_restored_moments_not_a_fresh_op
     let_go.set()
     for name in ("optimizer.safetensors", "params.safetensors"):
         assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "second" / name).read_bytes(), name
+
+
+def _saved_adapter(tmp_path):
+    trainer, _ = trained_adapter_and_head()
+    adapter = trainer.checkpoints["adapter"]
+    save_checkpoint(adapter, tmp_path / "saved")
+    weights = {n: p.detach().clone() for n, p in adapter.parameters().items()}
+    return adapter, weights
+
+
+def _unchanged(checkpoint, weights) -> bool:
+    return all(torch.equal(p, weights[n]) for n, p in checkpoint.parameters().items())
+
+
+def test_a_saved_weight_of_another_shape_is_refused_before_any_weight_changes(tmp_path):
+    """`copy_` broadcasts: a (1, N) weight would fill every row of an (M, N) parameter and fail only at the step."""
+    from safetensors.torch import save_file
+
+    adapter, weights = _saved_adapter(tmp_path)
+    params = load_file(tmp_path / "saved" / "params.safetensors")
+    last = sorted(params)[-1]  # the others, earlier in the slots' order, would be copied before it
+    params[last] = params[last][:1].clone()
+    save_file(params, tmp_path / "saved" / "params.safetensors")
+    revision, identity = adapter.revision, adapter.identity
+    with pytest.raises(ValueError, match=f"saved {last} has shape"):
+        restore_checkpoint(adapter, tmp_path / "saved", with_optimizer=False)
+    assert _unchanged(adapter, weights) and (adapter.revision, adapter.identity) == (revision, identity)
+
+
+def test_a_saved_state_lacking_a_weight_is_refused_before_any_weight_changes(tmp_path):
+    from safetensors.torch import save_file
+
+    adapter, weights = _saved_adapter(tmp_path)
+    params = load_file(tmp_path / "saved" / "params.safetensors")
+    missing = sorted(params)[-1]
+    for name in params:  # every weight the state does hold differs from the live one
+        params[name] = params[name] + 1
+    del params[missing]
+    save_file(params, tmp_path / "saved" / "params.safetensors")
+    with pytest.raises(KeyError, match=f"lacks parameter {missing}"):
+        restore_checkpoint(adapter, tmp_path / "saved", with_optimizer=False)
+    assert _unchanged(adapter, weights)
+
+
+def test_a_weights_only_restore_after_a_failing_read_raises_at_the_first_use_however_the_read_was_timed(
+    tmp_path, monkeypatch
+):
+    """The pending read's failure is kept by a load that brings no optimizer state, finished or not when it came."""
+    import threading
+
+    from trainer_core.training import checkpoint_io
+
+    for finished_first in (True, False):
+        adapter, _ = _saved_adapter(tmp_path / str(finished_first))
+        saved = tmp_path / str(finished_first) / "saved"
+        let_go = threading.Event()
+
+        def failing_read(directory, direct, checked, let_go=let_go):
+            assert let_go.wait(30)
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(checkpoint_io, "read_optimizer_state", failing_read)
+        restore_checkpoint(adapter, saved)
+        pending = adapter._pending_optimizer_state
+        assert pending is not None
+        if finished_first:
+            let_go.set()
+            with pytest.raises(OSError):
+                pending.result(timeout=30)
+        restore_checkpoint(adapter, saved, with_optimizer=False)
+        let_go.set()
+        with pytest.raises(OSError, match="Input/output error"):
+            adapter.optimizer  # noqa: B018 - the first use
+        monkeypatch.undo()
+
+
+def test_a_fifo_in_place_of_the_weights_is_refused_instead_of_blocking_the_restore(tmp_path):
+    import os
+
+    adapter, weights = _saved_adapter(tmp_path)
+    (tmp_path / "saved" / "params.safetensors").unlink()
+    os.mkfifo(tmp_path / "saved" / "params.safetensors")
+    with pytest.raises(FileNotFoundError, match="no params.safetensors file"):
+        restore_checkpoint(adapter, tmp_path / "saved", with_optimizer=False)
+    assert _unchanged(adapter, weights)

@@ -80,6 +80,10 @@ class _SafetensorsTensors(Mapping[str, torch.Tensor]):
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._names))
 
+    def shapes(self) -> dict[str, list[int]]:
+        """Each tensor's shape, from the header (nothing read): a restore checks them all before it copies any."""
+        return {name: self._handle.get_slice(name).get_shape() for name in self._names}
+
     def __len__(self) -> int:
         return len(self._names)
 
@@ -106,6 +110,10 @@ def restore_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimize
         reading = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-moments")
         optimizer = reading.submit(read_optimizer_state, directory, direct=only_reader_on_this_node(), checked=checked)
         reading.shutdown(wait=False)  # the thread ends with the read; the checkpoint waits for it at its first step
+    if not (directory / PARAMS_FILE).is_file():  # a FIFO there would block the open below for good
+        raise FileNotFoundError(
+            f"{directory} holds no {PARAMS_FILE} file; the state is incomplete: resume from another"
+        )
     with safe_open(str(directory / PARAMS_FILE), framework="pt") as params:
         checkpoint.load_state_dict(
             {"params": _SafetensorsTensors(params), "optimizer": optimizer, "revision": meta["revision"]}

@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -41,6 +41,13 @@ from .versions import Version, new_identity
 
 CheckpointKind = Literal["base", "lora", "module"]
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+@runtime_checkable
+class ShapedTensors(Protocol):
+    """Tensors by name that tell their shapes without being read (a safetensors file's, from its header)."""
+
+    def shapes(self) -> Mapping[str, Sequence[int]]: ...
 
 
 @dataclass(frozen=True)
@@ -322,11 +329,20 @@ class Checkpoint:
             "revision": self.revision,
         }
 
-    def _load_weights(self, params: dict[str, torch.Tensor]) -> None:
+    def _load_weights(self, params: Mapping[str, torch.Tensor]) -> None:
+        # Every name and shape first: a state that does not fit is refused with nothing changed (`copy_` would
+        # broadcast a (1, N) weight into an (M, N) parameter, and a missing one would leave the others loaded).
+        shapes = params.shapes() if isinstance(params, ShapedTensors) else {n: t.shape for n, t in params.items()}
+        for slot in self._slots:
+            if slot.name not in shapes:
+                raise KeyError(f"checkpoint '{self.name}': saved state lacks parameter {slot.name}")
+            if tuple(shapes[slot.name]) != tuple(slot.param.shape):
+                raise ValueError(
+                    f"checkpoint '{self.name}': saved {slot.name} has shape {tuple(shapes[slot.name])}, the parameter "
+                    f"{tuple(slot.param.shape)}; restore a state saved from this model"
+                )
         with torch.no_grad():
             for slot in self._slots:
-                if slot.name not in params:
-                    raise KeyError(f"checkpoint '{self.name}': saved state lacks parameter {slot.name}")
                 slot.param.copy_(params[slot.name])
                 if slot.master is not None:
                     slot.master.copy_(params[slot.name])
@@ -339,9 +355,9 @@ class Checkpoint:
         optimizer's first use (`optimizer`), and a failure to read it is raised there.
         """
         self._load_weights(state["params"])
-        optimizer, pending = state.get("optimizer"), self._pending_optimizer_state
-        if optimizer is not None or (pending is not None and pending.done() and pending.exception() is not None):
-            self._pending_optimizer_state = None  # superseded by this state; a failed read by the AdamW it left
+        optimizer = state.get("optimizer")
+        if optimizer is not None:  # supersedes a read still pending; a weights-only load leaves it as it is
+            self._pending_optimizer_state = None
         if isinstance(optimizer, Future):
             self._pending_optimizer_state = optimizer
         elif optimizer is not None:
