@@ -20,7 +20,9 @@ it would multiply those attempts for a dead or stopped server. What botocore
 cannot see is a streamed body (GetObject) cut short after its headers came:
 `cat_file` and `read_body` read those again, up to `max_attempts` times. A
 cut answer that outlasts every attempt is a `ConnectionError` like any other
-outage (`storage_errors`), never an unclassified client error.
+outage (`storage_errors`), never an unclassified client error; so is a server
+error (HTTP 5xx: a server stopping mid-request answers 500 InternalError) that
+outlasts botocore's attempts, named by the store it came from.
 """
 
 from __future__ import annotations
@@ -430,6 +432,21 @@ def run_async(
         raise deadline.error() from error
 
 
+def server_error_status(error: BaseException) -> int | None:
+    """The HTTP status of a server error (5xx) that `error` is or was translated from, else None."""
+    from botocore.exceptions import ClientError
+
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ClientError):
+            status = cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return status if isinstance(status, int) and status >= 500 else None
+        cause = cause.__cause__
+    return None
+
+
 @contextlib.contextmanager
 def storage_errors(store: "ObjectStore | StoreLocation", what: str) -> Iterator[None]:
     """Translate client-level failures (an unreachable endpoint, a cut answer) into ConnectionError.
@@ -459,8 +476,17 @@ def storage_errors(store: "ObjectStore | StoreLocation", what: str) -> Iterator[
             f"{what}: object storage at {store.url} did not answer in time; "
             "retry when it is back — finished uploads are kept"
         ) from error
-    except OSError:
-        raise  # already an OSError (aiohttp's ClientOSError among them): callers see it as it is
+    except OSError as error:
+        status = server_error_status(error)
+        if status is None:
+            raise  # already an OSError (aiohttp's ClientOSError among them): callers see it as it is
+        # s3fs's OSError for a 5xx ("[Errno 121] We encountered an internal error") names no
+        # store; it is an outage like a refused connection (the request may or may not have been
+        # applied), so it reads like one.
+        raise ConnectionError(
+            f"{what}: object storage at {store.url} answered HTTP {status} on every attempt ({error}); "
+            "retry when it is back — finished uploads are kept"
+        ) from error
     except cut_answer_errors() as error:
         raise ConnectionError(
             f"{what}: object storage at {store.url} cut its answer short "

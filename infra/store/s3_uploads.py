@@ -131,7 +131,17 @@ async def upload_s3(store, jobs: list[UploadJob], on_uploaded: Callable, concurr
         async with record_lock:  # the journal is written by one upload at a time
             await asyncio.to_thread(on_uploaded, entry)
 
-    await asyncio.gather(*(upload(job) for job in sorted(jobs, key=lambda j: -j.item.size)))
+    tasks = [asyncio.ensure_future(upload(job)) for job in sorted(jobs, key=lambda j: -j.item.size)]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        # gather raises at the first failure and leaves the other uploads running; the caller then
+        # releases the finalizer lease, and an upload still running would write without it (as a
+        # local store's pool, stop the rest and wait for them before the error goes up).
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _multipart(store, bucket: str, key: str, local: Path, entry: FileEntry | Upload) -> None:
@@ -194,6 +204,9 @@ async def _multipart(store, bucket: str, key: str, local: Path, entry: FileEntry
 async def _abort(store, bucket: str, key: str, upload_id: str, pending: list) -> None:
     for part in pending:
         part.cancel()
+    # A part still in flight when the abort lands could be stored after it (S3 asks to abort again then):
+    # the parts stop first.
+    await asyncio.gather(*pending, return_exceptions=True)
     try:
         await store._request("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
     except Exception:  # noqa: BLE001 - the store may be gone; cleanup aborts it later

@@ -3,12 +3,16 @@
     proxy = CuttingProxy(upstream_url).start()          # http://127.0.0.1:PORT, point AWS_ENDPOINT_URL at it
     proxy.drop_answer(lambda request: request.method == "PUT" and "if-none-match" in request.headers)
     proxy.cut_body(lambda request: request.method == "GET" and request.path.endswith("/x.json"), keep_bytes=5)
+    proxy.answer_error(lambda request: request.method == "PUT", status=500, times=100)
 
 A rule applies to the next request it matches, once (`times`): `drop_answer`
 forwards the whole request, lets the server apply it, and closes the client's
 connection instead of answering (the answer is lost on the way back);
 `cut_body` forwards the answer's head and its first `keep_bytes` body bytes,
-then closes (a truncated body). Every other byte passes through unchanged.
+then closes (a truncated body); `answer_error` lets the server apply the
+request and answers an S3 error instead (as a server that fails while, or
+after, it writes: 500 InternalError, 503 SlowDown). Every other byte passes
+through unchanged.
 Each client connection gets its own upstream connection; requests are parsed
 (Content-Length or chunked bodies), answers are relayed as they come, which is
 enough for clients that do not pipeline (botocore, aiohttp).
@@ -34,9 +38,11 @@ class Request:
 @dataclass
 class _Rule:
     matches: Callable[[Request], bool]
-    action: str  # "drop" or "cut"
+    action: str  # "drop", "cut" or "error"
     times: int
     keep_bytes: int = 0
+    status: int = 500
+    code: str = "InternalError"
 
 
 @dataclass
@@ -99,6 +105,12 @@ class CuttingProxy:
         with self._lock:
             self._rules.append(_Rule(matches, "cut", times, keep_bytes))
 
+    def answer_error(
+        self, matches: Callable[[Request], bool], status: int = 500, code: str = "InternalError", times: int = 1
+    ) -> None:
+        with self._lock:
+            self._rules.append(_Rule(matches, "error", times, status=status, code=code))
+
     def _rule_for(self, request: Request) -> _Rule | None:
         with self._lock:
             self.requests.append(request)
@@ -145,6 +157,12 @@ class CuttingProxy:
                 request, rule = pending.pop(0)
                 if rule is not None and rule.action == "drop":
                     return  # the server applied the request; its answer never reaches the client
+                if rule is not None and rule.action == "error":
+                    if request.method != "HEAD":
+                        await _relay_body(upstream_reader, _Discard(), _parse_headers(head))
+                    client_writer.write(_error_answer(rule.status, rule.code))
+                    await client_writer.drain()
+                    return  # "Connection: close": the client opens a new connection for its retry
                 client_writer.write(head)
                 if rule is not None and rule.action == "cut":
                     client_writer.write(await _read_some(upstream_reader, rule.keep_bytes))
@@ -165,6 +183,25 @@ class CuttingProxy:
                 task.cancel()
             for writer in (client_writer, upstream_writer):
                 writer.close()
+
+
+class _Discard:
+    """A writer that drops what it is given: the server's answer an error replaces."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+
+def _error_answer(status: int, code: str) -> bytes:
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Error><Code>{code}</Code><Message>injected by the test proxy</Message></Error>"
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
 
 
 async def _read_head(reader: asyncio.StreamReader) -> bytes | None:
@@ -199,7 +236,9 @@ def _parse_request(head: bytes) -> Request:
     return Request(method, path, _parse_headers(head))
 
 
-async def _relay_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, headers: dict[str, str]) -> None:
+async def _relay_body(
+    reader: asyncio.StreamReader, writer: "asyncio.StreamWriter | _Discard", headers: dict[str, str]
+) -> None:
     """Copy one message body (Content-Length or chunked; none when neither is given)."""
     if headers.get("transfer-encoding", "").lower() == "chunked":
         while True:

@@ -51,7 +51,9 @@ def test_server_stopped_mid_commit_then_retried_after_restart(tmp_path, monkeypa
                 if len(landed) == 2:
                     server.stop(timeout_s=3)  # the storage goes away mid-commit
 
-        with pytest.raises(ConnectionError, match="object storage at s3://outage/runs is unreachable"):
+        # The upload after the second may already be on its way as weed stops: refused (unreachable),
+        # cut short, or answered 500 InternalError by a server going down; each names the store.
+        with pytest.raises(ConnectionError, match="object storage at s3://outage/runs (is unreachable|cut|answered)"):
             commit_checkpoint(
                 staged, store, RUN, settings=PublishSettings(concurrency=1), observer=stop_after_two_uploads
             )

@@ -25,25 +25,12 @@ import pytest
 from infra.launch.failures import FailureClass, classify_exception
 from infra.runs.run_lease import acquire_run_lease, check_run_lease
 from infra.runs.run_state import fetch_bundle, manifest_path, publish_bundle
-from infra.services.s3_server import CONFLICTING_AWS_ENV_VARS
 from infra.store.base import open_store
 from infra.store.lease import LeaseRecord
-from tests.storage.cutting_proxy import CuttingProxy
 
 pytestmark = pytest.mark.s3
 
 RUN = "proxied-run"
-
-
-@pytest.fixture
-def proxy(s3_server, monkeypatch):
-    proxy = CuttingProxy(s3_server.endpoint_url).start()
-    for name in CONFLICTING_AWS_ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.url}.items():
-        monkeypatch.setenv(name, value)
-    yield proxy
-    proxy.stop()
 
 
 @pytest.fixture
