@@ -129,7 +129,14 @@ async def upload_s3(store, jobs: list[UploadJob], on_uploaded: Callable, concurr
             else:
                 await _multipart(store, bucket, key, local, entry)
         async with record_lock:  # the journal is written by one upload at a time
-            await asyncio.to_thread(on_uploaded, entry)
+            recording = asyncio.ensure_future(asyncio.to_thread(on_uploaded, entry))
+            try:
+                await asyncio.shield(recording)
+            except asyncio.CancelledError:
+                # The batch stops (a sibling failed): a cancelled await would leave the thread
+                # writing the journal after the error went up. The upload landed; record it first.
+                await recording
+                raise
 
     tasks = [asyncio.ensure_future(upload(job)) for job in sorted(jobs, key=lambda j: -j.item.size)]
     try:

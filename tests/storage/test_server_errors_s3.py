@@ -5,7 +5,9 @@ have been applied, the answer says it failed. Found by the CI run of stop 29:
 the commit raised s3fs's bare `OSError [Errno 121] We encountered an internal
 error`, naming no store, and the uploads it had not started yet went on after
 it raised, past the release of the finalizer lease (asyncio.gather leaves
-them running), so a writer without the lease still wrote checkpoint files.
+them running), so a writer without the lease still wrote checkpoint files;
+an upload being recorded when the batch stopped went on writing the journal
+from its thread after the error went up.
 
 Reference: the bytes in the store against the staged files, and the proxy's
 record of every request, in order.
@@ -116,3 +118,28 @@ def test_a_part_answered_500_on_every_attempt_aborts_its_multipart_upload_and_th
 
     commit_checkpoint(staged, store, RUN)
     _assert_published_bitwise(store, staged, tmp_path / "copy")
+
+
+def test_an_upload_being_recorded_when_a_sibling_fails_is_recorded_before_the_error_goes_up(
+    proxy, s3_bucket_url, tmp_path
+):
+    """Before: the batch's cancel left the recording thread running, writing the journal after the raise."""
+    store = open_store(s3_bucket_url)
+    staged = _staged(tmp_path)
+    attempts = store.timeouts.max_attempts
+    proxy.answer_error(_put_of("model-00000.safetensors"), status=500, code="InternalError", times=attempts)
+    recorded: list[float] = []
+
+    def slow_record(event: str) -> None:
+        if event == "uploaded model-00001.safetensors":
+            deadline = time.monotonic() + 30
+            while len(proxy.applied) < attempts and time.monotonic() < deadline:  # the sibling fails meanwhile
+                time.sleep(0.05)
+            time.sleep(0.5)
+            recorded.append(time.monotonic())
+
+    with pytest.raises(ConnectionError, match="answered HTTP 500"):
+        commit_checkpoint(staged, store, RUN, settings=PublishSettings(concurrency=2), observer=slow_record)
+    raised = time.monotonic()
+    assert len(proxy.applied) == attempts
+    assert recorded and recorded[0] < raised
