@@ -54,6 +54,11 @@ class StoreTimeouts:
     max_attempts: int = 3
     """Attempts per request (botocore's standard retry mode) before it fails."""
 
+    @property
+    def request_limit_s(self) -> float:
+        """The wall-clock limit of one request, every attempt included (infra/store/s3.py)."""
+        return self.max_attempts * (self.connect_s + self.read_s)
+
     @classmethod
     def from_settings(cls, storage: "StorageSettings") -> "StoreTimeouts":
         """A run's request limits: `storage.request_timeout_s` to read, at most 10 s of it to connect."""
@@ -417,23 +422,50 @@ async def read_body(timeouts: StoreTimeouts, read: Callable[[], Awaitable[T]]) -
 def run_async(
     store: StoreLocation, deadline: Deadline | None, function: Callable[..., Awaitable[T]], *args, **kwargs
 ) -> T:
-    """Run an s3fs coroutine on the filesystem's event loop, cancelled at the deadline."""
+    """Run an s3fs coroutine on the filesystem's event loop, cancelled at the deadline.
+
+    The deadline cancels the coroutine on its loop, and this waits for its
+    clean-up (an upload's record, a multipart abort) before raising: the
+    caller releases its lease right after, and nothing of the batch may write
+    past that. fsspec's own `timeout` would raise here while the clean-up
+    still runs; it only backs the deadline up, one request's limit later.
+    """
     from fsspec.asyn import sync
     from fsspec.exceptions import FSTimeoutError
 
     timeout = deadline.remaining() if deadline is not None else None
+    backstop = None if timeout is None else timeout + store.timeouts.request_limit_s
     try:
         # The filesystem is s3fs's (an AsyncFileSystem, which has a loop).
-        return sync(store.fs.loop, function, *args, timeout=timeout, **kwargs)  # pyright: ignore[reportAttributeAccessIssue, reportReturnType]
+        return sync(store.fs.loop, _within, deadline, timeout, function(*args, **kwargs), timeout=backstop)  # pyright: ignore[reportAttributeAccessIssue, reportReturnType]
     except FSTimeoutError as error:
-        if isinstance(error.__cause__, StorageTimeoutError):  # one request's limit, not the deadline
+        if isinstance(error.__cause__, StorageTimeoutError):  # one request's limit, or the deadline
             raise error.__cause__ from None
         assert deadline is not None  # no timeout of ours, no FSTimeoutError
         raise deadline.error() from error
 
 
+async def _within(deadline: Deadline | None, timeout: float | None, coroutine: Awaitable[T]) -> T:
+    """`coroutine`, cancelled after `timeout` seconds (wait_for waits until it has stopped)."""
+    import asyncio
+
+    if timeout is None:
+        return await coroutine
+    try:
+        return await asyncio.wait_for(coroutine, timeout)
+    except StorageTimeoutError:
+        raise  # one request's own limit: its message says more
+    except TimeoutError as error:
+        assert deadline is not None
+        raise deadline.error() from error
+
+
+_RETRIED_SERVER_ERRORS = frozenset({500, 502, 503, 504})
+"""The 5xx botocore's standard mode retries: an outage. A 501 (a header the server does not support) is not one."""
+
+
 def server_error_status(error: BaseException) -> int | None:
-    """The HTTP status of a server error (5xx) that `error` is or was translated from, else None."""
+    """The HTTP status of a retried server error (500, 502, 503, 504) that `error` is or was translated from."""
     from botocore.exceptions import ClientError
 
     seen: set[int] = set()
@@ -442,7 +474,7 @@ def server_error_status(error: BaseException) -> int | None:
         seen.add(id(cause))
         if isinstance(cause, ClientError):
             status = cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return status if isinstance(status, int) and status >= 500 else None
+            return status if status in _RETRIED_SERVER_ERRORS else None
         cause = cause.__cause__
     return None
 

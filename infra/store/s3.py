@@ -56,7 +56,7 @@ def _bounded_s3_filesystem(timeouts: StoreTimeouts):
     import s3fs  # imported here: local runs need no S3 client
     from fsspec.asyn import sync_wrapper
 
-    limit_s = timeouts.max_attempts * (timeouts.connect_s + timeouts.read_s)
+    limit_s = timeouts.request_limit_s
 
     class BoundedS3FileSystem(s3fs.S3FileSystem):
         async def _cat_file(self, path, *args, **kwargs):

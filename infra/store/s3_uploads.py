@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import secrets
 import threading
@@ -133,22 +134,39 @@ async def upload_s3(store, jobs: list[UploadJob], on_uploaded: Callable, concurr
             try:
                 await asyncio.shield(recording)
             except asyncio.CancelledError:
-                # The batch stops (a sibling failed): a cancelled await would leave the thread
-                # writing the journal after the error went up. The upload landed; record it first.
-                await recording
+                # The batch stops (a sibling failed, the deadline passed): a cancelled await would
+                # leave the thread writing the journal after the error went up. The upload landed;
+                # its record is written first.
+                await settled([recording])
+                recording.result()  # a record that failed (a lost lease) says so
                 raise
 
     tasks = [asyncio.ensure_future(upload(job)) for job in sorted(jobs, key=lambda j: -j.item.size)]
     try:
         await asyncio.gather(*tasks)
-    except BaseException:
+    except BaseException as error:
         # gather raises at the first failure and leaves the other uploads running; the caller then
         # releases the finalizer lease, and an upload still running would write without it (as a
         # local store's pool, stop the rest and wait for them before the error goes up).
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if not isinstance(error, asyncio.CancelledError):
+            for task in tasks:
+                task.cancel()
+        # Cancelled from outside (the deadline), gather has cancelled each task already: a second
+        # cancel would cut their clean-up (a record, a multipart abort) short.
+        await settled(tasks)
         raise
+
+
+async def settled(tasks: list) -> None:
+    """Wait until every task is done, whatever cancels the waiter meanwhile.
+
+    The tasks' own clean-up is bounded (each request has its wall-clock limit,
+    infra/store/s3.py), so this ends; a cancel that lands here is not passed on
+    to them. The caller raises its own error (or cancellation) afterwards.
+    """
+    while not all(task.done() for task in tasks):
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(asyncio.wait(tasks))
 
 
 async def _multipart(store, bucket: str, key: str, local: Path, entry: FileEntry | Upload) -> None:

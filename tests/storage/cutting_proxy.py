@@ -158,7 +158,7 @@ class CuttingProxy:
                 if rule is not None and rule.action == "drop":
                     return  # the server applied the request; its answer never reaches the client
                 if rule is not None and rule.action == "error":
-                    if request.method != "HEAD":
+                    if request.method != "HEAD" and head.split(b" ", 2)[1] not in (b"204", b"304"):
                         await _relay_body(upstream_reader, _Discard(), _parse_headers(head))
                     client_writer.write(_error_answer(rule.status, rule.code))
                     await client_writer.drain()

@@ -24,7 +24,7 @@ import pytest
 from infra.launch.failures import FailureClass, classify_exception
 from infra.publication.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.publication.commit import PublishSettings, commit_checkpoint
-from infra.store.base import open_store
+from infra.store.base import StorageTimeoutError, open_store
 from trainer_core.run.manifest import write_manifest
 
 pytestmark = pytest.mark.s3
@@ -135,7 +135,7 @@ def test_an_upload_being_recorded_when_a_sibling_fails_is_recorded_before_the_er
             deadline = time.monotonic() + 30
             while len(proxy.applied) < attempts and time.monotonic() < deadline:  # the sibling fails meanwhile
                 time.sleep(0.05)
-            time.sleep(0.5)
+            time.sleep(2.0)  # the client gives up after the last 500 in milliseconds: the raise would come first
             recorded.append(time.monotonic())
 
     with pytest.raises(ConnectionError, match="answered HTTP 500"):
@@ -143,3 +143,29 @@ def test_an_upload_being_recorded_when_a_sibling_fails_is_recorded_before_the_er
     raised = time.monotonic()
     assert len(proxy.applied) == attempts
     assert recorded and recorded[0] < raised
+
+
+def test_an_upload_being_recorded_when_the_deadline_passes_is_recorded_before_the_timeout_goes_up(
+    proxy, s3_bucket_url, tmp_path
+):
+    """Before: fsspec's sync() raised at its timeout while the cancelled batch still wrote (the record, an abort)."""
+    store = open_store(s3_bucket_url)
+    staged = _staged(tmp_path)
+    recorded: list[float] = []
+
+    def slow_first_record(event: str) -> None:
+        if event.startswith("uploaded ") and not recorded:
+            recorded.append(0.0)
+            time.sleep(4.0)  # past the 2 s deadline
+            recorded[0] = time.monotonic()
+
+    with pytest.raises(StorageTimeoutError, match="did not finish within 2 s"):
+        commit_checkpoint(
+            staged, store, RUN, settings=PublishSettings(concurrency=2, timeout_s=2.0), observer=slow_first_record
+        )
+    raised = time.monotonic()
+    assert recorded and 0.0 < recorded[0] < raised
+    assert latest_checkpoint(store, RUN) is None
+
+    commit_checkpoint(staged, store, RUN)  # the retry verifies what landed and completes
+    _assert_published_bitwise(store, staged, tmp_path / "copy")

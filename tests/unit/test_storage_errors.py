@@ -49,3 +49,34 @@ def test_oserrors_and_timeouts_pass_as_they_were(s3_store):
     with pytest.raises(StorageTimeoutError):
         with storage_errors(s3_store, "x"):
             raise StorageTimeoutError("S3 put_object got no answer within 210 s")
+
+
+def _translated(status: int, code: str) -> OSError:
+    """What s3fs raises for an S3 error answer: its OSError, raised from botocore's ClientError."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    answer = {"Error": {"Code": code, "Message": "said the server"}, "ResponseMetadata": {"HTTPStatusCode": status}}
+    return translate_boto_error(ClientError(answer, "PutObject"))  # pyright: ignore[reportArgumentType]
+
+
+@pytest.mark.parametrize(("status", "code"), [(500, "InternalError"), (503, "SlowDown"), (502, "BadGateway")])
+def test_a_retried_server_error_is_an_outage_naming_the_store(s3_store, status, code):
+    translated = _translated(status, code)
+    with pytest.raises(ConnectionError) as caught:
+        with storage_errors(s3_store, "commit of step-00000008"):
+            raise translated
+    error = caught.value
+    assert error.__cause__ is translated
+    assert f"s3://bucket/run answered HTTP {status} on every attempt" in str(error)
+    assert classify_exception(error) is FailureClass.STORAGE_OUTAGE
+
+
+@pytest.mark.parametrize(("status", "code"), [(501, "NotImplemented"), (404, "NoSuchKey"), (412, "PreconditionFailed")])
+def test_other_error_answers_pass_as_s3fs_translated_them(s3_store, status, code):
+    """A 501 (a header the server does not support) is no outage botocore retried: no "on every attempt"."""
+    translated = _translated(status, code)
+    with pytest.raises(OSError) as caught:
+        with storage_errors(s3_store, "commit of step-00000008"):
+            raise translated
+    assert caught.value is translated
