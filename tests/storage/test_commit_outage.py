@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from infra.publication.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.publication.commit import PublishSettings, commit_checkpoint
 from infra.services.s3_server import start_s3_server
 from infra.store.base import open_store
-from trainer_core.run.manifest import write_manifest
+from tests.storage.staging import stage_checkpoint
 
 pytestmark = pytest.mark.s3
 
 RUN = "outage-run"
-
-
-def stage(tmp_path: Path) -> Path:
-    staged = tmp_path / "staged"
-    staged.mkdir()
-    for index in range(4):
-        (staged / f"model-{index:05d}.safetensors").write_bytes(os.urandom(200_000))
-    write_manifest(staged, {"run_id": RUN, "step": 8})
-    return staged
 
 
 def use_server(monkeypatch, server) -> None:
@@ -36,7 +24,7 @@ def use_server(monkeypatch, server) -> None:
 
 
 def test_server_stopped_mid_commit_then_retried_after_restart(tmp_path, monkeypatch):
-    staged = stage(tmp_path)
+    staged = stage_checkpoint(tmp_path, RUN, 8)
     data_dir = tmp_path / "s3"
     server = start_s3_server(data_dir)
     try:

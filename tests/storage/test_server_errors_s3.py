@@ -25,6 +25,7 @@ from infra.launch.failures import FailureClass, classify_exception
 from infra.publication.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.publication.commit import PublishSettings, commit_checkpoint
 from infra.store.base import StorageTimeoutError, open_store
+from tests.storage.staging import stage_checkpoint
 from trainer_core.run.manifest import write_manifest
 
 pytestmark = pytest.mark.s3
@@ -34,12 +35,15 @@ STEP = "step-00000008"
 
 
 def _staged(tmp_path: Path) -> Path:
-    staged = tmp_path / "staged"
-    staged.mkdir()
-    for index in range(4):
-        (staged / f"model-{index:05d}.safetensors").write_bytes(os.urandom(150_000))
-    write_manifest(staged, {"run_id": RUN, "step": 8})
-    return staged
+    return stage_checkpoint(tmp_path, RUN, 8, file_bytes=150_000)
+
+
+def _first_upload_fails_every_attempt(proxy, s3_bucket_url: str, tmp_path: Path):
+    """The store, a staged checkpoint, and the attempts after which model-00000's PUT (answered 500) fails."""
+    store = open_store(s3_bucket_url)
+    attempts = store.timeouts.max_attempts
+    proxy.answer_error(_put_of("model-00000.safetensors"), status=500, code="InternalError", times=attempts)
+    return store, _staged(tmp_path), attempts
 
 
 def _put_of(name: str):
@@ -56,10 +60,7 @@ def _assert_published_bitwise(store, staged: Path, into: Path) -> None:
 def test_a_server_error_on_every_attempt_is_an_outage_naming_the_store_and_stops_every_upload(
     proxy, s3_bucket_url, tmp_path
 ):
-    store = open_store(s3_bucket_url)
-    staged = _staged(tmp_path)
-    attempts = store.timeouts.max_attempts
-    proxy.answer_error(_put_of("model-00000.safetensors"), status=500, code="InternalError", times=attempts)
+    store, staged, attempts = _first_upload_fails_every_attempt(proxy, s3_bucket_url, tmp_path)
     with pytest.raises(OSError) as caught:
         commit_checkpoint(staged, store, RUN, settings=PublishSettings(concurrency=1))
     error = caught.value
@@ -124,10 +125,7 @@ def test_an_upload_being_recorded_when_a_sibling_fails_is_recorded_before_the_er
     proxy, s3_bucket_url, tmp_path
 ):
     """Before: the batch's cancel left the recording thread running, writing the journal after the raise."""
-    store = open_store(s3_bucket_url)
-    staged = _staged(tmp_path)
-    attempts = store.timeouts.max_attempts
-    proxy.answer_error(_put_of("model-00000.safetensors"), status=500, code="InternalError", times=attempts)
+    store, staged, attempts = _first_upload_fails_every_attempt(proxy, s3_bucket_url, tmp_path)
     recorded: list[float] = []
 
     def slow_record(event: str) -> None:
