@@ -380,3 +380,20 @@ def test_a_fifo_in_place_of_the_weights_is_refused_instead_of_blocking_the_resto
     with pytest.raises(FileNotFoundError, match="no params.safetensors file"):
         restore_checkpoint(adapter, tmp_path / "saved", with_optimizer=False)
     assert _unchanged(adapter, weights)
+
+
+def test_weights_that_are_no_file_are_refused_before_the_moments_read_starts(tmp_path, monkeypatch):
+    """Before: the moments' read was started first, and ran on (memory and disk) after the refusal."""
+    import os
+
+    from trainer_core.training import checkpoint_io
+
+    reads = []
+    monkeypatch.setattr(checkpoint_io, "read_optimizer_state", lambda *args, **kwargs: reads.append(args))
+    adapter, weights = _saved_adapter(tmp_path)
+    (tmp_path / "saved" / "params.safetensors").unlink()
+    os.mkfifo(tmp_path / "saved" / "params.safetensors")
+    with pytest.raises(FileNotFoundError, match="no params.safetensors file"):
+        restore_checkpoint(adapter, tmp_path / "saved")
+    assert reads == [] and adapter._pending_optimizer_state is None
+    assert _unchanged(adapter, weights)

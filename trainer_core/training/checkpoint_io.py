@@ -104,20 +104,26 @@ def restore_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimize
         raise ValueError(
             f"{directory} holds a '{meta['kind']}' checkpoint, not '{checkpoint.kind}'; restore it into a checkpoint of that kind"
         )
+    params_path = _state_file(directory, PARAMS_FILE)  # before the moments' read starts: a refusal leaves none
     optimizer = None
     if with_optimizer:  # read by a thread of its own, beside the weights' copy and the first forward and backward
         checked = check_optimizer_file(directory)  # a missing or damaged file is refused before anything is restored
         reading = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-moments")
         optimizer = reading.submit(read_optimizer_state, directory, direct=only_reader_on_this_node(), checked=checked)
         reading.shutdown(wait=False)  # the thread ends with the read; the checkpoint waits for it at its first step
-    if not (directory / PARAMS_FILE).is_file():  # a FIFO there would block the open below for good
-        raise FileNotFoundError(
-            f"{directory} holds no {PARAMS_FILE} file; the state is incomplete: resume from another"
-        )
-    with safe_open(str(directory / PARAMS_FILE), framework="pt") as params:
+    with safe_open(str(params_path), framework="pt") as params:
         checkpoint.load_state_dict(
             {"params": _SafetensorsTensors(params), "optimizer": optimizer, "revision": meta["revision"]}
         )
+
+
+def _state_file(directory: Path, name: str) -> Path:
+    """`directory/name`, refused unless it is a regular file (missing, a directory, or a FIFO, whose open would
+    block for good)."""
+    path = directory / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} holds no {name} file; the state is incomplete: resume from another")
+    return path
 
 
 def _old_optimizer_file(directory: Path) -> bool:
@@ -129,9 +135,7 @@ def check_optimizer_file(directory: Path) -> Layouts | None:
     tensors' layouts for the read (None for a state's old `optimizer.pt`)."""
     if _old_optimizer_file(directory):
         return None
-    path = directory / OPTIMIZER_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{directory} holds no {OPTIMIZER_FILE}; the state is incomplete: resume from another")
+    path = _state_file(directory, OPTIMIZER_FILE)
     layouts, metadata = check_safetensors(path)
     try:
         check_optimizer_metadata(metadata)
