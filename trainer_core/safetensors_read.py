@@ -119,9 +119,10 @@ SMALL_TENSOR_BYTES = 4096
 after the moments moved to a GPU."""
 
 
-def _header_as_checked(buffer: mmap.mmap, size: int, layouts: Layouts) -> dict | None:
-    """The header read with the bytes, if it names the tensors the check gave, each with its dtype, shape and a
-    byte range of that size within the file; None if not (the file changed between the check and the read)."""
+def _header_as_checked(buffer: mmap.mmap, size: int, layouts: Layouts) -> tuple[dict, int] | None:
+    """The header read with the bytes and where its data start, if it names the tensors the check gave, each with
+    its dtype, shape and a byte range of that size within the file; None if not (the file changed between the
+    check and the read)."""
     try:
         (length,) = struct.unpack_from("<Q", buffer, 0)
         header = json.loads(buffer[8 : 8 + length])
@@ -139,7 +140,7 @@ def _header_as_checked(buffer: mmap.mmap, size: int, layouts: Layouts) -> dict |
                 return None
     except (ValueError, KeyError, TypeError, struct.error):  # not JSON, not a header: not the file checked
         return None
-    return header
+    return header, 8 + length
 
 
 def read_safetensors(
@@ -155,10 +156,10 @@ def read_safetensors(
         -1, max(BLOCK_BYTES, -(-size // BLOCK_BYTES) * BLOCK_BYTES), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
     )
     _read_whole(path, buffer, size, direct)
-    header = _header_as_checked(buffer, size, layouts)
-    if header is None:
+    as_checked = _header_as_checked(buffer, size, layouts)
+    if as_checked is None:
         raise ValueError(f"{path} changed while it was read (its tensors are not those it held); read it again")
-    data_start = 8 + struct.unpack_from("<Q", buffer, 0)[0]
+    header, data_start = as_checked
     tensors: dict[str, torch.Tensor] = {}
     for name, (dtype, shape) in layouts.items():
         start, end = header[name]["data_offsets"]
