@@ -465,18 +465,15 @@ _RETRIED_SERVER_ERRORS = frozenset({500, 502, 503, 504})
 
 
 def server_error_status(error: BaseException) -> int | None:
-    """The HTTP status of a retried server error (500, 502, 503, 504) that `error` is or was translated from."""
+    """The HTTP status of a retried server error (500, 502, 503, 504) that s3fs translated into `error`."""
     from botocore.exceptions import ClientError
 
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, ClientError):
-            status = cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return status if status in _RETRIED_SERVER_ERRORS else None
-        cause = cause.__cause__
-    return None
+    # s3fs raises its OSError from botocore's error; an error already translated here names its store.
+    cause = error.__cause__
+    if not isinstance(cause, ClientError):
+        return None
+    status = cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if status in _RETRIED_SERVER_ERRORS else None
 
 
 @contextlib.contextmanager

@@ -130,16 +130,12 @@ async def upload_s3(store, jobs: list[UploadJob], on_uploaded: Callable, concurr
             else:
                 await _multipart(store, bucket, key, local, entry)
         async with record_lock:  # the journal is written by one upload at a time
+            # Waited for to its end even when the batch stops meanwhile (a sibling failed, the deadline
+            # passed): a cancelled await would leave the thread writing the journal after the error
+            # went up. The upload landed; its record is written first.
             recording = asyncio.ensure_future(asyncio.to_thread(on_uploaded, entry))
-            try:
-                await asyncio.shield(recording)
-            except asyncio.CancelledError:
-                # The batch stops (a sibling failed, the deadline passed): a cancelled await would
-                # leave the thread writing the journal after the error went up. The upload landed;
-                # its record is written first.
-                await settled([recording])
-                recording.result()  # a record that failed (a lost lease) says so
-                raise
+            await settled([recording])
+            recording.result()  # a record that failed (a lost lease) says so
 
     tasks = [asyncio.ensure_future(upload(job)) for job in sorted(jobs, key=lambda j: -j.item.size)]
     try:
