@@ -46,7 +46,9 @@ def kill_when_a_temporary_appears(process: subprocess.Popen, where: Path, timeou
         if found:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            return found
+            # What the dead writer left, listed once it is dead: under load its other threads can
+            # open another temporary between the listing above and the kill.
+            return temporaries(where)
         if process.poll() is not None:
             raise AssertionError("the upload finished before a temporary was seen; use larger files")
         time.sleep(0.001)
