@@ -34,7 +34,9 @@ HEADER = """\
 A run is configured by a TOML file (see `examples/tiny_sft.toml`), one table
 per section below. Input paths are relative to the TOML file, output paths to
 the current directory. Override any field with `--set dotted.key=value` (the
-value is read as TOML: `--set train.steps=10`). Unknown keys, wrong types,
+value is read as TOML: `--set train.steps=10`), and remove a key or a section
+the file sets with `--unset dotted.key` (applied first: `--unset model.config
+--set model.path=DIR` switches to a model directory). Unknown keys, wrong types,
 out-of-range or non-finite values (`inf`, `nan`) and impossible combinations
 exit 2 with the key, the value given and the fix. The data file's format is
 in [data.md](data.md).

@@ -363,6 +363,23 @@ def _set_dotted(tree: dict[str, Any], dotted: str, raw_value: str, created: list
     node[keys[-1]] = value
 
 
+def _unset_dotted(tree: dict[str, Any], dotted: str, source: str) -> None:
+    """Apply one `--unset a.b`: the key (a value or a whole section) is removed, as if the file did not set it."""
+    keys = dotted.split(".")
+    node: Any = tree
+    for depth, key in enumerate(keys):
+        if not key or not isinstance(node, dict) or key not in node:
+            where = ".".join(keys[:depth]) or "the top level"
+            present = ", ".join(sorted(node)) if isinstance(node, dict) and node else "no keys"
+            raise ConfigError(
+                f"--unset {dotted}: {source} does not set {dotted} (under {where} it sets {present}); "
+                "unset a key the file sets, e.g. --unset model.config"
+            )
+        if depth < len(keys) - 1:
+            node = node[key]
+    del node[keys[-1]]
+
+
 def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
     def inp(value: str, key: str) -> str:
         return str(resolved_path(config_dir / Path(value).expanduser(), key, f"point {key} at a real path"))
@@ -481,8 +498,14 @@ def config_from_dict(
     return config
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a TOML config, apply `dotted.key=value` overrides and validate it."""
+def load_config(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), unset: list[str] | tuple[str, ...] = ()
+) -> RunConfig:
+    """Read a TOML config, remove the `unset` dotted keys, apply `dotted.key=value` overrides and validate it.
+
+    Unsetting comes first, so `--unset model.config --set model.path=DIR` switches how the model is given
+    without a new file; a key both unset and set is refused (which one is meant?).
+    """
     from .input_files import read_input_text
 
     path = Path(path)
@@ -491,6 +514,12 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         tree = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(_toml_error(path, error)) from None
+    set_keys = {override.partition("=")[0].strip() for override in overrides}
+    for dotted in unset:
+        dotted = dotted.strip()
+        if dotted in set_keys:
+            raise ConfigError(f"--unset {dotted} and --set {dotted}=…: give one of them for {dotted}")
+        _unset_dotted(tree, dotted, f"config file {str(path)!r}")
     overridden = []
     for override in overrides:
         dotted, sep, raw_value = override.partition("=")

@@ -48,7 +48,7 @@ def add_deploy_parser(
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.set or [])
+    config = load_config(args.config, args.set or [], args.unset or [])
     _check_names(args)
     _check_schedule(args.cron, args.interval)
     job_variables = parse_job_variables(args.job_variable or [])

@@ -1,6 +1,7 @@
 """The `rankflow` command line.
 
-    rankflow run CONFIG [--set dotted.key=value ...]   run the pipeline (in-process Prefect by default)
+    rankflow run CONFIG [--set dotted.key=value ...] [--unset dotted.key ...]
+                                                        run the pipeline (in-process Prefect by default)
     rankflow serve CONFIG (--cron EXPR | --interval S)  serve it as a scheduled Prefect deployment
     rankflow ui [--port P] [--log FILE]                 start a Prefect server + UI on 127.0.0.1 (output to FILE)
     rankflow server [--port P] [--db URL | --pg-dir D]  start a Prefect server on PostgreSQL, for workers
@@ -90,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("config", help="TOML run configuration")
         sub.add_argument(
             "--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. train.steps=10"
+        )
+        sub.add_argument(
+            "--unset",
+            action="append",
+            metavar="KEY",
+            help="remove a key (or a section) the file sets, applied before --set: e.g. --unset model.config "
+            "--set model.path=DIR",
         )
 
     run = commands.add_parser("run", help="run the whole pipeline")

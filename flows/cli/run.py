@@ -32,7 +32,7 @@ EXIT_ALREADY_RUNNING = 75
 
 
 def _load(args: argparse.Namespace) -> RunConfig:
-    return load_config(args.config, args.set or [])
+    return load_config(args.config, args.set or [], args.unset or [])
 
 
 def _summary(result: dict | None, wall_s: float, error: BaseException | None) -> dict:

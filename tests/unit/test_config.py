@@ -124,3 +124,44 @@ def test_cli_not_toml_exits_2(tmp_path, capsys):
     config = write_toml(tmp_path / "bad.toml", "[train\n")
     assert main(["run", str(config)]) == 2
     assert "not valid TOML" in capsys.readouterr().err
+
+
+def test_unset_then_set_switches_model_config_to_model_path_without_a_new_file(tmp_path, monkeypatch):
+    from flows.cli.parser import build_parser
+    from flows.cli.run import _load
+
+    model_dir = tmp_path / "my-model"
+    model_dir.mkdir()
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", str(EXAMPLES / "tiny_sft.toml"), "--unset", "model.config", "--set", f"model.path={model_dir}"]
+    config = _load(build_parser().parse_args(argv))
+    assert (config.model.path, config.model.config) == (str(model_dir), None)
+    # without --unset the file's model.config stays beside the new path: refused, as before
+    with pytest.raises(ConfigError, match=r"set exactly one of model\.path"):
+        load_config(EXAMPLES / "tiny_sft.toml", [f"model.path={model_dir}"])
+
+
+def test_unset_removes_keys_and_whole_sections():
+    given = load_config(EXAMPLES / "tiny_sft.toml")
+    assert given.data.eval_path is not None and given.train.eval_every and given.tracking.backend == "mlflow"
+    config = load_config(EXAMPLES / "tiny_sft.toml", unset=["data.eval_path", "train.eval_every", "tracking"])
+    assert config.data.eval_path is None and not config.train.eval_every and config.tracking.backend == "none"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["--unset", "model.confg"],
+            r"--unset model\.confg: .* does not set model\.confg \(under model it sets config\)",
+        ),
+        (["--unset", "nope.key"], r"--unset nope\.key: .* does not set nope\.key \(under the top level it sets data, "),
+        (["--unset", "train.steps", "--set", "train.steps=3"], r"--unset train\.steps and --set train\.steps=…"),
+    ],
+)
+def test_cli_bad_unset_exits_2_naming_the_key(tmp_path, capsys, monkeypatch, argv, expected):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(EXAMPLES / "tiny_sft.toml"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert re.search(expected, err) and len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
