@@ -96,17 +96,19 @@ def start_prefect_server(
     port = pick_free_port() if port is None else port
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    api_host = LOOPBACK if host in ("0.0.0.0", "") else host
+    api_url = f"http://{api_host}:{port}/api"
     env = prefect_server_env(database_url, home=home)
+    # `prefect server start --port` does not reach the UI's settings: without this its pages call the API on
+    # the default port (4200), another server's or none. A user's own value wins (a proxy, a public name).
+    env.setdefault("PREFECT_UI_API_URL", api_url)
     env.update(extra_env or {})
     command = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-    api_host = LOOPBACK if host in ("0.0.0.0", "") else host
-    server = PrefectServer(
-        api_url=f"http://{api_host}:{port}/api", port=port, pid=process.pid, log_path=log_path, _process=process
-    )
+    server = PrefectServer(api_url=api_url, port=port, pid=process.pid, log_path=log_path, _process=process)
     try:
         healthy = _wait_healthy(server, process, time.monotonic() + startup_timeout_s)
     except BaseException:

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -296,6 +297,13 @@ def test_redeploy_updates_the_deployment_in_place(prefect_server, tmp_path):
     assert [schedule.schedule.cron for schedule in deployment.schedules] == ["30 4 * * *"]
     assert deployment.parameters["config"]["train"]["steps"] == 9
     assert deployment.job_variables == {"working_dir": str(tmp_path)}
+
+
+def test_the_servers_ui_calls_the_api_on_the_servers_own_port(prefect_server):
+    """The UI's pages read their API address from /ui-settings: `--port` must reach it (it said :4200)."""
+    with urllib.request.urlopen(prefect_server.api_url.removesuffix("/api") + "/ui-settings", timeout=30) as response:
+        settings = json.loads(response.read())
+    assert settings["api_url"] == prefect_server.api_url
 
 
 def test_rankflow_server_with_its_own_cluster_stops_everything_on_ctrl_c(postgres_cluster, tmp_path_factory):
