@@ -14,8 +14,12 @@ process is gone), otherwise `run.lease_ttl_s` after its last heartbeat, so a
 crashed run never wedges the next one for longer than that.
 
 Fencing: every writing stage calls `check_run_lease` with the lease token its
-run acquired; a run whose lease expired or was taken over gets `RunLeaseLost`
-and writes nothing more. The check reads the lease object from the store, so it
+run acquired; a run whose lease was taken over (another token in the store) or
+released gets `RunLeaseLost` and writes nothing more. A lease that expired
+unrenewed but still carries this run's token (its heartbeat starved or paused,
+nobody took it over) is still this run's: the check renews it, with a write
+conditional on the version it read, as `Lease.check()` does, so only a real
+takeover stops the run. The check reads the lease object from the store, so it
 holds wherever the stage runs. Inside a commit, a cleanup or a state upload the
 finalizer checks it again before each write that makes an outcome (the
 manifest, LATEST, a bundle manifest, the journal) and after each data file
@@ -30,7 +34,14 @@ import time
 from collections.abc import Callable
 
 from infra.store.base import ObjectStore, storage_errors
-from infra.store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, lease_key, read_lease
+from infra.store.lease import (
+    Lease,
+    LeaseHeldError,
+    LeaseLostError,
+    LeaseRecord,
+    lease_key,
+    read_lease_renewed,
+)
 
 RUN_LEASE = "run"
 """The lease's name: `RUN_ID/leases/run.json` in the store."""
@@ -117,9 +128,11 @@ def acquire_run_lease(
 
 
 def check_run_lease(store: ObjectStore, run_id: str, token: str, stage: str) -> None:
-    """Fencing: raise RunLeaseLost unless the run holding lease `token` still holds it, unexpired."""
+    """Fencing: raise RunLeaseLost unless the run holding lease `token` still holds it (renewed if it had lapsed)."""
+    path = run_lease_path(store, run_id)
     with storage_errors(store, f"run lease of run {run_id}"):
-        holder = read_lease(store, run_lease_path(store, run_id))
+        # Expired unrenewed (its heartbeat starved or paused) but nobody took it over: still ours, renewed.
+        holder = read_lease_renewed(store, path, token)
     if holder is not None and holder.token == token and not holder.expired(time.time()):
         return
     if holder is None:

@@ -419,6 +419,36 @@ def _parse(data: bytes) -> LeaseRecord | None:
         return None
 
 
+def read_lease_renewed(
+    store: ObjectStore, path: str, token: str, clock: Callable[[], float] = time.time
+) -> LeaseRecord | None:
+    """`read_lease`, after renewing for its ttl a record that expired unrenewed but still carries `token`.
+
+    For a fence that holds only the token (a stage in another process than the
+    heartbeat): as `Lease.check()` does for its holder, a lapse nobody took
+    over is no loss. The write is conditional on the version read, so a
+    takeover or a renewal landing meanwhile wins and this one is refused; the
+    record read back says which. A renewal that failed and did not land raises
+    its error (an outage), never passes for a loss.
+    """
+    current = read_versioned(store, path)
+    record = _parse(current.data) if current is not None else None
+    if current is None or record is None or record.released:
+        return None
+    now = clock()
+    if record.token != token or not record.expired(now):
+        return record
+    renewed = record.model_copy(update={"renewed_at": now, "expires_at": now + record.ttl_s})
+    try:
+        replace_if_unchanged(store, path, renewed.to_bytes(), current.tag)
+    except OSError:
+        after = read_lease(store, path)
+        if after is not None and after.token == token and after.expired(clock()):
+            raise  # it did not land, and nothing else did: the store could not be written
+        return after
+    return read_lease(store, path)
+
+
 def read_lease(store: ObjectStore, path: str) -> LeaseRecord | None:
     """The current holder's record, or None if the lease is free (never taken, released) or unreadable."""
     current = read_versioned(store, path)
