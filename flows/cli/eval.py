@@ -15,8 +15,8 @@ alone meanwhile).
 
 The eval loss is `trainer_core.run.checkpoint_eval`'s: the mean loss per assistant token, the same quantity a
 run records during training. Standard output is one JSON line; bad input (a data file, a record, an option, a
-reference that names no committed checkpoint, a checkpoint that does not verify) is one line on standard error
-and exit 2; a store that does not answer is one line and exit 1.
+reference that names no committed checkpoint) is one line on standard error and exit 2; a store that does not
+answer, or a checkpoint that does not verify in it (as for `rankflow checkpoints pull`), is one line and exit 1.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def _places(work_dir: str | None, created: Created) -> Iterator[tuple[Path, Path
 def cmd_eval(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from infra.publication.manifests import step_of
-    from infra.publication.parent import undone_if_refused
+    from infra.publication.parent import CheckpointNotVerified, undone_if_refused
     from trainer_core.data import open_source
     from trainer_core.run.checkpoint_eval import EvalSettings, evaluate_checkpoint
 
@@ -119,6 +119,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             result = evaluate_checkpoint(directory, source, settings, scratch=scratch, label=_label(args))
     except OSError as error:  # a store that does not answer, a full disk: not bad input
         print(f"rankflow: eval {args.checkpoint}: {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    except CheckpointNotVerified as damaged:  # the store's fault, not the input's: exit 1, as checkpoints pull
+        print(f"rankflow: eval {args.checkpoint}: {damaged}", file=sys.stderr)
         return EXIT_FAILED
     summary = {
         "checkpoint": checkpoint.url,

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from infra.publication.checkpoints import download_checkpoint, resolve_latest
+from infra.publication.latest import manifest_exists
 from infra.publication.manifests import (
     MANIFEST_FILE,
     ManifestError,
@@ -38,6 +39,7 @@ from infra.store.base import ObjectStore, StorageSettings, open_store
 from infra.store.verified import StoredObjectCorrupt, local_copy_matches
 from trainer_core.config import RunConfig
 from trainer_core.errors import BadInputError, ConfigError
+from trainer_core.model_source import resolve_hub_model
 from trainer_core.run.parent_record import PARENT_FILE
 from trainer_core.storage_url import check_local_store
 
@@ -103,6 +105,7 @@ def resolve_parent(config: RunConfig, created: Created | None = None) -> Committ
     Raises ConfigError (exit 2, nothing trained) for a reference that names nothing usable; a store that does
     not answer raises its OSError (an outage: run the same command again).
     """
+    resolve_hub_model(config)  # a hub model id: its snapshot in the Hugging Face cache (downloaded when online)
     source = _source(config)
     if source is None:
         return None
@@ -124,6 +127,14 @@ def resolve_parent(config: RunConfig, created: Created | None = None) -> Committ
         return parent
     config.model.path = str(dest)
     return parent
+
+
+class CheckpointNotVerified(ConfigError):
+    """A committed checkpoint that is in its store but does not verify there (a file or its manifest is damaged).
+
+    Bad config where `model.path` names it (`rankflow run`: exit 2, nothing trained); the store's fault, not the
+    user's input, for a command that reads checkpoints (`rankflow eval` exits 1 on it, as `rankflow checkpoints
+    pull` does). A subclass of ConfigError so that `undone_if_refused` still removes what the fetch made."""
 
 
 Created = list[tuple[Path, bool]]
@@ -180,13 +191,23 @@ def fetch_checkpoint(
     and where. A copy already there is used again only if its manifest is the store's and every file still hashes
     to it. What it creates is recorded in `created` (see `undone_if_refused`).
 
-    A reference that names no committed checkpoint, or a file that does not match the manifest, raises ConfigError
-    (`label`: the input as the message names it; `fix`: what to do about a checkpoint that does not verify); a
-    store that does not answer raises its OSError.
+    A reference that names no committed checkpoint raises ConfigError, one that does not verify (a file that does
+    not match the manifest, a manifest refused, or for LATEST no checkpoint of the run that verifies)
+    CheckpointNotVerified (`label`: the input as the message names it; `fix`: what to do about a checkpoint that
+    does not verify); a store that does not answer raises its OSError.
     """
     run_id, name = source.run_id, source.name
     if name is None:
-        name = resolve_latest(store, run_id).checkpoint
+        resolution = resolve_latest(store, run_id)
+        name = resolution.checkpoint
+        # Committed checkpoints (a manifest there), none of which verifies: the store is damaged.
+        damaged = [r for r in resolution.reports if manifest_exists(store, run_id, r.step)]
+        if name is None and damaged:
+            problems = "; ".join(f"{r.name}: {r.problems[0]}" for r in damaged[-2:])
+            raise CheckpointNotVerified(
+                f"{label}: no committed checkpoint of run {run_id} verifies in {store.url} ({problems}); nothing "
+                f"was read from them: {fix} (rankflow checkpoints verify {run_id} --store URL names what fails)"
+            )
         if name is None:
             raise ConfigError(
                 f"{label}: run {run_id} has no committed checkpoint that verifies in {store.url}; "
@@ -201,10 +222,12 @@ def fetch_checkpoint(
         shutil.rmtree(dest, ignore_errors=True)
         try:
             download_checkpoint(store, run_id, name, dest)
-        except (FileNotFoundError, ManifestError, ValueError) as error:
+        except ManifestError as error:
+            raise CheckpointNotVerified(f"{label}: {error}; {fix}") from None
+        except (FileNotFoundError, ValueError) as error:
             raise ConfigError(f"{label}: {error}; {fix}") from None
-        except StoredObjectCorrupt as corrupt:  # the verified download refused the bytes: the checkpoint is bad input
-            raise ConfigError(
+        except StoredObjectCorrupt as corrupt:  # the verified download refused the bytes
+            raise CheckpointNotVerified(
                 f"{label} does not verify: {corrupt}; nothing was read from it: {fix} "
                 f"(rankflow checkpoints verify {run_id} {step_of(name)} --store URL checks one)"
             ) from None

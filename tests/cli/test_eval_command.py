@@ -309,10 +309,6 @@ BAD_INPUT = {
         lambda c, t: [f"{c['run_id']}@latest", "--data", str(EVAL_FILE)],
         r"give the store, --store URL .* or --config TOML",
     ),
-    "flipped byte": (
-        lambda c, t: [spoiled_store(t, c), "--data", str(EVAL_FILE)],
-        r"does not verify: .*model.safetensors: .* do not match its manifest",
-    ),
     "a format the records are not in": (
         lambda c, t: [c["url"], "--data", str(EVAL_FILE), "--format", "sharegpt"],
         r"a messages record in a ShareGPT file \(--format='sharegpt'\); give --format auto \(or messages\)",
@@ -370,6 +366,35 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(committed, tmp_path,
     assert list(temporary.iterdir()) == [] and list(cwd.iterdir()) == []
 
 
+DAMAGED = {  # the reference to the spoiled checkpoint (its URL) in the spoiled store, and the message
+    "by its URL": (lambda url, run_id: url, r"does not verify: .*model.safetensors: .* do not match its manifest"),
+    "RUN@latest, its only checkpoint damaged": (
+        lambda url, run_id: f"{run_id}@latest",
+        r"no committed checkpoint of run .* verifies in .*step-00000002: model.safetensors: ",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED))
+def test_a_checkpoint_that_does_not_verify_exits_1_as_pull_does_and_writes_nothing(
+    committed, tmp_path, clean_places, capsys, case
+):
+    """The store's content is damaged, not the input: one class with `rankflow checkpoints pull` of the same store."""
+    reference, message = DAMAGED[case]
+    url = spoiled_store(tmp_path, committed)
+    store, checkpoint = str(tmp_path / "spoiled-store"), reference(url, committed["run_id"])
+    pulled = main(["checkpoints", "pull", committed["run_id"], "--store", store, "--dest", str(tmp_path / "pulled")])
+    assert pulled == 1 and not (tmp_path / "pulled").exists()
+    capsys.readouterr()
+    assert main(["eval", checkpoint, "--store", store, "--data", str(EVAL_FILE)]) == pulled
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"rankflow: eval {checkpoint}: ") and re.search(message, line), line
+    temporary, cwd = clean_places
+    assert list(temporary.iterdir()) == [] and list(cwd.iterdir()) == []
+
+
 # (a flipped byte with the checkpoint cached before is no refusal: the cached copy verifies and is used)
 @pytest.mark.parametrize(
     ("case", "cached_before"), [("an empty data file", False), ("an empty data file", True), ("a flipped byte", False)]
@@ -387,7 +412,8 @@ def test_bad_input_with_a_work_dir_leaves_it_as_it_was(committed, tmp_path, caps
         data.write_text("")
     else:
         url = spoiled_store(tmp_path, committed)  # another store: nothing of it is cached
-    assert main(["eval", url, "--data", str(data), "--work-dir", str(work)]) == 2
+    # a checkpoint that does not verify is the store's fault (exit 1), an empty data file bad input (exit 2)
+    assert main(["eval", url, "--data", str(data), "--work-dir", str(work)]) == (2 if data != EVAL_FILE else 1)
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.splitlines()) == 1, captured.err
     assert (sorted(work.rglob("*")) if work.exists() else None) == before
