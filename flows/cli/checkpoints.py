@@ -3,6 +3,7 @@
     rankflow checkpoints runs (--store URL | --config TOML) [--json]   every run in the store, with its LATEST
     rankflow checkpoints list RUN_ID (--store URL | --config TOML) [--json]
     rankflow checkpoints verify RUN_ID [STEP] ...     hash every byte against the manifest; exit 1 if any fails
+                                    (one retention removed, its removal interrupted, says "retired")
     rankflow checkpoints pull RUN_ID [STEP] [--dest DIR]   download the newest verified (or STEP), verified
     rankflow checkpoints gc RUN_ID [--dry-run]        remove orphans of crashed or superseded commits
                                     (with --config: and the checkpoints its storage.keep_last/keep_every drop)
@@ -112,11 +113,37 @@ def cmd_verify(args: argparse.Namespace) -> int:
     failed = 0
     for name in names:
         report = verify_checkpoint(store, args.run_id, name, full=True)
+        if not report.verified and (why := _retired(store, args.run_id, report.step)) is not None:
+            # A gc stopped between hiding the manifest and removing the data: removed by intent, not damaged.
+            print(f"{name}  retired ({why}): not a checkpoint any more; the next gc removes what is left of it")
+            continue
         failed += not report.verified
         print(f"{name}  {'verified (every byte hashed)' if report.verified else 'FAILED'}")
         for problem in report.problems:
             print(f"    {problem}")
     return EXIT_OK if failed == 0 else EXIT_FAILED
+
+
+def _retired(store, run_id: str, step: int) -> str | None:
+    """Why retention removed the checkpoint of `step` (its retired record is there and its manifest is not), or
+    None: a checkpoint with a manifest, refused or not, is no retired one."""
+    from pydantic import ValidationError
+
+    from infra.publication.latest import manifest_exists
+    from infra.publication.manifests import retired_key
+    from infra.publication.retention import RetiredCheckpoint
+    from infra.store.base import storage_errors
+
+    if step < 0:
+        return None
+    with storage_errors(store, f"retention record of step {step} of run {run_id}"):
+        record = store.get(retired_key(run_id, step))
+    if record is None or manifest_exists(store, run_id, step):
+        return None
+    try:
+        return RetiredCheckpoint.model_validate_json(record.data).reason
+    except ValidationError:
+        return "its retention record is unreadable"
 
 
 def cmd_pull(args: argparse.Namespace) -> int:

@@ -99,6 +99,33 @@ def test_gc_with_a_config_applies_its_retention(store_dir, tmp_path, capsys):
     assert not (store_dir / RUN / "checkpoints" / "step-00000010").exists()
 
 
+def test_verify_says_retired_for_a_checkpoint_an_interrupted_gc_hid_and_exits_0(store_dir, capsys, monkeypatch):
+    from infra.publication import retention
+    from infra.publication.finalizer import FinalizerSettings
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("gc killed before it removed the data")
+
+    monkeypatch.setattr(retention, "remove_files", killed)  # after the retired record and the manifest's removal
+    store = open_store(str(store_dir))
+    with pytest.raises(RuntimeError, match="gc killed"):
+        retention.apply_retention(store, RUN, retention.RetentionPolicy(keep_last=1), FinalizerSettings(wait_s=5.0))
+    left = store_dir / RUN / "checkpoints" / "step-00000010"
+    assert not (left / "MANIFEST.json").exists() and any(left.glob("*.safetensors"))  # hidden, its data left
+    for args in ([], ["10"]):
+        assert main(["checkpoints", "verify", RUN, *args, "--store", str(store_dir)]) == 0
+        out = capsys.readouterr().out
+        assert "step-00000010  retired (storage.keep_last = 1, storage.keep_every = None)" in out, out
+        assert "FAILED" not in out
+    # A checkpoint with a manifest is never called retired, whatever a record says: damaged, it fails.
+    (store_dir / RUN / "retired" / "step-00000020.json").write_bytes(
+        (store_dir / RUN / "retired" / "step-00000010.json").read_bytes()
+    )
+    same_size_other_bytes(next((store_dir / RUN / "checkpoints" / "step-00000020").glob("*.safetensors")))
+    assert main(["checkpoints", "verify", RUN, "20", "--store", str(store_dir)]) == 1
+    assert "step-00000020  FAILED" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("command", ["runs", "list", "verify"])
 def test_a_store_that_is_a_symlink_loop_is_bad_input(tmp_path, capsys, command):
     loop = tmp_path / "loop"
