@@ -81,11 +81,30 @@ def names_stored_checkpoint(path: str) -> bool:
     return "://" in path or CHECKPOINT_REFERENCE.match(path) is not None
 
 
+def _names_fetched_model(path: str, config_dir: Path) -> bool:
+    """Whether a model.path as written is fetched before planning (a committed checkpoint, or a hub model id with no
+    such directory beside the config) rather than read where it is."""
+    from .model_source import is_hub_id
+
+    if names_stored_checkpoint(path):
+        return True
+    return is_hub_id(path) and not (config_dir / path).exists()
+
+
 class ModelSection(_Section):
     path: str | None = None
-    """A local Hugging Face model directory (config.json + weights) to fine-tune, or a checkpoint rankflow committed:
-    its URL (`s3://…/RUN/checkpoints/step-N`, or the local store's path to it) or `RUN@latest` / `RUN@step-N` in this
-    run's store, verified and fetched before planning. Set exactly one of model.path and model.config."""
+    """A local Hugging Face model directory (config.json + weights) to fine-tune; a hub model id (`Qwen/Qwen3-8B`,
+    when no such directory is beside the config), read through the Hugging Face cache and downloaded there when
+    online (trainer_core/model_source.py); or a checkpoint rankflow committed: its URL (`s3://…/RUN/checkpoints/step-N`,
+    or the local store's path to it) or `RUN@latest` / `RUN@step-N` in this run's store, verified and fetched before
+    planning. Set exactly one of model.path and model.config."""
+    revision: str | None = None
+    """With a hub model id in model.path: the branch, tag or commit to read (unset: main). Set for you to the commit
+    it resolved to: the run id names that commit, so a branch that moves on starts another run."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
+    """The attention kernel transformers runs (its `attn_implementation`): `sdpa`, `eager`, or `flash_attention_2`
+    (needs the flash-attn package and a GPU). Unset: transformers' own choice (sdpa where the model has it). In the run
+    id only when set, since kernels differ in their last bits."""
     config: str | None = None
     """A Hugging Face config.json for a randomly initialised model (tests, examples); set exactly one of model.path and
     model.config."""
@@ -102,7 +121,24 @@ class ModelSection(_Section):
                 "set exactly one of model.path (a local Hugging Face directory) "
                 "or model.config (a config.json for a random-initialised model)"
             )
+        if self.revision is not None and self.path is None:
+            raise ValueError(
+                f"model.revision={self.revision!r} applies to a hub model id in model.path, and model.path is not "
+                "set; set model.path to the hub id (e.g. Qwen/Qwen3-8B), or remove model.revision"
+            )
         return self
+
+    @field_validator("attn_implementation")
+    @classmethod
+    def _kernel_installed(cls, value: str | None) -> str | None:
+        import importlib.util
+
+        if value == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+            raise ValueError(
+                'attn_implementation = "flash_attention_2" needs the flash-attn package, which is not installed '
+                '(pip install flash-attn, on a CUDA machine); or use "sdpa"'
+            )
+        return value
 
 
 class TokenizerSection(_Section):
@@ -380,6 +416,19 @@ def _unset_dotted(tree: dict[str, Any], dotted: str, source: str) -> None:
     del node[keys[-1]]
 
 
+def _check_revision(model: ModelSection) -> None:
+    """model.revision goes with a hub model id (or the snapshot of that commit it resolved to), nothing else."""
+    from .model_source import is_hub_id
+
+    path, revision = model.path, model.revision
+    if revision is None or path is None or is_hub_id(path) or Path(path).name == revision:
+        return
+    raise ConfigError(
+        f"model.revision={revision!r} applies to a hub model id in model.path (such as Qwen/Qwen3-8B), not to "
+        f"model.path={path!r}; remove model.revision"
+    )
+
+
 def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
     def inp(value: str, key: str) -> str:
         return str(resolved_path(config_dir / Path(value).expanduser(), key, f"point {key} at a real path"))
@@ -387,8 +436,9 @@ def _resolve_paths(config: RunConfig, config_dir: Path) -> RunConfig:
     def out(value: str, key: str) -> str:
         return str(resolved_path(value, key, f"point {key} at a directory, not a link that loops"))
 
-    if config.model.path is not None and not names_stored_checkpoint(config.model.path):
+    if config.model.path is not None and not _names_fetched_model(config.model.path, config_dir):
         config.model.path = inp(config.model.path, "model.path")
+    _check_revision(config.model)
     if config.model.config is not None:
         config.model.config = inp(config.model.config, "model.config")
     if config.model.lora is not None and config.model.lora.init_from is not None:
@@ -434,8 +484,8 @@ def _check_inputs_exist(
         ("tokenizer.path", config.tokenizer.path, "tokenizer.json or a tokenizer directory"),
     ]
     for key, value, what in checks:
-        if key == "model.path" and value is not None and names_stored_checkpoint(value):
-            continue  # fetched from the store before planning (infra/publication/parent.py)
+        if key == "model.path" and value is not None and not Path(value).is_absolute():
+            continue  # fetched before planning: from the store (infra/publication/parent.py) or the hub's cache
         if value is not None and not Path(value).exists():
             raise ConfigError(f"{key}={value!r} does not exist; point it at {what}")
     data_files(config.data.path, given_data_path)  # every entry names a local file (or a glob with matches)

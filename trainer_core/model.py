@@ -1,7 +1,10 @@
 """Build the Hugging Face causal LM a run trains (from a local directory or a config), and its Trainer.
 
-Nothing is downloaded: `model.path` is a local directory, `model.config` a
-config.json for a randomly initialised model (tests and examples).
+Nothing is downloaded here: `model.path` is a local directory (a hub model id
+was resolved to its snapshot in the Hugging Face cache before planning,
+`model_source`), `model.config` a config.json for a randomly initialised
+model (tests and examples). `model.attn_implementation`, when set, is the
+attention kernel transformers builds the model with.
 
 What the trainer trains follows the config:
 
@@ -92,14 +95,14 @@ def build_model(config: RunConfig, *, weights_from_state: bool = False) -> tuple
         # use_kernels=False: the model trains as transformers' own modules (a `kernels` hub layer would be
         # downloaded, and would differ from the model built from a config).
         model = AutoModelForCausalLM.from_pretrained(
-            config.model.path, local_files_only=True, dtype=dtype, use_kernels=False
+            config.model.path, local_files_only=True, dtype=dtype, use_kernels=False, **_attention(config)
         )
     else:
         # The same seed on every rank gives every rank the same initial weights
         # without a broadcast.
         with torch.random.fork_rng(devices=[]), _no_init_weights() if weights_from_state else contextlib.nullcontext():
             torch.manual_seed(config.run.seed)
-            model = AutoModelForCausalLM.from_config(read_model_config(config), dtype=dtype)
+            model = AutoModelForCausalLM.from_config(read_model_config(config), dtype=dtype, **_attention(config))
         if weights_from_state:
             model.tie_weights()  # skipped with the initialisation: tied embeddings would be two parameters
     # The config stays as the base has it (use_cache included): it is what the export writes, and the trainer's
@@ -112,6 +115,12 @@ def build_model(config: RunConfig, *, weights_from_state: bool = False) -> tuple
     if config.train.activation_checkpointing == "blocks":
         checkpoint_blocks(model)
     return model, true_vocab
+
+
+def _attention(config: RunConfig) -> dict[str, str]:
+    """transformers' `attn_implementation` where `model.attn_implementation` sets one (unset: its own choice)."""
+    kernel = config.model.attn_implementation
+    return {} if kernel is None else {"attn_implementation": kernel}
 
 
 def _upcast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -154,6 +163,7 @@ def _load_sharded(config: RunConfig, mesh: DeviceMesh, lora) -> tuple[ShardedMod
         dtype=build_dtype(config),
         param_dtype=_compute_dtype(config),
         round_through=_compute_dtype(config),  # the unsharded run's weights are the file's values in train.dtype
+        attn_implementation=config.model.attn_implementation,
         pad_vocab_to_multiple_of=config.model.pad_vocab_to_multiple_of,
         prepare=prepare,
     )

@@ -168,6 +168,9 @@ ADDED_LATER = {
     ("train", "min_lr_ratio"): lambda _: 0.0,
     ("train", "micro_batch_size"): lambda _: None,
     ("data", "eval_fraction"): lambda _: 0.0,
+    # Unset: transformers' own kernel, as every run before the key. A hub model's commit names its bytes.
+    ("model", "attn_implementation"): lambda _: None,
+    ("model", "revision"): lambda _: None,
 }
 """Keys added after run ids were first given out, each with its default for a config: at that default a key leaves the
 digest, so every run planned before the key existed keeps its run id (tests/unit/test_run_ids.py pins them). A new key
