@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from trainer_core.errors import BadInputError
@@ -137,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     without Prefect's 5 s wait and the process exits at once. Called with
     `argv` (tests, other Python code), it returns the exit status instead.
     """
+    started_s = command_started_s(argv)
     _prefect_defaults()
     args = build_parser().parse_args(argv)
+    args.started_s = started_s  # `run`'s wall_s counts from here
     try:
         require_stdout()
         with guarded_stdout():
@@ -156,6 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         stop_temporary_server()
         exit_now(code)
     return code
+
+
+def command_started_s(argv: list[str] | None) -> float:
+    """When the command started, in epoch seconds: for the `rankflow` command itself (`argv` None), the process's
+    start as the kernel records it (`process_start_time`), so the interpreter's start-up and the imports count;
+    called from other Python code, now."""
+    from trainer_core.run.launch_phases import process_start_time
+
+    started = process_start_time() if argv is None else None
+    return started if started is not None else time.time()
 
 
 _CREDENTIAL_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")

@@ -2,16 +2,20 @@
 
 `run` prints, as the last line of its standard output, one JSON object
 summarising the run (`_summary`); the exit statuses are those of the command
-line (`flows.cli.parser`'s docstring). Before its closing message it writes
-the memory model's per-rank table to standard error (`print_memory`; a run
-that cannot fit was refused by `validate_inputs`). Prefect is imported only
-once the inputs and the store have passed, so bad input costs seconds.
+line (`flows.cli.parser`'s docstring). Once the inputs and the store have
+passed, before Prefect starts and the first segment launches, it writes the
+memory model's per-rank table to standard error (`print_memory`; a run that
+cannot fit was refused by `validate_inputs`). Prefect is imported only then,
+so bad input costs seconds. `wall_s` counts from the command's start
+(`args.started_s`: the process's start as the kernel records it, for the
+`rankflow` command), its imports and config checks included.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -24,11 +28,22 @@ from .output import emit
 if TYPE_CHECKING:
     from trainer_core.run.device_memory import MemoryReport
 
-__all__ = ["EXIT_ALREADY_RUNNING", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_OK", "cmd_run", "cmd_serve", "print_memory"]
+__all__ = [
+    "EXIT_ALREADY_RUNNING",
+    "EXIT_BAD_INPUT",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "cmd_run",
+    "cmd_serve",
+    "print_memory",
+]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_ALREADY_RUNNING = 75
 """EX_TEMPFAIL: another run of the run id holds the run lease; nothing was done, try again later."""
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, as a shell reports a command Ctrl-C stopped: the run stopped; the same command resumes it."""
 
 
 def _load(args: argparse.Namespace) -> RunConfig:
@@ -66,21 +81,60 @@ def check_tracking(config: RunConfig) -> None:
         raise ConfigError(problem)
 
 
+def _wall_s(args: argparse.Namespace) -> float:
+    """Seconds since the command started (`flows.cli.parser.main` sets `started_s`; epoch seconds, as the kernel's
+    process start is given), the interpreter's start-up and the imports included."""
+    return time.time() - getattr(args, "started_s", time.time())
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # Ctrl-C (SIGINT), wherever it landed: one line, the result line, exit 130
+        return _interrupted(args)
+
+
+def _interrupted(args: argparse.Namespace) -> int:
+    """Report a Ctrl-C: the run stopped where it was; its saved states stand, so the same command resumes it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the command at once
+    if "prefect" in sys.modules:
+        from ..finish import drain_prefect
+
+        drain_prefect()  # the UI shows the run as it ended (Prefect marks an interrupted flow run Crashed)
+    print(
+        "rankflow: interrupted (Ctrl-C): the run stopped where it was; run the same command again "
+        "to resume from its last saved state",
+        file=sys.stderr,
+    )
+    emit(
+        json.dumps(
+            {
+                "run_id": None,
+                "status": "interrupted",
+                "checkpoint_url": None,
+                "steps": 0,
+                "losses": [],
+                "wall_s": round(_wall_s(args), 3),
+                "error": "KeyboardInterrupt: interrupted by SIGINT (Ctrl-C)",
+            }
+        )
+    )
+    return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
     config = _load(args)
     check_tracking(config)
-    # A bad config is reported without transformers or torch; wall_s starts after the imports, as when they
-    # were module-level (loading the config is milliseconds).
+    # A bad config is reported without transformers or torch.
     from infra.publication.parent import resolve_parent, undone_if_refused
     from trainer_core.run.validate import validate_inputs
 
-    started = time.perf_counter()
     with undone_if_refused() as created:  # bad input writes nothing: not even the parent's verified copy
         try:
             resolve_parent(config, created)  # model.path naming a committed checkpoint: fetched, verified
         except OSError as outage:  # its store does not answer: exit 1, run the same command later
             print(f"rankflow: run failed: {outage}", file=sys.stderr)
-            emit(json.dumps({**_summary(None, 0.0, outage), "failed_stage": "model-fetch"}))
+            emit(json.dumps({**_summary(None, _wall_s(args), outage), "failed_stage": "model-fetch"}))
             return EXIT_FAILED
         # Every input is read and checked before Prefect (and its temporary server) starts,
         # and the store is probed before the first byte is written (the stage cache included).
@@ -91,7 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         emit(
             json.dumps(
                 {
-                    **_summary(None, time.perf_counter() - started, unavailable),
+                    **_summary(None, _wall_s(args), unavailable),
                     "failed_stage": "storage-check",
                     "failure_cause": "storage_outage",
                     "failed_rank": None,
@@ -100,17 +154,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILED
     checked.store_cache()
+    # The check the README promises before a run starts: shown before Prefect's server and the first launch.
+    print_memory(checked.memory)
     from infra.launch.warm_ranks import warm_ranks
     from infra.runs.run_lease import RunAlreadyActive
 
     from ..finish import drain_prefect
     from ..pipeline import RunFailed, train_flow
+    from ..temporary_server import start_temporary_server
     from ..terminal import quiet_tracebacks
 
     quiet_tracebacks()  # tracebacks go to the run's log files and the Prefect API, not to the terminal
     result, error, message = None, None, None
     try:
         with warm_ranks():  # the ranks' imports, once, beside the start of Prefect's temporary server
+            start_temporary_server()  # here, not at Prefect's first call: one at a time, and it dies with us
             summary = train_flow(config)
         # Called directly, a flow returns its state's result: the Cancelled state it returns when
         # another run holds the run id raises its data (RunAlreadyActive, below), so a value is the summary.
@@ -130,7 +188,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     "checkpoint_url": None,
                     "steps": 0,
                     "losses": [],
-                    "wall_s": round(time.perf_counter() - started, 3),
+                    "wall_s": round(_wall_s(args), 3),
                     "error": str(busy),
                 }
             )
@@ -144,11 +202,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"rankflow: run failed: {type(failure).__name__}: {(str(failure).splitlines() or [''])[0]}",
         )
     drain_prefect()  # the UI gets every log line and event before the result line (see flows/finish.py)
-    # After the flow: bad input found inside it must stay the one message on standard error.
-    print_memory(checked.memory)
     if message is not None:
         print(message, file=sys.stderr)
-    emit(json.dumps(_summary(result, time.perf_counter() - started, error)))
+    emit(json.dumps(_summary(result, _wall_s(args), error)))
     return EXIT_OK if error is None else EXIT_FAILED
 
 

@@ -42,7 +42,9 @@ def test_bad_input_found_inside_the_flow_exits_2_without_credentials(tmp_path, c
     )
     out, err = capsys.readouterr()
     assert code == 2 and not out
-    assert err.startswith(
+    ours = [line for line in err.splitlines() if line.startswith("rankflow: ")]  # after the memory table
+    assert len(ours) == 1 and err.rstrip("\n").splitlines()[-1] == ours[0], err
+    assert ours[0].startswith(
         "rankflow: bad input: storage.url='s3://nope/runs': bucket 'nope' does not exist at http://127.0.0.1:9/"
     )
     assert secret not in err and "AKIAIOSFODNN7EXAMPLE" not in err and "Traceback" not in err
