@@ -14,7 +14,9 @@ lease (infra/runs/run_lease.py) is taken by `leased` once the plan names the run
 before anything is written for it, and released on the way out, success or
 failure. A run that finds its run id held by another run ends as Cancelled
 (`outcome`), having done nothing; one that loses its lease midway writes nothing
-more, not even its failure into the other run's ledger.
+more, not even its failure into the other run's ledger. The run's tracking record
+(MLflow) is marked FINISHED, FAILED or KILLED on the way out, except after a lost
+lease (the record is the new holder's).
 
 Figures describe this flow run: training time, tokens and tokens/s count only
 the segments it trained (reused ones took no time now), so a resumed run
@@ -24,6 +26,7 @@ reports its own speed and `launch_overhead_s` is never negative.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 
@@ -35,6 +38,8 @@ from infra.runs import ledger
 from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease
 from infra.store import open_store
 from infra.store.lease import Lease
+from infra.tracking import end_tracked_run
+from infra.tracking.backend import RunEnd
 from tasks.events import RUN_FAILED, emit_run_event, flow_run_url
 from tasks.failure_report import report_failure, reported
 from tasks.live import in_prefect_run
@@ -153,15 +158,29 @@ class RunRecord:
             failure = report_failure(run_dir, self.run_id or self.config.run.name, stage, error)
         return failure
 
+    def _end_tracking(self, status: RunEnd) -> None:
+        """Mark the run's tracking record ended (MLflow's FINISHED, FAILED, KILLED); an outage is a warning only.
+
+        Only a run that wrote its plan has a record to end; a stopped run waits at most a few seconds for it."""
+        if self.planned_run is None:
+            return
+        timeout_s = 30.0 if status != "KILLED" else 5.0
+        end_tracked_run(
+            self.planned_run, status, warn=logging.getLogger("rankflow.tracking").warning, timeout_s=timeout_s
+        )
+
     @contextlib.contextmanager
     def failures_reported(self) -> Iterator[None]:
         try:
             yield
+            self._end_tracking("FINISHED")
         except BadInputError:
+            self._end_tracking("FAILED")
             raise  # bad input (a storage setting included): the CLI prints one clean message and exits 2
         except RunAlreadyActive as busy:
             self.already_active = busy  # nothing was done: `outcome` ends the flow run as Cancelled
         except RunLeaseLost as lost:
+            # Nor is the tracking record ended: it belongs to the run that holds the lease now.
             summary = self.summary("failed")  # no ledger entry, no report: the run directory is another run's now
             summary.update(
                 error=f"{type(lost).__name__}: {lost}",
@@ -172,6 +191,7 @@ class RunRecord:
             raise RunFailed(f"run lease lost: {lost}", summary) from lost
         except Exception as error:
             failure = self._report_flow_failure(error)
+            self._end_tracking("FAILED")
             summary = self.summary("failed")
             summary.update(
                 error=f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}",
@@ -195,6 +215,9 @@ class RunRecord:
                 )
             details = f" (full error and traceback: {failure.log_file})" if failure.log_file else ""
             raise RunFailed(f"{failure.headline()}{details}", summary) from error
+        except BaseException:  # Ctrl-C, SIGTERM, a cancelled flow run: the run was stopped, not failed
+            self._end_tracking("KILLED")
+            raise
         finally:
             self._release_lease()
 

@@ -1,9 +1,13 @@
-"""What every tracking backend does: start (or resume) the run's record, log a step's metrics, tag, close."""
+"""What every tracking backend does: start (or resume) the run's record, log a step's metrics, tag, end, close."""
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+RunEnd = Literal["FINISHED", "FAILED", "KILLED"]
+"""How a rankflow run ended, in MLflow's words: completed, failed, or stopped (Ctrl-C, SIGTERM, a cancel)."""
 
 
 class TrackingBackend(abc.ABC):
@@ -13,8 +17,9 @@ class TrackingBackend(abc.ABC):
         self.uri, self.experiment, self.run_id = uri, experiment, run_id
 
     @abc.abstractmethod
-    def start(self, params: Mapping[str, object]) -> None:
-        """Open the run's record (created on first use, the same one after that) and record the params."""
+    def start(self, params: Callable[[], Mapping[str, object]]) -> None:
+        """Open the run's record (created on first use, the same one after that) and record the params (read only
+        where the backend needs them: a record that exists already has its params)."""
 
     @abc.abstractmethod
     def logged_through(self) -> int | None:
@@ -27,6 +32,9 @@ class TrackingBackend(abc.ABC):
     @abc.abstractmethod
     def tag(self, key: str, value: str) -> None:
         """A run-level label (the newest committed checkpoint's URL)."""
+
+    def end(self, status: RunEnd) -> None:  # noqa: B027 - a backend without a run status (TensorBoard) has nothing to do
+        """Mark the run's record ended with `status`; a later resume of the run id marks it running again."""
 
     @abc.abstractmethod
     def close(self) -> None:

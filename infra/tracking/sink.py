@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from .backend import TrackingBackend
+from .backend import RunEnd, TrackingBackend
 from .registry import open_backend
 
 if TYPE_CHECKING:
@@ -73,6 +73,10 @@ class TrackingSink:
     def tag(self, key: str, value: str) -> None:
         self._put(("tag", key, value))
 
+    def end(self, status: RunEnd) -> None:
+        """Mark the run's record ended (after what is queued before it)."""
+        self._put(("end", status))
+
     def close(self) -> int:
         """Wait (bounded) for what is queued to be logged; returns the failures, the abandoned items included."""
         self._queue.put(_STOP)
@@ -129,7 +133,7 @@ class TrackingSink:
                 elif kind == "log" and through is not None and args[0] <= through:
                     pass  # a resumed or retried segment: the backend holds this step already
                 else:
-                    backend.log(*args) if kind == "log" else backend.tag(*args)
+                    getattr(backend, kind)(*args)  # log, tag or end
                     if kind == "log":
                         through = args[0]
                         self.logged += 1
@@ -146,7 +150,7 @@ class TrackingSink:
     def _started(self) -> tuple[TrackingBackend | None, int | None]:
         try:
             backend = self._open()
-            backend.start(self._params())
+            backend.start(self._params)
             through = backend.logged_through()
         except Exception as error:  # noqa: BLE001 - an outage at start: every item is counted as not logged
             self._fail("the run's record", error)
@@ -154,7 +158,9 @@ class TrackingSink:
         return (None, None) if self._abandoned.is_set() else (backend, through)
 
 
-def tracking_sink_for(planned: PlannedRun, warn: Callable[[str], None]) -> TrackingSink | None:
+def tracking_sink_for(
+    planned: PlannedRun, warn: Callable[[str], None], close_timeout_s: float = 30.0
+) -> TrackingSink | None:
     """The run's sink, or None where tracking.backend is "none"."""
     tracking = planned.tracking
     if tracking.backend == "none":
@@ -169,7 +175,19 @@ def tracking_sink_for(planned: PlannedRun, warn: Callable[[str], None]) -> Track
         return read_plan(Path(planned.run_dir)).run_config().model_dump(mode="json")
 
     uri, experiment, backend = tracking.uri, tracking.experiment, tracking.backend
-    return TrackingSink(lambda: open_backend(backend, uri, experiment, planned.run_id), params, warn)
+    return TrackingSink(lambda: open_backend(backend, uri, experiment, planned.run_id), params, warn, close_timeout_s)
+
+
+def end_tracked_run(planned: PlannedRun, status: RunEnd, warn: Callable[[str], None], timeout_s: float = 30.0) -> int:
+    """Mark the run's record FINISHED, FAILED or KILLED as the flow run ends; returns the failures (0 or 1).
+
+    MLflow shows a record RUNNING until this: without it every run looked alive forever. A resumed run's record
+    is marked RUNNING again when its first sink opens it (`TrackingBackend.start`)."""
+    sink = tracking_sink_for(planned, warn, close_timeout_s=timeout_s)
+    if sink is None:
+        return 0
+    sink.end(status)
+    return sink.close()
 
 
 def tag_checkpoint(planned: PlannedRun, url: str, warn: Callable[[str], None]) -> int:

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .backend import TrackingBackend, flat_params
 
 
 class TensorBoardBackend(TrackingBackend):
-    def start(self, params: Mapping[str, object]) -> None:
+    def start(self, params: Callable[[], Mapping[str, object]]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(self.uri) / self.run_id
         first = not self.log_dir.exists()
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
         if first:
-            self.writer.add_text("params", f"```\n{json.dumps(flat_params(params), indent=1)}\n```", global_step=0)
+            self.writer.add_text("params", f"```\n{json.dumps(flat_params(params()), indent=1)}\n```", global_step=0)
 
     def logged_through(self) -> int | None:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

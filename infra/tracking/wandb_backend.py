@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .backend import TrackingBackend
@@ -21,7 +21,7 @@ class WandbBackend(TrackingBackend):
     def marker(self) -> Path:
         return Path(self.uri) / f"rankflow-{self.run_id}.json"
 
-    def start(self, params: Mapping[str, object]) -> None:
+    def start(self, params: Callable[[], Mapping[str, object]]) -> None:
         import wandb
 
         Path(self.uri).mkdir(parents=True, exist_ok=True)
@@ -32,7 +32,7 @@ class WandbBackend(TrackingBackend):
             dir=self.uri,
             mode=os.environ.get("WANDB_MODE", "offline"),  # pyright: ignore[reportArgumentType] - no network unless asked
             resume="allow",
-            config=dict(params),
+            config=dict(params()),
             settings=wandb.Settings(console="off", silent=True),
         )
 

@@ -9,6 +9,7 @@ segment past the sink's bound.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,74 @@ def test_a_sink_given_up_on_logs_nothing_more_when_its_server_answers_late(tmp_p
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("rankflow-test").experiment_id])
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [0, 1, 1, 2, 3, 4]
+
+
+def _mlflow_record(uri: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("rankflow-test").experiment_id])
+    return run.info
+
+
+def test_an_mlflow_record_ends_with_the_runs_status_and_runs_again_when_resumed(tmp_path):
+    """MLflow's own status of the record: FAILED once the run failed, RUNNING again while a resumed run trains
+    (its first sink reopens the record), FINISHED once it completed; the end time is set at each end."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    warnings: list[str] = []
+    first = sink_for("mlflow", uri, warnings)
+    first([step_record(s) for s in range(3)])
+    assert first.close() == 0 and _mlflow_record(uri).status == "RUNNING"
+    ending = sink_for("mlflow", uri, warnings)
+    ending.end("FAILED")
+    assert ending.close() == 0
+    failed = _mlflow_record(uri)
+    assert (failed.status, failed.end_time is not None) == ("FAILED", True)
+    resumed = sink_for("mlflow", uri, warnings)
+    resumed([step_record(s) for s in range(2, 6)])
+    assert resumed.close() == 0 and resumed.logged == 3
+    assert _mlflow_record(uri).status == "RUNNING"
+    ending = sink_for("mlflow", uri, warnings)
+    ending.end("FINISHED")
+    assert ending.close() == 0 and warnings == []
+    finished = _mlflow_record(uri)
+    assert finished.status == "FINISHED" and finished.end_time >= failed.end_time
+
+
+def _tracked_planned(tmp_path: Path, config):
+    from tasks.outcomes import PlannedRun
+    from trainer_core.config import TrackingSection
+
+    return PlannedRun(
+        run_id=RUN_ID,
+        digest="d" * 64,
+        run_dir=str(tmp_path / "run"),
+        segment_steps=[(0, 3)],
+        storage=config.storage,
+        tracking=TrackingSection(
+            backend="mlflow", uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="rankflow-test"
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("raised", "status"), [(None, "FINISHED"), (KeyboardInterrupt, "KILLED"), (ConnectionError, "FAILED")]
+)
+def test_the_flow_ends_the_runs_record_as_the_run_ended(tmp_path, tiny_config, raised, status):
+    """The flow's way out (`RunRecord.failures_reported`) sets the record's terminal status: completed, stopped
+    (Ctrl-C) or failed; the record was made by a segment's sink, as in a run."""
+    from flows.run_record import RunFailed, RunRecord
+
+    planned = _tracked_planned(tmp_path, tiny_config)
+    uri = planned.tracking.uri
+    assert uri is not None
+    segment = sink_for("mlflow", uri, [])
+    segment([step_record(0)])
+    assert segment.close() == 0 and _mlflow_record(uri).status == "RUNNING"
+    run = RunRecord(tiny_config)
+    with pytest.raises(RunFailed if raised is ConnectionError else KeyboardInterrupt) if raised else nullcontext():
+        with run.failures_reported():
+            run.planned(planned)
+            if raised is not None:
+                raise raised("stopped in a segment")
+    assert _mlflow_record(uri).status == status

@@ -221,6 +221,7 @@ def test_failed_segment_is_retried_and_resumes_bitwise(prefect_harness, local_ru
     assert [m.value for m in evaluated] == pytest.approx(list(result["eval_losses"].values()), rel=1e-6)
     assert tracked.data.params["train.steps"] == str(config.train.steps)
     assert tracked.data.tags["checkpoint_url"] == result["checkpoint_url"]
+    assert tracked.info.status == "FINISHED"  # the run ended (issue 31): no record stays RUNNING
 
 
 def test_bad_data_exits_2_and_writes_nothing(prefect_harness, tmp_path, capsys):
