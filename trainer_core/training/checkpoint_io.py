@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 from trainer_core.safetensors_read import Layouts, check_safetensors, only_reader_on_this_node, read_safetensors
 from trainer_core.safetensors_write import write_safetensors
 
+from .adapter_config import save_adapter_config
 from .checkpoints import Checkpoint
 from .hf_weights import save_hf_model
 from .optimizer_tensors import check_optimizer_metadata, optimizer_from_tensors, optimizer_to_tensors
@@ -168,7 +169,7 @@ def export_checkpoint_module(trainer, name: str, directory: Path) -> list[str]:
             {f"base_model.model.{k}": v.contiguous() for k, v in state.items()},
             str(directory / "adapter_model.safetensors"),
         )
-        checkpoint.adapter_config.save_pretrained(str(directory))
+        save_adapter_config(checkpoint.adapter_config, directory)
     else:
         save_file(
             {k: v.contiguous() for k, v in checkpoint.owner.state_dict().items()}, str(directory / "model.safetensors")

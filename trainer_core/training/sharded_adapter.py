@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
+from .adapter_config import save_adapter_config
 from .export_plan import Entry, ExportPlan
 from .sharded_export import _agree, _rank_group, _verify
 from .sharding import ShardedModel
@@ -87,7 +88,7 @@ def export_sharded_adapter(
     if rank == 0:
         try:
             save_file(whole, str(directory / ADAPTER_FILE))
-            adapter_config.save_pretrained(str(directory))
+            save_adapter_config(adapter_config, directory)
         except OSError as failed:
             error = f"{type(failed).__name__}: {failed}"
     del whole
