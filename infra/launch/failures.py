@@ -189,8 +189,8 @@ class Failure:
         return f"{attempt}not retried: {why}; {self.cause.fix}"
 
     def headline(self) -> str:
-        where = f"rank {self.rank}" if self.rank is not None else "no single rank"
-        return f"{self.stage} failed on {where}: {self.cause.value} ({self.detail}); {self.verdict()}"
+        where = f" on rank {self.rank}" if self.rank is not None else ""  # a whole launch (a timeout) has no rank
+        return f"{self.stage} failed{where}: {self.cause.value} ({self.detail}); {self.verdict()}"
 
     def to_dict(self) -> dict:
         figures = asdict(self)
@@ -282,8 +282,23 @@ def _waiting_in_collective(lines: tuple[str, ...]) -> bool:
     return any("torch/distributed/" in line for line in lines)
 
 
-def diagnose_launch(result, stage: str | None = None) -> Failure:
-    """Name the first failing rank of a failed launch (an `infra.launch.launcher.LaunchResult`) and the cause."""
+TIMEOUT_KEYS = {"segment": "train.segment_timeout_s", "export": "export.timeout_s"}
+"""The config key that limits each stage's launch: a timeout names it, and how to raise it."""
+
+
+def timeout_detail(stage: str, timeout_s: float | None) -> str:
+    """What a launch that ran past its limit says: the key that set the limit and how to raise it."""
+    key = TIMEOUT_KEYS.get(stage)
+    if key is None:
+        return "the launch ran past its wall-clock limit"
+    limit = f" = {timeout_s:g} s" if timeout_s is not None else ""
+    return f"the launch ran past {key}{limit}: raise it in the config, or with --set {key}=SECONDS"
+
+
+def diagnose_launch(result, stage: str | None = None, timeout_s: float | None = None) -> Failure:
+    """Name the first failing rank of a failed launch (an `infra.launch.launcher.LaunchResult`) and the cause.
+
+    `timeout_s` is the launch's wall-clock limit, named with its config key when the launch ran past it."""
     stage = stage or "launch"
 
     def failure(cause: FailureClass, rank: int | None, detail: str) -> Failure:
@@ -298,7 +313,7 @@ def diagnose_launch(result, stage: str | None = None) -> Failure:
         rank = stuck[0] if len(stuck) < len(result.rank_tails) and stuck else None
         return failure(FailureClass.RANK_STALLED, rank, f"{result.stalled}; stacks are in the ranks' logs")
     if result.timed_out:
-        return failure(FailureClass.LAUNCH_TIMEOUT, None, "the launch ran past its wall-clock limit")
+        return failure(FailureClass.LAUNCH_TIMEOUT, None, timeout_detail(stage, timeout_s))
     # A rank that recorded an error told its own story; a rank killed without one did not choose to fail.
     recorded = {r["rank"] for r in result.error_records}
     signalled = {r: c for r, c in result.rank_exits.items() if c < 0 and r not in recorded}

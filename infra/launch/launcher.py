@@ -353,16 +353,17 @@ def _end_launch(process: subprocess.Popen) -> tuple[int, ...]:
 
 def launch_or_raise(module: str, args: list[str], *, stage: str = "launch", **kwargs) -> LaunchResult:
     """Launch; a failure raises LaunchError carrying the result and the diagnosis (`infra.launch.failures`)."""
-    from infra.launch.failures import diagnose_launch
+    from infra.launch.failures import TIMEOUT_KEYS, diagnose_launch
 
     result = launch(module, args, **kwargs)
     if result.returncode == 0 and not result.timed_out and not result.stalled:
         return result
-    failure = diagnose_launch(result, stage)
+    failure = diagnose_launch(result, stage, kwargs.get("timeout_s"))
     if result.timed_out:
+        key = TIMEOUT_KEYS.get(stage, "the stage's timeout")
         message = (
             f"{module} ran past its {kwargs.get('timeout_s')} s limit and was killed; "
-            "raise the stage's timeout or look at the last lines:\n"
+            f"raise {key} or look at the last lines:\n"
         )
     elif result.stalled:
         message = f"{module} was killed by the stall watchdog: {result.stalled}\n"

@@ -22,7 +22,7 @@ __all__ = ["NODE_QUEUE", "NodeFailed", "failure_from_message", "new_attempt", "n
 NODE_QUEUE = "node-{node_rank}"
 """The work queue node K's flow run goes to; start each node's worker with `--work-queue node-K`."""
 
-_HEADLINE = re.compile(r"(\w+) failed on (?:rank (\d+)|no single rank): (\w+) \((.*?)\); ")
+_HEADLINE = re.compile(r"(\w+) failed(?: on rank (\d+))?: (\w+) \((.*?)\); ")
 
 
 class NodeFailed(RuntimeError):

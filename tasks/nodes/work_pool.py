@@ -152,7 +152,13 @@ def launch_deployed_nodes(
                     raise NodeFailed(
                         f"the node runs of segment {segment_index} did not finish within "
                         f"train.segment_timeout_s + {START_GRACE_S:g} s",
-                        Failure("segment", FailureClass.LAUNCH_TIMEOUT, None, "node runs never finished"),
+                        Failure(
+                            "segment",
+                            FailureClass.LAUNCH_TIMEOUT,
+                            None,
+                            f"node runs never finished within train.segment_timeout_s + {START_GRACE_S:g} s: raise "
+                            "train.segment_timeout_s in the config, or with --set train.segment_timeout_s=SECONDS",
+                        ),
                     )
                 tick()
                 time.sleep(POLL_S)

@@ -128,6 +128,7 @@ def test_the_export_launch_has_its_own_timeout(tmp_path):
     with pytest.raises(LaunchError, match="ran past its 1.5 s limit") as raised:
         export_segment_fn(planned, 0, on_line=lambda _: None)
     assert raised.value.failure.cause is FailureClass.LAUNCH_TIMEOUT and time.monotonic() - started < 30
+    assert "export failed: launch_timeout" in str(raised.value) and "--set export.timeout_s=" in str(raised.value)
     assert launch_processes(Path(planned.run_dir)) == []
 
 
