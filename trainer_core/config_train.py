@@ -31,7 +31,7 @@ class TrainSection(_Section):
     """AdamW's epsilon."""
     warmup_steps: int = Field(default=0, ge=0)
     """Linear warm-up from 0: step s (0-based) of the first warmup_steps trains at learning_rate × s / warmup_steps,
-    as transformers' schedulers do."""
+    as transformers' schedulers do. At most `steps`."""
     lr_schedule: Literal[SCHEDULE_KINDS] = "constant"  # pyright: ignore[reportInvalidTypeForm]
     """After the warm-up: `constant`, or a `linear` or `cosine` decay toward learning_rate × min_lr_ratio, reached at
     step `steps` (one past the last step trained, so the last step's rate is a little above it); transformers'
@@ -127,6 +127,18 @@ class TrainSection(_Section):
             raise ValueError(
                 f"train.min_lr_ratio={self.min_lr_ratio} is where a decay ends, and train.lr_schedule is 'constant'; "
                 "set lr_schedule = 'linear' or 'cosine', or remove min_lr_ratio"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _warmup_within_steps(self) -> "TrainSection":
+        if self.warmup_steps > self.steps:
+            # The schedule would still be transformers' (rate s / warmup_steps), but the run would end inside its
+            # warm-up and never train at learning_rate: a warm-up meant in steps of another run, or steps cut.
+            raise ValueError(
+                f"train.warmup_steps={self.warmup_steps} is more than train.steps={self.steps}: the run would end "
+                f"inside its warm-up, never reaching learning_rate; set warmup_steps to at most {self.steps} "
+                "(a few percent of steps is usual), or raise steps"
             )
         return self
 

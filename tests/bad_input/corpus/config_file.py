@@ -206,6 +206,13 @@ CASES: list[Case] = [
         config={"train": {"min_lr_ratio": 0.1}},
     ),
     Case(
+        "warmup_past_the_last_step",
+        "config-value",
+        r"train\.warmup_steps=5 is more than train\.steps=4: the run would end inside its warm-up",
+        r"set warmup_steps to at most 4 .*, or raise steps",
+        config={"train": {"steps": 4, "warmup_steps": 5}},
+    ),
+    Case(
         "min_lr_ratio_above_one",
         "config-value",
         r"  train\.min_lr_ratio: must be <= 1 \(got 2\.0\)",

@@ -37,6 +37,8 @@ def test_the_main_job_commits_the_same_weights_at_one_two_and_four_processes(pre
                 "--set",
                 "train.steps=4",
                 "--set",
+                "train.warmup_steps=2",  # the example's 5 would outlast the run: refused
+                "--set",
                 "train.steps_per_segment=2",
                 "--set",
                 f"run.work_dir={base / 'work'}",

@@ -55,6 +55,8 @@ def _run_capturing(base: Path, *settings: str) -> dict:
                 "--set",
                 "train.steps=2",
                 "--set",
+                "train.warmup_steps=1",  # the example's 5 would outlast the run: refused
+                "--set",
                 "train.steps_per_segment=1",
                 "--set",
                 f"run.work_dir={base / 'work'}",
