@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 from unittest import mock
 
 import torch
+from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
 from torch.distributed.tensor import DTensor
 
 from tests.trainer.models import tiny_qwen3
@@ -258,6 +260,73 @@ def check_fault_inside_backward(rank, world_size, mesh):
         retry_bitwise=all_bitwise(got, expected),
         max_diff=worst(got, expected),
     )
+
+
+FORWARD_FAULTS = ("grad", "no_grad", "replay", "replay_in_backward")
+"""Where the injected error raises: a forward with grad (retain), one under no_grad, one recorded for replay, and
+the replay's re-forward inside backward."""
+
+
+def forward_fault_run(master, mesh, rank: int, world_size: int, fault: str | None) -> dict:
+    """Forward/backward A, then (unless `fault` is None) B raising inside decoder layer 1, every rank; step;
+    forward/backward C; step. What C computed and the run's end, and how B left the trainer."""
+    trainer = sharded_trainer(master, mesh)
+    backward_on(trainer, 1, rank, world_size)
+    found: dict = {}
+    if fault is not None:
+        armed = [fault != "replay_in_backward"]
+
+        def fail(module, inputs, output):
+            if armed[0]:
+                raise RuntimeError("injected inside decoder layer 1")
+
+        live = [g.graph_id for g in trainer.graphs.live()]
+        resident = trainer.resident_bytes()
+        handle = trainer.model.model.layers[1].mlp.register_forward_hook(fail)
+        ids, mask = rank_batch(2, rank)
+        try:
+            with torch.no_grad() if fault == "no_grad" else contextlib.nullcontext():
+                out = trainer.forward(ids, mask, mode="retain" if fault in ("grad", "no_grad") else "replay")
+            armed[0] = True
+            trainer.backward(token_loss(out.logprobs, mask, 2, world_size))
+            found["raised"] = None
+        except RuntimeError as error:
+            found["raised"] = str(error)
+        finally:
+            handle.remove()
+        out = None
+        gc.collect()  # the failed backward's error, in a cycle with its frames, held B's loss (and so its graph)
+        found["resharded"] = all(fp.sharded_state is ShardedState.SHARDED for fp in trainer.sharding.fsdp_params())
+        found["graphs_kept"] = [g.graph_id for g in trainer.graphs.live()] == live
+        found["resident_kept"] = trainer.resident_bytes() == resident
+    trainer.step()
+    ids, mask = rank_batch(3, rank)
+    out = trainer.forward(ids, mask, mode="retain")
+    loss = token_loss(out.logprobs, mask, 3, world_size)
+    trainer.backward(loss)
+    grads = sharded_grads(trainer)
+    trainer.step()
+    return {"found": found, "loss": float(loss).hex(), "grads": grads, "weights": sharded_weights(trainer)}
+
+
+def check_fault_in_forward(rank, world_size, mesh):
+    """A forward that raises inside decoder layer 1 on every rank (with grad, under no_grad, recorded for replay, or
+    in a replay's re-forward inside backward) between a step's backward and the step: every FSDP unit is resharded
+    at once, the trainer holds the graphs it held, and the next forward/backward and step are bitwise those of the
+    run without the failed forward (FSDP left a unit gathered would skip its all-gather: pre-step weights)."""
+    master = tiny_qwen3(vocab=VOCAB)
+    clean = forward_fault_run(master, mesh, rank, world_size, None)
+    cases = {}
+    for fault in FORWARD_FAULTS:
+        run = forward_fault_run(master, mesh, rank, world_size, fault)
+        cases[fault] = {
+            **run["found"],
+            "loss": run["loss"] == clean["loss"],
+            "grads": all_bitwise(run["grads"], clean["grads"]),
+            "weights": all_bitwise(run["weights"], clean["weights"]),
+            "max_diff": worst(run["weights"], clean["weights"]),
+        }
+    emit("fault_in_forward", rank, cases=cases)
 
 
 def check_nonfinite_skip(rank, world_size, mesh):
@@ -529,6 +598,7 @@ def main() -> None:
     check_steps(rank, world_size, mesh, torch.bfloat16, "bf16_clipped", CLIPPED)
     check_fault_after_backward(rank, world_size, mesh)
     check_fault_inside_backward(rank, world_size, mesh)
+    check_fault_in_forward(rank, world_size, mesh)
     check_nonfinite_skip(rank, world_size, mesh)
     check_nonfinite_data(rank, world_size, mesh)
     check_modes(rank, world_size, mesh)

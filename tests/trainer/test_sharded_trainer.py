@@ -149,3 +149,16 @@ def test_a_fault_inside_backward_recovers_fsdp_and_the_next_backward_is_bitwise(
         assert result["raised"] and "injected inside backward" in result["raised"], result
         assert result["unchanged"] and result["resharded"], result
         assert result["retry_bitwise"], result
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_forward_that_raises_leaves_every_unit_resharded_and_the_run_as_without_it(runs, world_size):
+    """A forward raising inside decoder layer 1 (with grad, under no_grad, recorded for replay, or in a replay's
+    re-forward): reference, the same run without that forward. Left gathered, the unit's next forward would skip
+    its all-gather and run at the weights of before the step (the loss off by 1e-2, every weight wrong after)."""
+    for result in each_rank(runs, world_size, "fault_in_forward"):
+        assert sorted(result["cases"]) == sorted(["grad", "no_grad", "replay", "replay_in_backward"]), result
+        for fault, found in result["cases"].items():
+            assert found["raised"] and "injected inside decoder layer 1" in found["raised"], (fault, found)
+            assert found["resharded"] and found["graphs_kept"] and found["resident_kept"], (fault, found)
+            assert found["loss"] and found["grads"] and found["weights"], (fault, found)

@@ -173,7 +173,9 @@ class Trainer(CheckpointRegistry):
             raise ValueError(f"mode={mode!r}; choose one of {tuple(BACKWARD_STATES)} or None for the planner")
         versions = self._versions_for(call.adapter)
         if not torch.is_grad_enabled():
-            return self._managed(self._run(call), None, versions)
+            with self._resharded_on_error():
+                values = self._run(call)
+            return self._managed(values, None, versions)
         self._expire_graphs()
         shape = _graph_shape(call)
         decision = None
@@ -188,7 +190,8 @@ class Trainer(CheckpointRegistry):
                 stale_input_bytes=call.nbytes if self.staleness.records_stale_replays else 0,
             )
             mode, offload_target = decision.mode, decision.offload_target or offload_target
-        state, values, stale_replay = self._record(BACKWARD_STATES[mode], call, shape, offload_target)
+        with self._resharded_on_error():
+            state, values, stale_replay = self._record(BACKWARD_STATES[mode], call, shape, offload_target)
         weights: dict[str, Mapping[str, torch.Tensor]] = (
             {name: self.checkpoints[name].parameters() for name in versions} if self.staleness.keeps_weights() else {}
         )
@@ -203,6 +206,17 @@ class Trainer(CheckpointRegistry):
         if decision is not None:
             self.planner.settle(decision, resident)
         return managed
+
+    @contextlib.contextmanager
+    def _resharded_on_error(self):
+        """Whatever a forward raises, a sharded model is left as before it: FSDP's units the forward had gathered
+        are resharded (left gathered, the next forward would skip its all-gather and run at their old values)."""
+        try:
+            yield
+        except BaseException:
+            if self.sharding is not None:
+                recover_after_failed_pass(self.sharding)
+            raise
 
     def _run(self, call: ForwardCall, topk_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         self.activate_adapter(call.adapter)
