@@ -1,23 +1,30 @@
-"""`rankflow run` as a user runs it: a failed run is one clean line, and the command ends right after its last line.
+"""`rankflow run` as a user runs it: a failed run is one clean line, and the command ends right after its last line;
+Ctrl-C mid-segment is one line, the result line and exit 130, and the same command then resumes the run.
 
 One real `rankflow` process (console script, its own temporary Prefect
 server, a torchrun launch of two gloo ranks) on a tiny config whose segment
 fails on rank 1 with a code error (not retried). The references are the
 process itself — its exit status, what it printed, when it exited, and what a
 child subreaper (tests/cli/watch_exit.py) finds still running after it — and
-the run's own ledger and log files.
+the run's own ledger and log files. The interrupted run (its own tiny
+config) gets SIGINT at its process group, as a terminal's Ctrl-C sends it,
+while a rank hangs inside its second segment.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.cli.watched_run import watched_rankflow_run
+from tests.cli.watched_run import started_rankflow_run, watched_rankflow_run
 from tests.conftest import tiny_tree
+from tests.processes import descendants, pid_alive
 from trainer_core.run.faults import FAULT_ENV, FAULT_KIND_ENV
 
 EXIT_WITHIN_S = 2.0
@@ -67,3 +74,58 @@ def test_the_command_exits_right_after_its_last_line_and_leaves_no_process(faile
     assert failed_run["exit_after_last_stdout_s"] is not None
     assert failed_run["exit_after_last_stdout_s"] <= EXIT_WITHIN_S, failed_run["exit_after_last_stdout_s"]
     assert failed_run["left_behind"] == []  # not the temporary Prefect server, not a rank, not torchrun
+
+
+def _wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} after {timeout_s} s")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def interrupted_then_resumed(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("interrupted-run")
+    tree = tiny_tree(root, train={"steps": 4, "steps_per_segment": 2, "global_batch_size": 4})
+    hung = root / "rank-0-hangs"
+    env = {FAULT_ENV: f"3:0:{hung}", FAULT_KIND_ENV: "hang"}  # once: inside the second segment, at step 3
+    process = started_rankflow_run(root, tree, env, root / "interrupted")
+    try:
+        _wait_for(lambda: hung.exists() or process.poll() is not None, 600, "the second segment never started")
+        assert process.poll() is None, (root / "interrupted.err").read_text()[-3000:]
+        family = descendants(process.pid)  # torchrun, its ranks, the temporary Prefect server
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C at the terminal
+        returncode = process.wait(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    _wait_for(lambda: not any(pid_alive(pid) for pid in family), 60, f"processes of {family} outlived the command")
+    interrupted = {
+        "returncode": returncode,
+        "stdout": (root / "interrupted.out").read_text(),
+        "stderr": (root / "interrupted.err").read_text(),
+    }
+    return {"root": root, "tree": tree, "interrupted": interrupted, "rerun": watched_rankflow_run(root, tree, env)}
+
+
+def test_ctrl_c_mid_segment_is_one_line_a_result_line_and_exit_130(interrupted_then_resumed):
+    interrupted = interrupted_then_resumed["interrupted"]
+    stderr = interrupted["stderr"]
+    assert interrupted["returncode"] == 130, stderr[-3000:]  # not killed by SIGINT (-2): the command's own exit
+    assert "Traceback" not in stderr and not re.search(r'^\s*File "', stderr, re.MULTILINE), stderr[-4000:]
+    ours = [line for line in stderr.splitlines() if line.startswith("rankflow: ")]
+    assert len(ours) == 1 and stderr.rstrip("\n").splitlines()[-1] == ours[0], stderr[-3000:]
+    assert ours[0].startswith("rankflow: interrupted (Ctrl-C)") and "run the same command again" in ours[0]
+    summary = json.loads(interrupted["stdout"].strip().splitlines()[-1])
+    assert summary["status"] == "interrupted" and summary["checkpoint_url"] is None
+
+
+def test_the_same_command_resumes_an_interrupted_run(interrupted_then_resumed):
+    rerun = interrupted_then_resumed["rerun"]
+    assert rerun["returncode"] == 0, rerun["stderr"][-3000:]
+    summary = json.loads(rerun["stdout"].strip().splitlines()[-1])
+    assert (summary["status"], summary["steps"], len(summary["losses"])) == ("completed", 4, 4)
+    assert (summary["segments_reused"], summary["segments_trained"]) == (1, 1)  # the first segment was not redone
+    assert rerun["left_behind"] == []
