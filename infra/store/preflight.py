@@ -99,6 +99,25 @@ def check_endpoint_setting(url: str) -> None:
         )
 
 
+def check_credentials_setting(url: str) -> None:
+    """Raise StoreSettingError when only half of an S3 key pair is in the environment, naming the half missing.
+
+    botocore would sign with an empty secret and the server answer SignatureDoesNotMatch, which reads as a wrong
+    key; a secret without its key id would be passed over for other credentials, or none."""
+    if not url.startswith("s3://"):
+        return
+    key_id, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if bool(key_id) == bool(secret):
+        return
+    given, missing = (
+        ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if key_id else ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID")
+    )
+    raise StoreSettingError(
+        f"{missing} is not set, but {given} is (the credentials of storage.url={url!r}): set {missing} too, "
+        f"or unset {given} to use AWS_PROFILE or the instance's role"
+    )
+
+
 def _scrub(text: str) -> str:
     for variable in ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN"):
         value = os.environ.get(variable)
@@ -125,6 +144,7 @@ def check_store_writable(url: str, connect_timeout_s: float = 5.0) -> dict:
     """
     started = time.perf_counter()
     check_endpoint_setting(url)
+    check_credentials_setting(url)
     try:
         store = _probe_store(url, connect_timeout_s)
     except Exception as error:  # noqa: BLE001 - a client that cannot even be made is classified like a failed probe

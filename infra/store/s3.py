@@ -36,7 +36,7 @@ from .base import (
     storage_errors,
 )
 from .conditional import is_precondition_failure, put_conditional
-from .preflight import probe_round_trip
+from .preflight import check_credentials_setting, probe_round_trip
 from .s3_uploads import server_verifies_checksums, upload_s3
 from .uploads import CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_KEY, RemoteObject, UploadJob
 
@@ -118,6 +118,7 @@ class S3Store(StoreLocation):
 
     @classmethod
     def open(cls, url: str, timeouts: StoreTimeouts) -> "S3Store":
+        check_credentials_setting(url)  # half a key pair is refused by name before any request is signed
         return cls(
             fs=bounded_s3_filesystem(timeouts), root=url.removeprefix("s3://").rstrip("/"), url=url, timeouts=timeouts
         )

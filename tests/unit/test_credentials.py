@@ -46,3 +46,25 @@ def test_missing_credentials_are_bad_input_even_wrapped_as_a_connection_error(tm
         assert classify_exception(raised) is FailureClass.BAD_INPUT
         assert not retry_if_retriable(None, None, _State(raised))
     assert classify_exception(ConnectionError("a real outage")) is FailureClass.STORAGE_OUTAGE
+
+
+@pytest.mark.parametrize(
+    ("given", "missing"),
+    [("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"), ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID")],
+)
+def test_half_a_key_pair_is_bad_input_naming_the_missing_variable(monkeypatch, given, missing):
+    """Botocore signs with an empty secret and the server answers SignatureDoesNotMatch ("a wrong key"): the
+    store refuses to open first, naming the variable that is missing and never the value that is set."""
+    from infra.store import open_store
+    from infra.store.preflight import StoreSettingError, check_store_writable
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(given, "AKIAIOSFODNN7EXAMPLE")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: no request may be needed
+    for check in (lambda: open_store("s3://rankflow/runs"), lambda: check_store_writable("s3://rankflow/runs")):
+        with pytest.raises(StoreSettingError) as raised:
+            check()
+        message = str(raised.value)
+        assert message.startswith(f"{missing} is not set, but {given} is") and f"set {missing} too" in message
+        assert "AKIAIOSFODNN7EXAMPLE" not in message and classify_exception(raised.value) is FailureClass.BAD_INPUT

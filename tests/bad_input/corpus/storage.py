@@ -71,6 +71,14 @@ CASES: list[Case] = [
         config={"storage": {"url": "s3://rankflow/runs"}},
         env={**NO_CREDENTIALS, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
     ),
+    Case(  # issue 31: half a key pair was reported as a signature mismatch (a wrong key)
+        "s3_secret_missing",
+        "storage",
+        r"AWS_SECRET_ACCESS_KEY is not set, but AWS_ACCESS_KEY_ID is \(the credentials of storage\.url='s3://rankflow/runs'\)",
+        r"set AWS_SECRET_ACCESS_KEY too",
+        config={"storage": {"url": "s3://rankflow/runs"}},
+        env={**NO_CREDENTIALS, "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
+    ),
     Case(
         "s3_endpoint_not_a_url",
         "storage",
