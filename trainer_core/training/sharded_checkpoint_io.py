@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
 from .checkpoints import Checkpoint
+from .dcp_checked_read import CheckedReader, PlainValuesPlanner, stored_metadata
 from .dcp_direct_write import direct_writer
 
 __all__ = ["DCP_DIR", "is_sharded", "missing_shard_files", "restore_sharded_checkpoint", "save_sharded_checkpoint"]
@@ -72,13 +73,12 @@ def save_sharded_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
 
 
 def missing_shard_files(directory: Path) -> list[str]:
-    """The shard files the checkpoint's DCP metadata names that are not in `directory` (written on another machine)."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    """The shard files the checkpoint's DCP metadata names that are not in `directory` (written on another machine).
 
+    The names are checked before any is looked at (`dcp_checked_read`: plain file names; a link is no file)."""
     dcp_dir = directory / DCP_DIR
-    storage = FileSystemReader(str(dcp_dir)).read_metadata().storage_data or {}
-    names = {info.relative_path for info in storage.values()}
-    return sorted(name for name in names if not (dcp_dir / name).is_file())
+    names = {info.relative_path for info in stored_metadata(dcp_dir).storage_data.values()}
+    return sorted(name for name in names if not (dcp_dir / name).is_file() or (dcp_dir / name).is_symlink())
 
 
 def restore_sharded_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_optimizer: bool = True) -> None:
@@ -88,7 +88,8 @@ def restore_sharded_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_
     `with_optimizer=False` only the weights and revision are read: the optimizer keeps whatever state it has (as
     `checkpoint_io.restore_checkpoint` does; for an export, which never steps). Damaged or missing files raise
     ValueError naming the directory. DCP checks sizes, not contents: a flipped byte is caught by the run-state
-    bundle's sha256, which every download verifies.
+    bundle's sha256, which every download verifies. What the files name is checked before it is read: a shard
+    file outside `dcp/`, or a metadata pickle that names anything but DCP's types, raises ValueError too.
     """
     meta = json.loads((directory / VERSION_FILE).read_text())
     if meta.get("format") != "dcp":
@@ -113,9 +114,14 @@ def restore_sharded_checkpoint(checkpoint: Checkpoint, directory: Path, *, with_
     if with_optimizer:
         # Materialises the AdamW state tensors (a zero-learning-rate step) so DCP has targets to load into.
         state["optimizer"] = get_optimizer_state_dict(checkpoint.owner, checkpoint.optimizer)
+    # Nothing the stored files name is trusted: the metadata is unpickled safely and every shard file it names
+    # checked (a plain file name in dcp/, holding its bytes) before any is opened (dcp_checked_read.py).
+    reader = CheckedReader(directory / DCP_DIR)
     try:
-        dcp_load(state, checkpoint_id=str(directory / DCP_DIR))
+        dcp_load(state, storage_reader=reader, planner=PlainValuesPlanner())
     except CheckpointException as failed:  # a BaseException: callers' `except Exception` would miss it
+        if reader.refusal is not None:  # this rank's own check refused the state: its message says why
+            raise reader.refusal from None
         first = str(failed).strip().splitlines()[0] if str(failed).strip() else type(failed).__name__
         raise ValueError(
             f"the sharded state in {directory} cannot be read ({first[:200]}); its files are damaged or "
