@@ -40,7 +40,7 @@ from ._logging import rank_line_logger
 from .failure_report import reports_failures
 from .fencing import fence, fenced_monitor
 from .outcomes import ExportOutcome, PlannedRun
-from .retry_policy import retry_unless_fenced
+from .retry_policy import retry_unless_fenced, rides_out_outages
 from .run_state import fetch_plan_file, fetch_segment_state
 from .watchdog import ProgressWatch
 
@@ -144,5 +144,6 @@ def export_segment_fn(planned: PlannedRun, segment_index: int, on_line=print) ->
     cache_policy=NO_CACHE,
 )
 @reports_failures("export")
+@rides_out_outages("export")
 def export_segment(planned: PlannedRun, segment_index: int) -> ExportOutcome:
     return export_segment_fn(planned, segment_index, on_line=rank_line_logger())

@@ -9,12 +9,18 @@ the lease token into the finalizer (`fenced_settings`), which
 checks it again right before each manifest, LATEST and journal write and after
 each data file. A `PlannedRun` without a lease token (stages driven directly,
 outside the flow) is not fenced.
+
+A launch's fence rides out a storage outage (`tasks.retry_policy.OutageBackoff`):
+a check that cannot read the lease leaves the launch running and is tried
+again, less often as the outage goes on, and only an outage past the budget
+(5 minutes) ends the launch; a takeover seen once the store answers again
+still ends it at once.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from infra.publication.finalizer import FinalizerSettings
@@ -22,6 +28,7 @@ from infra.runs.run_lease import check_run_lease
 from infra.store import open_store
 
 from .outcomes import PlannedRun
+from .retry_policy import OUTAGE_BACKOFF, OutageBackoff, is_storage_outage, outage_warning, warning_to_this_run
 
 if TYPE_CHECKING:
     from infra.publication.commit import PublishSettings
@@ -53,15 +60,43 @@ def fenced_monitor(
     monitor: Callable[[], str | None] | None,
     every_s: float = FENCE_EVERY_S,
     clock: Callable[[], float] = time.monotonic,
+    backoff: OutageBackoff | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Callable[[], str | None]:
-    """`monitor`, plus a lease check every `every_s`: a lost lease raises RunLeaseLost, which ends the launch."""
+    """`monitor`, plus a lease check every `every_s`: a lost lease raises RunLeaseLost, which ends the launch.
+
+    A check the store cannot answer is tried again after `backoff`'s growing pauses (measured on `clock`); the
+    launch ends on the outage only once it has lasted `backoff.budget_s`.
+    """
+    backoff = backoff or OUTAGE_BACKOFF
+    warn = warn or warning_to_this_run()
     last_check = clock()
+    next_check_s = every_s
+    outage_since: float | None = None
+    pauses: Iterator[float] | None = None
 
     def watch() -> str | None:
-        nonlocal last_check
-        if clock() - last_check >= every_s:
-            last_check = clock()
-            fence(planned, stage)  # raising here kills the launch's process group (infra/launch/launcher.py)
+        nonlocal last_check, next_check_s, outage_since, pauses
+        now = clock()
+        if now - last_check >= next_check_s:
+            last_check = now
+            try:
+                fence(planned, stage)  # raising here kills the launch's process group (infra/launch/launcher.py)
+            except Exception as error:
+                if not is_storage_outage(error):
+                    raise
+                outage_since = now if outage_since is None else outage_since
+                if now - outage_since >= backoff.budget_s:
+                    raise
+                pauses = pauses or backoff.delays()
+                next_check_s = max(every_s, next(pauses))
+                warn(
+                    outage_warning(
+                        f"{stage}: the run lease check", error, next_check_s, now - outage_since, backoff.budget_s
+                    )
+                )
+            else:
+                next_check_s, outage_since, pauses = every_s, None, None
         return monitor() if monitor is not None else None
 
     return watch

@@ -30,7 +30,7 @@ from .export import export_segment_fn
 from .failure_report import reports_failures
 from .fencing import fence, fenced_settings
 from .outcomes import ExportOutcome, PlannedRun
-from .retry_policy import retry_unless_final
+from .retry_policy import retry_unless_final, rides_out_outages
 
 
 class _Recorded(Protocol):
@@ -104,7 +104,7 @@ commit = task(
     retry_delay_seconds=[2, 5, 15],
     retry_condition_fn=retry_unless_final,
     cache_policy=NO_CACHE,
-)(reports_failures("commit")(commit_fn))
+)(reports_failures("commit")(rides_out_outages("commit")(commit_fn)))
 cleanup = task(
     name="cleanup",
     task_run_name="cleanup-step-{exported.step}",
@@ -112,4 +112,4 @@ cleanup = task(
     retry_delay_seconds=[2, 5, 15],
     retry_condition_fn=retry_unless_final,
     cache_policy=NO_CACHE,
-)(reports_failures("cleanup")(cleanup_fn))
+)(reports_failures("cleanup")(rides_out_outages("cleanup")(cleanup_fn)))

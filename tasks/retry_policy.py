@@ -10,14 +10,122 @@ one), even by the publication stages that retry everything else. A stage
 whose finalizer lease alone was taken over (a gc, a stale takeover while this
 run still holds its run lease) is retried: the next try takes the finalizer
 again.
+
+A storage outage is ridden out inside the attempt first: object stores have
+minute-long brownouts (resets, 503s), which Prefect's few short retries of a
+stage (seconds apart) would not outlast. `rides_out_outages` runs a stage's
+function again with a growing pause (2, 4, 8, … capped at 60 s) until the
+outage has lasted `OutageBackoff.budget_s` (5 minutes); only then does the
+outage fail the attempt, and Prefect's retries follow as for any failure. The
+stage functions are idempotent (a retry resumes from what the store and the
+run directory hold), so running one again is what a Prefect retry does too. A
+launch's fence rides it out without stopping the launch (`tasks.fencing`). A
+refusal (HTTP 403, a PermissionError) is no outage: it would be refused again.
 """
 
 from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 from prefect.client.schemas.objects import State, TaskRun
 
 from infra.launch.failures import FailureClass, classify_exception
 from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class OutageBackoff:
+    """How long, and at what pace, a stage tries again through a storage outage before the outage fails it."""
+
+    budget_s: float = 300.0
+    """Seconds of outage (from its first failure) a stage rides out before it fails."""
+    first_delay_s: float = 2.0
+    """The first pause; each next one doubles."""
+    max_delay_s: float = 60.0
+    """The longest pause: a store back after a long outage is seen within this."""
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+    def delays(self) -> Iterator[float]:
+        """The pauses between tries: first_delay_s, doubling, capped at max_delay_s, without end."""
+        delay = self.first_delay_s
+        while True:
+            yield delay
+            delay = min(delay * 2, self.max_delay_s)
+
+
+OUTAGE_BACKOFF = OutageBackoff()
+"""What every stage rides out: 5 minutes of outage."""
+
+
+def is_storage_outage(error: BaseException) -> bool:
+    """Whether `error` is object storage unreachable or failing (a retry later can succeed), not a refusal."""
+    return classify_exception(error) is FailureClass.STORAGE_OUTAGE and not isinstance(error, PermissionError)
+
+
+def outage_warning(what: str, error: BaseException, delay_s: float, lasted_s: float, budget_s: float) -> str:
+    first_line = (str(error).splitlines() or [""])[0][:200]
+    return (
+        f"{what}: object storage outage ({type(error).__name__}: {first_line}); trying again in {delay_s:g} s "
+        f"({lasted_s:.0f} s of up to {budget_s:g} s ridden out)"
+    )
+
+
+def ride_out_outage(
+    call: Callable[[], R], what: str, backoff: OutageBackoff = OUTAGE_BACKOFF, warn: Callable[[str], None] | None = None
+) -> R:
+    """`call()`, tried again through a storage outage until it has lasted `backoff.budget_s`; other errors at once."""
+    warn = warn or warning_to_this_run()
+    outage_since: float | None = None
+    for delay in backoff.delays():
+        try:
+            return call()
+        except Exception as error:
+            if not is_storage_outage(error):
+                raise
+            now = backoff.clock()
+            outage_since = now if outage_since is None else outage_since
+            lasted_s = now - outage_since
+            if lasted_s >= backoff.budget_s:
+                raise
+            warn(outage_warning(what, error, delay, lasted_s, backoff.budget_s))
+            backoff.sleep(delay)
+    raise AssertionError("unreachable: the delays never end")
+
+
+def rides_out_outages(stage: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Wrap a stage's task function so that a storage outage is ridden out (`ride_out_outage`) within one attempt.
+
+    `OUTAGE_BACKOFF` is read when the stage runs, so a test can drive its clock and sleep.
+    """
+
+    def decorate(function: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(function)
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            return ride_out_outage(lambda: function(*args, **kwargs), stage, OUTAGE_BACKOFF)
+
+        return run
+
+    return decorate
+
+
+def warning_to_this_run() -> Callable[[str], None]:
+    """The task run's logger (the Prefect UI) where there is one, Python's logging outside a run."""
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger().warning
+    except Exception:  # noqa: BLE001 - MissingContextError
+        return logging.getLogger("rankflow.retry").warning
+
 
 # Another run of the run id owns the work now: a retry would only be fenced again.
 _FENCED = (RunLeaseLost, RunAlreadyActive)

@@ -41,7 +41,7 @@ from .fencing import fence, fenced_monitor
 from .live import LiveArtifacts, in_prefect_run, publisher_for
 from .nodes import launch_segment_nodes, nodes_move_their_files
 from .outcomes import PlannedRun, SegmentOutcome
-from .retry_policy import retry_if_retriable
+from .retry_policy import retry_if_retriable, rides_out_outages
 from .run_state import fetch_segment_inputs, saved_here, stored_segment_result
 from .watchdog import SegmentWatch
 
@@ -186,6 +186,7 @@ def _run_name() -> str:
     cache_policy=NO_CACHE,
 )
 @reports_failures("segment")
+@rides_out_outages("segment")
 def train_segment(planned: PlannedRun, segment_index: int, live: LiveArtifacts | None = None) -> SegmentOutcome:
     outcome = train_segment_fn(planned, segment_index, on_line=rank_line_logger(), live=live)
     if not outcome.reused:

@@ -36,7 +36,7 @@ from . import upload_hold
 from .failure_report import reports_failures
 from .fencing import fence
 from .outcomes import PlannedRun
-from .retry_policy import retry_unless_fenced
+from .retry_policy import retry_unless_fenced, rides_out_outages
 from .run_state import publish_segment_state, stored_segment_result
 
 
@@ -85,6 +85,7 @@ def _run_name() -> str:
     cache_policy=NO_CACHE,
 )
 @reports_failures("state-upload")
+@rides_out_outages("state-upload")
 def upload_state(planned: PlannedRun, segment_index: int) -> dict:
     return upload_state_fn(planned, segment_index)
 

@@ -19,7 +19,9 @@
 A rank killed by a signal is the first failing rank even when a peer reported
 an error first: the peer's error ("connection closed by peer") is the effect.
 Otherwise the earliest recorded error that is not a lost-peer effect wins.
-Retries resume from the last saved state (see tasks/segment.py). Missing
+Retries resume from the last saved state (see tasks/segment.py). A storage
+outage is first ridden out within the attempt, up to 5 minutes of it, with a
+growing pause (tasks/retry_policy.py): stores have minute-long brownouts. Missing
 S3 credentials (botocore's NoCredentialsError) are bad input: no retry finds
 them.
 

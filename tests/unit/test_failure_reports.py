@@ -16,7 +16,7 @@ from prefect import flow
 
 from flows.run_record import RunFailed, RunRecord
 from infra.runs import ledger
-from tasks import publish
+from tasks import publish, retry_policy
 from tasks.outcomes import ExportOutcome, PlannedRun
 from tests.e2e.flows.prefect_queries import artifacts_of, task_runs_of
 from trainer_core.config import TrainSection
@@ -73,6 +73,8 @@ def test_each_failed_commit_attempt_is_one_ledger_line_and_the_run_names_the_com
         raise ConnectionError(f"object storage at {tiny_config.storage.url} is unreachable (attempt {len(calls)})")
 
     monkeypatch.setattr(publish, "commit_checkpoint", store_never_answers)
+    # Each attempt fails at its first outage: the 5 minutes an attempt rides out are tests/unit/test_lease_outage_retries.py's.
+    monkeypatch.setattr(retry_policy, "OUTAGE_BACKOFF", retry_policy.OutageBackoff(budget_s=0))
     planned = _planned(tiny_config)
     state = failing_commit(tiny_config, planned, _exported(tmp_path), return_state=True)
     assert state.is_failed()
