@@ -35,7 +35,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from trainer_core.run.process_boot import PR_SET_PDEATHSIG
@@ -111,7 +110,8 @@ def _parent_death_signal() -> Callable[[], None] | None:
 
 
 @contextmanager
-def _spawns_tied_to_this_process(server_module: ModuleType) -> Iterator[None]:
+def _spawns_tied_to_this_process(server_module: Any) -> Iterator[None]:
+    """`prefect.server.api.server` (typed Any: its `subprocess` is swapped) spawning through `_TiedSubprocess`."""
     if threading.current_thread() is not threading.main_thread():
         yield  # the signal would follow this thread, not the process: Prefect's own spawn
         return
