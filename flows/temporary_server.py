@@ -47,11 +47,12 @@ LOCK_NAME = ".rankflow-temporary-server.lock"
 
 def start_temporary_server() -> int | None:
     """Start Prefect's temporary server (once per process) and return its pid; None when PREFECT_API_URL names one."""
-    from prefect.server.api import server as server_module
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME
 
     if PREFECT_API_URL.value():
         return None
+    from prefect.server.api import server as server_module
+
     server = server_module.SubprocessASGIServer()
     if not server.running:
         home = Path(PREFECT_HOME.value())
@@ -92,7 +93,8 @@ class _TiedSubprocess:
         return getattr(subprocess, name)
 
     def Popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen[Any]:  # noqa: N802 - subprocess's name
-        return subprocess.Popen(*args, preexec_fn=self._before_exec, start_new_session=True, **kwargs)
+        kwargs.setdefault("start_new_session", True)
+        return subprocess.Popen(*args, preexec_fn=self._before_exec, **kwargs)
 
 
 def _parent_death_signal() -> Callable[[], None] | None:

@@ -2,7 +2,8 @@
 
 `run` prints, as the last line of its standard output, one JSON object
 summarising the run (`_summary`); the exit statuses are those of the command
-line (`flows.cli.parser`'s docstring). Once the inputs and the store have
+line (`flows.cli.parser`'s docstring), and 130 after a Ctrl-C (`_interrupted`:
+one line and the result line, `"status": "interrupted"`). Once the inputs and the store have
 passed, before Prefect starts and the first segment launches, it writes the
 memory model's per-rank table to standard error (`print_memory`; a run that
 cannot fit was refused by `validate_inputs`). Prefect is imported only then,
