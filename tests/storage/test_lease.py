@@ -116,3 +116,46 @@ def test_an_unreadable_lease_object_is_taken_over(store_url):
     store.fs.pipe_file(path, b"{ not a lease")
     with Lease.for_run(store, "lease-run", "run").hold(wait_s=1) as held:
         assert json.loads(store.fs.cat_file(path))["token"] == held.record.token
+
+
+@pytest.mark.s3
+def test_a_fence_rides_out_a_minute_of_503s_from_the_real_server(proxy, s3_bucket_url):
+    """SeaweedFS, behind a proxy answering 503 SlowDown to every read of the run lease for 60 s (issue 31, item 9).
+
+    The 60 s pass on a fake clock that the fence's pauses advance, so the test
+    waits for none of them; the errors are the server's, through s3fs. One
+    request per try (botocore's own pauses would be real ones). Before: the
+    first 503 failed the stage.
+    """
+    from infra.runs.run_lease import acquire_run_lease, check_run_lease
+    from infra.store.base import StoreTimeouts
+    from tasks.retry_policy import OutageBackoff, ride_out_outage
+
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    store = open_store(s3_bucket_url, StoreTimeouts(connect_s=5.0, read_s=10.0, max_attempts=1))
+    lease = acquire_run_lease(store, "outage-run", ttl_s=3600, wait_s=0)
+    lease.stop_heartbeat()
+    assert lease.record is not None
+    token, lines = lease.record.token, []
+    proxy.answer_error(
+        lambda request: request.method == "GET" and request.path.endswith("/leases/run.json") and now[0] < 60,
+        status=503,
+        code="SlowDown",
+        times=100,
+    )
+    try:
+        ride_out_outage(
+            lambda: check_run_lease(store, "outage-run", token, "segment 1"),
+            "segment 1",
+            OutageBackoff(sleep=sleep, clock=lambda: now[0]),
+            warn=lines.append,
+        )
+        refused = [action for action, _ in proxy.applied]
+        assert now[0] >= 60 and refused == ["error"] * len(refused) and 3 <= len(refused) <= 6
+        assert len(lines) == len(refused) and "503" in lines[0]
+    finally:
+        assert lease.release()
