@@ -164,6 +164,58 @@ def check_second_backward(rank, world_size, mesh) -> None:
     emit("second_backward", rank, messages=messages, kept=kept)
 
 
+EMPTY_STEP_ROWS = 3  # for 4 logical ranks: logical rank 3 is empty, a dummy turn at W > 1 (none at W = 1)
+
+
+def one_step_with_an_empty_rank(trainer, ldp, mode: str) -> str:
+    """One step's blocks over 3 rows (logical rank 3 empty; its block skipped), every forward in `mode`; the loss."""
+    ids, mask = batch(seed=52, size=EMPTY_STEP_ROWS, vocab=VOCAB)
+    num_tokens = int(mask[:, 1:].sum())
+    sums = {}
+    for shard in ldp.forward_batches({"input_ids": ids, "attention_mask": mask}, step=0):
+        with shard:
+            if shard.empty:
+                continue
+            out = trainer.forward(shard.rows["input_ids"], shard.rows["attention_mask"], mode=mode)
+            assert out.logprobs is not None
+            loss_sum = -(out.logprobs * shard.rows["attention_mask"][:, 1:]).sum()
+            trainer.backward(loss_sum / num_tokens)
+            sums[shard.logical_rank] = loss_sum.detach()
+    return float(ldp.reduce(sums, "sum") / num_tokens).hex()
+
+
+def check_empty_rank_rng(rank, world_size, mesh) -> None:
+    """Dropout on, a step with an empty logical rank: the caller's RNG after the step draws what it draws at W = 1
+    (at W > 1 the empty rank's dummy forward runs its dropout; it must not draw from the caller's streams)."""
+    model = tiny_qwen3(vocab=VOCAB, dropout=0.1)
+    trainer = Trainer(model, sharding=shard_model(model, mesh))
+    trainer.add_base_checkpoint(optimizer=OPTIMIZER)
+    ldp = LogicalDataParallel(trainer, Topology(rank, world_size, LOGICAL_DP), seed=7)
+    torch.manual_seed(11)  # the caller's streams, the same on every process and at every W
+    loss = one_step_with_an_empty_rank(trainer, ldp, "retain")
+    ldp.step()
+    emit("empty_rank_rng", rank, perm=torch.randperm(8).tolist(), loss=loss, state=state_digests(trainer))
+
+
+def check_replay_beside_empty(rank, world_size, mesh) -> None:
+    """Replay in the real blocks beside an empty logical rank (its dummy in empty_mode 'retain'): at W > 1 refused
+    on every process before any collective of the turn (then the processes are still in step: a retain step
+    follows, bitwise the same at every W); at W = 1 no dummy runs, so it trains."""
+    model = tiny_qwen3(vocab=VOCAB)
+    trainer = Trainer(model, sharding=shard_model(model, mesh))
+    trainer.add_base_checkpoint(optimizer=OPTIMIZER)
+    ldp = LogicalDataParallel(trainer, Topology(rank, world_size, LOGICAL_DP), seed=7)
+    try:
+        one_step_with_an_empty_rank(trainer, ldp, "replay")
+        refused = None
+    except ValueError as error:
+        refused = str(error)
+    trainer.zero_grad()
+    loss = one_step_with_an_empty_rank(trainer, ldp, "retain")
+    ldp.step()
+    emit("replay_beside_empty", rank, refused=refused, loss=loss, state=state_digests(trainer))
+
+
 def _params(trainer) -> list[torch.Tensor]:
     return list(trainer.checkpoints["base"].parameters().values())
 
@@ -174,6 +226,8 @@ def main() -> None:
     emit("sharded_clipped", rank, **train(rank, world_size, mesh, sharded=True, optimizer=CLIPPED))
     emit("sharded_fault", rank, **train(rank, world_size, mesh, sharded=True, fault=True))
     check_second_backward(rank, world_size, mesh)
+    check_empty_rank_rng(rank, world_size, mesh)
+    check_replay_beside_empty(rank, world_size, mesh)
     emit("sharded_head", rank, **train(rank, world_size, mesh, sharded=True, head=True))
     if world_size == 1:
         emit("unsharded", rank, **train(rank, world_size, mesh, sharded=False))

@@ -114,3 +114,33 @@ def test_a_second_backward_in_one_logical_ranks_block_is_refused_on_every_proces
         for message in result["messages"]:
             assert message is not None and "a second backward inside logical rank" in message, result
         assert all(result["kept"]), result
+
+
+@distributed
+def test_an_empty_logical_ranks_dummy_turn_leaves_the_callers_rng_as_at_one_process(runs):
+    """Dropout on, 3 rows for 4 logical ranks: the empty rank's dummy forward (W > 1 only) draws its dropout from
+    a fork, so the driver's `torch.randperm` after the step is W = 1's on every process (a per-step shuffle stays in
+    step), and the step itself is bitwise W = 1's."""
+    reference = results(runs, 1, "empty_rank_rng")[0]
+    for world_size in WORLD_SIZES:
+        for result in results(runs, world_size, "empty_rank_rng"):
+            assert result["perm"] == reference["perm"], (world_size, result["rank"], result["perm"], reference["perm"])
+            assert (result["loss"], result["state"]) == (reference["loss"], reference["state"]), world_size
+
+
+@distributed
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_replay_beside_an_empty_logical_rank_is_refused_before_any_collective(runs, world_size):
+    """The dummy turn retains, a replay gathers again in backward: gloo aborted on the mismatch. Now every process
+    refuses at the turn's first forward, naming the rule and the logical ranks, and the next step (retain) is in
+    step and bitwise the same at every W; at W = 1 no dummy runs and replay trains."""
+    reference = results(runs, 1, "replay_beside_empty")[0]
+    for result in results(runs, world_size, "replay_beside_empty"):
+        refused = result["refused"]
+        if world_size == 1:
+            assert refused is None, result
+        else:
+            assert refused is not None and "their forwards must gather alike" in refused, result
+            assert "mode='replay'" in refused and "logical rank 3 runs mode='retain' (the dummy" in refused, result
+            assert "empty_mode" in refused and "refused before any collective" in refused, result
+        assert (result["loss"], result["state"]) == (reference["loss"], reference["state"]), result

@@ -58,6 +58,12 @@ def is_coordinated(error: BaseException) -> bool:
     return bool(getattr(error, _COORDINATED, False))
 
 
+def raised_together(error: BaseException) -> BaseException:
+    """Mark `error` as raised on every rank at once (each decided it from values all ranks exchanged)."""
+    setattr(error, _COORDINATED, True)
+    return error
+
+
 def coordinated_error(command: str, error: BaseException | None, failures: list[tuple[int, str]]) -> BaseException:
     """What this rank raises once every rank knows `failures`: its own error if it failed, else RankFailure."""
     if error is not None and is_coordinated(error):

@@ -31,18 +31,27 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 @contextlib.contextmanager
-def logical_rank_rng(seed: int, device: torch.device) -> Iterator[None]:
-    """Run the body with the CPU stream and `device`'s stream seeded with `seed`; restore the caller's after."""
+def caller_streams_kept(device: torch.device) -> Iterator[None]:
+    """Run the body; then the CPU stream and `device`'s stream are back as they were (whatever the body drew)."""
     if device.type in ("cpu", "meta"):
         with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)
             yield
         return
     module = torch.get_device_module(device.type)
     index = device.index if device.index is not None else module.current_device()
     with torch.random.fork_rng(devices=[index], device_type=device.type):
+        yield
+
+
+@contextlib.contextmanager
+def logical_rank_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Run the body with the CPU stream and `device`'s stream seeded with `seed`; restore the caller's after."""
+    with caller_streams_kept(device):
         torch.default_generator.manual_seed(seed)
-        # `manual_seed` seeds the current device's stream only (`manual_seed_all` would reach the others).
-        with module.device(index) if hasattr(module, "device") else contextlib.nullcontext():
-            module.manual_seed(seed)
+        if device.type not in ("cpu", "meta"):
+            module = torch.get_device_module(device.type)
+            index = device.index if device.index is not None else module.current_device()
+            # `manual_seed` seeds the current device's stream only (`manual_seed_all` would reach the others).
+            with module.device(index) if hasattr(module, "device") else contextlib.nullcontext():
+                module.manual_seed(seed)
         yield

@@ -21,7 +21,9 @@ W and bitwise the unsharded trainer's, but it never holds L/W full gradients:
 - a logical rank whose block ran no backward (an empty share of the batch)
   runs a dummy forward/backward at the block's end, as an empty turn whose
   chunks are sent as +0 (`begin(empty=True)`); at W = 1 it has no peers to
-  keep in step and adds +0 in place instead (the unsharded fold's zeros);
+  keep in step and adds +0 in place instead (the unsharded fold's zeros).
+  The dummy draws nothing from the caller's RNG streams (its dropout runs on
+  a fork of them): they stay exactly those of W = 1, where no dummy runs;
 - at the step the sharded `.grad` already holds the global sum (`reduce` is
   a no-op for shards); parameters that are not sharded (a head registered
   with `add_module_checkpoint`, replicated) keep one partial per logical rank
@@ -35,8 +37,13 @@ Limits (refused, with the fix named): one backward per logical rank's block
 unsharded partial's); a step must select every checkpoint that holds sharded
 gradients (the folds are reset after it). The dummy forward runs in
 `empty_mode` ("retain" by default): the real blocks must use a mode with the
-same collectives (retain or offload, not replay or the planner's choice), or
-pass their mode as `empty_mode`.
+same collectives (retain or offload, not replay), or pass their mode as
+`empty_mode`. At W > 1 every process's first forward of a block (the dummy's
+included) exchanges its mode (`begin_forward`, one small all-gather) before
+any of FSDP's collectives, so a turn whose forwards would gather differently —
+a replay beside an empty logical rank, a no_grad forward beside a dummy, or the
+planner choosing differently on two processes — is refused on every process
+at once, naming the rule, instead of aborting in a mismatched collective.
 """
 
 from __future__ import annotations
@@ -45,13 +52,16 @@ import contextlib
 from collections.abc import Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from ..training.checkpoints import Checkpoint
-from ..training.memory import BackwardMode
+from ..training.memory import BACKWARD_STATES, BackwardMode
 from ..training.sharding import local_tensor
 from ..training.transaction import ranks_agree
+from .coordination import raised_together
 from .logical_gradients import LogicalGradients
+from .rng import caller_streams_kept, model_device
 from .sharded_fold import OrderedFolds
 from .topology import Topology
 
@@ -85,6 +95,8 @@ class ShardedLogicalGradients:
         self._turns = 0
         self._pending = False
         self._dummy = False
+        self._forwards = 0
+        """Forwards run in the active block so far (its first one exchanges its mode: `begin_forward`)."""
 
     # -- a logical rank's block --------------------------------------------------------
 
@@ -92,7 +104,7 @@ class ShardedLogicalGradients:
     def scope(self, logical_rank: int) -> Iterator[None]:
         """Run `logical_rank`'s one backward (or none: then a dummy one runs at the end, an empty turn)."""
         with self._heads.scope(logical_rank):
-            self.active, self._turns = logical_rank, 0
+            self.active, self._turns, self._forwards = logical_rank, 0, 0
             try:
                 yield
                 if self._turns == 0:
@@ -110,13 +122,16 @@ class ShardedLogicalGradients:
             return
         # Every unit must reduce in lockstep with the peers' real turn: a 2-token forward/backward whose chunks the
         # fold sends as +0 (a loss times zero could still carry NaN or -0.0).
-        device = next(self._trainer.model.parameters()).device
+        device = model_device(self._trainer.model)
         ids = torch.zeros((1, 2), dtype=torch.long, device=device)
         self._dummy = True
         try:
-            out = self._trainer.forward(ids, outputs=("logprobs",), mode=self.empty_mode)
-            assert out.logprobs is not None
-            self._trainer.backward(out.logprobs.sum())
+            # The block's seeded streams are gone by now: the dummy's dropout must not draw from the caller's
+            # (one process would then shuffle its next batch from another stream than its peers and W = 1).
+            with caller_streams_kept(device):
+                out = self._trainer.forward(ids, outputs=("logprobs",), mode=self.empty_mode)
+                assert out.logprobs is not None
+                self._trainer.backward(out.logprobs.sum())
         finally:
             self._dummy = False
 
@@ -127,6 +142,33 @@ class ShardedLogicalGradients:
                     yield param
 
     # -- the trainer's GradientReduction ----------------------------------------------
+
+    def begin_forward(self, mode: BackwardMode | None) -> None:
+        """Before a forward's first collective: refuse one whose collectives the peers' blocks would not match.
+
+        At W > 1 the first forward of every process's block (the dummy's included) exchanges its mode; forwards
+        that would gather differently (a replay beside retain or offload, a no_grad forward beside one with grad)
+        are refused on every process alike. `mode` None: a forward under no_grad.
+        """
+        if self.active is None or self.topology.world_size == 1:
+            return
+        self._forwards += 1
+        if self._forwards > 1:
+            return
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (self.active, mode, self._dummy))
+        if len({_gathers(peer_mode) for _, peer_mode, _ in gathered}) > 1:
+            runs = "; ".join(_describe(*peer) for peer in gathered)
+            raise raised_together(
+                ValueError(
+                    "on a sharded model every process's j-th logical rank runs in lockstep with its peers' (FSDP's "
+                    f"collectives), so their forwards must gather alike, but {runs}. A replay gathers the weights "
+                    "again in its backward, retain and offload do not, and a no_grad forward has no backward. "
+                    f"Beside an empty logical rank run the real blocks in its empty_mode={self.empty_mode!r} "
+                    "(retain or offload), or pass their mode as empty_mode (train.forward_mode in the pipeline) — "
+                    "refused before any collective of this turn"
+                )
+            )
 
     def begin_backward(self) -> None:
         if self.active is None:
@@ -194,3 +236,16 @@ class ShardedLogicalGradients:
     def clear(self) -> None:
         self._heads.clear()
         self.folds.reset()
+
+
+def _gathers(mode: BackwardMode | None) -> str:
+    """What a forward of `mode` does collectively: its backward replays it, keeps what it saved, or there is none."""
+    if mode is None:
+        return "no backward"
+    return "replays" if BACKWARD_STATES[mode].replays else "saved"
+
+
+def _describe(logical_rank: int, mode: BackwardMode | None, dummy: bool) -> str:
+    what = "a forward under no_grad" if mode is None else f"mode={mode!r}"
+    dummy_note = " (the dummy forward/backward of its empty block: empty_mode)" if dummy else ""
+    return f"logical rank {logical_rank} runs {what}{dummy_note}"

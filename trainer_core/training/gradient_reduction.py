@@ -30,8 +30,9 @@ class GradientReduction(Protocol):
     """Whether `agree_on_backward` talks to the other ranks (then a failed backward's graphs are kept for a retry)."""
 
     # Optional, read with getattr by the trainer: `for_sharded_model` (True: it reduces a sharded model's
-    # gradients), `begin_backward()` (called before a backward differentiates anything; an error it raises aborts
-    # that backward as any other), `canonical_norm` (True: the step's norm is `ranks.canonical_norm`;
+    # gradients), `begin_forward(mode)` (called before a forward runs anything, with its backward mode, None under
+    # no_grad; an error it raises fails that forward, nothing changed), `begin_backward()` (called before a
+    # backward differentiates anything; an error it raises aborts that backward as any other), `canonical_norm` (True: the step's norm is `ranks.canonical_norm`;
     # both deterministic logical-rank reductions set it, `fast` and `RankSum` keep torch's float32 norm).
 
     def agree_on_backward(self, error: BaseException | None) -> BaseException | None:

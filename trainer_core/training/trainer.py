@@ -173,6 +173,7 @@ class Trainer(CheckpointRegistry):
             raise ValueError(f"mode={mode!r}; choose one of {tuple(BACKWARD_STATES)} or None for the planner")
         versions = self._versions_for(call.adapter)
         if not torch.is_grad_enabled():
+            self._begin_forward(None)
             with self._resharded_on_error():
                 values = self._run(call)
             return self._managed(values, None, versions)
@@ -190,6 +191,7 @@ class Trainer(CheckpointRegistry):
                 stale_input_bytes=call.nbytes if self.staleness.records_stale_replays else 0,
             )
             mode, offload_target = decision.mode, decision.offload_target or offload_target
+        self._begin_forward(mode)
         with self._resharded_on_error():
             state, values, stale_replay = self._record(BACKWARD_STATES[mode], call, shape, offload_target)
         weights: dict[str, Mapping[str, torch.Tensor]] = (
@@ -206,6 +208,13 @@ class Trainer(CheckpointRegistry):
         if decision is not None:
             self.planner.settle(decision, resident)
         return managed
+
+    def _begin_forward(self, mode: BackwardMode | None) -> None:
+        """Tell the gradient reduction a forward of `mode` (None: under no_grad) is about to run, before any
+        collective of it (e.g. a sharded fold checks that every process's block runs the same kind of forward)."""
+        begin = getattr(self.gradient_reduction, "begin_forward", None)
+        if begin is not None:
+            begin(mode)
 
     @contextlib.contextmanager
     def _resharded_on_error(self):
