@@ -161,6 +161,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
     if note:
         print(f"rankflow: {note}", file=sys.stderr)
     print(f"{name} of run {args.run_id} verified and saved to {path}")
+    from infra.publication.local_copy import loader_line
+
+    line = loader_line(path)
+    if line is not None:  # a LoRA adapter's base is named from any current directory (peft reads it from the current)
+        print(f"load it from any directory: {line}")
     return EXIT_OK
 
 

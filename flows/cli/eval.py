@@ -5,7 +5,10 @@
 
 CHECKPOINT is a committed checkpoint's URL (`s3://BUCKET/PREFIX/RUN/checkpoints/step-N`, or a local store's
 `STORE/RUN/checkpoints/step-N`), or `RUN@latest` / `RUN@step-N` in the store `--store` or `--config` (its
-`storage.url`) names, as for `rankflow checkpoints`. Nothing reads it before it is verified: it is downloaded
+`storage.url`) names, as for `rankflow checkpoints`; or a directory on this machine: a copy `rankflow checkpoints
+pull` wrote (every file checked again against its MANIFEST.json, `infra.publication.local_copy`; a file changed
+since is refused, named) or a Hugging Face model directory without a manifest (read as it is; its summary has no
+run_id, step or manifest_sha256). Nothing reads it before it is verified: it is downloaded
 into a cache with every file's size and sha256 checked against its manifest (`infra.publication.parent`); a file
 that does not match is refused, named. The cache is `--work-dir`'s `cache/checkpoints/RUN/step-N` (kept, and
 used again while every file still hashes to the store's manifest), or a temporary directory removed on exit;
@@ -43,7 +46,8 @@ EXIT_OK, EXIT_FAILED = 0, 1
 _WHERE = (
     "give a committed checkpoint's URL (s3://BUCKET/PREFIX/RUN/checkpoints/step-N, or STORE/RUN/checkpoints/step-N "
     "of a local store), or RUN@latest / RUN@step-N with --store URL or --config TOML (rankflow checkpoints list RUN "
-    "--store URL lists a run's checkpoints)"
+    "--store URL lists a run's checkpoints), or a directory on this machine (rankflow checkpoints pull --dest DIR "
+    "writes one)"
 )
 
 
@@ -103,6 +107,26 @@ def _places(work_dir: str | None, created: Created) -> Iterator[tuple[Path, Path
         yield root / "cache" / "checkpoints", Path(scratch)
 
 
+def _local_directory(reference: str) -> Path | None:
+    """A directory on this machine that CHECKPOINT names and that is no store's checkpoint URL or RUN@…: a pulled
+    copy or a model directory, read in place."""
+    from infra.publication.parent import checkpoint_source
+
+    if checkpoint_source(reference, None) is not None:
+        return None
+    path = Path(reference).expanduser()
+    return path if path.is_dir() else None
+
+
+def _read_local(directory: Path, label: str) -> tuple[dict, Path]:
+    """(the summary's checkpoint fields, the directory) of a local copy, verified against its own manifest."""
+    from infra.publication.local_copy import verify_local_copy
+
+    copy = verify_local_copy(directory, label)
+    named = {"checkpoint": str(directory.resolve()), "run_id": copy.run_id, "step": copy.step}
+    return {**named, "manifest_sha256": copy.manifest_sha256}, directory
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from infra.publication.manifests import step_of
@@ -113,9 +137,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     settings = EvalSettings(max_seq_len=args.max_seq_len, batch_rows=args.batch_rows, device=args.device)
     # A missing file or a wrong format costs no download.
     source = open_source(args.data, args.format, key="--data", format_option="--format")
+    local = _local_directory(args.checkpoint)
     try:  # bad input found after the download: what this call made goes again
         with undone_if_refused() as created, _places(args.work_dir, created) as (cache_root, scratch):
-            checkpoint, directory = fetch_verified(args, cache_root, created)
+            if local is not None:
+                named, directory = _read_local(local, _label(args))
+            else:
+                checkpoint, directory = fetch_verified(args, cache_root, created)
+                named = {
+                    "checkpoint": checkpoint.url,
+                    "run_id": checkpoint.run_id,
+                    "step": step_of(checkpoint.checkpoint),
+                    "manifest_sha256": checkpoint.manifest_sha256,
+                }
             result = evaluate_checkpoint(directory, source, settings, scratch=scratch, label=_label(args))
     except OSError as error:  # a store that does not answer, a full disk: not bad input
         print(f"rankflow: eval {args.checkpoint}: {type(error).__name__}: {error}", file=sys.stderr)
@@ -124,10 +158,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"rankflow: eval {args.checkpoint}: {damaged}", file=sys.stderr)
         return EXIT_FAILED
     summary = {
-        "checkpoint": checkpoint.url,
-        "run_id": checkpoint.run_id,
-        "step": step_of(checkpoint.checkpoint),
-        "manifest_sha256": checkpoint.manifest_sha256,
+        **named,
         "data": [str(file.path) for file in source.files],
         **result.to_dict(),
         "seconds": round(time.perf_counter() - started, 3),
@@ -148,7 +179,11 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    command.add_argument("checkpoint", help="a committed checkpoint: its URL, or RUN@latest / RUN@step-N")
+    command.add_argument(
+        "checkpoint",
+        help="a committed checkpoint: its URL, or RUN@latest / RUN@step-N; or a directory on this machine (a pulled "
+        "copy, or a model directory)",
+    )
     command.add_argument(
         "--data", action="append", required=True, metavar="FILE", help="a data file or glob (repeat for more)"
     )

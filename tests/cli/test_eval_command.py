@@ -27,6 +27,7 @@ import torch
 
 from flows.cli import main
 from infra.publication.commit import commit_checkpoint
+from infra.publication.local_copy import loader_line
 from infra.store.base import open_store
 from tests.cli.watched_run import rankflow_command as _rankflow
 from tests.cli.watched_run import toml_text as _toml
@@ -252,6 +253,44 @@ def test_an_adapter_names_its_base_by_a_path_on_this_machine_or_is_refused(commi
         evaluate_checkpoint(adapter, source, EvalSettings(), scratch=tmp_path / "scratch-3")
 
 
+def pulled(capsys, committed: dict, dest: Path) -> Path:
+    """`rankflow checkpoints pull` of the run's newest checkpoint into `dest`, as a user runs it."""
+    assert main(["checkpoints", "pull", committed["run_id"], "--store", committed["store"], "--dest", str(dest)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1] == f"load it from any directory: {loader_line(dest)}", printed  # the shipped loader line
+    return dest
+
+
+def test_a_pulled_copy_is_evaluated_where_it_is_and_checked_against_its_manifest(committed, tmp_path, capsys):
+    by_url = rankflow_eval(capsys, committed["url"], "--data", str(EVAL_FILE))
+    copy = pulled(capsys, committed, tmp_path / "pulled")
+    summary = rankflow_eval(capsys, str(copy), "--data", str(EVAL_FILE))
+    assert summary["eval_loss"] == by_url["eval_loss"] and summary["conversations"] == by_url["conversations"]
+    named = ("run_id", "step", "manifest_sha256")
+    assert [summary[key] for key in named] == [by_url[key] for key in named] and summary["checkpoint"] == str(copy)
+    same_size_other_bytes(copy / "model.safetensors")  # changed since the pull: only the hash can tell
+    assert main(["eval", str(copy), "--data", str(EVAL_FILE)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1, captured.err
+    assert re.match(
+        r"rankflow: bad input: checkpoint '.*pulled': model\.safetensors does not match MANIFEST\.json", captured.err
+    )
+    assert "pull the checkpoint again" in captured.err
+
+
+def test_a_pulled_lora_copy_finds_its_base_in_it_and_a_model_directory_is_read_as_it_is(
+    committed_lora, tmp_path, capsys
+):
+    by_url = rankflow_eval(capsys, committed_lora["url"], "--data", str(EVAL_FILE))
+    copy = pulled(capsys, committed_lora, tmp_path / "elsewhere" / "adapter")
+    assert f"AutoModelForCausalLM.from_pretrained({str(copy / 'base')!r}), {str(copy)!r})" in (loader_line(copy) or "")
+    summary = rankflow_eval(capsys, str(copy), "--data", str(EVAL_FILE))
+    assert summary["kind"] == "lora" and summary["eval_loss"] == by_url["eval_loss"]
+    merged = rankflow_eval(capsys, str(copy / "merged"), "--data", str(EVAL_FILE))  # a model directory, no manifest
+    assert merged["kind"] == "full" and (merged["run_id"], merged["step"], merged["manifest_sha256"]) == (None,) * 3
+    assert merged["eval_loss"] == pytest.approx(by_url["eval_loss"], rel=1e-5)  # base + adapter, merged
+
+
 @pytest.mark.parametrize(
     "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 )
@@ -302,8 +341,12 @@ BAD_INPUT = {
         r"run nope-0123456789ab has no committed checkpoint that verifies",
     ),
     "not a checkpoint": (
-        lambda c, t: [str(EXAMPLES / "tiny"), "--data", str(EVAL_FILE)],
+        lambda c, t: [str(t / "nowhere"), "--data", str(EVAL_FILE)],
         r"names no committed checkpoint; give a committed checkpoint's URL",
+    ),
+    "a directory with no model": (  # read in place, as a pulled copy is: it holds neither kind of model
+        lambda c, t: [str(EXAMPLES / "tiny"), "--data", str(EVAL_FILE)],
+        r"holds neither config\.json \(a full model\) nor adapter_config\.json \(a LoRA adapter\)",
     ),
     "no store for RUN@": (
         lambda c, t: [f"{c['run_id']}@latest", "--data", str(EVAL_FILE)],

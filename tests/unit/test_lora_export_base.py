@@ -8,12 +8,15 @@ against the trainer's logits at the exported state.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from peft import AutoPeftModelForCausalLM, PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from infra.publication.local_copy import loader_line
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import config_from_dict
 from trainer_core.model import build_model, build_trainer
@@ -89,3 +92,23 @@ def test_an_adapter_on_a_model_path_names_that_path(tmp_path):
     ).eval()
     with torch.no_grad():
         torch.testing.assert_close(auto_model(input_ids=ids, attention_mask=mask).logits, expected, rtol=0, atol=1e-6)
+
+
+def test_the_loader_line_loads_a_copy_moved_elsewhere_from_any_directory(tmp_path, monkeypatch):
+    """A pulled checkpoint lives wherever the user put it: the shipped line loads it with the cwd elsewhere."""
+    _, export_dir, ids, mask, expected = _train_and_export(tmp_path, model={"lora": LORA})
+    copy = tmp_path / "pulled" / "step-2"
+    shutil.copytree(export_dir, copy)
+    shutil.rmtree(export_dir)  # nothing left where it was exported
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(OSError):  # peft alone reads the shipped base's name ("base") from the current directory
+        AutoPeftModelForCausalLM.from_pretrained(str(copy), local_files_only=True)
+    line = loader_line(copy)
+    assert line is not None and f"{copy / 'base'}" in line
+    namespace: dict = {}
+    exec(line, namespace)  # the line exactly as `rankflow checkpoints pull` prints it
+    model = namespace["model"].float().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, expected, rtol=0, atol=1e-6)
