@@ -30,7 +30,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from .checkpoints import Checkpoint, OptimizerConfig
+from .checkpoints import LOW_PRECISION, Checkpoint, OptimizerConfig
 from .lora_injection import adapter_parameters, inject
 from .sharding import ShardedModel, fsdp_param_of, local_tensor
 
@@ -125,12 +125,43 @@ class CheckpointRegistry:
     def add_module_checkpoint(
         self, name: str, module: nn.Module, optimizer: OptimizerConfig = OptimizerConfig()
     ) -> Checkpoint:
-        """A custom head applied to the last hidden state; `out.heads[name]` is its output."""
+        """A custom head applied to the last hidden state; `out.heads[name]` is its output.
+
+        Its parameters must be in the dtype the model computes in (the hidden states'): a ValueError says so before
+        anything changes, rather than torch's dtype error in the first forward.
+        """
+        self._check_head_dtype(name, module)
         module.to(next(self.model.parameters()).device)
         params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         checkpoint = self._add(Checkpoint(name, "module", module, params, optimizer))
         self.heads[name] = module
         return checkpoint
+
+    def _compute_dtype(self) -> torch.dtype | None:
+        """The dtype of the model's hidden states: a sharded weight's all-gather dtype (a bf16 policy's bf16 over FP32
+        masters), else the weights' own; the input embedding's, where the hidden states start. None: no float weight."""
+        embeddings = getattr(self.model, "get_input_embeddings", lambda: None)()
+        weight = getattr(embeddings, "weight", None)
+        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+            weight = next((p for p in self.model.parameters() if p.is_floating_point()), None)
+        if weight is None:
+            return None
+        fsdp_param = fsdp_param_of(weight)
+        return (fsdp_param.param_dtype if fsdp_param is not None else None) or weight.dtype
+
+    def _check_head_dtype(self, name: str, module: nn.Module) -> None:
+        dtype = self._compute_dtype()
+        other = next(
+            ((n, p.dtype) for n, p in module.named_parameters() if p.is_floating_point() and p.dtype != dtype), None
+        )
+        if dtype is None or other is None:
+            return
+        masters = " (it trains through FP32 master weights, as the model does)" if dtype in LOW_PRECISION else ""
+        raise ValueError(
+            f"head '{name}': its parameter {other[0]} is {other[1]}, and the model computes in {dtype} (the hidden "
+            f"states the head takes); build the head in {dtype}: add_module_checkpoint({name!r}, "
+            f"module.to({dtype})){masters}"
+        )
 
     # -- adapter selection -----------------------------------------------------------
 
