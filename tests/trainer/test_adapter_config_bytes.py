@@ -26,7 +26,7 @@ class _HashOrder(set):
 
 def _config() -> LoraConfig:
     config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, task_type="CAUSAL_LM")
-    config.target_modules = _HashOrder(TARGETS)
+    config.target_modules = _HashOrder(TARGETS)  # pyright: ignore[reportAttributeAccessIssue] - a set, as peft's own
     return config
 
 
