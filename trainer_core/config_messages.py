@@ -2,7 +2,8 @@
 
 Pydantic says what is wrong ("Input should be greater than 0"); a user also
 needs the key, the value given and what to write instead. Each error becomes
-one line `KEY: what is wrong (got VALUE); what to do`, with the field's default
+one line `KEY: what is wrong (got VALUE); what to do` (the first after
+`invalid config FILE: `, so one error is one line), with the field's default
 as an example where one helps and a close spelling for an unknown key.
 Messages raised by the config's own validators already name the fix and are
 kept as they are.
@@ -125,14 +126,16 @@ def _describe(root: type[BaseModel], item: Mapping[str, Any]) -> str:
 def describe_validation_error(
     error: ValidationError, root: type[BaseModel], source: str, overridden: Collection[str] = ()
 ) -> str:
-    """One line per error: `KEY: what is wrong (got VALUE); what to do`.
+    """One line per error: `KEY: what is wrong (got VALUE); what to do`, the first on the line that names the
+    config (`invalid config FILE: KEY: …`: one error is one line), any others indented under it.
 
     Keys set by `--set` are marked `(from --set)`, so the user knows to fix the
     command line rather than the file.
     """
-    lines = [f"invalid config {source}:"]
+    lines = []
     for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        key = ".".join(str(part) for part in item["loc"])
         origin = " (from --set)" if any(key == o or key.startswith(o + ".") for o in overridden) else ""
-        lines.append(f"  {key}{origin}: {_describe(root, item)}")
-    return "\n".join(lines)
+        # A rule over several keys (a model validator's) names its keys itself.
+        lines.append(f"{key}{origin}: {_describe(root, item)}" if key else _describe(root, item))
+    return f"invalid config {source}: " + "\n  ".join(lines)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,6 +116,24 @@ def test_bad_input_exits_2_with_one_message_and_writes_nothing(corpus_run, name)
     result.pop("wall_s")
     found = problems(BY_NAME[name], Outcome(**result), corpus_run["root"] / name)
     assert not found, "\n".join(found)
+
+
+def test_a_config_value_error_is_one_line(corpus_run):
+    """Issue 31: `invalid config FILE:` took a line of its own, the error the next. One wrong key is one line
+    naming the file, the key and the fix (several wrong keys: one line each, the first on the file's line)."""
+    single = [
+        name
+        for name, case in BY_NAME.items()
+        if case.kind in ("config-value", "override") and "invalid config" in corpus_run["cases"][name]["stderr"]
+    ]
+    assert len(single) > 40
+    for name in single:
+        stderr = corpus_run["cases"][name]["stderr"].rstrip("\n")
+        first = stderr.split("\n")[0]
+        assert re.match(r"rankflow: bad input: invalid config \S+: \S", first), stderr
+        assert all(re.match(r"  \S", line) for line in stderr.split("\n")[1:]), stderr
+    for name in ("unknown_key", "set_bad_value", "section_not_a_table"):  # one wrong key each: one line
+        assert corpus_run["cases"][name]["stderr"].count("\n") == 1, corpus_run["cases"][name]["stderr"]
 
 
 def test_bad_input_never_starts_prefect_and_prints_no_traceback(corpus_run):

@@ -73,7 +73,7 @@ CASES: list[Case] = [
     Case(
         "serve_bad_config",
         "serve",
-        r"  train\.stepz: unknown key",
+        r": train\.stepz: unknown key",
         r"did you mean 'steps'\?",
         command="serve",
         config={"train": {"stepz": 1}},

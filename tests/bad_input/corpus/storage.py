@@ -37,14 +37,14 @@ CASES: list[Case] = [
     Case(
         "s3_no_bucket",
         "storage",
-        r"  storage\.url: storage\.url='s3://' names no bucket",
+        r": storage\.url: storage\.url='s3://' names no bucket",
         r"write s3://BUCKET/PREFIX",
         config={"storage": {"url": "s3://"}},
     ),
     Case(
         "s3_empty_bucket",
         "storage",
-        r"  storage\.url: storage\.url='s3:///runs' names no bucket",
+        r": storage\.url: storage\.url='s3:///runs' names no bucket",
         r"write s3://BUCKET/PREFIX",
         config={"storage": {"url": "s3:///runs"}},
     ),
@@ -106,7 +106,7 @@ CASES: list[Case] = [
     Case(
         "storage_empty",
         "storage",
-        r"  storage\.url: storage\.url is empty",
+        r": storage\.url: storage\.url is empty",
         r"set a local path",
         config={"storage": {"url": ""}},
     ),
