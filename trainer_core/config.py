@@ -149,8 +149,9 @@ class TokenizerSection(_Section):
 class DataSection(_Section):
     path: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
     """The data: a JSONL file (one JSON object per line), a Parquet or Arrow file (by its suffix, read through
-    Hugging Face `datasets`), a glob (`data/train-*.parquet`) or a list of these, read in that order; local files
-    only (the formats and file types: docs/data.md)."""
+    Hugging Face `datasets`), a glob (`data/train-*.parquet`) or a list of these, read in that order; each a local
+    path or a URL an fsspec filesystem reads with the store's credentials (`s3://bucket/data/*.jsonl`), read in place
+    (the formats, file types and URLs: docs/data.md)."""
     format: Literal["auto", "messages", "sharegpt", "prompt_completion"] = "auto"
     """The records' format: `messages` (OpenAI chat; RL trajectories too), `sharegpt` (`conversations` of
     `from`/`value`), `prompt_completion` (`prompt` and `completion` strings, loss on the completion), or `auto`:

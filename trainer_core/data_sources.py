@@ -1,4 +1,4 @@
-"""Which files `data.path` names, what type each is, and their digest; local files only.
+"""Which files `data.path` names, what type each is, and their digest: local files, or URLs read through fsspec.
 
 `data.path` is one path, a glob (`data/train-*.parquet`, `**` included) or a
 list of either; a glob's matches are taken in sorted order, the list's entries
@@ -7,12 +7,20 @@ its name: `.parquet` and `.arrow` are read through Hugging Face `datasets`
 (trainer_core/data/readers/columnar.py), anything else as JSONL
 (trainer_core/data/readers/jsonl.py).
 
-Nothing here downloads: a name that is not a local file or a glob with matches
-(a hub dataset such as `HuggingFaceH4/ultrachat_200k`, an `hf://` URL) is a
-ConfigError with the command that fetches it. This module is imported by the
-config's checks, so it lives outside `trainer_core.data` (whose package
-imports torch for the data stages) and imports nothing heavy (no `datasets`,
-no pyarrow).
+An entry with a scheme (`s3://bucket/data/train.jsonl`, `s3://bucket/data/*.jsonl`,
+any URL an installed fsspec filesystem reads) names objects read where they
+are, with the credentials the store's own client finds (for S3 the AWS_*
+variables, AWS_ENDPOINT_URL included): its files are listed (a glob's
+matches, sorted), each must be a file, and each is streamed through the same
+readers and checks as a local one, messages naming `URL:LINE`. A bucket or
+object that does not exist, or that the credentials may not read, is a
+ConfigError naming the key; a store that does not answer is its OSError (an
+outage). A name that is neither a local file, a glob with matches nor a URL
+(a hub dataset such as `HuggingFaceH4/ultrachat_200k`) is a ConfigError with
+the command that fetches it. This module is imported by the config's checks,
+so it lives outside `trainer_core.data` (whose package imports torch for the
+data stages) and imports nothing heavy (no `datasets`, no pyarrow; fsspec
+only for a URL).
 """
 
 from __future__ import annotations
@@ -24,16 +32,16 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from .errors import ConfigError
-from .input_files import open_input, resolved_path
+from .input_files import open_input, open_url, resolved_path
 
 FileType = Literal["jsonl", "parquet", "arrow"]
 DataPath = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
-_WHAT = "a JSONL file, or at Parquet or Arrow files (a path, a list of paths or a glob)"
+_WHAT = "a JSONL file, or at Parquet or Arrow files (a path or URL, a list of them or a glob)"
 FIX = f"point data.path at {_WHAT}"
 
 
@@ -52,7 +60,8 @@ _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 class DataFile:
     """One input file and how its records are counted in messages (JSONL lines from 1, rows from 0)."""
 
-    path: Path
+    path: Path | str
+    """A local path, or a URL (`s3://…`) read through fsspec."""
     type: FileType
     key: str = "data.path"
     """The setting that named the file (data.path, or data.eval_path): what a message about it names."""
@@ -62,8 +71,10 @@ class DataFile:
         return f"{self.path}:{position}" if self.type == "jsonl" else f"{self.path}:row {position}"
 
     def open(self):
-        """The file through `open_input`: a FIFO, a device or an unreadable file fails by name, never blocks."""
-        return open_input(self.path, f"{self.key}={str(self.path)!r}", fix_for(self.key))
+        """The file through `open_input` (a FIFO, a device or an unreadable file fails by name, never blocks), or a
+        URL's object through fsspec (`open_url`)."""
+        label, fix = f"{self.key}={str(self.path)!r}", fix_for(self.key)
+        return open_url(self.path, label, fix) if isinstance(self.path, str) else open_input(self.path, label, fix)
 
     def sha256(self) -> str:
         digest = hashlib.sha256()
@@ -73,8 +84,8 @@ class DataFile:
         return digest.hexdigest()
 
 
-def file_type(path: Path) -> FileType:
-    return _COLUMNAR_SUFFIXES.get(path.suffix.lower(), "jsonl")
+def file_type(path: Path | str) -> FileType:
+    return _COLUMNAR_SUFFIXES.get(PurePosixPath(path).suffix.lower(), "jsonl")
 
 
 def entries(path: DataPath) -> list[str]:
@@ -89,7 +100,9 @@ def describe(path: DataPath) -> str:
 
 
 def resolve_entry(entry: str, config_dir: Path, key: str = "data.path") -> str:
-    """An entry made absolute against the config's directory; a URL is left as given (and refused later)."""
+    """An entry made absolute against the config's directory (a `file://` URL is a path too); another URL is left as
+    given."""
+    entry = entry.removeprefix("file://")  # read as a local path: open_input's checks, not fsspec's
     if "://" in entry:
         return entry
     return str(resolved_path(config_dir / Path(entry).expanduser(), key, fix_for(key)))
@@ -100,20 +113,58 @@ def _not_found(entry: str, given: str, key: str) -> ConfigError:
     hub = ""
     if _HUB_NAME.match(given) and not given.startswith("."):
         hub = (
-            f"; if {given!r} names a Hugging Face hub dataset: rankflow reads local files only, so download it "
+            f"; if {given!r} names a Hugging Face hub dataset: rankflow does not download datasets, so download it "
             f"first (hf download {given} --repo-type dataset --local-dir DIR) and point {key} at its files, "
             "e.g. a glob such as DIR/data/*.parquet"
         )
     return ConfigError(f"{key}={entry!r} {problem}; point it at {_WHAT}{hub}")
 
 
-def _expand(entry: str, given: str, key: str) -> list[Path]:
+def _expand_url(entry: str, key: str) -> list[str]:
+    """The objects a URL (or a URL glob) names, as URLs, sorted; a ConfigError when there are none or one is not a
+    file. A store that does not answer raises its OSError."""
+    import fsspec
+
     fix = fix_for(key)
-    if "://" in entry:
+    scheme = entry.split("://", 1)[0]
+    try:
+        fs, path = fsspec.core.url_to_fs(entry, skip_instance_cache=True)
+    except (ValueError, ImportError) as error:  # no filesystem for the scheme, or its package is missing
         raise ConfigError(
-            f"{key}={entry!r} is a URL; rankflow reads local files only: download the data first "
-            f"(for a hub dataset: hf download NAME --repo-type dataset --local-dir DIR) and {fix}"
+            f"{key}={entry!r}: no installed fsspec filesystem reads {scheme}:// URLs ({' '.join(str(error).split())}); "
+            f"install the one that does (s3:// comes with rankflow), or {fix}"
+        ) from None
+    try:
+        if _GLOB_CHARACTERS.search(path):
+            matches = sorted(found for found in fs.glob(path) if fs.isfile(found))
+            if not matches:
+                raise ConfigError(f"{key}={entry!r} matches no object; {fix}")
+            return [fs.unstrip_protocol(found) for found in matches]
+        info = fs.info(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{key}={entry!r} does not exist (no such object or bucket); {fix}") from None
+    except PermissionError as error:
+        raise ConfigError(
+            f"{key}={entry!r} cannot be read with the store's credentials ({error}); give them read access to it "
+            f"(for S3: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL), or {fix}"
+        ) from None
+    if info.get("type") != "file":
+        raise ConfigError(f"{key}={entry!r} is a directory (a prefix), not a file; name its files or a glob: {fix}")
+    return [entry]
+
+
+def _expand(entry: str, given: str, key: str) -> list[Path | str]:
+    fix = fix_for(key)
+    entry = entry.removeprefix("file://")  # a local path: open_input's checks, not fsspec's
+    if entry.startswith("hf://"):
+        # A hub dataset would be fetched again by every plan, at whatever its revision has become: fetched once.
+        raise ConfigError(
+            f"{key}={entry!r} is a URL of the Hugging Face hub; rankflow does not read the hub's datasets in place: "
+            f"download the data first (hf download NAME --repo-type dataset --local-dir DIR) and {fix}"
         )
+    if "://" in entry:
+        urls: list[Path | str] = [*_expand_url(entry, key)]
+        return urls
     path = Path(entry)
     try:
         os.stat(path)

@@ -1,9 +1,10 @@
 """Open and read the user's input files safely, with errors that name the file and the fix.
 
 Every input (the TOML config, the data, the tokenizer, the model config) is
-opened here. A path is opened non-blocking and checked with `fstat` before a
-byte is read, so a FIFO or a device fails at once instead of blocking forever
-or streaming without end, and the check cannot race with a file swapped in
+opened here; a data file named by URL (`s3://…`) through fsspec (`open_url`).
+A path is opened non-blocking and checked with `fstat` before a byte is read,
+so a FIFO or a device fails at once instead of blocking forever or streaming
+without end, and the check cannot race with a file swapped in
 between. Text must be UTF-8 and JSON well formed; failures say `FILE:LINE:COL`. A read
 that fails (EIO from a failing disk or a broken mount, or a special file such
 as `/proc/self/mem` that looks regular) is a ConfigError naming the file too,
@@ -107,6 +108,21 @@ def open_input(path: str | Path, label: str, fix: str) -> InputFile:
         raise ConfigError(f"{label}: is {file_kind(mode)}, not a regular file; {fix}")
     os.set_blocking(fd, True)
     return InputFile(os.fdopen(fd, "rb"), label, fix)
+
+
+def open_url(url: str, label: str, fix: str):
+    """A URL's object opened for reading through fsspec (binary, by lines or by blocks), or ConfigError
+    `LABEL: problem; FIX` when it does not exist or the credentials may not read it. A store that does not answer
+    raises its OSError, then or while it is read: an outage, not bad input."""
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True)
+        return fs.open(path, "rb")
+    except FileNotFoundError:
+        raise ConfigError(f"{label}: does not exist; {fix}") from None
+    except PermissionError as error:
+        raise ConfigError(f"{label}: cannot be read with the store's credentials ({error}); {fix}") from None
 
 
 def read_input_bytes(path: str | Path, label: str, fix: str) -> bytes:

@@ -73,8 +73,8 @@ CASES: list[Case] = [
     Case(
         "data_hub_url",
         "data-file",
-        r"data\.path='hf://datasets/HuggingFaceH4/ultrachat_200k' is a URL",
-        r"rankflow reads local files only: download the data first",
+        r"data\.path='hf://datasets/HuggingFaceH4/ultrachat_200k' is a URL of the Hugging Face hub",
+        r"download the data first",
         config={"data": {"path": "hf://datasets/HuggingFaceH4/ultrachat_200k"}},
     ),
     Case(

@@ -64,22 +64,29 @@ def _has_rows(file: DataFile) -> bool:
     """Whether the file holds a row, from its footer or its first batches (pyarrow); DataError when it is not
     a file of its type."""
     import pyarrow as pa
+
+    with file.open() as handle:  # a FIFO, a device or an unreadable file fails by name before pyarrow opens it
+        try:
+            return _holds_rows(file, handle)
+        except (pa.ArrowException, OSError) as error:
+            raise _unreadable(file, error) from None
+
+
+def _holds_rows(file: DataFile, handle) -> bool:
+    """`_has_rows` on the opened file: a local one by its path, a URL's object through its fsspec handle."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with file.open():  # a FIFO, a device or an unreadable file fails by name before pyarrow opens it
-        pass
-    try:
-        if file.type == "parquet":
-            return pq.read_metadata(file.path).num_rows > 0
-        with pa.memory_map(str(file.path)) as source:
-            try:  # the stream format (what `datasets` writes), else the file format (what pyarrow's new_file writes)
-                return any(batch.num_rows for batch in pa.ipc.open_stream(source))
-            except pa.ArrowInvalid:
-                source.seek(0)
-                reader = pa.ipc.open_file(source)
-                return any(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
-    except (pa.ArrowException, OSError) as error:
-        raise _unreadable(file, error) from None
+    remote = isinstance(file.path, str)
+    if file.type == "parquet":
+        return pq.read_metadata(handle if remote else file.path).num_rows > 0
+    with handle if remote else pa.memory_map(str(file.path)) as source:
+        try:  # the stream format (what `datasets` writes), else the file format (what pyarrow's new_file writes)
+            return any(batch.num_rows for batch in pa.ipc.open_stream(source))
+        except pa.ArrowInvalid:
+            source.seek(0)
+            reader = pa.ipc.open_file(source)
+            return any(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
 
 
 def columnar_rows(file: DataFile) -> Iterator[tuple[int, str, Any]]:
@@ -98,7 +105,8 @@ def columnar_rows(file: DataFile) -> Iterator[tuple[int, str, Any]]:
                     split="train",
                     streaming=True,
                     cache_dir=cache_dir,
-                    download_config=datasets.DownloadConfig(local_files_only=True),
+                    # A URL's object is streamed through fsspec, with the credentials its filesystem finds.
+                    download_config=datasets.DownloadConfig(local_files_only=not isinstance(file.path, str)),
                 )
                 rows = iter(dataset)
             except (pa.ArrowException, OSError, ValueError) as error:
