@@ -40,6 +40,7 @@ from infra.publication.manifests import (
     checkpoint_name,
     checkpoints_dir_key,
     parse_manifest,
+    read_capped,
     retired_key,
     step_of,
 )
@@ -111,10 +112,10 @@ def checkpoint_names(store: ObjectStore, run_id: str) -> list[str]:
 def read_manifest(store: ObjectStore, run_id: str, name: str) -> CheckpointManifest | None:
     """The checkpoint's manifest if it is there and valid; ManifestError if it is there and not."""
     path = f"{_base(store, run_id, name)}/{MANIFEST_FILE}"
-    found = store.get(store.key_of(path))
+    found = read_capped(store, store.key_of(path), path)
     if found is None:
         return None
-    return parse_manifest(found.data, path, run_id=run_id, step=step_of(name))
+    return parse_manifest(found, path, run_id=run_id, step=step_of(name))
 
 
 def _hash_object(store: ObjectStore, path: str) -> tuple[int, str]:
@@ -229,14 +230,15 @@ def download_checkpoint(store: ObjectStore, run_id: str, name: str, dest: Path) 
     # The reader marker comes before the manifest is read: retention never removes what a marked reader saw.
     with reading(store, run_id, name), storage_errors(store, f"download of {name} of run {run_id}"):
         base = _base(store, run_id, name)
-        stored = store.get(store.key_of(f"{base}/{MANIFEST_FILE}"))  # read once: what was read is what is verified
+        # Read once: what was read is what is verified.
+        stored = read_capped(store, store.key_of(f"{base}/{MANIFEST_FILE}"), f"{base}/{MANIFEST_FILE}")
         if stored is None:
             removed = store.get(retired_key(run_id, step_of(name) or 0)) is not None
             raise FileNotFoundError(
                 f"checkpoint {name} of run {run_id} has no manifest at {store.url}; "
                 + ("retention removed it (storage.keep_last)" if removed else "it is not committed")
             )
-        manifest = parse_manifest(stored.data, f"{base}/{MANIFEST_FILE}", run_id=run_id, step=step_of(name))
+        manifest = parse_manifest(stored, f"{base}/{MANIFEST_FILE}", run_id=run_id, step=step_of(name))
         dest = Path(dest)
         if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
             raise FileExistsError(f"{dest} exists and is not an empty directory; pull into a new or empty directory")
@@ -249,7 +251,7 @@ def download_checkpoint(store: ObjectStore, run_id: str, name: str, dest: Path) 
                 if root not in target.resolve().parents:  # parse_manifest refused this already; belt and braces
                     raise ManifestError(f"{base}/{MANIFEST_FILE}: {entry.path} leaves the checkpoint")
                 fetch_verified(store, f"{base}/{entry.path}", target, entry)
-            (staging / MANIFEST_FILE).write_bytes(stored.data)
+            (staging / MANIFEST_FILE).write_bytes(stored)
             if dest.is_dir() and not any(dest.iterdir()):
                 dest.rmdir()
             os.replace(staging, dest)

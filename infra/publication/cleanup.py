@@ -18,7 +18,7 @@ from pathlib import Path
 from infra.publication.commit import Observer, PublishSettings, notify, open_journal, read_bytes, remote_dir
 from infra.publication.finalizer import finalizer
 from infra.publication.journal import HAS_OUTCOME, Journal, PublicationState, TransitionError, journal_path_for
-from infra.publication.manifests import MANIFEST_FILE, parse_manifest
+from infra.publication.manifests import MANIFEST_FILE, ManifestError, parse_manifest
 from infra.store.base import Deadline, ObjectStore, storage_errors
 from infra.store.lease import LEASES_DIR
 from infra.store.objects import abort_dangling_uploads, list_files, remove_files, remove_left_temporaries
@@ -155,7 +155,10 @@ def abort_publication(staged_dir: Path, store: ObjectStore, run_id: str, step: i
     """End a publication that will not be committed; removes its temporary files (not a verified staging)."""
     journal = Journal.for_staging(staged_dir, store, run_id, step)
     if journal.state is S.COMMITTING:
-        published = read_bytes(store, f"{remote_dir(store, run_id, step)}/{MANIFEST_FILE}")
+        try:
+            published = read_bytes(store, f"{remote_dir(store, run_id, step)}/{MANIFEST_FILE}")
+        except ManifestError:  # larger than any manifest: not this publication's
+            published = None
         if published is not None and published == (staged_dir / MANIFEST_FILE).read_bytes():
             raise TransitionError(
                 f"publication {journal.name} is already visible in the store (its manifest is "

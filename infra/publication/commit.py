@@ -30,11 +30,13 @@ from infra.publication.latest import advance_latest, read_latest
 from infra.publication.manifests import (
     LATEST_FILE,
     MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
     CheckpointManifest,
     ManifestError,
     checkpoint_key,
     checkpoint_name,
     parse_manifest,
+    read_capped,
 )
 from infra.store.base import Deadline, ObjectStore, storage_errors
 from infra.store.objects import (
@@ -342,7 +344,10 @@ def _staged_manifest_of(journal: Journal, staged_dir: Path, run_id: str) -> tupl
 def _hide_another_commit(target: _Target, listing: dict[str, int], lease) -> bytes | None:
     """The manifest already published for this step; another commit's is removed before its files change."""
     store, manifest_path = target.store, f"{target.base}/{MANIFEST_FILE}"
-    published = read_bytes(store, manifest_path) if MANIFEST_FILE in listing else None
+    published = None
+    if MANIFEST_FILE in listing:
+        # One larger than a manifest may be is no commit's: it compares unequal (b""), unread, and is hidden.
+        published = read_bytes(store, manifest_path) if listing[MANIFEST_FILE] <= MAX_MANIFEST_BYTES else b""
     if published is not None and published != target.manifest_bytes:
         # A different commit of this step is visible: hide it before its files change under readers.
         lease.check()
@@ -409,5 +414,5 @@ def _remove_stale(target: _Target, listing: dict[str, int], lease) -> list[str]:
 
 
 def read_bytes(store: ObjectStore, path: str) -> bytes | None:
-    found = store.get(store.key_of(path))
-    return None if found is None else found.data
+    """A stored manifest's bytes (None: none); ManifestError, unread, for one larger than a manifest may be."""
+    return read_capped(store, store.key_of(path), path)

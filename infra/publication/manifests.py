@@ -21,12 +21,14 @@ inside their checkpoint.
 from __future__ import annotations
 
 import posixpath
+from typing import TYPE_CHECKING
 
 from trainer_core.run.manifest import (
     FORMAT_V1,
     FORMAT_V2,
     MANIFEST_FILE,
     MANIFEST_PROBLEMS,
+    MAX_MANIFEST_BYTES,
     SUPPORTED_FORMATS,
     CheckpointManifest,
     FileEntry,
@@ -40,6 +42,9 @@ from trainer_core.run.manifest import (
     step_of,
 )
 
+if TYPE_CHECKING:
+    from infra.store.base import ObjectStore
+
 __all__ = [
     "CHECKPOINTS_DIR",
     "FORMAT_V1",
@@ -47,6 +52,7 @@ __all__ = [
     "LATEST_FILE",
     "MANIFEST_FILE",
     "MANIFEST_PROBLEMS",
+    "MAX_MANIFEST_BYTES",
     "PUBLICATIONS_DIR",
     "QUEUE_DIR",
     "READERS_DIR",
@@ -67,6 +73,7 @@ __all__ = [
     "publications_dir_key",
     "queue_dir_key",
     "queue_key",
+    "read_capped",
     "reader_key",
     "readers_dir_key",
     "retired_key",
@@ -125,3 +132,30 @@ def readers_dir_key(run_id: str, name: str) -> str:
 
 def reader_key(run_id: str, name: str, reader_id: str) -> str:
     return posixpath.join(run_id, READERS_DIR, name, f"{reader_id}.json")
+
+
+def read_capped(store: ObjectStore, key: str, where: str, limit_bytes: int = MAX_MANIFEST_BYTES) -> bytes | None:
+    """The bytes of the small record stored at `key` (a manifest, by default), or None when there is none.
+
+    A record larger than `limit_bytes` is refused (ManifestError naming `where`) by the size the store gives,
+    before a byte of it is read: a hostile 100 MiB manifest costs one HEAD, not its size (and five times that to
+    parse) in memory. One replaced by a larger one between the HEAD and the read is refused after the read.
+    """
+    found = store.head([key]).get(key)
+    if found is None:
+        return None
+    if found.size > limit_bytes:
+        raise _too_large(where, found.size, limit_bytes)
+    stored = store.get(key)
+    if stored is None:
+        return None
+    if len(stored.data) > limit_bytes:
+        raise _too_large(where, len(stored.data), limit_bytes)
+    return stored.data
+
+
+def _too_large(where: str, size: int, limit_bytes: int) -> ManifestError:
+    return ManifestError(
+        f"{where}: {size} bytes, more than the {limit_bytes} a record of this kind may take; refusing it unread "
+        "(a manifest that large was not written by rankflow: remove it, and the checkpoint or state is not there)"
+    )

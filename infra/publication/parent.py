@@ -33,6 +33,7 @@ from infra.publication.manifests import (
     checkpoint_key,
     checkpoint_name,
     parse_manifest,
+    read_capped,
     step_of,
 )
 from infra.store.base import ObjectStore, StorageSettings, open_store
@@ -241,18 +242,23 @@ def fetch_checkpoint(
 
 
 def _stored_manifest(store: ObjectStore, run_id: str, name: str, label: str) -> bytes:
-    stored = store.get(checkpoint_key(run_id, name, MANIFEST_FILE))
+    key = checkpoint_key(run_id, name, MANIFEST_FILE)
+    try:
+        stored = read_capped(store, key, store.url_of(key))
+    except ManifestError as refused:  # one too large to be a manifest: refused unread
+        raise CheckpointNotVerified(f"{label}: {refused}") from None
     if stored is None:
         raise ConfigError(
             f"{label}: checkpoint {name} of run {run_id} is not committed in {store.url} (no "
             f"{MANIFEST_FILE}); name a committed checkpoint (rankflow checkpoints list {run_id})"
         )
-    return stored.data
+    return stored
 
 
 def _cached(dest: Path, manifest: bytes) -> bool:
     """Whether `dest` holds this manifest's checkpoint, every file still of its size and sha256."""
-    if not (dest / MANIFEST_FILE).is_file() or (dest / MANIFEST_FILE).read_bytes() != manifest:
+    cached = dest / MANIFEST_FILE
+    if not cached.is_file() or cached.stat().st_size != len(manifest) or cached.read_bytes() != manifest:
         return False
     try:
         entries = parse_manifest(manifest, str(dest / MANIFEST_FILE)).files

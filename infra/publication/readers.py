@@ -33,12 +33,13 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from infra.publication.manifests import reader_key, readers_dir_key
+from infra.publication.manifests import read_capped, reader_key, readers_dir_key
 from infra.store.base import ObjectStore, storage_errors
 from infra.store.lease import default_owner
 from infra.store.objects import put_small
 
 READER_TTL_S = 60.0
+MARKER_MAX_BYTES = 64 * 2**10
 
 
 class ReaderMarker(BaseModel):
@@ -60,11 +61,13 @@ def live_readers(store: ObjectStore, run_id: str, name: str, now: float | None =
     live = []
     with storage_errors(store, f"readers of {name} of run {run_id}"):
         for child in store.children(readers_dir_key(run_id, name)):
-            found = store.get(reader_key(run_id, name, child.removesuffix(".json")))
-            if found is None:
-                continue  # done meanwhile
-            try:
-                marker = ReaderMarker.model_validate(json.loads(found.data))
+            try:  # a marker is ~100 bytes: one past MARKER_MAX_BYTES is refused unread, as any unreadable one
+                found = read_capped(
+                    store, reader_key(run_id, name, child.removesuffix(".json")), name, MARKER_MAX_BYTES
+                )
+                if found is None:
+                    continue  # done meanwhile
+                marker = ReaderMarker.model_validate(json.loads(found))
             except (ValueError, ValidationError):
                 continue
             if marker.expires_at > now:

@@ -36,7 +36,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, model_validator
 
 from infra.publication.finalizer import FinalizerSettings, finalizer
-from infra.publication.manifests import MANIFEST_PROBLEMS, FileEntry, FileList, decode, refusal
+from infra.publication.manifests import (
+    MANIFEST_PROBLEMS,
+    FileEntry,
+    FileList,
+    ManifestError,
+    decode,
+    read_capped,
+    refusal,
+)
 from infra.store.base import Deadline, ObjectStore, storage_errors
 from infra.store.objects import SavedFile, matches, put_small, remote_objects, upload_files
 from infra.store.verified import fetch_verified, local_copy_matches, sha256_of_file
@@ -129,12 +137,12 @@ def parse_bundle_manifest(data: bytes, where: str, run_id: str, bundle: str) -> 
 def read_bundle_manifest(store: ObjectStore, run_id: str, bundle: str) -> BundleManifest | None:
     """The bundle's manifest if it is in the store; ManifestError if it is there and not valid."""
     path = manifest_path(store, run_id, bundle)
-    with storage_errors(store, f"reading {_where(store, run_id, bundle)}"):
-        found = store.get(store.key_of(path))
+    where = _where(store, run_id, bundle)
+    with storage_errors(store, f"reading {where}"):
+        found = read_capped(store, store.key_of(path), where)
     if found is None:
         return None
-    data = found.data
-    return parse_bundle_manifest(data, _where(store, run_id, bundle), run_id, bundle)
+    return parse_bundle_manifest(found, where, run_id, bundle)
 
 
 def stored_bundle(store: ObjectStore, run_id: str, bundle: str) -> BundleManifest | None:
@@ -187,8 +195,7 @@ def publish_bundle(
     deadline = Deadline(settings.timeout_s, what, store)
     base = store.path(run_id)
     with storage_errors(store, what), finalizer(store, run_id, settings.finalizer, purpose=what) as lease:
-        found = store.get(store.key_of(manifest_path(store, run_id, bundle)))
-        published = None if found is None else found.data
+        published = _published_manifest(store, store.key_of(manifest_path(store, run_id, bundle)))
         if published is not None and published != manifest_bytes:
             # Another version of this bundle is visible: hide it before the objects it lists change.
             lease.check()
@@ -214,6 +221,15 @@ def publish_bundle(
         "bytes_uploaded": uploaded,
         "bytes_skipped": sum(e.size for e in entries) - uploaded,
     }
+
+
+def _published_manifest(store: ObjectStore, key: str) -> bytes | None:
+    """The bundle manifest stored at `key`, to compare with the one to write (None: none). One larger than any
+    manifest is no upload's: it compares unequal (b""), unread, and is hidden like any other."""
+    try:
+        return read_capped(store, key, key)
+    except ManifestError:
+        return b""
 
 
 def _unlink_links_between(run_dir: Path, target: Path) -> None:

@@ -51,6 +51,9 @@ MANIFEST_FORMAT = FORMAT_V2
 """The format this writer writes."""
 SUPPORTED_FORMATS = (FORMAT_V1, FORMAT_V2)
 """Every manifest format the readers accept, oldest first."""
+MAX_MANIFEST_BYTES = 16 * 2**20
+"""The most bytes a manifest (a checkpoint's, a run-state bundle's) may take: ~80,000 files, where a real one lists
+a few hundred. A larger one is refused by its size before it is read (parsing takes ~5x its size in memory)."""
 
 _NAME = re.compile(r"^step-(\d{8,})$")
 _SEGMENT = re.compile(r"^[A-Za-z0-9._+@=-][A-Za-z0-9._+@= -]*$")
@@ -264,7 +267,7 @@ def verify_staged(directory: Path) -> dict | None:
     from trainer_core.files import sha256_file
 
     path = directory / MANIFEST_FILE
-    if not path.is_file():
+    if not path.is_file() or path.stat().st_size > MAX_MANIFEST_BYTES:
         return None
     try:
         manifest = parse_manifest(path.read_bytes(), str(path))
