@@ -28,7 +28,14 @@ from infra.runs.run_lease import check_run_lease
 from infra.store import open_store
 
 from .outcomes import PlannedRun
-from .retry_policy import OUTAGE_BACKOFF, OutageBackoff, is_storage_outage, outage_warning, warning_to_this_run
+from .retry_policy import (
+    OUTAGE_BACKOFF,
+    OutageBackoff,
+    is_storage_outage,
+    outage_warning,
+    ridden_out,
+    warning_to_this_run,
+)
 
 if TYPE_CHECKING:
     from infra.publication.commit import PublishSettings
@@ -87,6 +94,7 @@ def fenced_monitor(
                     raise
                 outage_since = now if outage_since is None else outage_since
                 if now - outage_since >= backoff.budget_s:
+                    ridden_out(error, now - outage_since)  # the segment's own ride-out does not wait it out again
                     raise
                 pauses = pauses or backoff.delays()
                 next_check_s = max(every_s, next(pauses))

@@ -66,6 +66,18 @@ OUTAGE_BACKOFF = OutageBackoff()
 """What every stage rides out: 5 minutes of outage."""
 
 
+RIDDEN_OUT_S = "_rankflow_outage_ridden_out_s"
+"""Attribute of an outage error that was ridden out already (a launch's fence): for how long, so it is not again."""
+
+
+def ridden_out(error: BaseException, lasted_s: float) -> None:
+    """Mark `error` as an outage that lasted `lasted_s` while it was ridden out (`ride_out_outage` goes on from it)."""
+    try:
+        setattr(error, RIDDEN_OUT_S, lasted_s)
+    except AttributeError:  # an exception type without a __dict__: it is ridden out again, no worse than that
+        pass
+
+
 def is_storage_outage(error: BaseException) -> bool:
     """Whether `error` is object storage unreachable or failing (a retry later can succeed), not a refusal."""
     return classify_exception(error) is FailureClass.STORAGE_OUTAGE and not isinstance(error, PermissionError)
@@ -92,8 +104,9 @@ def ride_out_outage(
             if not is_storage_outage(error):
                 raise
             now = backoff.clock()
-            outage_since = now if outage_since is None else outage_since
-            lasted_s = now - outage_since
+            # An outage a launch's fence already rode out counts from when it began.
+            began = outage_since if outage_since is not None else now - float(getattr(error, RIDDEN_OUT_S, 0.0))
+            outage_since, lasted_s = began, now - began
             if lasted_s >= backoff.budget_s:
                 raise
             warn(outage_warning(what, error, delay, lasted_s, backoff.budget_s))

@@ -152,6 +152,25 @@ def test_a_launch_fence_ends_the_launch_once_the_outage_outlasts_five_minutes(ru
     assert BUDGET_S <= run.outage.now - 10.0 <= BUDGET_S + 60 + 2
 
 
+def test_an_outage_a_launch_fence_rode_out_is_not_waited_out_again_by_its_segment(run, monkeypatch):
+    run.outage.starts_at = 10.0
+
+    def launch(planned, _segment_index, **_kwargs):
+        watch = fenced_monitor(
+            planned, "segment 1", None, clock=run.outage.clock, backoff=run.outage.backoff(), warn=lambda _line: None
+        )
+        while True:  # the launcher polling its monitor, once a second, until the monitor ends the launch
+            run.outage.now += 1.0
+            watch()
+
+    monkeypatch.setattr(segment_module, "rank_line_logger", lambda: print)
+    monkeypatch.setattr(segment_module, "train_segment_fn", launch)
+    with pytest.raises(ConnectionResetError):
+        segment_module.train_segment.fn(run.planned, 1)
+    assert run.outage.sleeps == []  # the stage did not wait another 5 minutes before failing
+    assert BUDGET_S <= run.outage.now - 10.0 <= BUDGET_S + 60 + 2
+
+
 def _through_fence(stage: str, result):
     """A stage function whose store work is its fence (the first thing every stage does), then `result`."""
 
