@@ -1,8 +1,9 @@
 """`rankflow run` before its flow starts and after it: the memory table comes first, wall_s counts from the start.
 
 In process, with the flow replaced by one that records what the command had
-already written when the run began (the real `validate_inputs`, store check
-and memory model run first). The references: the kernel's record of this
+already written when the run began, and the start of Prefect's temporary
+server recorded instead of made (the real `validate_inputs`, store check and
+memory model run first). The references: the kernel's record of this
 process's start (`process_start_time`), and a start set 1000 s back.
 """
 
@@ -13,6 +14,7 @@ import time
 
 import flows.cli.parser
 import flows.pipeline
+import flows.temporary_server
 from flows.cli import main
 from tests.conftest import EXAMPLES
 from trainer_core.run.launch_phases import process_start_time
@@ -34,8 +36,12 @@ def test_the_memory_table_is_shown_before_the_flow_and_wall_s_counts_from_the_co
 ):
     seen = {}
 
+    def seen_err() -> str:
+        seen["before"] = seen.get("before", "") + capsys.readouterr().err
+        return seen["before"]
+
     def flow(config):
-        seen["stderr"] = capsys.readouterr().err  # what the command had shown when the run began
+        seen["stderr"] = seen_err()  # what the command had shown when the run began
         return {
             "run_id": "r",
             "status": "completed",
@@ -48,6 +54,8 @@ def test_the_memory_table_is_shown_before_the_flow_and_wall_s_counts_from_the_co
         }
 
     monkeypatch.setattr(flows.pipeline, "train_flow", flow)
+    # Prefect's temporary server is not needed by this flow: the command's call to start it is recorded instead.
+    monkeypatch.setattr(flows.temporary_server, "start_temporary_server", lambda: seen.setdefault("server", seen_err()))
     # The command's process started STARTED_AGO_S ago (its interpreter, imports, config checks)
     monkeypatch.setattr(flows.cli.parser, "command_started_s", lambda argv: time.time() - STARTED_AGO_S)
     monkeypatch.chdir(tmp_path)
@@ -55,7 +63,8 @@ def test_the_memory_table_is_shown_before_the_flow_and_wall_s_counts_from_the_co
     code = main([*argv, "--set", f"storage.url={tmp_path}/store", "--set", 'tracking.backend="none"'])
     out, err = capsys.readouterr()
     assert code == 0, err
-    table = seen["stderr"].splitlines()
-    assert table and table[0].startswith("memory per rank (") and table[-1].startswith("  ("), seen["stderr"]
+    table = seen["server"].splitlines()  # before Prefect's server starts, and so before the flow
+    assert table and table[0].startswith("memory per rank (") and table[-1].startswith("  ("), seen["server"]
+    assert seen["stderr"] == seen["server"]
     assert "memory per rank" not in err  # shown once, before the run
     assert json.loads(out.splitlines()[-1])["wall_s"] >= STARTED_AGO_S
