@@ -104,12 +104,19 @@ def read_model_config(config: RunConfig) -> PretrainedConfig:
     with quiet_transformers():
         try:
             if config.model.path is not None:
-                return AutoConfig.from_pretrained(config.model.path, local_files_only=True)
-            return AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
+                model_config = AutoConfig.from_pretrained(config.model.path, local_files_only=True)
+            else:
+                model_config = AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
         except Exception as error:  # noqa: BLE001 - configs validate with several exception types
             raise ConfigError(
                 f"{file}: not a valid {model_type} config ({one_line(error)}); fix it, or {fix}"
             ) from None
+    kernel = config.model.attn_implementation
+    if kernel in ("eager", "sdpa"):
+        # The pre-flight's meta models (forward check, memory prediction) run the run's kernel: eager keeps the
+        # T x T attention probabilities. flash_attention_2 cannot run on meta; the fused prediction is its.
+        model_config._attn_implementation = kernel
+    return model_config
 
 
 def one_line(error: BaseException) -> str:

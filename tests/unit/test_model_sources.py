@@ -16,7 +16,9 @@ from flows.cli import main
 from tests.bad_input.harness import Assets, to_toml
 from tests.conftest import tiny_tree
 from trainer_core.config import ConfigError, config_from_dict
+from trainer_core.memory_shape import activation_fit
 from trainer_core.model import build_model
+from trainer_core.model_config import read_model_config
 from trainer_core.model_source import resolve_hub_model
 from trainer_core.run.plan import digest_view
 
@@ -132,6 +134,9 @@ def test_attn_implementation_is_the_kernel_transformers_builds_and_in_the_run_id
     assert digest_view(config)["model"]["attn_implementation"] == kernel
     unset = config_from_dict(tiny_tree(tmp_path), config_dir=tmp_path)
     assert "attn_implementation" not in digest_view(unset)["model"]  # the examples' run ids stay (test_run_ids.py)
+    # The memory prediction counts what the kernel keeps: eager's T x T probabilities, nothing quadratic for sdpa.
+    quadratic = activation_fit(read_model_config(config), "float32").layer_quadratic
+    assert quadratic > 0 if kernel == "eager" else quadratic == 0
 
 
 def test_flash_attention_without_its_package_is_refused_naming_the_key(tmp_path):
