@@ -20,6 +20,7 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.cli.watched_run import started_rankflow_run, watched_rankflow_run
@@ -76,6 +77,13 @@ def test_the_command_exits_right_after_its_last_line_and_leaves_no_process(faile
     assert failed_run["left_behind"] == []  # not the temporary Prefect server, not a rank, not torchrun
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:  # exited since it was listed
+        return ""
+
+
 def _wait_for(condition, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -95,6 +103,7 @@ def interrupted_then_resumed(tmp_path_factory) -> dict:
         _wait_for(lambda: hung.exists() or process.poll() is not None, 600, "the second segment never started")
         assert process.poll() is None, (root / "interrupted.err").read_text()[-3000:]
         family = descendants(process.pid)  # torchrun, its ranks, the temporary Prefect server
+        servers = [(pid, os.getsid(pid)) for pid in family if "server.api.server:create_app" in _cmdline(pid)]
         os.killpg(process.pid, signal.SIGINT)  # Ctrl-C at the terminal
         returncode = process.wait(timeout=300)
     finally:
@@ -106,6 +115,7 @@ def interrupted_then_resumed(tmp_path_factory) -> dict:
         "returncode": returncode,
         "stdout": (root / "interrupted.out").read_text(),
         "stderr": (root / "interrupted.err").read_text(),
+        "servers": servers,
     }
     return {"root": root, "tree": tree, "interrupted": interrupted, "rerun": watched_rankflow_run(root, tree, env)}
 
@@ -120,6 +130,10 @@ def test_ctrl_c_mid_segment_is_one_line_a_result_line_and_exit_130(interrupted_t
     assert ours[0].startswith("rankflow: interrupted (Ctrl-C)") and "run the same command again" in ours[0]
     summary = json.loads(interrupted["stdout"].strip().splitlines()[-1])
     assert summary["status"] == "interrupted" and summary["checkpoint_url"] is None
+    # The temporary server was started by the command, tied to it (tests/cli/test_temporary_server.py), in a
+    # session of its own: the terminal's Ctrl-C reached the command alone, which then stopped the server.
+    [(server, session)] = interrupted["servers"]
+    assert session == server
 
 
 def test_the_same_command_resumes_an_interrupted_run(interrupted_then_resumed):
