@@ -46,11 +46,11 @@ LOCK_NAME = ".rankflow-temporary-server.lock"
 
 
 def start_temporary_server() -> int | None:
-    """Start Prefect's temporary server (once per process) and return its pid; None when PREFECT_API_URL names one."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME
+    """Start Prefect's temporary server (once per process) and return its pid; None when Prefect would start none."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_EPHEMERAL_ENABLED
 
-    if PREFECT_API_URL.value():
-        return None
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return None  # a server of the user's, or none allowed (Prefect's first call then says which to set)
     from prefect.server.api import server as server_module
 
     server = server_module.SubprocessASGIServer()
