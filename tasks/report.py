@@ -27,7 +27,7 @@ from .failure_report import reports_failures
 from .fencing import fence
 from .live import artifact_key, flow_run_artifact, upsert_markdown_artifact, upsert_table_artifact
 from .outcomes import PlannedRun, SegmentOutcome
-from .retry_policy import retry_unless_fenced
+from .retry_policy import retry_unless_fenced, rides_out_outages
 
 
 def publish_run_files_fn(planned: PlannedRun) -> dict[str, str]:
@@ -120,6 +120,7 @@ def settle_failure_report(planned: PlannedRun) -> bool:
     retry_condition_fn=retry_unless_fenced,
 )
 @reports_failures("report")
+@rides_out_outages("report")
 def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[CommitOutcome]) -> dict[str, str]:
     upsert_table_artifact(
         artifact_key(planned.run_id, "segments"),

@@ -18,6 +18,7 @@ import pytest
 import infra.store.lease as lease_module
 import tasks.export as export_module
 import tasks.publish as publish
+import tasks.report as report_module
 import tasks.retry_policy as retry_policy
 import tasks.segment as segment_module
 import tasks.state_upload as state_upload_module
@@ -186,7 +187,7 @@ class _Outcome:
         return {"step": 2}
 
 
-@pytest.mark.parametrize("stage", ["segment", "state-upload", "export", "commit"])
+@pytest.mark.parametrize("stage", ["segment", "state-upload", "export", "commit", "report"])
 def test_each_stage_rides_out_a_60_s_outage_within_one_attempt(run, stage, monkeypatch):
     run.outage.lasts_s = 60.0
     planned, done = run.planned, SimpleNamespace(reused=False)  # a trained segment's outcome, to the segment task
@@ -201,6 +202,13 @@ def test_each_stage_rides_out_a_60_s_outage_within_one_attempt(run, stage, monke
     elif stage == "export":
         monkeypatch.setattr(export_module, "export_segment_fn", _through_fence(stage, done))
         call = lambda: export_module.export_segment.fn(planned, 1)  # noqa: E731
+    elif stage == "report":
+        for name in ("upsert_table_artifact", "upsert_markdown_artifact", "write_run_loss_curve"):
+            monkeypatch.setattr(report_module, name, lambda *_args, **_kwargs: None)
+        monkeypatch.setattr(report_module, "summary_markdown", lambda *_args: "")
+        monkeypatch.setattr(report_module, "settle_failure_report", lambda _planned: False)
+        monkeypatch.setattr(report_module, "publish_run_files_fn", lambda _planned: done)
+        call = lambda: report_module.report.fn(planned, [], [])  # noqa: E731
     else:
         done = _Outcome()
         monkeypatch.setattr(publish, "commit_checkpoint", lambda *_args, **_kwargs: done)
