@@ -53,9 +53,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     _check_schedule(args.cron, args.interval)
     job_variables = parse_job_variables(args.job_variable or [])
     # transformers and torch: only once a command reads its inputs, not at `import flows.cli`
+    from trainer_core.model_source import resolve_hub_model
     from trainer_core.run.validate import validate_inputs
 
-    checked = validate_inputs(config)  # a deployment whose every run would fail on its input is not registered
+    # A hub model id is checked from this machine's cache and deployed at the commit checked: each run's worker
+    # resolves it in its own cache (infra/publication/parent.py), where this machine's path would not exist.
+    checked_config = config.model_copy(deep=True)
+    resolve_hub_model(checked_config)
+    config.model.revision = checked_config.model.revision
+    checked = validate_inputs(checked_config)  # a deployment whose every run would fail on its input is not registered
     api_url = _require_api_url()
 
     from ..deploy import deploy_training

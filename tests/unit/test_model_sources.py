@@ -121,6 +121,30 @@ def test_rankflow_run_on_an_uncached_hub_id_exits_2_in_one_line(tmp_path, hub_ca
     assert not (tmp_path / "work").exists()
 
 
+def test_deploy_checks_a_hub_model_from_the_cache_and_deploys_its_id_at_that_commit(
+    tmp_path, hub_cache, capsys, monkeypatch
+):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    import flows.deploy
+
+    cache_model(hub_cache, "acme/tiny-lm", Assets(tmp_path).model_dir(), COMMIT_A)
+    deployed = []
+
+    def register(config, **_):
+        deployed.append(config)
+        raise ConnectionError("no server in this test")
+
+    monkeypatch.setattr(flows.deploy, "deploy_training", register)
+    tree = tiny_tree(tmp_path, model={"path": "acme/tiny-lm"})
+    del tree["model"]["config"]
+    (tmp_path / "run.toml").write_text(to_toml(tree))
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        assert main(["deploy", str(tmp_path / "run.toml"), "--pool", "ok"]) == 1  # checked, then not registered
+    assert "could not register the deployment" in capsys.readouterr().err
+    assert (deployed[0].model.path, deployed[0].model.revision) == ("acme/tiny-lm", COMMIT_A)
+
+
 def test_a_revision_without_a_hub_id_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"model\.revision='main' applies to a hub model id"):
         hub_config(tmp_path, str(Assets(tmp_path).model_dir()), revision="main")
