@@ -36,10 +36,16 @@ def _adapter_state(sharded: ShardedModel, adapter: str) -> dict[str, torch.Tenso
     """The adapter's tensors (DTensors when sharded) under the names written to the file."""
     from peft import get_peft_model_state_dict
 
-    state = get_peft_model_state_dict(sharded.model, adapter_name=adapter)
+    # peft picks and renames the adapter's entries, but since 0.22 it also gathers every DTensor it returns
+    # (a collective, and rank 0 would then verify every row). It is handed empty stand-ins instead, one per
+    # entry of the model's state, and the stand-ins it keeps are mapped back to the sharded tensors.
+    tensors = sharded.model.state_dict()
+    stand_ins = {name: torch.empty(0) for name in tensors}
+    by_stand_in = {id(stand_in): tensors[name] for name, stand_in in stand_ins.items()}
+    state = get_peft_model_state_dict(sharded.model, state_dict=stand_ins, adapter_name=adapter)
     if not state:
         raise ValueError(f"the model holds no LoRA adapter named '{adapter}'; nothing to export")
-    return {_PREFIX + name: tensor for name, tensor in state.items()}
+    return {_PREFIX + name: by_stand_in[id(stand_in)] for name, stand_in in state.items()}
 
 
 def _export_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
