@@ -11,8 +11,11 @@ against it), so data of any size streams through in constant memory.
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..data_sources import DataFile, DataPath, data_files
 from .formats.detection import FileFormat
@@ -42,6 +45,57 @@ class DataSource:
 
     def where(self, file_index: int, position: int) -> str:
         return self.files[file_index].where(position)
+
+    @contextlib.contextmanager
+    def fields_as_written(self) -> Iterator[None]:
+        """Data errors raised inside name a record's field as its file spells it.
+
+        Every stage after the conversion (rendering, lengths, positions) sees the messages format, and its errors
+        say `field messages…`; a ShareGPT file says `conversations`. The record's own format respells the field,
+        reading the record again where the field has a message index (only an error pays for it)."""
+        try:
+            yield
+        except DataError as error:
+            respelled = self._as_written(error)
+            if respelled is None:
+                raise
+            raise type(error)(respelled) from None
+
+    def _as_written(self, error: DataError) -> str | None:
+        message = str(error)
+        found = _FIELD_IN_MESSAGE.match(message)
+        if found is None or getattr(error, _IN_FILE_TERMS, False):
+            return None
+        where, field = found["where"], found["field"]
+        index = next((i for i, file in enumerate(self.files) if where.startswith(f"{file.path}:")), None)
+        if index is None or self.formats[index].format.name == "messages":
+            return None
+        record = None
+        if field != "messages":  # a message's index: which turn it is depends on the record
+            record = next((raw for _, at, raw in rows(self.files[index]) if at == where), None)
+        spelled = self.formats[index].format.field_as_written(field, record)
+        return f"{where}: field {spelled}{message[found.end() :]}"
+
+
+_IN_FILE_TERMS = "_rankflow_in_file_terms"
+"""Set on a DataError that already names the file's own fields (its reader's or its format's)."""
+
+
+@contextlib.contextmanager
+def _file_terms() -> Iterator[None]:
+    try:
+        yield
+    except DataError as error:
+        setattr(error, _IN_FILE_TERMS, True)
+        raise
+
+
+def _in_file_terms(records: Iterator[tuple[int, str, Any]]) -> Iterator[tuple[int, str, Any]]:
+    with _file_terms():
+        yield from records
+
+
+_FIELD_IN_MESSAGE = re.compile(r"(?P<where>.+?): field (?P<field>messages(?:\.\d+(?:\.\w+)?)?)(?=[:\s,;]|$)", re.DOTALL)
 
 
 def _first_record_format(file: DataFile) -> FileFormat:
@@ -83,8 +137,10 @@ def iter_source(source: DataSource) -> Iterator[Record]:
     first: Record | None = None
     for file_index, (file, file_format) in enumerate(zip(source.files, source.formats, strict=True)):
         num_records = 0
-        for position, where, raw in rows(file):
-            conversation = validate_record(file_format.to_messages(raw, where), where)
+        for position, where, raw in _in_file_terms(rows(file)):
+            with _file_terms():  # the format's own checks name the file's fields already
+                converted = file_format.to_messages(raw, where)
+            conversation = validate_record(converted, where)
             if first is not None and conversation.is_trajectory != first.conversation.is_trajectory:
                 kind = (
                     "an RL trajectory (it has a reward or an advantage)"

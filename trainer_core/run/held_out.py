@@ -83,9 +83,11 @@ def stage_eval_files(
     key = cache_key(digest, tokenizer_sha256, template, options.advantage_normalization, source.format_name)
     cache_dir = Path(config.run.work_dir) / "cache"
     normalization = options.advantage_normalization
-    store, from_cache = cached_or_staged(source, digest, key, cache_dir, tokenizer, template, normalization)
+    with source.fields_as_written():  # a ShareGPT record's error says `conversations`, as its file does
+        store, from_cache = cached_or_staged(source, digest, key, cache_dir, tokenizer, template, normalization)
     try:
-        prepared = fit_store(store, source, options)
+        with source.fields_as_written():
+            prepared = fit_store(store, source, options)
     except BaseException:
         store.close()
         raise

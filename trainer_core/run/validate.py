@@ -215,14 +215,16 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
     # A cached store's data had the same bytes (the key holds their digest), so every record passed then.
     cache_dir = Path(config.run.work_dir) / "cache"
     normalization = options.advantage_normalization
-    store, from_cache = cached_or_staged(
-        source, fingerprint["data"], key, cache_dir, tokenizer, template, normalization
-    )
+    with source.fields_as_written():  # a ShareGPT record's error says `conversations`, as its file does
+        store, from_cache = cached_or_staged(
+            source, fingerprint["data"], key, cache_dir, tokenizer, template, normalization
+        )
     held_out = None
     try:
-        check_kind(config, source, store)
-        prepared = fit_store(store, source, options)
-        check_positions(config, prepared, model_config)
+        with source.fields_as_written():
+            check_kind(config, source, store)
+            prepared = fit_store(store, source, options)
+            check_positions(config, prepared, model_config)
         if config.data.eval_fraction:
             held_out_count(len(prepared.lengths), config.data.eval_fraction, source.label)
         held_out = stage_eval_files(config, tokenizer, template, fingerprint["tokenizer"], options)

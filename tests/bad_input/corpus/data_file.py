@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from .common import DEEP, GOOD_RL, GOOD_SFT, SURROGATE, Case, data_section, directory, fifo
 
 CASES: list[Case] = [
@@ -147,6 +149,18 @@ CASES: list[Case] = [
             + '"}, {"role": "assistant", "content": "ok"}]}\n',
             max_seq_len=16,
             overflow="drop",
+        ),
+    ),
+    Case(  # issue 31: a later stage's error named the field `messages`, which a ShareGPT file does not have
+        "sharegpt_too_long",
+        "data-record",
+        r"{dir}/data\.jsonl:2: field conversations: \d+ tokens, over data\.max_seq_len=16",
+        r"raise max_seq_len or set data\.overflow",
+        **data_section(
+            '{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}\n',
+            json.dumps({"conversations": [{"from": "human", "value": "word " * 40}, {"from": "gpt", "value": "ok"}]})
+            + "\n",
+            max_seq_len=16,
         ),
     ),
 ]

@@ -33,6 +33,11 @@ class RecordFormat(Protocol):
         `where` (FILE:LINE or FILE:row N), the field in this format's terms and the fix."""
         ...
 
+    def field_as_written(self, field: str, record: Any) -> str:
+        """A field of the converted record (`messages`, `messages.I`, `messages.I.content`) as `record`, this
+        format's own, spells it: the name a later stage's error gives the user."""
+        ...
+
 
 def refuse_rl_fields(record: dict, where: str, title: str) -> None:
     """RL trajectories need per-message logprobs, which only the messages format has a place for."""
@@ -49,3 +54,11 @@ def require_object(record: Any, where: str, title: str, example: str) -> dict:
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object (a {title} record), got {type(record).__name__}; {example}")
     return record
+
+
+def message_field_parts(field: str) -> tuple[int | None, str | None] | None:
+    """`messages.I.NAME` as (I, NAME), `messages` as (None, None); None for a field outside the messages list."""
+    parts = field.split(".")
+    if parts[0] != "messages" or len(parts) > 3 or (len(parts) > 1 and not parts[1].isdigit()):
+        return None
+    return (int(parts[1]) if len(parts) > 1 else None), (parts[2] if len(parts) > 2 else None)

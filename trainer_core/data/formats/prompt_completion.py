@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..schema import DataError, describe_errors
-from .base import FormatName, refuse_rl_fields, require_object
+from .base import FormatName, message_field_parts, refuse_rl_fields, require_object
 
 _EXAMPLE = 'write it as {"prompt": "…", "completion": "…"}'
 
@@ -58,6 +58,19 @@ class _PromptCompletionFormat:
         if pair.metadata is not None:
             converted["metadata"] = pair.metadata
         return converted
+
+    def field_as_written(self, field: str, record: Any) -> str:
+        """`messages` is the pair (`prompt/completion`); its messages are `system`, `prompt` and `completion`."""
+        parts = message_field_parts(field)
+        if parts is None:
+            return field
+        index, _ = parts  # a message's content is the field itself
+        if index is None:
+            return "prompt/completion"
+        names = ["prompt", "completion"]
+        if isinstance(record, dict) and record.get("system") is not None:
+            names.insert(0, "system")
+        return names[index] if index < len(names) else field
 
 
 PROMPT_COMPLETION = _PromptCompletionFormat()

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..schema import DataError, ToolFunction, describe_errors, lone_surrogate
-from .base import FormatName, refuse_rl_fields, require_object
+from .base import FormatName, message_field_parts, refuse_rl_fields, require_object
 
 _ROLES = {
     "human": "user",
@@ -131,5 +131,22 @@ class _ShareGPTFormat:
             converted["metadata"] = parsed.metadata
         return converted
 
+    def field_as_written(self, field: str, record: Any) -> str:
+        """`messages` is `conversations`; message I is turn I (I - 1 after a top-level `system`, which is message
+        0), its content, role and tool calls the turn's `value`, `from` and `value`."""
+        parts = message_field_parts(field)
+        if parts is None:
+            return field
+        index, name = parts
+        if index is None:
+            return "conversations"
+        index -= 1 if isinstance(record, dict) and record.get("system") is not None else 0
+        if index < 0:
+            return "system"
+        name = _TURN_FIELDS.get(name, name) if name is not None else None
+        return f"conversations.{index}" + (f".{name}" if name else "")
+
+
+_TURN_FIELDS = {"content": "value", "role": "from", "tool_calls": "value"}
 
 SHAREGPT = _ShareGPTFormat()
