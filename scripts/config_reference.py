@@ -92,6 +92,8 @@ def _type_name(annotation: object, bounds: str = "") -> str:
     members, optional = _without_none(annotation)
     if len(members) > 1:
         return " or ".join(_type_name(member) for member in members)
+    if typing.get_origin(members[0]) is typing.Literal:  # an optional choice: its choices, then "optional"
+        return _type_name(members[0]) + (", optional" if optional else "")
     name = " ".join(part for part in (getattr(members[0], "__name__", str(members[0])), bounds) if part)
     return f"{name}, optional" if optional else name
 
