@@ -38,7 +38,7 @@ from infra.launch.no_space import describe_no_space, disk_is_full
 from infra.runs import ledger
 from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost
 
-from .live import artifact_key, in_prefect_run, upsert_markdown_artifact
+from .live import artifact_key, artifact_link, in_prefect_run, upsert_markdown_artifact
 
 _REPORTED = "_rankflow_failure"
 """Attribute an exception carries once reported: the Failure, so later layers reuse it."""
@@ -97,7 +97,7 @@ def failure_markdown(run_id: str, failure: Failure) -> str:
     else:
         verdict = "no: " + failure.verdict().split("not retried: ", 1)[-1]
     lines = "\n".join(failure.log_tail) or "(no log lines)"
-    log_file = f"\n\n**Full error and traceback:** `{failure.log_file}`" if failure.log_file else ""
+    log_file = f"\n\n**Full error and traceback:** {artifact_link(failure.log_file)}" if failure.log_file else ""
     return (
         f"## {failure.stage} failed{attempt}\n\n"
         f"| run | stage | first failing rank | cause | retried |\n|---|---|---|---|---|\n"

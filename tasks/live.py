@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 from typing import cast
 from uuid import UUID
 
@@ -104,6 +105,20 @@ def upsert_table_artifact(key: str, table: list[dict], description: str) -> UUID
     if existing is not None:
         return _update(existing.id, json.dumps(table), description)
     return cast(UUID, create_table_artifact(table=table, key=key, description=description))
+
+
+def artifact_url(location: str) -> str:
+    """A location as a URL an artifact's link can hold: a store's own URL (`s3://…`) as it is, a local path as a
+    `file://` URL (percent-encoded: a path with a space or a `#` is no URL as it stands)."""
+    if "://" in location:
+        return location
+    return Path(location).absolute().as_uri()
+
+
+def artifact_link(location: str) -> str:
+    """A markdown link to `location` whose text is its URL (`artifact_url`)."""
+    url = artifact_url(location)
+    return f"[{url}]({url})"
 
 
 def upsert_markdown_artifact(key: str, markdown: str, description: str) -> UUID:

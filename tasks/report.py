@@ -25,7 +25,14 @@ from infra.store.objects import put_small
 
 from .failure_report import reports_failures
 from .fencing import fence
-from .live import artifact_key, flow_run_artifact, upsert_markdown_artifact, upsert_table_artifact
+from .live import (
+    artifact_key,
+    artifact_link,
+    artifact_url,
+    flow_run_artifact,
+    upsert_markdown_artifact,
+    upsert_table_artifact,
+)
 from .outcomes import PlannedRun, SegmentOutcome
 from .retry_policy import retry_unless_fenced, rides_out_outages
 
@@ -72,19 +79,15 @@ def write_run_loss_curve(planned: PlannedRun, segments: list[SegmentOutcome]) ->
     )
 
 
-def _link(url: str) -> str:
-    return f"[{url}]({url if '://' in url else 'file://' + url})"
-
-
 def summary_markdown(planned: PlannedRun, commits: list[CommitOutcome], locations: dict[str, str], curve: Path) -> str:
-    checkpoint = _link(commits[-1].checkpoint_url) if commits else "none committed"
+    checkpoint = artifact_link(commits[-1].checkpoint_url) if commits else "none committed"
     inline = base64.b64encode(curve.read_bytes()).decode()
     return (
         f"## Run {planned.run_id}\n\n"
         f"| what | where |\n|---|---|\n"
         f"| newest committed checkpoint (step {commits[-1].step if commits else '—'}) | {checkpoint} |\n"
-        f"| ledger | {_link(locations[ledger.LEDGER_FILE])} |\n"
-        f"| loss curve | {_link(locations[LOSS_CURVE_FILE])} |\n\n"
+        f"| ledger | {artifact_link(locations[ledger.LEDGER_FILE])} |\n"
+        f"| loss curve | {artifact_link(locations[LOSS_CURVE_FILE])} |\n\n"
         f"![loss curve of {planned.run_id}](data:image/png;base64,{inline})\n"
     )
 
@@ -147,7 +150,7 @@ def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[Co
     upsert_markdown_artifact(
         artifact_key(planned.run_id, "checkpoint"),
         summary_markdown(planned, commits, locations, curve),
-        f"Newest checkpoint: {commits[-1].checkpoint_url}" if commits else "No checkpoint committed",
+        f"Newest checkpoint: {artifact_url(commits[-1].checkpoint_url)}" if commits else "No checkpoint committed",
     )
     settle_failure_report(planned)
     return locations

@@ -70,3 +70,45 @@ def test_a_later_stages_error_names_the_field_as_a_sharegpt_or_pair_file_spells_
     messages.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     source = open_source(str(messages))
     assert raised(f"{messages}:1: field messages.0: x") == f"{messages}:1: field messages.0: x"
+
+
+def test_artifact_links_are_urls_that_lead_to_the_stored_files(tmp_path):
+    """A local store's files are linked as file:// URLs (percent-encoded: the store's path has a space and a `#`)
+    that resolve back to the very files; an S3 store's objects keep their s3:// URLs."""
+    import re
+    from urllib.parse import urlsplit
+    from urllib.request import url2pathname
+
+    from infra.launch.failures import Failure
+    from infra.publication.commit import CommitOutcome
+    from tasks.failure_report import failure_markdown
+    from tasks.outcomes import PlannedRun
+    from tasks.report import summary_markdown
+    from trainer_core.config import StorageSection
+
+    store = tmp_path / "my store #1"
+    files = {name: store / "run" / name for name in ("ledger.jsonl", "loss_curve.png", "step-00000003")}
+    for file in files.values():
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_bytes(b"\x89PNG")
+
+    planned = PlannedRun(
+        run_id="run", digest="d" * 64, run_dir=str(tmp_path), segment_steps=[(0, 3)], storage=StorageSection()
+    )
+    commit = CommitOutcome(str(files["step-00000003"]), 3, 1, 0, 4, True, 0.1)
+    locations = {name: str(path) for name, path in files.items()}
+    markdown = summary_markdown(planned, [commit], locations, files["loss_curve.png"])
+    links = re.findall(r"\[([^\]]+)\]\(([^)]+)\)", markdown.split("![")[0])
+    assert len(links) == 3
+    for text, url in links:
+        assert text == url and urlsplit(url).scheme == "file" and " " not in url
+        assert url2pathname(urlsplit(url).path) in {str(path) for path in files.values()}
+
+    on_s3 = {name: f"s3://bucket/runs/run/{name}" for name in ("ledger.jsonl", "loss_curve.png")}
+    markdown = summary_markdown(planned, [], on_s3, files["loss_curve.png"])
+    assert "[s3://bucket/runs/run/ledger.jsonl](s3://bucket/runs/run/ledger.jsonl)" in markdown
+
+    log = files["ledger.jsonl"]
+    failure = Failure("export", FailureClass.LAUNCH_TIMEOUT, None, "d", log_file=str(log))
+    (url,) = re.findall(r"traceback:\*\* \[[^\]]+\]\(([^)]+)\)", failure_markdown("run", failure))
+    assert url2pathname(urlsplit(url).path) == str(log)
