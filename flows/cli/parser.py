@@ -13,7 +13,8 @@
 Exit status: 0 success; 2 bad config or input (nothing started, nothing
 written); 1 a failure during the run; 75 (EX_TEMPFAIL) another run of the
 same run id is running (it holds the run lease; nothing was done: run again
-later, or set run.lease_wait_s to wait). Standard output closed is bad input
+later, or set run.lease_wait_s to wait); 130 interrupted by Ctrl-C (one
+line, then the JSON line with status "interrupted"; run again to resume). Standard output closed is bad input
 (exit 2, before anything runs); a result that standard output refuses (a full
 disk, a closed pipe) is one line on standard error and exit 1
 (`flows.cli.output`). `run` prints, as the last line of its
