@@ -94,7 +94,15 @@ class _TiedSubprocess:
 
     def Popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen[Any]:  # noqa: N802 - subprocess's name
         kwargs.setdefault("start_new_session", True)
-        return subprocess.Popen(*args, preexec_fn=self._before_exec, **kwargs)
+        theirs, ours = kwargs.pop("preexec_fn", None), self._before_exec
+        if theirs is not None and ours is not None:
+
+            def both() -> None:  # a preexec_fn Prefect passes itself is kept, after the tie
+                ours()
+                theirs()
+
+            return subprocess.Popen(*args, preexec_fn=both, **kwargs)
+        return subprocess.Popen(*args, preexec_fn=theirs or ours, **kwargs)
 
 
 def _parent_death_signal() -> Callable[[], None] | None:

@@ -143,3 +143,14 @@ def test_runs_on_one_home_start_their_servers_in_turn_and_each_server_dies_with_
         for pid in servers:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_preexec_fn_prefect_passes_is_kept_beside_the_tie(tmp_path):
+    """The spawn's own `preexec_fn` (were Prefect to pass one) runs too, after the tie: neither replaces the other."""
+    from flows.temporary_server import _TiedSubprocess
+
+    tie, theirs = tmp_path / "tie", tmp_path / "theirs"
+    spawn = _TiedSubprocess(lambda: os.close(os.open(tie, os.O_CREAT | os.O_WRONLY)))
+    child = spawn.Popen(["true"], preexec_fn=lambda: os.close(os.open(theirs, os.O_CREAT | os.O_WRONLY)))
+    assert child.wait(timeout=60) == 0
+    assert tie.exists() and theirs.exists()
