@@ -18,10 +18,12 @@ class BackendEntry:
     """The import its module needs."""
     extra: str
     """The package extra that installs that library."""
+    records_status: bool = False
+    """Whether its run record has a status to end (FINISHED, FAILED, KILLED); one without is not opened for it."""
 
 
 BACKENDS: dict[str, BackendEntry] = {
-    "mlflow": BackendEntry("mlflow_backend", "MlflowBackend", "mlflow", "mlflow"),
+    "mlflow": BackendEntry("mlflow_backend", "MlflowBackend", "mlflow", "mlflow", records_status=True),
     "tensorboard": BackendEntry("tensorboard_backend", "TensorBoardBackend", "tensorboard", "tensorboard"),
     "wandb": BackendEntry("wandb_backend", "WandbBackend", "wandb", "wandb"),
 }
@@ -36,6 +38,12 @@ def missing_library(backend: str) -> str | None:
         f"tracking.backend = {backend!r} needs the {entry.library} package, which is not installed; "
         f"pip install 'rankflow[{entry.extra}]', or set tracking.backend = \"none\""
     )
+
+
+def records_status(backend: str) -> bool:
+    """Whether `backend`'s run record has a status that the run's end must set."""
+    entry = BACKENDS.get(backend)
+    return entry is not None and entry.records_status
 
 
 def open_backend(backend: str, uri: str, experiment: str, run_id: str) -> TrackingBackend:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from .backend import RunEnd, TrackingBackend
-from .registry import open_backend
+from .registry import open_backend, records_status
 
 if TYPE_CHECKING:
     from tasks.outcomes import PlannedRun
@@ -183,6 +183,8 @@ def end_tracked_run(planned: PlannedRun, status: RunEnd, warn: Callable[[str], N
 
     MLflow shows a record RUNNING until this: without it every run looked alive forever. A resumed run's record
     is marked RUNNING again when its first sink opens it (`TrackingBackend.start`)."""
+    if not records_status(planned.tracking.backend):
+        return 0  # TensorBoard, W&B: nothing to end, and opening one would write an empty record
     sink = tracking_sink_for(planned, warn, close_timeout_s=timeout_s)
     if sink is None:
         return 0

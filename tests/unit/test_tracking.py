@@ -292,3 +292,17 @@ def test_the_flow_ends_the_runs_record_as_the_run_ended(tmp_path, tiny_config, r
             if raised is not None:
                 raise raised("stopped in a segment")
     assert _mlflow_record(uri).status == status
+
+
+def test_ending_a_run_opens_no_backend_whose_record_has_no_status(tmp_path, tiny_config):
+    """TensorBoard has no run status: the run's end writes no new events file (opening it would make one)."""
+    from infra.tracking.sink import end_tracked_run
+    from trainer_core.config import TrackingSection
+
+    logs = tmp_path / "tb"
+    planned = _tracked_planned(tmp_path, tiny_config)
+    planned = planned.model_copy(
+        update={"tracking": TrackingSection(backend="tensorboard", uri=str(logs), experiment="x")}
+    )
+    assert end_tracked_run(planned, "FINISHED", lambda line: None) == 0
+    assert not logs.exists() or not any(logs.rglob("*tfevents*"))
