@@ -43,7 +43,10 @@ included) exchanges its mode (`begin_forward`, one small all-gather) before
 any of FSDP's collectives, so a turn whose forwards would gather differently —
 a replay beside an empty logical rank, a no_grad forward beside a dummy, or the
 planner choosing differently on two processes — is refused on every process
-at once, naming the rule, instead of aborting in a mismatched collective.
+at once, naming the rule, instead of aborting in a mismatched collective. Only
+a block's first forward is exchanged: a block with a second forward beside an
+empty logical rank (whose dummy runs one) is not refused and mismatches FSDP's
+collectives; keep one forward per block there.
 """
 
 from __future__ import annotations

@@ -62,6 +62,8 @@ _ALLOWED_GLOBALS = {
     ("torch.serialization", "_get_layout"),  # a layout by its name
     ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id: where the state was written
     ("pathlib", "PurePosixPath"),
+    ("pathlib._local", "PosixPath"),  # Python 3.13 pickles pathlib's classes from their new module
+    ("pathlib._local", "PurePosixPath"),
 }
 
 
