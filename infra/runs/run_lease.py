@@ -128,19 +128,26 @@ def acquire_run_lease(
 
 
 def check_run_lease(store: ObjectStore, run_id: str, token: str, stage: str) -> None:
-    """Fencing: raise RunLeaseLost unless the run holding lease `token` still holds it (renewed if it had lapsed)."""
+    """Fencing: raise RunLeaseLost unless the run holding lease `token` still holds it (renewed if it had lapsed).
+
+    A lapsed lease that still carries `token` but whose renewal the store did not take (the conditional write
+    refused, nothing else written) raises ConnectionError: a storage outage, retried, never a loss."""
     path = run_lease_path(store, run_id)
     with storage_errors(store, f"run lease of run {run_id}"):
         # Expired unrenewed (its heartbeat starved or paused) but nobody took it over: still ours, renewed.
         holder = read_lease_renewed(store, path, token)
     if holder is not None and holder.token == token and not holder.expired(time.time()):
         return
-    if holder is None:
-        why = "was released or removed"
-    elif holder.token != token:
-        why = f"was taken over by {describe_holder(holder)}"
-    else:
-        why = f"expired unrenewed {time.time() - holder.expires_at:.0f} s ago"
+    if holder is not None and holder.token == token:
+        # Still ours, lapsed, and our conditional renewal lost with nothing else written (the record read back is
+        # the one it was to replace): no takeover, the store did not take the write. An outage: retried.
+        raise ConnectionError(
+            f"{stage} of run {run_id} stopped before writing: its run lease {path} in {store.url} still names this "
+            f"run (expired unrenewed {time.time() - holder.expires_at:.0f} s ago, nobody took it over), but the "
+            "renewal could not be written there (the store refused the conditional write, and nothing else was "
+            "written); retried while the store recovers"
+        )
+    why = "was released or removed" if holder is None else f"was taken over by {describe_holder(holder)}"
     raise RunLeaseLost(
         f"{stage} of run {run_id} stopped before writing: this run's lease {why}. Another run of the same run id "
         f"owns it now; this run wrote nothing more (on {socket.gethostname()})"

@@ -241,3 +241,36 @@ def test_a_heartbeat_cut_off_past_the_ttl_keeps_the_lease_nobody_took(store, mon
     assert not stored(store, lease.path).expired(time.time())  # before: the heartbeat had given up (lost)
     lease.check()
     assert lease.release()
+
+
+def test_a_fence_whose_renewal_the_store_refused_with_nothing_else_written_is_an_outage(store, monkeypatch):
+    """The run lease lapsed untaken; the fence's conditional renewal lost though the record is still this run's.
+
+    Before: RunLeaseLost, "Another run of the same run id owns it now" (false: nobody wrote it), never retried.
+    """
+    from infra.launch.failures import FailureClass, classify_exception
+    from infra.runs.run_lease import RunLeaseLost, check_run_lease
+
+    lease = acquire_run_lease(store, RUN, ttl_s=30, wait_s=0)
+    lease.stop_heartbeat()  # as if starved: nobody renews it
+    path = run_lease_path(store, RUN)
+    lapsed = lease.record.model_copy(update={"expires_at": time.time() - 1})
+    store.fs.pipe_file(path, lapsed.to_bytes())
+    refused: list[str] = []
+
+    def refused_with_nothing_written(store_, path_, data, tag):
+        refused.append(path_)
+        return None  # "it changed": the conditional write lost, and nothing was written
+
+    monkeypatch.setattr(lease_module, "replace_if_unchanged", refused_with_nothing_written)
+    with pytest.raises(ConnectionError) as caught:
+        check_run_lease(store, RUN, lapsed.token, "state upload of segment 1")
+    message = str(caught.value)
+    assert refused == [path] and not isinstance(caught.value, RunLeaseLost)
+    assert store.url in message and "renewal could not be written" in message and "owns it now" not in message
+    assert classify_exception(caught.value) is FailureClass.STORAGE_OUTAGE and FailureClass.STORAGE_OUTAGE.retriable
+    assert stored(store, path) == lapsed  # the fence wrote nothing
+    monkeypatch.undo()  # the store takes writes again: the next check renews the lease, still this run's
+    check_run_lease(store, RUN, lapsed.token, "state upload of segment 1")
+    assert not stored(store, path).expired(time.time()) and stored(store, path).token == lapsed.token
+    assert lease.release()
