@@ -151,11 +151,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     "manifest_sha256": checkpoint.manifest_sha256,
                 }
             result = evaluate_checkpoint(directory, source, settings, scratch=scratch, label=_label(args))
-    except OSError as error:  # a store that does not answer, a full disk: not bad input
-        print(f"rankflow: eval {args.checkpoint}: {type(error).__name__}: {error}", file=sys.stderr)
-        return EXIT_FAILED
     except CheckpointNotVerified as damaged:  # the store's fault, not the input's: exit 1, as checkpoints pull
         print(f"rankflow: eval {args.checkpoint}: {damaged}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as error:  # a store that does not answer, a full disk: not bad input
+        print(f"rankflow: eval {args.checkpoint}: {type(error).__name__}: {error}", file=sys.stderr)
         return EXIT_FAILED
     summary = {
         **named,

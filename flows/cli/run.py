@@ -127,15 +127,18 @@ def _run(args: argparse.Namespace) -> int:
     config = _load(args)
     check_tracking(config)
     # A bad config is reported without transformers or torch.
-    from infra.publication.parent import resolve_parent, undone_if_refused
+    from infra.launch.failures import classify_exception
+    from infra.publication.parent import resolve_parent, undo, undone_if_refused
     from trainer_core.run.validate import validate_inputs
 
     with undone_if_refused() as created:  # bad input writes nothing: not even the parent's verified copy
         try:
             resolve_parent(config, created)  # model.path naming a committed checkpoint: fetched, verified
-        except OSError as outage:  # its store does not answer: exit 1, run the same command later
+        except OSError as outage:  # its store does not answer, or the checkpoint does not verify there: exit 1
+            undo(created)  # nothing of the fetch stays (a damaged parent is no bad input, but leaves nothing)
             print(f"rankflow: run failed: {outage}", file=sys.stderr)
-            emit(json.dumps({**_summary(None, _wall_s(args), outage), "failed_stage": "model-fetch"}))
+            failure = {"failed_stage": "model-fetch", "failure_cause": classify_exception(outage).value}
+            emit(json.dumps({**_summary(None, _wall_s(args), outage), **failure}))
             return EXIT_FAILED
         # Every input is read and checked before Prefect (and its temporary server) starts,
         # and the store is probed before the first byte is written (the stage cache included).

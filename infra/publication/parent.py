@@ -103,8 +103,9 @@ def _source(config: RunConfig) -> CheckpointSource | None:
 def resolve_parent(config: RunConfig, created: Created | None = None) -> CommittedCheckpoint | None:
     """Fetch the checkpoint `model.path` names (verified) and point `model.path` at the local copy.
 
-    Raises ConfigError (exit 2, nothing trained) for a reference that names nothing usable; a store that does
-    not answer raises its OSError (an outage: run the same command again).
+    Raises ConfigError (exit 2, nothing trained) for a reference that names nothing usable; a checkpoint that does
+    not verify in its store raises CheckpointNotVerified and a store that does not answer its OSError (both
+    OSErrors: exit 1, not bad input).
     """
     resolve_hub_model(config)  # a hub model id: its snapshot in the Hugging Face cache (downloaded when online)
     source = _source(config)
@@ -130,12 +131,13 @@ def resolve_parent(config: RunConfig, created: Created | None = None) -> Committ
     return parent
 
 
-class CheckpointNotVerified(ConfigError):
+class CheckpointNotVerified(OSError):
     """A committed checkpoint that is in its store but does not verify there (a file or its manifest is damaged).
 
-    Bad config where `model.path` names it (`rankflow run`: exit 2, nothing trained); the store's fault, not the
-    user's input, for a command that reads checkpoints (`rankflow eval` exits 1 on it, as `rankflow checkpoints
-    pull` does). A subclass of ConfigError so that `undone_if_refused` still removes what the fetch made."""
+    The store's fault, not the user's input, for every reader: `rankflow run` with `model.path` naming it exits 1
+    (nothing trained), as `rankflow eval` and `rankflow checkpoints pull` do. An OSError like `StoredObjectCorrupt`
+    (a storage failure, `storage_outage`; a damaged store fails every try the same way, naming the file), never
+    bad input (`bad_input`: fix the config). `undone_if_refused` removes what the fetch made, as for bad input."""
 
 
 Created = list[tuple[Path, bool]]
@@ -144,21 +146,27 @@ Created = list[tuple[Path, bool]]
 
 @contextmanager
 def undone_if_refused() -> Iterator[Created]:
-    """A list for `fetch_checkpoint(created=)`: a command refused as bad input, by the fetch (a checkpoint that does
-    not verify) or later (a LoRA rank that differs, an empty data file), leaves nothing of it. Its own downloads are
+    """A list for `fetch_checkpoint(created=)`: a command refused as bad input (a LoRA rank that differs, an empty
+    data file), or by the fetch (a checkpoint that does not verify: `CheckpointNotVerified`), leaves nothing of it. Its own downloads are
     removed, and the directories it made are removed when empty: never a directory it did not make, nor one that
     another process filled meanwhile (a copy cached earlier stays)."""
     created: Created = []
     try:
         yield created
-    except BadInputError:
-        for path, download in reversed(created):
-            if download:
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with suppress(OSError):
-                    path.rmdir()  # only when empty
+    except (BadInputError, CheckpointNotVerified):  # a checkpoint that does not verify leaves nothing either
+        undo(created)
         raise
+
+
+def undo(created: Created) -> None:
+    """Remove what a fetch created (`undone_if_refused`): its own downloads, and the directories it made when empty."""
+    for path, download in reversed(created):
+        if download:
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with suppress(OSError):
+                path.rmdir()  # only when empty
+    created.clear()
 
 
 def missing_directories(path: Path) -> list[Path]:

@@ -434,6 +434,7 @@ def test_a_checkpoint_that_does_not_verify_exits_1_as_pull_does_and_writes_nothi
     assert captured.out == "" and "Traceback" not in captured.err
     (line,) = captured.err.splitlines()
     assert line.startswith(f"rankflow: eval {checkpoint}: ") and re.search(message, line), line
+    assert "CheckpointNotVerified" not in line  # the message alone, as for bad input (no type name)
     temporary, cwd = clean_places
     assert list(temporary.iterdir()) == [] and list(cwd.iterdir()) == []
 

@@ -17,11 +17,13 @@ from safetensors.torch import load_file
 
 from flows.cli import main
 from flows.pipeline import train_flow
-from infra.publication.parent import resolve_parent
+from infra.launch.failures import FailureClass, classify_exception
+from infra.publication.parent import CheckpointNotVerified, resolve_parent
 from infra.runs import ledger
 from tests.cli.watched_run import toml_text as _toml
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import ConfigError, RunConfig, config_from_dict
+from trainer_core.errors import BadInputError
 from trainer_core.model import build_trainer
 from trainer_core.run.parent_record import PARENT_FILE
 from trainer_core.run.plan import build_plan
@@ -114,8 +116,11 @@ def test_bytes_changed_in_the_store_are_refused_and_a_changed_cache_is_fetched_a
 
     (Path(url) / "model.safetensors").write_bytes(bytes(data))  # under an intact manifest
     damaged = child(tmp_path / "damaged", parent_config, url, store_url=str(store))
-    with pytest.raises(ConfigError, match=r"does not verify: .*model\.safetensors"):
+    with pytest.raises(CheckpointNotVerified, match=r"does not verify: .*model\.safetensors") as caught:
         resolve_parent(damaged)
+    # The store's fault, not the input's: never bad input (exit 2, not retried), as for `rankflow eval` and `pull`
+    assert not isinstance(caught.value, BadInputError)
+    assert classify_exception(caught.value) is FailureClass.STORAGE_OUTAGE
     assert not (Path(damaged.run.work_dir) / "cache" / "parents" / result["run_id"] / "step-00000002").exists()
 
 
@@ -135,7 +140,7 @@ def _spoil(case: str, tree: dict, store: Path, result: dict) -> None:
         tree["data"]["path"] = str(empty)
     elif case == "a LoRA rank other than the adapter's":  # a full checkpoint has no adapter: the rank is checked
         tree["model"]["lora"] = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj"], "init_from": "/nonexistent"}
-    else:  # a flipped byte under an intact manifest: the verified fetch refuses it
+    else:  # a flipped byte under an intact manifest: the verified fetch (or LATEST's resolution) refuses it
         weights = store / result["run_id"] / "checkpoints" / "step-00000002" / "model.safetensors"
         data = bytearray(weights.read_bytes())
         data[-1] ^= 0xFF
@@ -151,10 +156,13 @@ def _spoil(case: str, tree: dict, store: Path, result: dict) -> None:
         ("a LoRA rank other than the adapter's", "new"),
         ("a flipped byte", "new"),
         ("a flipped byte", "holding another parent"),  # cache/parents exists: no empty run folder is left
+        ("a flipped byte, by RUN@latest", "new"),  # its only checkpoint does not verify: refused before a download
     ],
 )
-def test_a_run_refused_as_bad_input_leaves_no_copy_of_its_parent(parent, tmp_path, capsys, monkeypatch, case, work_dir):
-    """Exit 2 with one line, and no cache entry: nothing written, and nothing else removed."""
+def test_a_refused_run_leaves_no_copy_of_its_parent(parent, tmp_path, capsys, monkeypatch, case, work_dir):
+    """Bad input exits 2, a parent that does not verify in the store 1 (the store's fault: one class with `rankflow
+    eval` and `checkpoints pull`), each with one line and no cache entry: nothing written, and nothing else removed.
+    """
     parent_config, result = parent
     store = tmp_path / "store"
     shutil.copytree(parent_config.storage.url, store)
@@ -186,10 +194,22 @@ def test_a_run_refused_as_bad_input_leaves_no_copy_of_its_parent(parent, tmp_pat
     config_file = tmp_path / "child.toml"
     config_file.write_text(_toml(tree))
     capsys.readouterr()
-    assert main(["run", str(config_file)]) == 2
+    code = main(["run", str(config_file)])
     captured = capsys.readouterr()
-    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1, captured.err
-    assert captured.err.startswith("rankflow: bad input: "), captured.err
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
+    if case.startswith("a flipped byte"):  # before: exit 2, "bad input", a failure class never retried
+        assert code == 1 and captured.err.startswith("rankflow: run failed: model.path="), captured.err
+        assert "does not verify" in captured.err or "verifies in" in captured.err, captured.err
+        summary = json.loads(captured.out.strip().splitlines()[-1])
+        assert (summary["status"], summary["failed_stage"], summary["failure_cause"]) == (
+            "failed",
+            "model-fetch",
+            "storage_outage",
+        )
+        assert summary["error"].startswith("CheckpointNotVerified: ")
+    else:
+        assert code == 2 and captured.out == "", captured.out
+        assert captured.err.startswith("rankflow: bad input: "), captured.err
     after = sorted(work.rglob("*")) if work.exists() else None
     if work_dir == "filled by another run meanwhile":  # the other run's files stay; nothing of this one's
         assert after == [work / "other-run-0123456789ab", work / "other-run-0123456789ab" / "ledger.jsonl"], after
