@@ -19,7 +19,6 @@ still ends it at once.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
@@ -27,15 +26,9 @@ from infra.publication.finalizer import FinalizerSettings
 from infra.runs.run_lease import check_run_lease
 from infra.store import open_store
 
+from . import retry_policy
 from .outcomes import PlannedRun
-from .retry_policy import (
-    OUTAGE_BACKOFF,
-    OutageBackoff,
-    is_storage_outage,
-    outage_warning,
-    ridden_out,
-    warning_to_this_run,
-)
+from .retry_policy import OutageBackoff, is_storage_outage, outage_warning, ridden_out, warning_to_this_run
 
 if TYPE_CHECKING:
     from infra.publication.commit import PublishSettings
@@ -48,9 +41,13 @@ FENCE_EVERY_S = 2.0
 
 
 def fence(planned: PlannedRun, stage: str) -> None:
-    """Raise RunLeaseLost unless this run still holds its run lease."""
+    """Raise RunLeaseLost unless this run still holds its run lease.
+
+    A check answered tells this thread's outage ride-out that the store answered (`retry_policy.store_answered`).
+    """
     if planned.lease_token is not None:
         check_run_lease(open_store(planned.storage), planned.run_id, planned.lease_token, stage)
+        retry_policy.store_answered()
 
 
 def fenced_settings(planned: PlannedRun, kind: type[S]) -> S:
@@ -66,16 +63,18 @@ def fenced_monitor(
     stage: str,
     monitor: Callable[[], str | None] | None,
     every_s: float = FENCE_EVERY_S,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] | None = None,
     backoff: OutageBackoff | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> Callable[[], str | None]:
     """`monitor`, plus a lease check every `every_s`: a lost lease raises RunLeaseLost, which ends the launch.
 
     A check the store cannot answer is tried again after `backoff`'s growing pauses (measured on `clock`); the
-    launch ends on the outage only once it has lasted `backoff.budget_s`.
+    launch ends on the outage only once it has lasted `backoff.budget_s`. `backoff` defaults to
+    `retry_policy.OUTAGE_BACKOFF` as it is when the launch starts (a test may replace it), `clock` to its clock.
     """
-    backoff = backoff or OUTAGE_BACKOFF
+    backoff = backoff or retry_policy.OUTAGE_BACKOFF
+    clock = clock or backoff.clock
     warn = warn or warning_to_this_run()
     last_check = clock()
     next_check_s = every_s

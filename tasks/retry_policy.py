@@ -21,12 +21,16 @@ stage functions are idempotent (a retry resumes from what the store and the
 run directory hold), so running one again is what a Prefect retry does too. A
 launch's fence rides it out without stopping the launch (`tasks.fencing`). A
 refusal (HTTP 403, a PermissionError) is no outage: it would be refused again.
+Nor is a failed launch, whatever its ranks died of (an OSError in a rank may be
+its local disk): it ends the attempt at once, for Prefect's retries, which are
+recorded in the ledger and the failure report.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,7 +38,8 @@ from typing import ParamSpec, TypeVar
 
 from prefect.client.schemas.objects import State, TaskRun
 
-from infra.launch.failures import FailureClass, classify_exception
+from infra.launch.failures import Failure, FailureClass, classify_exception
+from infra.launch.launcher import LaunchError
 from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost
 
 P = ParamSpec("P")
@@ -51,6 +56,8 @@ class OutageBackoff:
     """The first pause; each next one doubles."""
     max_delay_s: float = 60.0
     """The longest pause: a store back after a long outage is seen within this."""
+    new_outage_after_s: float = 60.0
+    """A failed try that ran this long, with a lease check of its own answered, failed in a new outage."""
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
 
@@ -78,6 +85,24 @@ def ridden_out(error: BaseException, lasted_s: float) -> None:
         pass
 
 
+_answers = threading.local()
+
+
+def store_answered() -> None:
+    """Note that the store answered a request of this thread's stage (`tasks.fencing.fence`: its lease was read)."""
+    _answers.count = answers_so_far() + 1
+
+
+def answers_so_far() -> int:
+    """How many times the store answered this thread's stage (`store_answered`): a change means it answered."""
+    return getattr(_answers, "count", 0)
+
+
+def is_launch_failure(error: BaseException) -> bool:
+    """Whether `error` is a failed launch (`LaunchError`, a node's `NodeFailed`): its ranks' diagnosis, not the store's."""
+    return isinstance(error, LaunchError) or isinstance(getattr(error, "failure", None), Failure)
+
+
 def is_storage_outage(error: BaseException) -> bool:
     """Whether `error` is object storage unreachable or failing (a retry later can succeed), not a refusal."""
     return classify_exception(error) is FailureClass.STORAGE_OUTAGE and not isinstance(error, PermissionError)
@@ -92,26 +117,46 @@ def outage_warning(what: str, error: BaseException, delay_s: float, lasted_s: fl
 
 
 def ride_out_outage(
-    call: Callable[[], R], what: str, backoff: OutageBackoff = OUTAGE_BACKOFF, warn: Callable[[str], None] | None = None
+    call: Callable[[], R],
+    what: str,
+    backoff: OutageBackoff | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> R:
-    """`call()`, tried again through a storage outage until it has lasted `backoff.budget_s`; other errors at once."""
+    """`call()`, tried again through a storage outage until it has lasted `backoff.budget_s`; other errors at once.
+
+    `backoff` defaults to this module's `OUTAGE_BACKOFF`, read at the call (a test may replace it). A failed
+    launch is raised at once even when its ranks' diagnosis is a storage outage (`is_launch_failure`): a rank's
+    OSError may be its own disk, and Prefect's retries record each failed launch.
+
+    An outage lasts from its first failure (or from when a launch's fence began riding it out, `ridden_out`)
+    until the store answers: a try that failed after running `backoff.new_outage_after_s` or longer, the store
+    having answered a lease check of this stage (`store_answered`) since the failure before, failed in a new
+    outage, counted (and paused for, from `first_delay_s`) from this failure. A try that fails sooner, or whose
+    lease checks went unanswered (a store that hangs each request until it times out), is the same outage, so a
+    store that answers lease reads but fails the stage's own requests on every try still fails it after
+    `budget_s`.
+    """
+    backoff = backoff or OUTAGE_BACKOFF
     warn = warn or warning_to_this_run()
     outage_since: float | None = None
-    for delay in backoff.delays():
+    pauses = backoff.delays()
+    while True:
+        started, answers = backoff.clock(), answers_so_far()
         try:
             return call()
         except Exception as error:
-            if not is_storage_outage(error):
+            if is_launch_failure(error) or not is_storage_outage(error):
                 raise
             now = backoff.clock()
-            # An outage a launch's fence already rode out counts from when it began.
-            began = outage_since if outage_since is not None else now - float(getattr(error, RIDDEN_OUT_S, 0.0))
-            outage_since, lasted_s = began, now - began
+            answered = answers_so_far() != answers and now - started >= backoff.new_outage_after_s
+            if outage_since is None or answered:  # a new outage; one a launch's fence rode out began earlier
+                outage_since, pauses = now - float(getattr(error, RIDDEN_OUT_S, 0.0)), backoff.delays()
+            lasted_s = now - outage_since
             if lasted_s >= backoff.budget_s:
                 raise
+            delay = next(pauses)
             warn(outage_warning(what, error, delay, lasted_s, backoff.budget_s))
             backoff.sleep(delay)
-    raise AssertionError("unreachable: the delays never end")
 
 
 def rides_out_outages(stage: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -123,7 +168,7 @@ def rides_out_outages(stage: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     def decorate(function: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(function)
         def run(*args: P.args, **kwargs: P.kwargs) -> R:
-            return ride_out_outage(lambda: function(*args, **kwargs), stage, OUTAGE_BACKOFF)
+            return ride_out_outage(lambda: function(*args, **kwargs), stage)
 
         return run
 

@@ -11,6 +11,7 @@ or went on), and the lease record and the stage's result.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +23,9 @@ import tasks.report as report_module
 import tasks.retry_policy as retry_policy
 import tasks.segment as segment_module
 import tasks.state_upload as state_upload_module
+from infra.launch.failures import FailureClass, classify_exception, diagnose_launch
+from infra.launch.launcher import LaunchError, LaunchResult
+from infra.runs import ledger
 from infra.runs.run_lease import RunLeaseLost, acquire_run_lease
 from infra.store.base import open_store
 from tasks.fencing import fence, fenced_monitor
@@ -225,3 +229,94 @@ def test_each_stage_rides_out_a_60_s_outage_within_one_attempt(run, stage, monke
     assert call() is done  # before: the outage's ConnectionResetError, after 3 Prefect attempts within ~20 s
     assert run.outage.now >= 60.0 and run.outage.reads_failed >= 3
     assert sum(run.outage.sleeps) < 60.0 + 60.0  # tried again within a pause of the store's return
+
+
+def _rank_disk_error() -> LaunchError:
+    """What the launcher raises when rank 1 died of an EIO from its local disk (its diagnosis: storage_outage)."""
+    record = {"rank": 1, "time": 1.0, "type": "OSError", "message": "[Errno 5] Input/output error: '/local/state'"}
+    result = LaunchResult(
+        returncode=1,
+        wall_s=1.0,
+        timed_out=False,
+        tail=("[rank 1] ERROR OSError: [Errno 5] Input/output error",),
+        rank_exits={1: 1},
+        root_cause_rank=1,
+        error_records=(record,),
+    )
+    return LaunchError("segment failed on rank 1", result, diagnose_launch(result, "segment", 60))
+
+
+def test_a_failed_launch_ends_the_attempt_at_once_and_is_recorded_whatever_its_ranks_died_of(run, monkeypatch):
+    launches = []
+
+    def launch(_planned, _segment_index, **_kwargs):
+        launches.append(run.outage.now)
+        raise _rank_disk_error()
+
+    monkeypatch.setattr(segment_module, "rank_line_logger", lambda: print)
+    monkeypatch.setattr(segment_module, "train_segment_fn", launch)
+    assert classify_exception(_rank_disk_error()) is FailureClass.STORAGE_OUTAGE  # the rank's OSError, as diagnosed
+    with pytest.raises(LaunchError):
+        segment_module.train_segment.fn(run.planned, 1)
+    # Before: relaunched (retraining) for 5 minutes as an "object storage outage", only the last launch recorded.
+    assert launches == [0.0] and run.outage.sleeps == []
+    failed = [e for e in ledger.read(Path(run.planned.run_dir)) if e["status"] == "failed"]
+    assert [(e["stage"], e["failure"]["cause"], e["failure"]["rank"]) for e in failed] == [
+        ("segment", "storage_outage", 1)
+    ]
+
+
+def test_an_outage_after_the_store_answered_for_minutes_is_a_new_outage(run):
+    """A 30 s blip, 10 minutes of work, a 2 s reset: the second outage is ridden out too (5 minutes from ITS start)."""
+    run.outage.lasts_s = 30.0
+    tries, lines = [], []
+
+    def stage():
+        tries.append(run.outage.now)
+        fence(run.planned, "export of segment 1")  # fails through the blip
+        if len(tries) == 5:  # the store answered: 10 minutes of work, then a reset of its own
+            run.outage.starts_at, run.outage.lasts_s = run.outage.now + 600.0, 2.0
+            run.outage.now += 600.0
+            fence(run.planned, "export of segment 1")
+        return "done"
+
+    result = retry_policy.ride_out_outage(stage, "export", run.outage.backoff(), warn=lines.append)
+    assert result == "done"  # before: the reset counted as a 630 s outage, over the budget, and failed the stage
+    assert run.outage.sleeps == [2, 4, 8, 16, 2]  # the new outage's pauses start again
+    assert "(0 s of up to 300 s ridden out)" in lines[-1]
+
+
+def test_a_store_that_answers_lease_checks_but_fails_each_try_still_fails_after_five_minutes(run):
+    run.outage.lasts_s = 0.0  # lease reads are answered; the stage's upload is reset on every try
+
+    def stage():
+        fence(run.planned, "commit of step 2")  # answered
+        raise ConnectionResetError("uploading model.safetensors: [Errno 104] Connection reset by peer")
+
+    with pytest.raises(ConnectionResetError):
+        retry_policy.ride_out_outage(stage, "commit", run.outage.backoff(), warn=lambda _line: None)
+    assert BUDGET_S <= run.outage.now <= BUDGET_S + 60
+
+
+def test_a_replaced_outage_backoff_reaches_a_launch_lease_check_and_every_ride_out(run, monkeypatch):
+    run.outage.starts_at = 10.0
+    watch = fenced_monitor(run.planned, "segment 1", None, warn=lambda _line: None)  # OUTAGE_BACKOFF's clock, budget
+    run.outage.now = 12.0
+    assert watch() is None  # ridden out, on the replaced backoff's clock
+    monkeypatch.setattr(retry_policy, "OUTAGE_BACKOFF", retry_policy.OutageBackoff(budget_s=0, clock=run.outage.clock))
+    watch = fenced_monitor(run.planned, "segment 1", None, warn=lambda _line: None)
+    run.outage.now = 14.0
+    with pytest.raises(ConnectionResetError):  # before: the import-time 5 minutes were ridden out
+        watch()
+
+    outage, answers = Outage(), []
+    monkeypatch.setattr(retry_policy, "OUTAGE_BACKOFF", outage.backoff())
+
+    def answers_the_second_time():
+        answers.append(1)
+        if len(answers) == 1:
+            raise ConnectionRefusedError("object storage unreachable")
+        return "answered"
+
+    assert retry_policy.ride_out_outage(answers_the_second_time, "report", warn=lambda _line: None) == "answered"
+    assert outage.sleeps == [2]  # before: a real 2 s sleep, the default bound at import
