@@ -13,6 +13,7 @@ which need no root, are in tests/unit/test_no_space.py.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -79,7 +80,7 @@ def test_a_full_work_dir_is_named_not_retried_and_the_rerun_with_space_is_bitwis
     assert code == 1 and full["run_id"] is not None, err[-3000:]
     assert full["failure_cause"] == "no_space" and full["failed_stage"] == "segment", full
     line = err.strip().splitlines()[-1]
-    assert line.startswith("rankflow: run failed: segment failed on "), line
+    assert re.match(r"rankflow: run failed: segment failed( on rank \d+)?: no_space ", line), line
     assert f"no space on tmpfs:{small_disk}" in line and f"tmpfs mounted at {small_disk}" in line, line
     assert "attempt 1 of 3, not retried: a retry cannot help (no_space); free space on that disk" in line, line
     assert "JSONDecodeError" not in err
