@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .config import RunConfig
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # config asks this module whether a path is a hub id: a real import would be a cycle
+    from .config import RunConfig
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 """`ORG/NAME` with the characters the hub allows; a relative path can look the same, so a directory of that name
