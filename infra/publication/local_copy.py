@@ -2,7 +2,8 @@
 
 A pulled copy holds the store's `MANIFEST.json` beside its files (`checkpoints.download_checkpoint`). Before a
 reader loads it, every file that manifest lists is checked again here for its size and sha256 (a copy edited,
-truncated or half-overwritten since the pull is refused, named); the manifest itself is checked as a store's is.
+truncated or half-overwritten since the pull is refused, named), and a file it does not list is refused too (a
+reader would load it unverified); the manifest itself is checked as a store's is.
 A directory without a manifest is a plain model directory: nothing to check it against, read as it is.
 
 `loader_line` is the Python line that loads a copy from any current directory (`rankflow checkpoints pull` prints
@@ -50,6 +51,14 @@ def verify_local_copy(directory: Path, label: str) -> LocalCopy:
                 f"{label}: {entry.path} does not match {MANIFEST_FILE} (size {entry.size}, sha256 "
                 f"{entry.sha256[:12]}…): the copy changed since it was pulled; pull the checkpoint again into an "
                 "empty directory (rankflow checkpoints pull RUN_ID STEP --dest DIR)"
+            )
+    listed = {entry.path for entry in manifest.files} | {MANIFEST_FILE}
+    for found in sorted(directory.rglob("*")):
+        name = found.relative_to(directory).as_posix()
+        if name not in listed and not found.is_dir():  # a file the readers could load but nothing verified
+            raise ConfigError(
+                f"{label}: {name} is not listed in {MANIFEST_FILE}: the copy changed since it was pulled; pull the "
+                "checkpoint again into an empty directory (rankflow checkpoints pull RUN_ID STEP --dest DIR)"
             )
     return LocalCopy(directory, manifest.run_id, manifest.step, hashlib.sha256(data).hexdigest())
 

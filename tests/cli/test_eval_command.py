@@ -278,6 +278,16 @@ def test_a_pulled_copy_is_evaluated_where_it_is_and_checked_against_its_manifest
     assert "pull the checkpoint again" in captured.err
 
 
+def test_a_pulled_copy_holding_a_file_its_manifest_does_not_list_is_refused(committed, tmp_path, capsys):
+    """A file the manifest does not list would be loaded unverified (weights its manifest entry was dropped for)."""
+    copy = pulled(capsys, committed, tmp_path / "pulled")
+    (copy / "extra.safetensors").write_bytes((copy / "model.safetensors").read_bytes())
+    assert main(["eval", str(copy), "--data", str(EVAL_FILE)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1, captured.err
+    assert "extra.safetensors is not listed in MANIFEST.json" in captured.err, captured.err
+
+
 def test_a_pulled_lora_copy_finds_its_base_in_it_and_a_model_directory_is_read_as_it_is(
     committed_lora, tmp_path, capsys
 ):
