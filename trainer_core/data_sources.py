@@ -120,6 +120,13 @@ def _not_found(entry: str, given: str, key: str) -> ConfigError:
     return ConfigError(f"{key}={entry!r} {problem}; point it at {_WHAT}{hub}")
 
 
+def _no_credentials(error: BaseException) -> bool:
+    """Whether botocore found no usable credentials (none at all, or half a key pair): the user's setting, not an
+    outage. By name: botocore is s3fs's, not imported here."""
+    names = {kind.__name__ for kind in type(error).__mro__}
+    return bool(names & {"NoCredentialsError", "PartialCredentialsError"})
+
+
 def _expand_url(entry: str, key: str) -> list[str]:
     """The objects a URL (or a URL glob) names, as URLs, sorted; a ConfigError when there are none or one is not a
     file. A store that does not answer raises its OSError."""
@@ -147,6 +154,14 @@ def _expand_url(entry: str, key: str) -> list[str]:
         raise ConfigError(
             f"{key}={entry!r} cannot be read with the store's credentials ({error}); give them read access to it "
             f"(for S3: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL), or {fix}"
+        ) from None
+    except Exception as error:  # noqa: BLE001 - only botocore's "no usable credentials" is translated here
+        if not _no_credentials(error):
+            raise
+        raise ConfigError(
+            f"{key}={entry!r} cannot be read: no usable credentials ({' '.join(str(error).split())}); set "
+            f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for an endpoint other than AWS), "
+            f"or {fix}"
         ) from None
     if info.get("type") != "file":
         raise ConfigError(f"{key}={entry!r} is a directory (a prefix), not a file; name its files or a glob: {fix}")

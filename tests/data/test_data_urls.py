@@ -97,3 +97,21 @@ def test_data_in_s3_plans_as_the_same_local_file_and_names_its_url_in_errors(s3_
         config_from_dict(
             tiny_tree(tmp_path, data={"eval_path": f"{s3_bucket_url}/held-out.jsonl"}), config_dir=tmp_path
         )
+
+
+@pytest.mark.parametrize(
+    ("environment", "named"),
+    [({}, "no usable credentials"), ({"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"}, "AWS_SECRET_ACCESS_KEY")],
+)
+def test_an_s3_url_without_usable_credentials_is_bad_input_naming_the_key(tmp_path, monkeypatch, environment, named):
+    """botocore's NoCredentialsError / PartialCredentialsError were a traceback and exit 1; now exit 2's message."""
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup: nothing leaves loopback
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never reached: credentials are resolved first
+    for variable, value in environment.items():
+        monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=rf"data\.path='s3://bucket/x\.jsonl' cannot be read: .*{named}"):
+        data_files("s3://bucket/x.jsonl")
