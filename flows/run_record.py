@@ -215,8 +215,11 @@ class RunRecord:
                 )
             details = f" (full error and traceback: {failure.log_file})" if failure.log_file else ""
             raise RunFailed(f"{failure.headline()}{details}", summary) from error
-        except BaseException:  # Ctrl-C, SIGTERM, a cancelled flow run: the run was stopped, not failed
+        except BaseException as stopped:  # Ctrl-C, SIGTERM, a cancelled flow run: the run was stopped, not failed
             self._end_tracking("KILLED")
+            # The CLI's result line after a Ctrl-C names the run and what it did (flows/cli/run.py `_interrupted`).
+            with contextlib.suppress(AttributeError, TypeError):
+                stopped.rankflow_summary = self.summary("interrupted")  # pyright: ignore[reportAttributeAccessIssue]
             raise
         finally:
             self._release_lease()

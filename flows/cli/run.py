@@ -91,11 +91,11 @@ def _wall_s(args: argparse.Namespace) -> float:
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except KeyboardInterrupt:  # Ctrl-C (SIGINT), wherever it landed: one line, the result line, exit 130
-        return _interrupted(args)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C (SIGINT), wherever it landed: one line, the result line, exit 130
+        return _interrupted(args, getattr(interrupt, "rankflow_summary", None))
 
 
-def _interrupted(args: argparse.Namespace) -> int:
+def _interrupted(args: argparse.Namespace, so_far: dict | None = None) -> int:
     """Report a Ctrl-C: the run stopped where it was; its saved states stand, so the same command resumes it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the command at once
     if "prefect" in sys.modules:
@@ -107,19 +107,14 @@ def _interrupted(args: argparse.Namespace) -> int:
         "to resume from its last saved state",
         file=sys.stderr,
     )
-    emit(
-        json.dumps(
-            {
-                "run_id": None,
-                "status": "interrupted",
-                "checkpoint_url": None,
-                "steps": 0,
-                "losses": [],
-                "wall_s": round(_wall_s(args), 3),
-                "error": "KeyboardInterrupt: interrupted by SIGINT (Ctrl-C)",
-            }
-        )
+    # The run's summary so far where the flow had one (its run id, steps done, losses), as a failed run's line has.
+    summary = {"run_id": None, "checkpoint_url": None, "steps": 0, "losses": [], **(so_far or {})}
+    summary.update(
+        status="interrupted",
+        wall_s=round(_wall_s(args), 3),
+        error="KeyboardInterrupt: interrupted by SIGINT (Ctrl-C)",
     )
+    emit(json.dumps(summary))
     return EXIT_INTERRUPTED
 
 

@@ -130,6 +130,8 @@ def test_ctrl_c_mid_segment_is_one_line_a_result_line_and_exit_130(interrupted_t
     assert ours[0].startswith("rankflow: interrupted (Ctrl-C)") and "run the same command again" in ours[0]
     summary = json.loads(interrupted["stdout"].strip().splitlines()[-1])
     assert summary["status"] == "interrupted" and summary["checkpoint_url"] is None
+    # What the run did before the Ctrl-C: its id, and the first segment's two steps (the second hung at step 3).
+    assert summary["run_id"] and (summary["steps"], len(summary["losses"])) == (2, 2), summary
     # The temporary server was started by the command, tied to it (tests/cli/test_temporary_server.py), in a
     # session of its own: the terminal's Ctrl-C reached the command alone, which then stopped the server.
     [(server, session)] = interrupted["servers"]
