@@ -34,6 +34,18 @@ START_HAD_TORCH = "torch" in sys.modules  # before this module imports it: loade
 import json, os, signal, time
 import torch  # what makes a warm start worth it
 
+def _ended(record):  # whether the rank that wrote `record` has exited (gone, or a zombie not yet reaped)
+    try:
+        with open(record) as held:
+            pid = json.load(held)["pid"]
+    except (OSError, ValueError, KeyError):
+        return False  # not written yet, or half written
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
 def main():
     rank = os.environ["RANK"]
     with open(os.path.join(os.environ["PROBE_OUT"], f"rank-{rank}.json"), "w") as out:
@@ -45,6 +57,13 @@ def main():
     print(f"hello from rank {rank}", flush=True)
     if rank == "1":
         action = os.environ.get("PROBE_ACTION", "")
+        if action.startswith("exit") or action in ("term", "kill"):
+            # Rank 0 ends first (it has nothing else to do): a rank 0 still running when rank 1 ends is stopped by
+            # torchrun, and two failures at once may name rank 0 the root cause (seen under a loaded suite).
+            deadline = time.monotonic() + 120
+            first = os.path.join(os.environ["PROBE_OUT"], "rank-0.json")
+            while time.monotonic() < deadline and not _ended(first):
+                time.sleep(0.02)
         if action.startswith("exit"):
             sys.exit(int(action[4:]))
         if action in ("term", "kill", "stop"):
