@@ -35,7 +35,7 @@ from tests.trainer.sharded_ranks import (
     start,
     worst,
 )
-from tests.trainer.sharded_trainer_worker import OPTIMIZER, token_loss
+from tests.trainer.sharded_trainer_recipe import OPTIMIZER, token_loss
 from trainer_core.run.distributed import run_rank_process
 from trainer_core.training import Trainer
 from trainer_core.training.lora_injection import adapter_parameters, inject_lora
