@@ -17,7 +17,6 @@ import json
 import os
 import re
 import signal
-import time
 from pathlib import Path
 
 import psutil
@@ -25,6 +24,7 @@ import pytest
 
 from tests.cli.watched_run import started_rankflow_run, watched_rankflow_run
 from tests.conftest import tiny_tree
+from tests.e2e.run_lease.runs import wait_for
 from tests.processes import descendants, pid_alive
 from trainer_core.run.faults import FAULT_ENV, FAULT_KIND_ENV
 
@@ -84,14 +84,6 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} after {timeout_s} s")
-        time.sleep(0.5)
-
-
 @pytest.fixture(scope="module")
 def interrupted_then_resumed(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("interrupted-run")
@@ -100,7 +92,7 @@ def interrupted_then_resumed(tmp_path_factory) -> dict:
     env = {FAULT_ENV: f"3:0:{hung}", FAULT_KIND_ENV: "hang"}  # once: inside the second segment, at step 3
     process = started_rankflow_run(root, tree, env, root / "interrupted")
     try:
-        _wait_for(lambda: hung.exists() or process.poll() is not None, 600, "the second segment never started")
+        wait_for(lambda: hung.exists() or process.poll() is not None, 600, "the second segment never started")
         assert process.poll() is None, (root / "interrupted.err").read_text()[-3000:]
         family = descendants(process.pid)  # torchrun, its ranks, the temporary Prefect server
         servers = [(pid, os.getsid(pid)) for pid in family if "server.api.server:create_app" in _cmdline(pid)]
@@ -110,7 +102,7 @@ def interrupted_then_resumed(tmp_path_factory) -> dict:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    _wait_for(lambda: not any(pid_alive(pid) for pid in family), 60, f"processes of {family} outlived the command")
+    wait_for(lambda: not any(pid_alive(pid) for pid in family), 60, f"processes of {family} outlived the command")
     interrupted = {
         "returncode": returncode,
         "stdout": (root / "interrupted.out").read_text(),

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from flows.temporary_server import LOCK_NAME
+from infra.launch.processes import wait_gone
 from tests.processes import descendants, pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,15 +107,6 @@ def _healthy(api_url: str) -> bool:
         return response.status == 200
 
 
-def _wait_gone(pid: int) -> bool:
-    deadline = time.monotonic() + GONE_TIMEOUT_S
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 def test_runs_on_one_home_start_their_servers_in_turn_and_each_server_dies_with_its_run(tmp_path):
     home = tmp_path / "prefect-home"
     home.mkdir()
@@ -136,7 +128,7 @@ def test_runs_on_one_home_start_their_servers_in_turn_and_each_server_dies_with_
         for starter in starters:
             starter.process.send_signal(signal.SIGKILL)  # the CLI's main process alone, not its group
             starter.process.wait()
-        assert [pid for pid in servers if not _wait_gone(pid)] == []
+        assert wait_gone(servers, GONE_TIMEOUT_S) == []
     finally:
         for starter in starters:
             starter.kill()
