@@ -22,7 +22,7 @@ from bench._storage import BUCKET, checkpoint_arguments, median, seaweedfs, stag
 from infra.publication.commit import commit_checkpoint
 from infra.publication.journal import journal_path_for
 from infra.publication.manifests import journal_key
-from infra.store.base import open_store
+from infra.store import open_store
 
 RUN = "bench-run"
 

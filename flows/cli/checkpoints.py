@@ -25,7 +25,7 @@ EXIT_OK, EXIT_FAILED = 0, 1
 
 
 def _store(args: argparse.Namespace):
-    from infra.store.base import open_store
+    from infra.store import open_store
 
     if (args.store is None) == (args.config is None):
         raise ConfigError(

@@ -36,7 +36,8 @@ from infra.publication.manifests import (
     read_capped,
     step_of,
 )
-from infra.store.base import ObjectStore, StorageSettings, open_store
+from infra.store import open_store
+from infra.store.base import ObjectStore, StorageSettings
 from infra.store.verified import StoredObjectCorrupt, local_copy_matches
 from trainer_core.config import RunConfig
 from trainer_core.errors import BadInputError, ConfigError

@@ -28,7 +28,7 @@ import torch
 from flows.cli import main
 from infra.publication.commit import commit_checkpoint
 from infra.publication.local_copy import loader_line
-from infra.store.base import open_store
+from infra.store import open_store
 from tests.cli.watched_run import rankflow_command as _rankflow
 from tests.cli.watched_run import toml_text as _toml
 from tests.conftest import EXAMPLES, tiny_tree

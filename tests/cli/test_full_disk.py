@@ -25,7 +25,7 @@ import flows.pipeline  # noqa: F401 - Prefect sets up its console logging at thi
 # that later tests' log lines do not go to this test's closed capture (a RecursionError in Prefect's handler)
 from flows.cli import main
 from infra.publication.checkpoints import latest_checkpoint
-from infra.store.base import open_store
+from infra.store import open_store
 from tests.conftest import tiny_tree
 
 from .watched_run import toml_text as _toml

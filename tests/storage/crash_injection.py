@@ -33,7 +33,8 @@ from infra.publication.checkpoints import verify_checkpoint
 from infra.publication.commit import commit_checkpoint, read_staged_manifest, remote_dir
 from infra.publication.latest import read_latest
 from infra.publication.manifests import checkpoint_name
-from infra.store.base import StoreLocation, open_store
+from infra.store import open_store
+from infra.store.base import StoreLocation
 from infra.store.objects import matches, remote_objects
 from tests.publication_helpers import stage
 from tests.storage.processes import result, spawn, wait_ready

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.lease import Lease
 
 

@@ -7,7 +7,7 @@ import pytest
 from infra.publication.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.publication.commit import PublishSettings, commit_checkpoint
 from infra.services.s3_server import start_s3_server
-from infra.store.base import open_store
+from infra.store import open_store
 from tests.storage.staging import stage_checkpoint
 
 pytestmark = pytest.mark.s3

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
 from tests.storage.processes import result, spawn, wait_ready
 

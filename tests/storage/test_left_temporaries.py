@@ -19,7 +19,7 @@ from infra.publication.checkpoints import verify_checkpoint
 from infra.publication.cleanup import cleanup_staging
 from infra.publication.commit import commit_checkpoint
 from infra.runs.run_state import publish_bundle, stored_bundle
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.durable import TEMP_MARKER
 from tests.publication_helpers import RUN, random_files, stage
 from tests.storage.processes import REPO_ROOT
@@ -28,7 +28,7 @@ UPLOAD = """
 import sys
 from pathlib import Path
 from infra.runs.run_state import publish_bundle
-from infra.store.base import open_store
+from infra.store import open_store
 run_dir, store_url, *paths = sys.argv[1:]
 print("ready", flush=True)
 publish_bundle(open_store(store_url), "{run}", Path(run_dir), "segment-0000", paths)

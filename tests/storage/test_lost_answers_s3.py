@@ -25,7 +25,7 @@ import pytest
 from infra.launch.failures import FailureClass, classify_exception
 from infra.runs.run_lease import acquire_run_lease, check_run_lease
 from infra.runs.run_state import fetch_bundle, manifest_path, publish_bundle
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.lease import LeaseRecord
 
 pytestmark = pytest.mark.s3

@@ -22,7 +22,7 @@ from infra.publication.commit import commit_checkpoint
 from infra.publication.manifests import MAX_MANIFEST_BYTES, ManifestError
 from infra.publication.readers import live_readers
 from infra.runs.run_state import publish_bundle, read_bundle_manifest
-from infra.store.base import open_store
+from infra.store import open_store
 from tests.publication_helpers import RUN, random_files, stage
 
 HOSTILE_BYTES = 100 * 2**20

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.preflight import PROBE_PREFIX, StoreSettingError, StoreUnavailable, check_store_writable
 
 

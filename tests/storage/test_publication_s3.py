@@ -19,8 +19,7 @@ from infra.publication.commit import PublishSettings, StagedFileChanged, commit_
 from infra.publication.finalizer import FINALIZER_LEASE
 from infra.publication.journal import journal_path_for, read_mirrors
 from infra.publication.latest import read_latest
-from infra.store import S3Store
-from infra.store.base import open_store
+from infra.store import S3Store, open_store
 from infra.store.conditional import (
     ConditionalWritesUnsupported,
     check_conditional_writes,

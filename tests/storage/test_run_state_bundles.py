@@ -18,7 +18,7 @@ import pytest
 from infra.publication.manifests import ManifestError
 from infra.publication.orphans import collect_garbage
 from infra.runs.run_state import fetch_bundle, manifest_path, publish_bundle, read_bundle_manifest, stored_bundle
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.verified import BLOCK_BYTES, StoredObjectCorrupt
 from tests.publication_helpers import fail_after_uploads, same_size_other_bytes
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from infra.runs.run_state import read_bundle_manifest
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.verified import StoredObjectCorrupt
 from tasks import run_state
 from tasks.plan import plan_run_fn

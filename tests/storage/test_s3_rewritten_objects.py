@@ -19,7 +19,7 @@ import infra.store.s3_uploads
 from infra.publication.checkpoints import verify_checkpoint
 from infra.publication.commit import StagedFileChanged, commit_checkpoint
 from infra.publication.journal import journal_path_for
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.s3_uploads import multipart_etag
 from infra.store.uploads import ETAG_METADATA_KEY
 from tests.publication_helpers import RUN, random_files, stage

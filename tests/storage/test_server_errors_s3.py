@@ -24,7 +24,8 @@ import pytest
 from infra.launch.failures import FailureClass, classify_exception
 from infra.publication.checkpoints import download_checkpoint, latest_checkpoint, list_checkpoints
 from infra.publication.commit import PublishSettings, commit_checkpoint
-from infra.store.base import StorageTimeoutError, open_store
+from infra.store import open_store
+from infra.store.base import StorageTimeoutError
 from tests.storage.staging import stage_checkpoint
 from trainer_core.run.manifest import write_manifest
 

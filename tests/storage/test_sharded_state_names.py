@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.tensor import DTensor
 
 from infra.runs.run_state import fetch_bundle, publish_bundle
-from infra.store.base import open_store
+from infra.store import open_store
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
 from trainer_core.model import build_trainer

@@ -18,7 +18,8 @@ from infra.publication.cleanup import cleanup_staging
 from infra.publication.commit import PublishSettings, commit_checkpoint
 from infra.runs import ledger
 from infra.services.s3_server import start_s3_server
-from infra.store.base import StoreTimeouts, open_store
+from infra.store import open_store
+from infra.store.base import StoreTimeouts
 from tasks.outcomes import PlannedRun
 from tasks.report import publish_run_files_fn
 from tests.publication_helpers import RUN, random_files, stage

@@ -13,7 +13,7 @@ import pytest
 
 from flows.cli import main
 from infra.publication.commit import commit_checkpoint
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.objects import put_small
 from tests.publication_helpers import random_files, stage
 

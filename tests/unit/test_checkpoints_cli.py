@@ -10,7 +10,7 @@ import pytest
 
 from flows.cli import main
 from infra.publication.commit import commit_checkpoint
-from infra.store.base import open_store
+from infra.store import open_store
 from tests.conftest import EXAMPLES
 from tests.publication_helpers import RUN, random_files, same_size_other_bytes, stage
 

@@ -14,7 +14,7 @@ import pytest
 
 from flows.cli import main
 from infra.publication.commit import commit_checkpoint
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.durable import TEMP_MARKER
 from infra.store.objects import remove_files
 from tests.publication_helpers import RUN, random_files, stage

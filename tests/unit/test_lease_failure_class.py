@@ -20,7 +20,7 @@ from prefect.states import Failed
 from infra.launch.failures import classify_error, classify_exception
 from infra.runs.run_lease import RunLeaseLost
 from infra.runs.run_state import manifest_path, publish_bundle
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.lease import Lease, LeaseHeldError, LeaseLostError
 from tasks.failure_report import failure_of
 from tasks.retry_policy import retry_if_retriable, retry_unless_fenced, retry_unless_final

@@ -20,7 +20,7 @@ import infra.store.lease as lease_module
 import infra.store.local as local_store
 from infra.publication.finalizer import FinalizerSettings, finalizer
 from infra.runs.run_lease import acquire_run_lease, run_lease_path
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.lease import Lease, LeaseLostError, LeaseRecord
 
 RUN = "lost-answer-run"

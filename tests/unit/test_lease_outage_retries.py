@@ -27,7 +27,7 @@ from infra.launch.failures import FailureClass, classify_exception, diagnose_lau
 from infra.launch.launcher import LaunchError, LaunchResult
 from infra.runs import ledger
 from infra.runs.run_lease import RunLeaseLost, acquire_run_lease
-from infra.store.base import open_store
+from infra.store import open_store
 from tasks.fencing import fence, fenced_monitor
 from tasks.outcomes import ExportOutcome, PlannedRun
 from tests.e2e.run_lease.runs import steal

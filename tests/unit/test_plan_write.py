@@ -17,7 +17,7 @@ import flows.pipeline
 from flows.pipeline import RunFailed, train_flow
 from infra.runs import ledger
 from infra.runs.run_state import PLAN_BUNDLE, stored_bundle
-from infra.store.base import open_store
+from infra.store import open_store
 from tasks import plan as plan_stage
 from tasks.plan import compute_plan_fn, write_plan_task
 from tests.e2e.flows.prefect_queries import task_runs_of

@@ -30,8 +30,7 @@ from infra.publication.commit import PublishSettings, StagedFileChanged, commit_
 from infra.publication.journal import ALLOWED, Journal, PublicationState, TransitionError, journal_path_for
 from infra.publication.latest import read_latest
 from infra.publication.manifests import checkpoint_name
-from infra.store import MemoryStore
-from infra.store.base import open_store
+from infra.store import MemoryStore, open_store
 from trainer_core.run.manifest import write_manifest
 
 RUN = "run-sm"

@@ -23,8 +23,8 @@ from infra.publication.journal import Journal, PublicationState, journal_path_fo
 from infra.publication.manifests import ManifestError
 from infra.runs.local_records import store_key
 from infra.runs.run_lease import RunLeaseLost
-from infra.store import MemoryStore
-from infra.store.base import StorageTimeoutError, open_store
+from infra.store import MemoryStore, open_store
+from infra.store.base import StorageTimeoutError
 from infra.store.lease import LeaseLostError
 from tasks.retry_policy import retry_unless_final
 from tests.publication_helpers import RUN, random_files, stage

@@ -26,7 +26,7 @@ from infra.publication.latest import LatestPointer, latest_path, read_latest
 from infra.publication.manifests import checkpoint_key, checkpoint_name, retired_key
 from infra.publication.orphans import collect_garbage
 from infra.publication.retention import RetentionPolicy, apply_retention, checkpoints_to_keep, is_retired
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.lease import Lease, LeaseHeldError
 from infra.store.objects import list_files
 from tests.publication_helpers import RUN, random_files, stage

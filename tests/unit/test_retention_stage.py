@@ -17,7 +17,7 @@ from infra.publication.checkpoints import list_checkpoints
 from infra.publication.commit import CommitOutcome, commit_checkpoint
 from infra.runs import ledger
 from infra.runs.run_lease import RunLeaseLost
-from infra.store.base import open_store
+from infra.store import open_store
 from tasks.outcomes import PlannedRun
 from tests.publication_helpers import RUN, random_files, stage
 from trainer_core.config import StorageSection

@@ -20,7 +20,7 @@ from infra.publication.commit import commit_checkpoint
 from infra.publication.finalizer import FinalizerSettings
 from infra.publication.retention import RetentionPolicy, SegmentStates, apply_retention
 from infra.runs.run_state import fetch_bundle, publish_bundle, read_bundle_manifest, segment_bundle, stored_bundle
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.objects import list_files
 from tests.publication_helpers import RUN, random_files, stage
 from tests.store_fixtures import memory_or_local_store

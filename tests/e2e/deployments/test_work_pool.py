@@ -29,7 +29,7 @@ import pytest
 from infra.publication.checkpoints import download_checkpoint, latest_checkpoint
 from infra.services.local_process import pick_free_port, stop_process_group
 from infra.services.s3_server import CONFLICTING_AWS_ENV_VARS
-from infra.store.base import open_store
+from infra.store import open_store
 from tests.conftest import tiny_tree
 from tests.processes import descendants, group_members, pid_alive
 

@@ -10,7 +10,7 @@ import pytest
 
 from flows.cli import main
 from infra.publication.checkpoints import download_checkpoint, latest_checkpoint
-from infra.store.base import open_store
+from infra.store import open_store
 from tests.conftest import EXAMPLES
 
 pytestmark = [pytest.mark.flow, pytest.mark.distributed]

@@ -19,7 +19,7 @@ from infra.publication.journal import journal_path_for
 from infra.publication.retention import is_retired
 from infra.runs import ledger
 from infra.runs.run_state import read_bundle_manifest, segment_bundle, stored_bundle
-from infra.store.base import open_store
+from infra.store import open_store
 from tests.conftest import EXAMPLES, tiny_tree
 from tests.e2e.flows.prefect_queries import artifacts_of, flow_runs_named, run_events, table_rows, task_runs_of
 from trainer_core.config import config_from_dict

@@ -19,7 +19,7 @@ from infra.launch.launcher import LaunchError
 from infra.publication.checkpoints import list_checkpoints, verify_checkpoint
 from infra.publication.journal import journal_path_for
 from infra.publication.latest import read_latest
-from infra.store.base import open_store
+from infra.store import open_store
 from tasks.export import export_segment_fn
 from tasks.plan import plan_run_fn
 from tasks.publish import cleanup_fn, commit_fn

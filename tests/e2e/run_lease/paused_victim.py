@@ -23,7 +23,7 @@ from pathlib import Path
 
 import tasks.publish as publish_module
 from infra.runs.run_lease import acquire_run_lease
-from infra.store.base import open_store
+from infra.store import open_store
 from tasks.outcomes import ExportOutcome, PlannedRun
 from tasks.run_state import publish_segment_state
 from trainer_core.config import StorageSection, TrainSection

@@ -15,7 +15,7 @@ from infra.publication.checkpoints import latest_checkpoint
 from infra.publication.manifests import MANIFEST_FILE, checkpoint_key
 from infra.runs import ledger
 from infra.runs.run_lease import run_lease_path
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.lease import LeaseRecord, read_lease
 from tasks.plan import compute_plan_fn
 from tests.bad_input.harness import to_toml

@@ -25,7 +25,7 @@ from infra.publication.latest import latest_path
 from infra.runs import ledger
 from infra.runs.run_lease import RunLeaseLost, acquire_run_lease, run_lease_path
 from infra.runs.run_state import manifest_path
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.lease import Lease, LeaseRecord
 from tasks.outcomes import ExportOutcome, PlannedRun
 from tasks.publish import cleanup_fn, commit_fn

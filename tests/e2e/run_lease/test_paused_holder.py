@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from infra.runs.run_lease import RunLeaseLost, check_run_lease, run_lease_path
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.lease import Lease, LeaseRecord
 from tests.e2e.run_lease.runs import wait_for
 
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[3]
 HOLDER = """
 import sys
 from infra.runs.run_lease import acquire_run_lease
-from infra.store.base import open_store
+from infra.store import open_store
 lease = acquire_run_lease(open_store(sys.argv[1]), sys.argv[2], ttl_s=float(sys.argv[3]), wait_s=0)
 print(lease.record.token, flush=True)
 sys.stdin.read()  # holds (heartbeat running) until the test closes its stdin

@@ -25,7 +25,7 @@ from infra.publication.latest import latest_path
 from infra.runs import ledger
 from infra.runs.run_lease import run_lease_path
 from infra.runs.run_state import manifest_path
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.lease import Lease, read_lease
 from tests.publication_helpers import random_files, stage
 from tests.storage.processes import spawn, wait_ready

@@ -13,7 +13,7 @@ import pytest
 from flows.cli import EXIT_ALREADY_RUNNING, main
 from flows.pipeline import train_flow
 from infra.runs.run_lease import acquire_run_lease
-from infra.store.base import open_store
+from infra.store import open_store
 from tasks.plan import compute_plan_fn
 from tests.conftest import tiny_tree
 from tests.e2e.run_lease.runs import client_env, start, wait_for, write_config

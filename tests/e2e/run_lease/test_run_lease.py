@@ -15,7 +15,7 @@ import time
 import pytest
 
 from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost, acquire_run_lease, check_run_lease, run_lease_path
-from infra.store.base import open_store
+from infra.store import open_store
 from infra.store.lease import read_lease
 from tasks.fencing import fence, fenced_monitor
 from tasks.outcomes import PlannedRun

@@ -20,7 +20,7 @@ import pytest
 
 from infra.publication.checkpoints import latest_checkpoint
 from infra.runs import ledger
-from infra.store.base import open_store
+from infra.store import open_store
 from tests.e2e.run_lease.runs import (
     client_env,
     committed_weights,
