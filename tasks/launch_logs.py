@@ -24,7 +24,7 @@ from pathlib import Path
 from infra.publication.manifests import FileEntry
 from infra.runs.run_lease import RunLeaseLost
 from infra.store import open_store
-from infra.store.base import Deadline, StoreTimeouts, storage_errors
+from infra.store.base import Deadline, StoreTimeouts
 from infra.store.objects import upload_files
 from infra.store.verified import sha256_of_file
 
@@ -57,7 +57,7 @@ def store_launch_logs(planned: PlannedRun, run_dir: Path, log_dir: Path) -> int:
         _log.warning("the launch's logs stay only in %s: %s", log_dir, error)
         return 0
     try:
-        with storage_errors(store, what):
+        with store.errors(what):
             deadline = Deadline(min(planned.storage.timeout_s, LOG_UPLOAD_LIMIT_S), what, store)
             upload_files(store, run_dir, store.path(planned.run_id), entries, deadline, lambda _: None)
     except OSError as error:

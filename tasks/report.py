@@ -20,7 +20,7 @@ from infra.publication.commit import CommitOutcome
 from infra.runs import ledger
 from infra.runs.loss_curve import LOSS_CURVE_FILE, write_loss_curve
 from infra.store import open_store
-from infra.store.base import Deadline, storage_errors
+from infra.store.base import Deadline
 from infra.store.objects import put_small
 
 from .failure_report import reports_failures
@@ -47,7 +47,7 @@ def publish_run_files_fn(planned: PlannedRun) -> dict[str, str]:
     what = f"upload of the ledger and loss curve of run {planned.run_id}"
     deadline = Deadline(planned.storage.timeout_s, what, store)
     locations = {}
-    with storage_errors(store, what):
+    with store.errors(what):
         for name in (ledger.LEDGER_FILE, LOSS_CURVE_FILE):
             if (run_dir / name).is_file():
                 data = (run_dir / name).read_bytes()

@@ -132,11 +132,10 @@ def _retired(store, run_id: str, step: int) -> str | None:
     from infra.publication.latest import manifest_exists
     from infra.publication.manifests import retired_key
     from infra.publication.retention import RetiredCheckpoint
-    from infra.store.base import storage_errors
 
     if step < 0:
         return None
-    with storage_errors(store, f"retention record of step {step} of run {run_id}"):
+    with store.errors(f"retention record of step {step} of run {run_id}"):
         record = store.get(retired_key(run_id, step))
     if record is None or manifest_exists(store, run_id, step):
         return None

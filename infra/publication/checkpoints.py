@@ -45,7 +45,7 @@ from infra.publication.manifests import (
     step_of,
 )
 from infra.publication.readers import reading
-from infra.store.base import ObjectStore, storage_errors
+from infra.store.base import ObjectStore
 from infra.store.conditional import read_versioned
 from infra.store.durable import temp_name
 from infra.store.objects import confirmed, list_files, object_problem, remote_objects
@@ -134,7 +134,7 @@ def verify_checkpoint(
     step = step_of(name)
     if step is None:
         return CheckpointReport(name, -1, False, (f"{name!r} is not a checkpoint name (step-NNNNNNNN)",))
-    with storage_errors(store, f"verification of {name} of run {run_id}"):
+    with store.errors(f"verification of {name} of run {run_id}"):
         try:
             manifest = read_manifest(store, run_id, name)
         except ManifestError as error:
@@ -179,7 +179,7 @@ def scan_checkpoints(store: ObjectStore, run_id: str, *, full: bool = False) -> 
 
 
 def _holds_nothing(store: ObjectStore, run_id: str, name: str) -> bool:
-    with storage_errors(store, f"listing of {name} of run {run_id}"):
+    with store.errors(f"listing of {name} of run {run_id}"):
         return not list_files(store, _base(store, run_id, name))
 
 
@@ -190,7 +190,7 @@ def list_checkpoints(store: ObjectStore, run_id: str) -> list[str]:
 
 def resolve_latest(store: ObjectStore, run_id: str, *, full: bool = False) -> LatestResolution:
     """The checkpoint LATEST names if it verifies, else the newest that does — and why."""
-    with storage_errors(store, f"LATEST of run {run_id}"):
+    with store.errors(f"LATEST of run {run_id}"):
         current = read_versioned(store, latest_path(store, run_id))
     pointer, problem = (None, None) if current is None else parse_latest(current.data)
     if pointer is not None:
@@ -228,7 +228,7 @@ def download_checkpoint(store: ObjectStore, run_id: str, name: str, dest: Path) 
     place only when all of them verify; a manifest path can never leave it.
     """
     # The reader marker comes before the manifest is read: retention never removes what a marked reader saw.
-    with reading(store, run_id, name), storage_errors(store, f"download of {name} of run {run_id}"):
+    with reading(store, run_id, name), store.errors(f"download of {name} of run {run_id}"):
         base = _base(store, run_id, name)
         # Read once: what was read is what is verified.
         stored = read_capped(store, store.key_of(f"{base}/{MANIFEST_FILE}"), f"{base}/{MANIFEST_FILE}")

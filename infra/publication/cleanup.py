@@ -19,7 +19,7 @@ from infra.publication.commit import Observer, PublishSettings, notify, open_jou
 from infra.publication.finalizer import finalizer
 from infra.publication.journal import HAS_OUTCOME, Journal, PublicationState, TransitionError, journal_path_for
 from infra.publication.manifests import MANIFEST_FILE, ManifestError, parse_manifest
-from infra.store.base import Deadline, ObjectStore, storage_errors
+from infra.store.base import Deadline, ObjectStore
 from infra.store.lease import LEASES_DIR
 from infra.store.objects import abort_dangling_uploads, list_files, remove_files, remove_left_temporaries
 
@@ -90,7 +90,7 @@ def cleanup_staging(
 ) -> CleanupOutcome:
     """Clean up after a committed (or aborted) publication; never touches a committed checkpoint."""
     settings = settings or PublishSettings()
-    with storage_errors(store, f"cleanup of {staged_dir.name} for run {run_id}"):
+    with store.errors(f"cleanup of {staged_dir.name} for run {run_id}"):
         return _cleanup(staged_dir, store, run_id, settings, observer)
 
 

@@ -38,7 +38,7 @@ from infra.publication.manifests import (
     parse_manifest,
     read_capped,
 )
-from infra.store.base import Deadline, ObjectStore, storage_errors
+from infra.store.base import Deadline, ObjectStore
 from infra.store.objects import (
     StagedFileChanged,
     list_files,
@@ -189,7 +189,7 @@ def commit_checkpoint(
 ) -> CommitOutcome:
     """Commit the checkpoint staged at `staged_dir`; see the module docstring."""
     settings = settings or PublishSettings()
-    with storage_errors(store, f"commit of {staged_dir.name} for run {run_id}"):
+    with store.errors(f"commit of {staged_dir.name} for run {run_id}"):
         return _commit(staged_dir, store, run_id, settings, observer)
 
 

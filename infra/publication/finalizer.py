@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.publication.manifests import checkpoint_name, queue_dir_key, queue_key, step_of
 from infra.runs.run_lease import check_run_lease
-from infra.store.base import ObjectStore, storage_errors
+from infra.store.base import ObjectStore
 from infra.store.lease import Lease, LeaseHeldError, LeaseRecord
 from infra.store.objects import put_small
 
@@ -108,7 +108,7 @@ def _queue_path(store: ObjectStore, run_id: str, step: int) -> str:
 
 def earlier_waiters(store: ObjectStore, run_id: str, step: int, fresh_s: float) -> list[int]:
     """Steps before `step` whose committer is waiting for the finalizer, and alive (one listing, usually empty)."""
-    with storage_errors(store, f"finalizer queue of run {run_id}"):
+    with store.errors(f"finalizer queue of run {run_id}"):
         names = [name.removesuffix(".json") for name in store.children(queue_dir_key(run_id))]
         earlier = sorted(s for s in map(step_of, names) if s is not None and s < step)
         alive = []
@@ -164,7 +164,7 @@ def finalizer(
             )
         if step is not None and (last_touch is None or time.monotonic() - last_touch > settings.ttl_s / 3):
             fence_run()  # a run that lost its lease while it waited does not queue on
-            with storage_errors(store, f"finalizer queue of run {run_id}"):
+            with store.errors(f"finalizer queue of run {run_id}"):
                 put_small(
                     store,
                     _queue_path(store, run_id, step),
@@ -174,7 +174,7 @@ def finalizer(
         time.sleep(settings.poll_s)
     try:
         if step is not None and last_touch is not None:  # this committer queued (it has a step): leave the queue
-            with storage_errors(store, f"finalizer queue of run {run_id}"):
+            with store.errors(f"finalizer queue of run {run_id}"):
                 store.remove([store.key_of(_queue_path(store, run_id, step))])
         lease.start_heartbeat()
         fence_run()  # the run lease may have been lost while this writer waited for the finalizer

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, Strict, Vali
 
 from infra.publication.manifests import Sha256, checkpoint_name, journal_key, publications_dir_key
 from infra.runs.local_records import note_store, records_dir
-from infra.store.base import ObjectStore, storage_errors
+from infra.store.base import ObjectStore
 from infra.store.durable import write_durable
 
 JOURNAL_FORMAT = "rankflow-journal/1"
@@ -224,7 +224,7 @@ class Journal:
         mirror_path = self.mirror_path
         if self.store is not None and mirror_path is not None:  # a mirror path is the store's
             try:
-                with storage_errors(self.store, f"read of the journal of {self.name}"):
+                with self.store.errors(f"read of the journal of {self.name}"):
                     mirror = self.store.get(self.store.key_of(mirror_path))
                 if mirror is None:
                     return self
@@ -319,7 +319,7 @@ class Journal:
         if self.store is None or mirror_path is None or not mirror:  # a mirror path is the store's
             return
         try:
-            with storage_errors(self.store, f"mirror of the journal of {self.name}"):
+            with self.store.errors(f"mirror of the journal of {self.name}"):
                 self.store.put(self.store.key_of(mirror_path), data)  # overwrite: atomic on every backend
             self.mirror_error = None
         except OSError as error:
@@ -333,7 +333,7 @@ class Journal:
 def read_mirrors(store: ObjectStore, run_id: str) -> tuple[list[JournalRecord], list[str]]:
     """Every publication journal mirrored under the run, and the ones that could not be read."""
     prefix = publications_dir_key(run_id)
-    with storage_errors(store, f"listing of the publications of run {run_id}"):
+    with store.errors(f"listing of the publications of run {run_id}"):
         keys = [store.key(prefix, name) for name in store.children(prefix) if name.endswith(".json")]
         contents = {key: store.get(key) for key in keys}
     records, problems = [], []

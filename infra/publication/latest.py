@@ -25,7 +25,7 @@ from infra.publication.manifests import (
     latest_key,
     step_of,
 )
-from infra.store.base import ObjectStore, storage_errors
+from infra.store.base import ObjectStore
 from infra.store.conditional import create_if_absent, read_versioned, replace_if_unchanged
 
 _MAX_RACES = 50
@@ -99,14 +99,14 @@ def read_latest(store: ObjectStore, run_id: str) -> dict | None:
 
 
 def manifest_exists(store: ObjectStore, run_id: str, step: int) -> bool:
-    with storage_errors(store, f"check of checkpoint {checkpoint_name(step)}"):
+    with store.errors(f"check of checkpoint {checkpoint_name(step)}"):
         key = checkpoint_key(run_id, checkpoint_name(step), MANIFEST_FILE)
         return key in store.head([key])
 
 
 def newest_committed_step(store: ObjectStore, run_id: str) -> int | None:
     """The highest step whose checkpoint has a manifest (None if none has)."""
-    with storage_errors(store, f"listing of the checkpoints of run {run_id}"):
+    with store.errors(f"listing of the checkpoints of run {run_id}"):
         names = store.children(checkpoints_dir_key(run_id))
     if not names:
         return None

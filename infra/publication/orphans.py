@@ -27,7 +27,7 @@ from infra.publication.checkpoints import checkpoint_names, read_manifest
 from infra.publication.finalizer import FinalizerSettings, finalizer
 from infra.publication.manifests import MANIFEST_FILE, ManifestError, checkpoint_key
 from infra.publication.readers import live_readers
-from infra.store.base import ObjectStore, storage_errors
+from infra.store.base import ObjectStore
 from infra.store.durable import TEMP_MARKER
 from infra.store.objects import (
     abort_dangling_uploads,
@@ -67,7 +67,7 @@ def collect_garbage(
             f"gc never follows a link out of a store; give --store the store that holds run {run_id} "
             "itself, or remove the link"
         )
-    with storage_errors(store, f"garbage collection of run {run_id}"):
+    with store.errors(f"garbage collection of run {run_id}"):
         with finalizer(store, run_id, settings, purpose=f"garbage collection of run {run_id}"):
             for name in checkpoint_names(store, run_id):
                 base = store.path(checkpoint_key(run_id, name))

@@ -34,7 +34,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra.publication.manifests import read_capped, reader_key, readers_dir_key
-from infra.store.base import ObjectStore, storage_errors
+from infra.store.base import ObjectStore
 from infra.store.lease import default_owner
 from infra.store.objects import put_small
 
@@ -59,7 +59,7 @@ def live_readers(store: ObjectStore, run_id: str, name: str, now: float | None =
     """The owners of the unexpired reader markers of checkpoint `name` (an unreadable marker does not count)."""
     now = time.time() if now is None else now
     live = []
-    with storage_errors(store, f"readers of {name} of run {run_id}"):
+    with store.errors(f"readers of {name} of run {run_id}"):
         for child in store.children(readers_dir_key(run_id, name)):
             try:  # a marker is ~100 bytes: one past MARKER_MAX_BYTES is refused unread, as any unreadable one
                 found = read_capped(
@@ -77,7 +77,7 @@ def live_readers(store: ObjectStore, run_id: str, name: str, now: float | None =
 
 def remove_reader_markers(store: ObjectStore, run_id: str, name: str) -> None:
     """Forget the markers of a checkpoint that is gone (expired ones: their readers are dead or done)."""
-    with storage_errors(store, f"readers of {name} of run {run_id}"):
+    with store.errors(f"readers of {name} of run {run_id}"):
         keys = [
             reader_key(run_id, name, c.removesuffix(".json")) for c in store.children(readers_dir_key(run_id, name))
         ]
@@ -101,7 +101,7 @@ def reading(store: ObjectStore, run_id: str, name: str, ttl_s: float = READER_TT
         )
 
     try:
-        with storage_errors(store, f"reader marker on {name} of run {run_id}"):
+        with store.errors(f"reader marker on {name} of run {run_id}"):
             write()
     except PermissionError:
         yield None

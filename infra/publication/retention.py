@@ -53,7 +53,7 @@ from infra.publication.manifests import (
 from infra.publication.readers import live_readers, remove_reader_markers
 from infra.runs.run_state import read_bundle_manifest, segment_bundle
 from infra.runs.state_retention import retire_state, states_to_remove
-from infra.store.base import ObjectStore, storage_errors
+from infra.store.base import ObjectStore
 from infra.store.objects import list_files, put_small, remove_empty_directories, remove_files
 
 
@@ -99,7 +99,7 @@ class RetiredCheckpoint(BaseModel):
 
 def is_retired(store: ObjectStore, run_id: str, step: int) -> bool:
     """Whether retention removed the checkpoint of `step` (its record is there; its manifest is not)."""
-    with storage_errors(store, f"retention record of {checkpoint_name(step)} of run {run_id}"):
+    with store.errors(f"retention record of {checkpoint_name(step)} of run {run_id}"):
         if store.get(retired_key(run_id, step)) is None:
             return False
         return read_manifest(store, run_id, checkpoint_name(step)) is None
@@ -125,7 +125,7 @@ def remove_checkpoints(
     store: ObjectStore, run_id: str, held: HeldFinalizer, policy: RetentionPolicy, report: RetentionReport
 ) -> RetentionReport:
     """Remove the committed checkpoints `policy` does not keep, and finish removals a killed gc left; see above."""
-    with storage_errors(store, f"retention of the checkpoints of run {run_id}"):
+    with store.errors(f"retention of the checkpoints of run {run_id}"):
         committed: list[int] = []
         leftovers: list[str] = []  # retired, manifest gone, data maybe left (a reader then, or a killed gc)
         for name in checkpoint_names(store, run_id):

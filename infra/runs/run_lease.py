@@ -33,7 +33,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from infra.store.base import ObjectStore, storage_errors
+from infra.store.base import ObjectStore
 from infra.store.lease import (
     Lease,
     LeaseHeldError,
@@ -109,7 +109,7 @@ def acquire_run_lease(
     lease = Lease.for_run(store, run_id, RUN_LEASE, owner=owner, ttl_s=ttl_s, purpose=f"run lease of run {run_id}")
     started = time.monotonic()
     try:
-        with storage_errors(store, f"run lease of run {run_id}"):
+        with store.errors(f"run lease of run {run_id}"):
             try:
                 lease.acquire(wait_s=0)
             except LeaseHeldError as held:
@@ -133,7 +133,7 @@ def check_run_lease(store: ObjectStore, run_id: str, token: str, stage: str) -> 
     A lapsed lease that still carries `token` but whose renewal the store did not take (the conditional write
     refused, nothing else written) raises ConnectionError: a storage outage, retried, never a loss."""
     path = run_lease_path(store, run_id)
-    with storage_errors(store, f"run lease of run {run_id}"):
+    with store.errors(f"run lease of run {run_id}"):
         # Expired unrenewed (its heartbeat starved or paused) but nobody took it over: still ours, renewed.
         holder = read_lease_renewed(store, path, token)
     if holder is not None and holder.token == token and not holder.expired(time.time()):

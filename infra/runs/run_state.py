@@ -45,7 +45,7 @@ from infra.publication.manifests import (
     read_capped,
     refusal,
 )
-from infra.store.base import Deadline, ObjectStore, storage_errors
+from infra.store.base import Deadline, ObjectStore
 from infra.store.objects import SavedFile, matches, put_small, remote_objects, upload_files
 from infra.store.verified import fetch_verified, local_copy_matches, sha256_of_file
 
@@ -138,7 +138,7 @@ def read_bundle_manifest(store: ObjectStore, run_id: str, bundle: str) -> Bundle
     """The bundle's manifest if it is in the store; ManifestError if it is there and not valid."""
     path = manifest_path(store, run_id, bundle)
     where = _where(store, run_id, bundle)
-    with storage_errors(store, f"reading {where}"):
+    with store.errors(f"reading {where}"):
         found = read_capped(store, store.key_of(path), where)
     if found is None:
         return None
@@ -155,7 +155,7 @@ def stored_bundle(store: ObjectStore, run_id: str, bundle: str) -> BundleManifes
     manifest = read_bundle_manifest(store, run_id, bundle)
     if manifest is None:
         return None
-    with storage_errors(store, f"checking {_where(store, run_id, bundle)}"):
+    with store.errors(f"checking {_where(store, run_id, bundle)}"):
         found = remote_objects(store, store.path(run_id), list(manifest.files), deadline=None)
     return manifest if all(matches(found.get(e.path), e) for e in manifest.files) else None
 
@@ -194,7 +194,7 @@ def publish_bundle(
     what = f"upload of {_where(store, run_id, bundle)}"
     deadline = Deadline(settings.timeout_s, what, store)
     base = store.path(run_id)
-    with storage_errors(store, what), finalizer(store, run_id, settings.finalizer, purpose=what) as lease:
+    with store.errors(what), finalizer(store, run_id, settings.finalizer, purpose=what) as lease:
         published = _published_manifest(store, store.key_of(manifest_path(store, run_id, bundle)))
         if published is not None and published != manifest_bytes:
             # Another version of this bundle is visible: hide it before the objects it lists change.
@@ -273,7 +273,7 @@ def fetch_bundle(
             "never used)"
         )
     kept = fetched = fetched_bytes = 0
-    with storage_errors(store, f"download of the {bundle} state of run {run_id}"):
+    with store.errors(f"download of the {bundle} state of run {run_id}"):
         for entry in manifest.files:
             if only is not None and not only(entry.path):
                 continue

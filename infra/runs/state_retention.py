@@ -27,7 +27,7 @@ from pathlib import Path
 
 from infra.publication.finalizer import HeldFinalizer
 from infra.runs.run_state import BundleManifest, manifest_path, read_bundle_manifest, segment_bundle
-from infra.store.base import ObjectStore, storage_errors
+from infra.store.base import ObjectStore
 from infra.store.objects import list_files, put_small, remove_empty_directories, remove_files
 from trainer_core.run.state_record import forget_record
 
@@ -50,7 +50,7 @@ def retire_state(
     """
     bundle = segment_bundle(segment)
     prefix = state_prefix.rstrip("/") + "/"
-    with storage_errors(store, f"retention of the {bundle} state of run {run_id}"):
+    with store.errors(f"retention of the {bundle} state of run {run_id}"):
         manifest = read_bundle_manifest(store, run_id, bundle)
         if manifest is None:
             return None

@@ -25,7 +25,7 @@ from infra.publication.manifests import (
 )
 from infra.runs.ledger import LEDGER_FILE
 from infra.runs.run_state import RUN_STATE_DIR
-from infra.store.base import ObjectStore, storage_errors
+from infra.store.base import ObjectStore
 from infra.store.lease import LEASES_DIR
 
 _RUN_ENTRIES = frozenset({LATEST_FILE, LEDGER_FILE, CHECKPOINTS_DIR, RUN_STATE_DIR, PUBLICATIONS_DIR, LEASES_DIR})
@@ -94,7 +94,7 @@ def _last_ledger_line(store: ObjectStore, run_id: str) -> dict | None:
 
 def list_runs(store: ObjectStore) -> list[RunSummary]:
     """Every run in the store, by run id."""
-    with storage_errors(store, f"listing of the runs at {store.url}"):
+    with store.errors(f"listing of the runs at {store.url}"):
         summaries = []
         for run_id in store.children("", dirs_only=True):
             if run_id.startswith(".") or not set(store.children(run_id)) & _RUN_ENTRIES:
