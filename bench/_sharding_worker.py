@@ -33,10 +33,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from bench._models import BETAS, EPS, GRAD_CLIP, LEARNING_RATE, ModelSpec, make_batch, synchronize
+from trainer_core.parallel import local_tensor
+from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.ranks import LogicalDataParallel, Topology, pin_threads
 from trainer_core.run.distributed import run_rank_process
 from trainer_core.training import OptimizerConfig, Trainer
-from trainer_core.training.sharding import local_tensor, shard_model
 
 TERMS = ("parameters", "masters", "moments", "gradients")
 

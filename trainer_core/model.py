@@ -51,12 +51,12 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .config import RunConfig
 from .model_config import peft_lora_config, read_model_config
+from .parallel.fsdp.shard import ShardedModel, shard_model
 from .training import MemoryPlanner, MissReports, OptimizerConfig, StalenessPolicy, Trainer, pad_vocabulary
 from .training.activation_checkpointing import checkpoint_blocks
 from .training.lora_init import adapter_values
 from .training.lora_injection import inject_lora, inject_lora_on_meta
 from .training.sharded_load import load_sharded
-from .training.sharding import ShardedModel, shard_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BASE_CHECKPOINT = "base"

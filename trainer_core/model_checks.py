@@ -137,7 +137,7 @@ def _check_shardable(model_config: PretrainedConfig, file_label: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .training.sharding import decoder_layers
+    from .parallel.fsdp.shard import decoder_layers
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(model_config)

@@ -30,11 +30,11 @@ from tests.trainer.sharded_ranks import (
     start,
     worst,
 )
+from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.ranks.canonical_norm import canonical_norm
 from trainer_core.ranks.reduction import ordered_fold
 from trainer_core.ranks.sharded_fold import OrderedFolds, round_robin_logical_ranks
 from trainer_core.run.distributed import run_rank_process
-from trainer_core.training.sharding import shard_model
 
 LOGICAL = 8
 EMPTY = {5}

@@ -18,11 +18,12 @@ import torch
 
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.sharded_ranks import VOCAB, bitwise, emit, full, start
+from trainer_core.parallel import local_tensor
+from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.ranks import LogicalDataParallel, Topology
 from trainer_core.run.distributed import run_rank_process
 from trainer_core.training import Trainer
 from trainer_core.training.checkpoints import OptimizerConfig
-from trainer_core.training.sharding import local_tensor, shard_model
 
 LOGICAL_DP = 4
 ROWS_PER_STEP = (4, 8, 3)  # 3 rows for 4 logical ranks: logical rank 3 is empty at the last step

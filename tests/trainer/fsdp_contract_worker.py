@@ -21,8 +21,8 @@ from torch.distributed.tensor import DTensor
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import bf16_reference, bitwise, emit, loss, rank_batch, start
+from trainer_core.parallel.fsdp.shard import fsdp_params, shard_model
 from trainer_core.run.distributed import run_rank_process
-from trainer_core.training.sharding import fsdp_params, shard_model
 
 METHODS = (
     "set_force_sum_reduction_for_comms",

@@ -21,8 +21,8 @@ from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import emit, loss, start
 from trainer_core.memory_model import MemorySettings, predict
 from trainer_core.memory_shape import activation_fit, meta_model, model_shape
+from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.run.distributed import run_rank_process
-from trainer_core.training.sharding import shard_model
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -24,9 +24,9 @@ from tests.conftest import tiny_tree
 from tests.trainer.sharded_ranks import bitwise, emit, start
 from trainer_core.config import config_from_dict
 from trainer_core.model import LORA_CHECKPOINT, _compute_dtype, build_model, build_trainer
+from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.run.distributed import run_rank_process
 from trainer_core.training.lora_injection import inject_lora
-from trainer_core.training.sharding import shard_model
 
 LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.1, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 

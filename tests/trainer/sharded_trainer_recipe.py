@@ -15,10 +15,11 @@ import copy
 import torch
 
 from tests.trainer.sharded_ranks import bf16_reference, full, num_tokens, rank_batch
+from trainer_core.parallel import local_tensor
+from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.training import Trainer
 from trainer_core.training.checkpoints import OptimizerConfig
 from trainer_core.training.outputs import ForwardCall, compute_outputs
-from trainer_core.training.sharding import local_tensor, shard_model
 from trainer_core.training.transaction import NonFinitePolicy
 
 # Weight decay on. Without clipping every step is bitwise the recipe's at any W. With clipping (always active:

@@ -43,10 +43,11 @@ from tests.trainer.sharded_trainer_recipe import (
     sharded_weights,
     token_loss,
 )
+from trainer_core.parallel import local_tensor
+from trainer_core.parallel.fsdp.shard import ShardSnapshot, shard_model
 from trainer_core.run.distributed import run_rank_process
 from trainer_core.training import Trainer
 from trainer_core.training.outputs import ForwardCall, compute_outputs
-from trainer_core.training.sharding import ShardSnapshot, local_tensor, shard_model
 from trainer_core.training.staleness import StalenessPolicy
 
 

@@ -33,8 +33,8 @@ from tests.trainer.sharded_ranks import (
     summed_grads,
     worst,
 )
+from trainer_core.parallel.fsdp.shard import ShardSnapshot, shard_model
 from trainer_core.run.distributed import run_rank_process
-from trainer_core.training.sharding import ShardSnapshot, shard_model
 
 ADAMW = {"lr": 1e-2, "weight_decay": 0.1, "betas": (0.9, 0.95)}
 

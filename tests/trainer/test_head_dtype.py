@@ -13,8 +13,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from tests.trainer.models import batch, tiny_qwen3
+from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.training import Trainer
-from trainer_core.training.sharding import shard_model
 
 HIDDEN = 32
 

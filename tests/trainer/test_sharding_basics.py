@@ -16,7 +16,7 @@ import torch
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import each_rank, launch_results
-from trainer_core.training.sharding import decoder_layers, shard_model
+from trainer_core.parallel.fsdp.shard import decoder_layers, shard_model
 
 pytestmark = pytest.mark.distributed
 

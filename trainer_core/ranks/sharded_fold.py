@@ -41,7 +41,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
 from torch.distributed.tensor import DTensor
 
-from trainer_core.training.sharding import ShardedModel, recover_after_failed_pass
+from trainer_core.parallel.fsdp.shard import ShardedModel, recover_after_failed_pass
 
 __all__ = ["OrderedFolds", "OrderedScatterFold", "round_robin_logical_ranks"]
 

@@ -58,9 +58,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from ..parallel import local_tensor
 from ..training.checkpoints import Checkpoint
 from ..training.memory import BACKWARD_STATES, BackwardMode
-from ..training.sharding import local_tensor
 from ..training.transaction import ranks_agree
 from .coordination import raised_together
 from .logical_gradients import LogicalGradients

@@ -31,6 +31,7 @@ from pathlib import Path
 from trainer_core.config import RunConfig
 from trainer_core.export import build_export_tokenizer
 from trainer_core.files import tensors_sha256
+from trainer_core.parallel import local_tensor
 from trainer_core.run.distributed import Topology
 from trainer_core.run.export_prepare import ExportPreparationError, _phase, take_its_place
 from trainer_core.run.manifest import (
@@ -43,7 +44,6 @@ from trainer_core.run.manifest import (
 )
 from trainer_core.run.sharded_checkpoint_layout import write_sharded_checkpoint_files
 from trainer_core.training import Trainer
-from trainer_core.training.sharding import local_tensor
 
 
 def prepare_sharded_export(

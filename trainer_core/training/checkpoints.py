@@ -36,7 +36,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..lr_schedule import LRSchedule
-from .sharding import fsdp_param_of, local_tensor
+from ..parallel import local_tensor
+from ..parallel.fsdp.shard import fsdp_param_of
 from .versions import Version, new_identity
 
 CheckpointKind = Literal["base", "lora", "module"]

@@ -26,8 +26,8 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
+from ..parallel.fsdp.shard import ShardedModel
 from .hf_weights import hf_name, hf_vocab_names
-from .sharding import ShardedModel
 
 __all__ = ["DTYPE_CODES", "INDEX_FILE", "Entry", "ExportPlan", "plan_export"]
 

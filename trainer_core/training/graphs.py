@@ -26,9 +26,10 @@ from typing import Literal
 
 import torch
 
+from ..parallel import local_tensor
+from ..parallel.fsdp.shard import ShardSnapshot
 from .memory.base import BackwardMode, BackwardState
 from .outputs import FIELDS, HEAD_PREFIX
-from .sharding import ShardSnapshot, local_tensor
 from .versions import Version
 
 GRAPH_ATTRIBUTE = "_rankflow_output"

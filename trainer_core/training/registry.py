@@ -30,9 +30,10 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from ..parallel import local_tensor
+from ..parallel.fsdp.shard import ShardedModel, fsdp_param_of
 from .checkpoints import LOW_PRECISION, Checkpoint, OptimizerConfig
 from .lora_injection import adapter_parameters, inject
-from .sharding import ShardedModel, fsdp_param_of, local_tensor
 
 
 class CheckpointRegistry:

@@ -21,10 +21,10 @@ import torch
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
+from ..parallel.fsdp.shard import ShardedModel
 from .adapter_config import save_adapter_config
 from .export_plan import Entry, ExportPlan
 from .sharded_export import _agree, _rank_group, _verify
-from .sharding import ShardedModel
 
 __all__ = ["ADAPTER_FILE", "export_sharded_adapter", "verify_sharded_adapter"]
 

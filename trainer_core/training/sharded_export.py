@@ -57,9 +57,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from ..parallel.fsdp.shard import ShardedModel
 from .export_plan import DTYPE_CODES, INDEX_FILE, Entry, ExportPlan, plan_export
 from .hf_weights import _merged_layer
-from .sharding import ShardedModel
 from .vocab import true_vocab_config
 
 __all__ = ["ExportReport", "ShardedExportError", "export_sharded_hf", "verify_sharded_hf", "write_sharded_hf"]

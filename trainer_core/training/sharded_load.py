@@ -55,7 +55,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-from .sharding import ShardedModel, _know_fsdp_params, _lazy_init, shard_units
+from ..parallel.fsdp.shard import ShardedModel, _know_fsdp_params, _lazy_init, shard_units
 from .vocab import _vocab_parameters, pad_vocabulary
 
 __all__ = ["LoadReport", "load_sharded"]

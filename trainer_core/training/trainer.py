@@ -40,6 +40,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..parallel import local_tensor
+from ..parallel.fsdp.shard import ShardedModel, ShardSnapshot, fsdp_param_of, recover_after_failed_pass
 from .checkpoints import Checkpoint, StepReport
 from .gradient_reduction import GradientReduction, RankSum, ShardedSum
 from .graphs import (
@@ -69,7 +71,6 @@ from .memory.retained import saved_tensor_bytes
 from .memory.timing import Stopwatch
 from .outputs import FIELD_OF, IMPORTANCE_WEIGHTED, ForwardCall, compute_outputs, is_leaf_field
 from .registry import CheckpointRegistry
-from .sharding import ShardedModel, ShardSnapshot, fsdp_param_of, local_tensor, recover_after_failed_pass
 from .staleness import StaleGraphError, StalenessPolicy, importance_weights
 from .stepping import step_checkpoints
 from .transaction import NonFinitePolicy, StagedGradients

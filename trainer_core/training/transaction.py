@@ -29,8 +29,8 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from ..parallel import local_tensor
 from .checkpoints import Checkpoint
-from .sharding import local_tensor
 from .versions import Version
 
 NonFinitePolicy = Literal["error", "skip"]

@@ -35,8 +35,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ...parallel.fsdp.shard import backward_to_shards
 from ..outputs import ForwardCall
-from ..sharding import backward_to_shards
 from .costs import Evidence, OffloadTarget, PlanInputs
 from .timing import Stopwatch
 

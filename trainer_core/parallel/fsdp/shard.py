@@ -1,7 +1,7 @@
 """Shard a Hugging Face causal LM with FSDP2 (`torch.distributed.fsdp.fully_shard`), and snapshot its shards.
 
-Not wired into the config or the pipeline yet; `Trainer(model, sharding=shard_model(...))`
-trains a sharded model (issue 16).
+`FullyShard` (this package's `__init__`) is the parallelism built on it:
+`Trainer(model, parallelism=FullyShard(shard_model(model, mesh)))`.
 
 `shard_model` makes these FSDP units, bottom-up (torchtitan's layout, except
 that every unit reshards after forward):
@@ -55,7 +55,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam, ShardedState
-from torch.distributed.tensor import DTensor
 
 __all__ = [
     "ShardSnapshot",
@@ -64,7 +63,6 @@ __all__ = [
     "decoder_layers",
     "fsdp_param_of",
     "fsdp_params",
-    "local_tensor",
     "shard_model",
     "shard_units",
 ]
@@ -232,11 +230,6 @@ def fsdp_param_of(tensor: torch.Tensor) -> FSDPParam | None:
     """The FSDPParam whose sharded parameter `tensor` is (a model `shard_model` sharded), else None."""
     fp = _FSDP_PARAM_OF.get(id(tensor))
     return fp if fp is not None and fp.sharded_param is tensor else None
-
-
-def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's local shard of a DTensor (no copy, no collective); a plain tensor as it is."""
-    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
 
 
 def backward_to_shards(
