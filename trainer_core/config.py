@@ -21,9 +21,12 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from .config_base import _INT64_MAX, _Section
 from .config_messages import describe_validation_error
 from .config_train import TrainSection
+from .data_kinds import DATA_KINDS
 from .data_sources import data_files, entries, resolve_entry
 from .errors import ConfigError
+from .hub_ids import is_hub_id
 from .input_files import resolved_path
+from .registry_names import NO_TRACKING, OBJECTIVE_NEEDS, TRACKING_BACKENDS
 from .storage_url import check_storage_url, local_path, overlap
 
 __all__ = ["ConfigError", "RunConfig", "config_from_dict", "load_config"]
@@ -84,8 +87,6 @@ def names_stored_checkpoint(path: str) -> bool:
 def _names_fetched_model(path: str, config_dir: Path) -> bool:
     """Whether a model.path as written is fetched before planning (a committed checkpoint, or a hub model id with no
     such directory beside the config) rather than read where it is."""
-    from .model_source import is_hub_id
-
     if names_stored_checkpoint(path):
         return True
     return is_hub_id(path) and not (config_dir / path).exists()
@@ -156,7 +157,7 @@ class DataSection(_Section):
     """The records' format: `messages` (OpenAI chat; RL trajectories too), `sharegpt` (`conversations` of
     `from`/`value`), `prompt_completion` (`prompt` and `completion` strings, loss on the completion), or `auto`:
     each file's first record decides (all files must agree)."""
-    kind: Literal["sft", "rl"] = "sft"
+    kind: Literal[tuple(DATA_KINDS)] = "sft"  # pyright: ignore[reportInvalidTypeForm]
     """Training objective: `sft` (loss on assistant tokens) or `rl` (clipped policy gradient on trajectories)."""
     max_seq_len: int = Field(default=512, ge=8)
     """Longest tokenized conversation; longer ones are handled by `overflow`."""
@@ -287,7 +288,6 @@ class StorageSection(_Section):
         return self.url.startswith("s3://")
 
 
-TRACKING_BACKENDS = ("none", "mlflow", "tensorboard", "wandb")
 DEFAULT_TRACKING_URIS = {
     "mlflow": "sqlite:///{work_dir}/mlflow.db",
     "tensorboard": "{work_dir}/tensorboard",
@@ -297,7 +297,7 @@ DEFAULT_TRACKING_URIS = {
 
 
 class TrackingSection(_Section):
-    backend: Literal[TRACKING_BACKENDS] = "none"  # pyright: ignore[reportInvalidTypeForm]
+    backend: Literal[(NO_TRACKING, *TRACKING_BACKENDS)] = "none"  # pyright: ignore[reportInvalidTypeForm]
     """Experiment tracking (infra/tracking): `mlflow`, `tensorboard` or `wandb` (each an extra: pip install
     'rankflow[mlflow]'), or `none`. The params (the resolved config), every step's metrics at the global step, and
     each committed checkpoint's URL; never twice for a step, and an outage never fails the training."""
@@ -332,20 +332,16 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _objective_fits_the_data(self) -> "RunConfig":
-        from .data.shards import PACKED_NAMES, RL_NAMES, UNPACKED_NAMES
-        from .objectives import DEFAULT_FOR_DATA, OBJECTIVES
-
+        kind = DATA_KINDS[self.data.kind]
         if self.train.objective is None:
-            self.train.objective = DEFAULT_FOR_DATA[self.data.kind]
-        carried = (
-            UNPACKED_NAMES + (PACKED_NAMES if self.data.pack else ()) + (RL_NAMES if self.data.kind == "rl" else ())
-        )
-        missing = [name for name in OBJECTIVES[self.train.objective].needs if name not in carried]
+            self.train.objective = kind.default_objective
+        carried = kind.shard_names(packed=self.data.pack)
+        missing = [name for name in OBJECTIVE_NEEDS[self.train.objective] if name not in carried]
         if missing:
             raise ValueError(
                 f"train.objective={self.train.objective!r} needs {', '.join(missing)}, which "
                 f"data.kind={self.data.kind!r} data do not carry; choose an objective for that data "
-                f"(e.g. train.objective={DEFAULT_FOR_DATA[self.data.kind]!r}), or give it data that do"
+                f"(e.g. train.objective={kind.default_objective!r}), or give it data that do"
             )
         return self
 
@@ -419,8 +415,6 @@ def _unset_dotted(tree: dict[str, Any], dotted: str, source: str) -> None:
 
 def _check_revision(model: ModelSection) -> None:
     """model.revision goes with a hub model id (or the snapshot of that commit it resolved to), nothing else."""
-    from .model_source import is_hub_id
-
     path, revision = model.path, model.revision
     if revision is None or path is None or is_hub_id(path) or Path(path).name == revision:
         return

@@ -8,10 +8,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .backward_modes import BACKWARD_MODES, PLANNER
 from .config_base import _Beta, _Section
 from .lr_schedule import SCHEDULE_KINDS, LRSchedule
 from .ranks.topology import topology_problem  # a light module: trainer_core.ranks loads its names lazily
+from .registry_names import BACKWARD_MODES, OBJECTIVE_NEEDS, PLANNER
 
 
 class TrainSection(_Section):
@@ -112,11 +112,9 @@ class TrainSection(_Section):
     @field_validator("objective")
     @classmethod
     def _known_objective(cls, value: str | None) -> str | None:
-        from .objectives import OBJECTIVES  # the registry, not a copy of its names
-
-        if value is not None and value not in OBJECTIVES:
+        if value is not None and value not in OBJECTIVE_NEEDS:
             raise ValueError(
-                f"must be one of {' or '.join(map(repr, OBJECTIVES))} (got {value!r}); choose one of them, "
+                f"must be one of {' or '.join(map(repr, OBJECTIVE_NEEDS))} (got {value!r}); choose one of them, "
                 "or leave it unset to train the objective of data.kind"
             )
         return value

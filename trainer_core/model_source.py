@@ -21,18 +21,14 @@ does not have, or a model missing from the cache while offline is bad input
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import ConfigError
+from .hub_ids import is_hub_id
 
-if TYPE_CHECKING:  # config asks this module whether a path is a hub id: a real import would be a cycle
+if TYPE_CHECKING:
     from .config import RunConfig
-
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-"""`ORG/NAME` with the characters the hub allows; a relative path can look the same, so a directory of that name
-beside the config is read as the directory (config.py)."""
 
 DOWNLOADED = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
 """What a run reads of a hub model: its configs, safetensors weights and tokenizer files (no .bin, .gguf, onnx)."""
@@ -41,11 +37,6 @@ _FIX = (
     "point model.path at a local Hugging Face model directory, or at a hub model id such as Qwen/Qwen3-8B "
     "(downloaded into the Hugging Face cache)"
 )
-
-
-def is_hub_id(path: str) -> bool:
-    """Whether a `model.path` as written has the form of a hub model id (`ORG/NAME`)."""
-    return HUB_ID.match(path) is not None and not path.startswith(".") and ".." not in path.split("/")
 
 
 def resolve_hub_model(config: RunConfig) -> None:

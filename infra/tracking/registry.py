@@ -6,6 +6,8 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 
+from trainer_core.registry_names import TRACKING_BACKENDS, check_names
+
 from .backend import TrackingBackend
 
 
@@ -27,6 +29,8 @@ BACKENDS: dict[str, BackendEntry] = {
     "tensorboard": BackendEntry("tensorboard_backend", "TensorBoardBackend", "tensorboard", "tensorboard"),
     "wandb": BackendEntry("wandb_backend", "WandbBackend", "wandb", "wandb"),
 }
+"""Every backend by its `tracking.backend` name (the config's choices: `TRACKING_BACKENDS`, checked here)."""
+check_names("tracking.backend", TRACKING_BACKENDS, BACKENDS)
 
 
 def missing_library(backend: str) -> str | None:

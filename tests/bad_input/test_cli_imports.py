@@ -2,7 +2,7 @@
 
 Every `rankflow` process (and every bad-input case run as one) pays its imports:
 torch and transformers are seconds each. The config's backward-mode choices
-come from the torch-free `trainer_core.backward_modes`, checked here (and at
+come from the torch-free `trainer_core.registry_names`, checked here (and at
 the trainer's import) against the registry of state classes.
 """
 
@@ -52,11 +52,11 @@ def test_the_cli_imports_no_torch_transformers_or_prefect(tmp_path, body):
     assert _heavy_modules_after(body, tmp_path) == []
 
 
-def test_loading_a_valid_config_imports_no_transformers_or_prefect(tmp_path):
-    # torch, yes: the config checks train.objective's needs against the objectives' registry, whose classes
-    # are torch code (a config with a bad key or value fails before that: see the test below).
-    body = f"from trainer_core.config import load_config\nload_config({str(REPO / 'examples' / 'tiny_sft.toml')!r})"
-    assert _heavy_modules_after(body, tmp_path) == ["torch"]
+def test_loading_a_valid_config_imports_no_torch_transformers_or_prefect(tmp_path):
+    # The config checks train.objective's needs against the torch-free names (trainer_core.registry_names),
+    # not against the objectives' classes, which are torch code.
+    body = f"from trainer_core.config import load_config\nload_config({str(REPO / 'examples' / 'tiny_rl.toml')!r})"
+    assert _heavy_modules_after(body, tmp_path) == []
 
 
 def test_a_bad_config_is_reported_without_importing_torch(tmp_path):
@@ -67,14 +67,36 @@ def test_a_bad_config_is_reported_without_importing_torch(tmp_path):
 
 
 def test_the_config_offers_exactly_the_registered_backward_modes():
-    from trainer_core.backward_modes import BACKWARD_MODES
     from trainer_core.config import TrainSection
+    from trainer_core.registry_names import BACKWARD_MODES
     from trainer_core.training.memory import BACKWARD_STATES, PLANNER
 
     assert tuple(BACKWARD_STATES) == BACKWARD_MODES
     assert all(BACKWARD_STATES[name].mode == name for name in BACKWARD_MODES)
     choices = list(TrainSection.model_fields["backward_mode"].annotation.__args__)
     assert choices == [*BACKWARD_STATES, PLANNER]
+
+
+def test_the_config_offers_exactly_the_registered_objectives_and_tracking_backends():
+    from infra.tracking import BACKENDS
+    from trainer_core.config import TrackingSection
+    from trainer_core.objectives import OBJECTIVES
+    from trainer_core.registry_names import NO_TRACKING, OBJECTIVE_NEEDS
+
+    assert {name: cls.needs for name, cls in OBJECTIVES.items()} == OBJECTIVE_NEEDS
+    assert list(TrackingSection.model_fields["backend"].annotation.__args__) == [NO_TRACKING, *BACKENDS]
+
+
+def test_a_registry_that_drifts_from_its_names_refuses_to_import():
+    from trainer_core.registry_names import check_names
+
+    check_names("train.objective", {"sft": ("loss_mask",)}, {"sft": ("loss_mask",)})
+    with pytest.raises(ImportError, match="tracking.backend"):
+        check_names("tracking.backend", ("mlflow", "wandb"), {"mlflow": 1, "wandb": 2, "neptune": 3})
+    with pytest.raises(ImportError, match="train.objective"):
+        check_names("train.objective", {"sft": ("loss_mask",)}, {"sft": ("loss_mask", "advantages")})
+    with pytest.raises(ImportError, match="train.backward_mode"):
+        check_names("train.backward_mode", ("retain", "replay"), {"replay": 1, "retain": 2})  # the order counts
 
 
 def test_importing_the_input_checks_imports_no_transformers(tmp_path):

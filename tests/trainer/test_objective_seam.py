@@ -12,8 +12,8 @@ import torch
 from tasks.live import live_columns, metrics_row
 from tests.conftest import EXAMPLES, tiny_tree
 from trainer_core.config import ConfigError, config_from_dict
+from trainer_core.data_kinds import DATA_KINDS
 from trainer_core.objectives import (
-    DEFAULT_FOR_DATA,
     OBJECTIVES,
     SFT,
     ClippedPolicyGradient,
@@ -36,7 +36,9 @@ def config(tmp_path, **sections):
 
 def test_the_registry_names_every_objective_and_each_data_kind_has_one():
     assert OBJECTIVES == {"sft": SFT, "clipped_policy_gradient": ClippedPolicyGradient}
-    assert set(DEFAULT_FOR_DATA) == {"sft", "rl"} and set(DEFAULT_FOR_DATA.values()) <= set(OBJECTIVES)
+    assert set(DATA_KINDS) == {"sft", "rl"} and {kind.default_objective for kind in DATA_KINDS.values()} <= set(
+        OBJECTIVES
+    )
 
 
 def test_train_objective_follows_data_kind_unless_set(tmp_path):

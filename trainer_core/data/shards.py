@@ -42,12 +42,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from ..data_kinds import PACKED_NAMES, RL_DATA, UNPACKED_NAMES
 from .align import Aligned
 from .pack import Rows, assign_rows, layout_rows
-
-UNPACKED_NAMES = ("input_ids", "loss_mask", "attention_mask")
-PACKED_NAMES = ("position_ids", "document_ids")
-RL_NAMES = ("advantages", "behaviour_logprobs", "policy_version")
 
 
 def round_up(length: int, multiple: int = 8) -> int:
@@ -59,7 +56,7 @@ def stack_rows(steps: Sequence[Rows], *, packed: bool) -> dict[str, torch.Tensor
     """Stack the rows of each step into the [S, B, T] tensors of the contract above."""
     names = UNPACKED_NAMES + (PACKED_NAMES if packed else ())
     if steps[0].advantages is not None:
-        names += RL_NAMES
+        names += RL_DATA.columns
     return {name: torch.from_numpy(np.stack([getattr(rows, name) for rows in steps])) for name in names}
 
 

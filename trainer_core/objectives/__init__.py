@@ -2,12 +2,14 @@
 
 `SFT` (the loss on assistant tokens) and `ClippedPolicyGradient` (the clipped
 surrogate on RL trajectories); the protocol is `trainer_core.objectives.base.Objective`.
-Unset, `train.objective` follows `data.kind` (`DEFAULT_FOR_DATA`). The loss
-functions stay importable from here.
+Unset, `train.objective` follows `data.kind` (`trainer_core.data_kinds`). The
+config's choices are the torch-free `trainer_core.registry_names.OBJECTIVE_NEEDS`,
+checked here against the classes. The loss functions stay importable from here.
 """
 
 from __future__ import annotations
 
+from ..registry_names import OBJECTIVE_NEEDS, check_names
 from .base import LiveColumn, LossSum, Objective
 from .policy_gradient import (
     ClippedPolicyGradient,
@@ -19,13 +21,10 @@ from .policy_gradient import (
 from .sft import SFT, sft_loss_sum
 
 OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (SFT, ClippedPolicyGradient)}
-"""Every objective by its `train.objective` name: the config's choices come from here."""
-
-DEFAULT_FOR_DATA: dict[str, str] = {"sft": SFT.name, "rl": ClippedPolicyGradient.name}
-"""The objective a `data.kind` trains when `train.objective` is unset."""
+"""Every objective by its `train.objective` name."""
+check_names("train.objective", OBJECTIVE_NEEDS, {name: cls.needs for name, cls in OBJECTIVES.items()})
 
 __all__ = [
-    "DEFAULT_FOR_DATA",
     "OBJECTIVES",
     "ClippedPolicyGradient",
     "LiveColumn",

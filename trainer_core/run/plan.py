@@ -38,6 +38,7 @@ from tokenizers import Tokenizer
 from trainer_core.config import RunConfig
 from trainer_core.data import DataOptions, Prepared
 from trainer_core.data.shards import packed_steps, round_up, stack_rows, unpacked_steps
+from trainer_core.data_kinds import DATA_KINDS
 from trainer_core.files import tensors_sha256, write_text_atomic
 from trainer_core.run.held_out import EVAL_SHARD_FILE, eval_shard, split_held_out
 from trainer_core.run.plan_shards import StagedShards, staging_root
@@ -152,9 +153,7 @@ def _segment_shards(
 
 
 def _objective_of_the_data(config: RunConfig) -> str:
-    from trainer_core.objectives import DEFAULT_FOR_DATA
-
-    return DEFAULT_FOR_DATA[config.data.kind]
+    return DATA_KINDS[config.data.kind].default_objective
 
 
 ADDED_LATER = {

@@ -45,11 +45,11 @@ from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import cast
 
-from . import BACKWARD_STATES
 from .base import AlternativeMode, DefaultMode
 from .costs import Evidence, OffloadTarget, PlanInputs
 from .estimates import GraphShape, SavedBytesModel
 from .miss_reports import MissReports
+from .registry import BACKWARD_STATES
 
 DEFAULT_OFFLOAD_BYTES_PER_S = {"host": 10e9, "disk": 1e9}
 """Assumed bytes/s of one direction (pack, or restore) until measured: pinned host copies over PCIe, a local disk."""
