@@ -27,14 +27,14 @@ def spawn(module: str, args: list[str], env: dict[str, str] | None = None) -> su
     return process
 
 
-def wait_ready(process: subprocess.Popen, timeout_s: float = 60) -> None:
+def wait_ready(process: subprocess.Popen) -> None:
     line = process.stdout.readline()
     if line.strip() != "ready":
         process.kill()
         raise AssertionError(f"helper did not start: {line!r} {process.stderr.read()[-2000:]}")
 
 
-def result(process: subprocess.Popen, timeout_s: float = 120) -> dict:
+def result(process: subprocess.Popen, timeout_s: float = 600) -> dict:
     out, err = process.communicate(timeout=timeout_s)
     if process.returncode != 0:
         raise AssertionError(f"helper failed ({process.returncode}): {err[-3000:]}")

@@ -7,13 +7,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import psutil
 import pytest
 
 from infra.launch.launcher import LaunchError, launch, launch_or_raise
 from infra.launch.processes import wait_gone
+from tests.waits import wait_for
 
 pytestmark = pytest.mark.distributed
 
@@ -33,15 +33,14 @@ def test_a_failing_rank_fails_the_launch_with_its_rank_named(tmp_path):
         def main():
             if os.environ["RANK"] == "1":
                 raise ValueError("bad shard on purpose")
-            time.sleep(60)  # rank 0 would wait for its peer forever
+            time.sleep(600)  # rank 0 would wait for its peer forever
         run_rank_main(main)
     """,
     )
     lines = []
-    started = time.monotonic()
-    with pytest.raises(LaunchError, match=r"\[rank 1\] ERROR ValueError: bad shard on purpose"):
-        launch_or_raise("failing_rank", [], nproc_per_node=2, timeout_s=120, env=env, on_line=lines.append)
-    assert time.monotonic() - started < 50  # torchrun stopped rank 0 instead of waiting for it
+    with pytest.raises(LaunchError, match=r"\[rank 1\] ERROR ValueError: bad shard on purpose") as raised:
+        launch_or_raise("failing_rank", [], nproc_per_node=2, timeout_s=600, env=env, on_line=lines.append)
+    assert not raised.value.result.timed_out  # torchrun stopped rank 0 instead of waiting for it
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path):
@@ -56,8 +55,15 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
         time.sleep(600)
     """,
     )
-    # 20 s: both ranks must have started (torchrun's agent imports torch first: 5-15 s under load) before it ends them.
-    result = launch("sleeping_rank", [], nproc_per_node=2, timeout_s=20, env=env, on_line=lambda _: None)
+
+    def both_ranks_started() -> None:
+        # The launch asks its monitor long before its 20 s pass: held here until both ranks run (torchrun's agent
+        # imports torch first, a minute on a loaded machine), its timeout then ends ranks that exist.
+        wait_for(lambda: pid_file.is_file() and len(pid_file.read_text().split()) == 2, "both ranks to start")
+
+    result = launch(
+        "sleeping_rank", [], nproc_per_node=2, timeout_s=20, env=env, on_line=lambda _: None, monitor=both_ranks_started
+    )
     assert result.timed_out  # its ranks are gone (below): the launch ended them, however long the machine took
     assert len(pid_file.read_text().split()) == 2
     for pid in map(int, pid_file.read_text().split()):
@@ -108,12 +114,15 @@ def test_a_single_node_launch_listens_on_loopback_only(tmp_path):
     env = write_module(
         tmp_path,
         "listening_rank",
-        """
-        import time, torch.distributed as dist
+        f"""
+        import os, time, torch.distributed as dist
         from datetime import timedelta
-        dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+        from pathlib import Path
+        dist.init_process_group("gloo", timeout=timedelta(seconds=600))
         dist.barrier()
-        time.sleep(6)
+        Path({str(tmp_path)!r}, f"ready-{{os.environ['RANK']}}").touch()
+        while not Path({str(tmp_path)!r}, "looked").exists():  # every socket stays open until the monitor looked
+            time.sleep(0.05)
         dist.destroy_process_group()
     """,
     )
@@ -122,11 +131,15 @@ def test_a_single_node_launch_listens_on_loopback_only(tmp_path):
     seen: list[str] = []
 
     def look() -> None:
+        ready = all((tmp_path / f"ready-{rank}").exists() for rank in (0, 1))  # before the look: its sockets are up
         seen.extend(_listening_sockets([os.getpid(), *descendant_pids(os.getpid())]))
+        if ready:
+            (tmp_path / "looked").touch()
 
     result = launch(
-        "listening_rank", [], nproc_per_node=2, timeout_s=120, env=env, on_line=lambda _: None, monitor=look
+        "listening_rank", [], nproc_per_node=2, timeout_s=600, env=env, on_line=lambda _: None, monitor=look
     )
+    assert (tmp_path / "looked").exists(), "the monitor never looked while both ranks were up"
     assert result.returncode == 0
     assert seen, "no listening socket seen during the launch"
     loopback = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
@@ -158,12 +171,10 @@ def test_killing_the_parent_leaves_no_launch_process(tmp_path):
         env={**os.environ, **env},
         start_new_session=True,
     )
-    deadline = time.monotonic() + 90
-    while (not pid_file.is_file() or len(pid_file.read_text().split("\n")) < 3) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: pid_file.is_file() and len(pid_file.read_text().split("\n")) >= 3, "both ranks to start")
     pairs = [tuple(map(int, line.split())) for line in pid_file.read_text().splitlines()]
     assert len(pairs) == 2, "the ranks did not start"
     launch_pids = [pid for pair in pairs for pid in pair]  # the ranks and torchrun
     os.killpg(parent.pid, signal.SIGKILL)  # the whole process group of the parent, as a user's kill would
     parent.wait()
-    assert wait_gone(launch_pids, timeout_s=10) == [], "torchrun or a rank outlived its killed parent"
+    assert wait_gone(launch_pids, timeout_s=300) == [], "torchrun or a rank outlived its killed parent"

@@ -200,12 +200,13 @@ def test_a_takeover_write_whose_answer_was_lost_holds_the_lease(store, monkeypat
 
 def test_a_finalizer_write_whose_answer_was_lost_holds_the_lease_at_once(store, monkeypatch):
     lost = retried_after_lost_answer(monkeypatch, "create_if_absent")
+    settings = FinalizerSettings(ttl_s=30, wait_s=600, poll_s=600.0)  # one poll would outlast any load
     started = time.monotonic()
-    with finalizer(store, RUN, FinalizerSettings(ttl_s=30, wait_s=5, poll_s=1.0), step=3) as held:
+    with finalizer(store, RUN, settings, step=3) as held:
         waited_s = time.monotonic() - started
         record = stored(store, held.path)
         assert lost and record.token == held.record.token and record.generation == 1
-    assert waited_s < 1.0  # it did not poll for a holder that was itself
+    assert waited_s < settings.poll_s  # it did not poll for a holder that was itself
 
 
 # -- a lapse the store never saw taken over --------------------------------------

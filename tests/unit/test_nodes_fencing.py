@@ -34,9 +34,9 @@ def test_a_lost_lease_stops_every_local_node_and_nothing_is_reported(tmp_path, m
 
     def fake_launch_node(planned, segment_index, node, on_line, *, attempt_dir, run_dir, stop):
         # Stands in for a node's torchrun: it runs until the launcher's monitor (stop) says why it must end.
-        running.wait(timeout=10)
+        running.wait(timeout=300)
         both_running.set()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 300
         while (reason := stop()) is None:
             if time.monotonic() > deadline:
                 raise AssertionError(f"node {node.node_rank} was never told to stop")

@@ -8,7 +8,7 @@ segment past the sink's bound.
 
 from __future__ import annotations
 
-import time
+import threading
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -17,6 +17,7 @@ import pytest
 from infra.tracking import TrackingSink, missing_library, open_backend
 from infra.tracking.backend import flat_params
 from infra.tracking.sink import CHECKPOINT_URL_TAG, step_metrics
+from tests.waits import wait_for
 
 RUN_ID = "tiny-sft-0123456789ab"
 PARAMS = {"run": {"name": "tiny-sft", "seed": 0}, "train": {"steps": 8, "learning_rate": 3e-3, "objective": None}}
@@ -38,7 +39,7 @@ def step_record(step: int, attempt: int = 0) -> dict:
     }
 
 
-def sink_for(backend: str, uri: str, warnings: list[str], timeout_s: float = 60.0) -> TrackingSink:
+def sink_for(backend: str, uri: str, warnings: list[str], timeout_s: float = 600.0) -> TrackingSink:
     return TrackingSink(
         lambda: open_backend(backend, uri, "rankflow-test", RUN_ID), lambda: PARAMS, warnings.append, timeout_s
     )
@@ -127,16 +128,22 @@ def test_an_unreachable_server_is_counted_and_never_raised(tmp_path, monkeypatch
 def test_a_server_that_never_answers_costs_the_segment_at_most_the_bound(tmp_path):
     """A backend stuck in its first call (a hung server): `close` gives up after its bound and counts the rest."""
 
+    answered = threading.Event()
+    hang_over = threading.Event()
+
     class Hung:
         def start(self, params):
-            time.sleep(30)
+            hang_over.wait(600)  # hung until the test ends it
+            answered.set()
 
     warnings: list[str] = []
     sink = TrackingSink(Hung, lambda: PARAMS, warnings.append, close_timeout_s=0.5)  # pyright: ignore[reportArgumentType]
     sink([step_record(s) for s in range(3)])
-    started = time.perf_counter()
-    assert sink.close() == 3
-    assert time.perf_counter() - started < 5
+    try:
+        assert sink.close() == 3
+        assert not answered.is_set()  # close gave up while the backend still hung: it did not wait for the answer
+    finally:
+        hang_over.set()
     assert "did not answer within" in warnings[-1]
 
 
@@ -189,8 +196,6 @@ def test_a_sink_given_up_on_logs_nothing_more_when_its_server_answers_late(tmp_p
     """Sink A's server hangs in step 1; `close` gives up and counts steps 1-4 (the one in flight included). The
     retried segment's sink B logs 1-4. When A's call finally returns, A must not log 2-4 again: only the call that
     was already on the wire (step 1) can land late, once."""
-    import threading
-
     from mlflow import MlflowClient
 
     from infra.tracking.mlflow_backend import MlflowBackend
@@ -201,7 +206,7 @@ def test_a_sink_given_up_on_logs_nothing_more_when_its_server_answers_late(tmp_p
     class HangsAtStepOne(MlflowBackend):
         def log(self, step, metrics):
             if step == 1:
-                release.wait(60)
+                release.wait(600)  # until the test releases it, however loaded the machine
             super().log(step, metrics)
 
     warnings: list[str] = []
@@ -209,15 +214,13 @@ def test_a_sink_given_up_on_logs_nothing_more_when_its_server_answers_late(tmp_p
         lambda: HangsAtStepOne(uri, "rankflow-test", RUN_ID), lambda: PARAMS, warnings.append, close_timeout_s=5
     )
     first([step_record(s) for s in range(5)])
-    deadline = time.monotonic() + 30
-    while first.logged < 1 and time.monotonic() < deadline:  # step 0 is in; step 1 hangs
-        time.sleep(0.05)
+    wait_for(lambda: first.logged >= 1, "step 0 to be logged")  # step 0 is in; step 1 hangs
     assert first.close() == 4 and "4 item(s) were not logged" in warnings[-1]
     retried = sink_for("mlflow", uri, warnings)
     retried([step_record(s) for s in range(5)])
     assert retried.close() == 0 and retried.logged == 4
     release.set()
-    first._thread.join(30)  # pyright: ignore[reportPrivateUsage] - the late answer has come back
+    first._thread.join(600)  # pyright: ignore[reportPrivateUsage] - the late answer has come back
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("rankflow-test").experiment_id])
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [0, 1, 1, 2, 3, 4]

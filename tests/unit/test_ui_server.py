@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
-import time
 
 from flows.cli import parser as cli
 from flows.cli.ui import server_env, start_server, stop_server, wait_healthy
@@ -39,9 +39,8 @@ def test_a_chatty_server_is_healthy_and_stops_with_its_output_in_the_log(tmp_pat
     try:
         assert wait_healthy(api_url, 60, process), "the server never answered its health check"
     finally:
-        started = time.monotonic()
-        stop_server(process, timeout_s=10)
-    assert time.monotonic() - started < 10  # SIGTERM stopped it: nothing blocked
+        returncode = stop_server(process, timeout_s=300)  # SIGKILL only past the bound
+    assert returncode == -signal.SIGTERM  # SIGTERM stopped it: nothing blocked
     assert log.stat().st_size >= 4 * 1024 * 1024
 
 
