@@ -1,11 +1,21 @@
-"""SIGKILL a committing process at random moments, then retry: the commit protocol under crash injection.
+"""SIGKILL a committing process at each phase boundary and at random moments, then retry: crash injection.
 
-    python -m tests.storage.crash_injection --trials 200 [--seed S] [--large]   (starts its own SeaweedFS)
+    python -m tests.storage.crash_injection --trials 200 [--seed S] [--large] [--boundaries]
+    (starts its own SeaweedFS)
 
 Each trial stages a checkpoint of a few files, starts a committer process
-(tests.storage.committer) that waits for a go, and kills it with SIGKILL a
-random time after the go — uniform over [0, 1.2 × an uninterrupted commit],
-so kills land in every phase: lease, uploads, manifest, LATEST, journal. Then:
+(tests.storage.committer) that waits for a go, and kills it with SIGKILL:
+
+- with `boundaries`, once at each event of an uninterrupted commit, in order
+  (the go, the lease, each finished upload while the others are still in
+  flight, the manifest before and after its write, LATEST read and moved,
+  the journal's COMMITTED): the committer kills itself there, so every phase
+  is hit exactly once, whatever the machine's load;
+- then `num_trials` times a random time after the go, uniform over
+  [0, 1.2 × an uninterrupted commit], for the moments between the events
+  (inside a request, between a write and its answer).
+
+After each kill:
 
 - nothing partial is visible: every listed checkpoint verifies byte for byte,
   and the trial's step is visible only if complete;
@@ -47,6 +57,10 @@ class CrashSummary:
     trials: int = 0
     killed_mid_commit: int = 0
     """Kills that landed before the commit finished (the rest hit a finished commit)."""
+    commit_events: list[str] = field(default_factory=list)
+    """The events of an uninterrupted commit, in order (the probe's)."""
+    killed_at: list[str] = field(default_factory=list)
+    """The event each boundary trial's committer killed itself at."""
     visible_partial: int = 0
     visible_complete_after_kill: int = 0
     latest_moved_back: int = 0
@@ -73,9 +87,29 @@ def _files(rng: random.Random, large: bool) -> dict[str, bytes]:
     return {f"model-{i:05d}-of-{len(sizes):05d}.safetensors": os.urandom(size) for i, size in enumerate(sizes)}
 
 
-def _spawn_committer(staged: Path, store_url: str, env: dict[str, str]):
+def _spawn_committer(staged: Path, store_url: str, env: dict[str, str], kill_at: int | None = None):
     """A committer that imports and connects in the background; `wait_ready` it before its go."""
-    return spawn("tests.storage.committer", [str(staged), RUN, store_url, "--wait-go"], env)
+    kill = [] if kill_at is None else ["--kill-at", str(kill_at)]
+    return spawn("tests.storage.committer", [str(staged), RUN, store_url, "--wait-go", *kill], env)
+
+
+def _kill_at_boundary(child) -> str | None:
+    """The event a `--kill-at` committer killed itself at; None when it finished first."""
+    child.wait(timeout=120)
+    killed = [line for line in child.stdout.read().splitlines() if line.startswith("killed at ")]
+    return killed[0].removeprefix("killed at ") if killed else None
+
+
+def _kill_after(child, delay_s: float) -> bool:
+    """SIGKILL the committer `delay_s` after its go; whether it had finished first."""
+    time.sleep(delay_s)
+    finished_first = child.poll() is not None
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it had finished and exited already
+    child.wait()
+    return finished_first
 
 
 def _committer(staged: Path, store_url: str, env: dict[str, str]):
@@ -97,41 +131,54 @@ def _check_visible(store: StoreLocation, summary: CrashSummary, step: int, label
 
 
 def run_trials(
-    store_url: str, work: Path, num_trials: int, seed: int, env: dict[str, str] | None = None, large: bool = False
+    store_url: str,
+    work: Path,
+    num_trials: int,
+    seed: int,
+    env: dict[str, str] | None = None,
+    large: bool = False,
+    boundaries: bool = False,
 ) -> CrashSummary:
+    """`num_trials` random kills, after one kill at each event of a commit when `boundaries`."""
     env = env or {}
     rng = random.Random(seed)
     store = open_store(store_url)
     summary = CrashSummary()
-    # One uninterrupted commit sets the kill window.
+    # One uninterrupted commit sets the kill window and lists the events a commit passes.
     probe = stage(work / "probe", 1, _files(rng, large), run_id=RUN)
     child = _committer(probe, store_url, env)
     started = time.monotonic()
     child.stdin.write("go\n"), child.stdin.flush()
-    result(child)
+    summary.commit_events = result(child)["events"]
     window_s = 1.2 * (time.monotonic() - started)
+    # Kill at event 0 (the go) to the last event, then at random times.
+    kill_points = ([*range(len(summary.commit_events) + 1)] if boundaries else []) + [None] * num_trials
     latest_step = 1
     staged = stage(work / "t0", 10, _files(rng, large), run_id=RUN)
-    child = _spawn_committer(staged, store_url, env)
-    for trial in range(num_trials):
+    child = _spawn_committer(staged, store_url, env, kill_points[0])
+    for trial, kill_at in enumerate(kill_points):
         step = 10 * (trial + 1)
-        delay_s = rng.uniform(0, window_s)
         wait_ready(child)  # imported and connected: the kill window starts at the go, as for the probe
         child.stdin.write("go\n"), child.stdin.flush()
-        time.sleep(delay_s)
-        finished_first = child.poll() is not None
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # it had finished and exited already
-        child.wait()
+        if kill_at is None:
+            delay_s = rng.uniform(0, window_s)
+            finished_first = _kill_after(child, delay_s)
+            label = f"trial {trial} (step {step}, kill after {delay_s:.3f} s of {window_s:.3f})"
+        else:
+            event = _kill_at_boundary(child)
+            finished_first = event is None
+            summary.killed_at.append(event or "finished")
+            label = f"trial {trial} (step {step}, kill at event {kill_at}: {event})"
         child.stdout.close(), child.stdin.close(), child.stderr.close()
         # Stage and start the next trial's committer; it imports and connects while this trial is checked.
         next_staged = stage(work / f"t{trial + 1}", step + 10, _files(rng, large), run_id=RUN)
-        next_child = _spawn_committer(next_staged, store_url, env) if trial + 1 < num_trials else None
+        next_child = (
+            _spawn_committer(next_staged, store_url, env, kill_points[trial + 1])
+            if trial + 1 < len(kill_points)
+            else None
+        )
         summary.trials += 1
         summary.killed_mid_commit += not finished_first
-        label = f"trial {trial} (step {step}, kill after {delay_s:.3f} s of {window_s:.3f})"
         _check_visible(store, summary, step, label)
         latest = read_latest(store, RUN)
         if latest is not None and latest["step"] < latest_step:
@@ -166,6 +213,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--large", action="store_true", help="add a 70 MiB file (multipart) to every checkpoint")
+    parser.add_argument("--boundaries", action="store_true", help="first kill once at each event of a commit")
     args = parser.parse_args()
     from infra.services.s3_server import start_s3_server
 
@@ -174,7 +222,9 @@ def main() -> int:
             server.create_bucket("crash")
             env = server.env()
             os.environ.update(env)
-            summary = run_trials("s3://crash/runs", Path(tmp) / "work", args.trials, args.seed, env, args.large)
+            summary = run_trials(
+                "s3://crash/runs", Path(tmp) / "work", args.trials, args.seed, env, args.large, args.boundaries
+            )
     print(json.dumps(summary.to_dict()))
     return 0 if not summary.failures else 1
 
