@@ -146,7 +146,7 @@ class TrainSection(_Section):
             return self  # _divisibility says what is wrong first
         rows = self.global_batch_size // self.logical_dp
         if self.sharding == "fsdp" and self.micro_batch_size is not None and self.micro_batch_size < rows:
-            # The sharded fold takes one backward per logical rank's turn (trainer_core/ranks/sharded_gradients.py);
+            # The sharded fold takes one backward per logical rank's turn (trainer_core/parallel/fsdp/gradients.py);
             # a second would fold in another association than the unsharded run's.
             raise ValueError(
                 f'train.micro_batch_size={self.micro_batch_size} with train.sharding = "fsdp": a sharded logical '

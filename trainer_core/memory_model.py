@@ -26,7 +26,7 @@ rank, the bytes of:
   reduce-scatter input of three consecutive units in backward order (the unit
   whose reduce-scatter is still running, the one computing, the one
   prefetched), plus the ordered fold's receive buffer under the deterministic
-  reduction (one shard of the largest unit: `ranks/sharded_fold.py` scatters
+  reduction (one shard of the largest unit: `parallel/fsdp/fold.py` scatters
   one source's chunks at a time);
 - activations: what one forward of one logical rank's rows saves for backward
   (`a·T + c·T²` per decoder layer and row, plus the rest of the model); with
@@ -199,7 +199,7 @@ def _staged(n_trainable: int, accumulator_bytes: int, extra_local: int, sharded:
     """A backward into an existing accumulator holds the new gradient beside it until the commit.
 
     Unsharded, only the fast reduction stages (the deterministic one keeps partials instead). Sharded, both do:
-    the committed FP32 shards are stashed while FSDP writes the turn's shards (`ranks/sharded_fold.py`).
+    the committed FP32 shards are stashed while FSDP writes the turn's shards (`parallel/fsdp/fold.py`).
     """
     if not extra_local:
         return 0

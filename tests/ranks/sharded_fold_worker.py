@@ -6,7 +6,8 @@ backward at turn 1 once (the turn is aborted and retried). The reference is
 plain autograd on the unsharded model, one gradient per logical rank, folded
 by `trainer_core.ranks.reduction.ordered_fold` in logical order with zeros for
 the empty rank. `--out DIR` saves rank 0's gathered gradients for the
-cross-W comparison in the test.
+cross-W comparison in the test. `--replicas R` shards over HSDP's 2-D mesh
+(R replicas × W/R shards) instead of a 1-D one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import (
@@ -30,10 +32,10 @@ from tests.trainer.sharded_ranks import (
     start,
     worst,
 )
+from trainer_core.parallel.fsdp.fold import OrderedFolds, round_robin_logical_ranks
 from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.ranks.canonical_norm import canonical_norm
 from trainer_core.ranks.reduction import ordered_fold
-from trainer_core.ranks.sharded_fold import OrderedFolds, round_robin_logical_ranks
 from trainer_core.run.distributed import run_rank_process
 
 LOGICAL = 8
@@ -140,7 +142,7 @@ def hex_of(value: torch.Tensor) -> str:
     return float(value.item()).hex()
 
 
-def check_norm(model, expected: dict[str, torch.Tensor], rank: int, world_size: int) -> None:
+def check_norm(model, expected: dict[str, torch.Tensor], rank: int) -> None:
     """The canonical norm of the folded shards vs the unsharded gradients' canonical norm and a float64 oracle."""
     shards = [p.grad for p in model.parameters()]
     sharded_norm = canonical_norm(shards)
@@ -149,17 +151,19 @@ def check_norm(model, expected: dict[str, torch.Tensor], rank: int, world_size: 
     fast_norm = torch.nn.utils.get_total_norm(shards).full_tensor()  # type: ignore[union-attr]  # a DTensor here
     local = shards[-1]._local_tensor  # type: ignore[union-attr]
     kept = local.clone()
-    if rank == world_size - 1 and local.numel():
+    # The last shard's process; under HSDP in every replica (replicas hold the same shards, a NaN too).
+    mesh = model.lm_head.weight.device_mesh
+    if mesh.get_local_rank(mesh.ndim - 1) == mesh.size(mesh.ndim - 1) - 1 and local.numel():
         local.view(-1)[0] = float("nan")
     nan_norm = canonical_norm(shards)
     local.copy_(kept)
     # Rows of magnitudes 1e-6 … 1e6: any other grouping of the sums moves the float64 result's last bits.
     generator = torch.Generator().manual_seed(7)
     wide = torch.randn(1001, 3, generator=generator, dtype=torch.float64) * torch.logspace(-6, 6, 1001).view(-1, 1)
-    mesh = model.lm_head.weight.device_mesh
-    wide_sharded = distribute_tensor(wide.float(), mesh, [Shard(0)])
+    placements = [Shard(0)] if mesh.ndim == 1 else [Replicate(), Shard(0)]  # FSDP's, or HSDP's
+    wide_sharded = distribute_tensor(wide.float(), mesh, placements)
     narrow = torch.randn(1, 3, generator=generator)  # one row: every process after the first holds none
-    narrow_sharded = distribute_tensor(narrow, mesh, [Shard(0)])
+    narrow_sharded = distribute_tensor(narrow, mesh, placements)
     emit(
         "norm",
         rank,
@@ -181,8 +185,12 @@ def check_norm(model, expected: dict[str, torch.Tensor], rank: int, world_size: 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--replicas", type=int, default=None, help="HSDP: replicas of the 2-D mesh")
     args = parser.parse_args()
     rank, world_size, mesh = start()
+    if args.replicas is not None:
+        shape = (args.replicas, world_size // args.replicas)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
     reference = tiny_qwen3(vocab=97)
     model = copy.deepcopy(reference)
     sharded = shard_model(model, mesh)
@@ -209,8 +217,8 @@ def main() -> None:
         largest_shard_bytes=largest_shard,
     )
     if rank == 0:
-        torch.save(grads, args.out / f"W{world_size}.pt")
-    check_norm(model, expected, rank, world_size)
+        torch.save(grads, args.out / f"W{world_size}{'' if args.replicas is None else f'R{args.replicas}'}.pt")
+    check_norm(model, expected, rank)
 
     # After the step's clear: reset, then a turn whose graph reaches two units only.
     folds.reset()

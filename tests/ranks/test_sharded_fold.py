@@ -1,4 +1,4 @@
-"""`OrderedFolds` and `canonical_norm` (trainer_core/ranks/): the deterministic reduction and norm of a sharded model.
+"""`OrderedFolds` and `canonical_norm` (trainer_core/parallel/fsdp/, trainer_core/ranks/): the deterministic reduction and norm of a sharded model.
 
 One torchrun launch per world size runs every check (tests/ranks/sharded_fold_worker.py):
 L = 8 logical ranks round-robin over the processes, one of them empty, one turn
@@ -18,7 +18,7 @@ import torch
 
 from tests.trainer.sharded_ranks import bitwise, launch_results
 from tests.trainer.sharded_ranks import each_rank as each_rank_of
-from trainer_core.ranks.sharded_fold import round_robin_logical_ranks
+from trainer_core.parallel.fsdp.fold import round_robin_logical_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -117,3 +117,42 @@ def test_the_canonical_norm_is_bitwise_the_same_at_every_world_size(runs):
     for key in ("hex", "hex64", "wide_hex64"):
         norms = {w: each_rank(runs, w, "norm")[0][key] for w in WORLD_SIZES}
         assert len(set(norms.values())) == 1, (key, norms)
+
+
+# HSDP: the same checks over a 2-D mesh (replicas × shards), against the same references and the 1-D runs' bits.
+HSDP_MESHES = [(1, 2), (2, 2)]
+
+
+@pytest.fixture(scope="module")
+def hsdp_runs(runs) -> dict[tuple[int, int], dict]:
+    _, out = runs
+    return {(r, s): launch_results(WORKER, r * s, ["--out", str(out), "--replicas", str(r)]) for r, s in HSDP_MESHES}
+
+
+def each_hsdp_rank(hsdp_runs, mesh: tuple[int, int], check: str) -> list[dict]:
+    return each_rank_of({mesh[0] * mesh[1]: hsdp_runs[mesh]}, mesh[0] * mesh[1], check)
+
+
+@pytest.mark.parametrize("mesh", HSDP_MESHES)
+def test_over_hsdp_the_fold_is_bitwise_the_unsharded_ordered_fold_and_holds_one_shard(hsdp_runs, mesh):
+    for result in each_hsdp_rank(hsdp_runs, mesh, "fold"):
+        assert result["bitwise"], result
+        assert result["aborted"] and result["abort_left_gradients_unchanged"], result
+        assert 0 < result["peak_own_bytes"] <= result["largest_shard_bytes"], result
+    for check in ("partial_after_reset", "part_of_a_unit", "exception_inside_backward"):
+        for result in each_hsdp_rank(hsdp_runs, mesh, check):
+            assert result["bitwise"], (check, result)
+
+
+@pytest.mark.parametrize("mesh", HSDP_MESHES)
+def test_over_hsdp_the_gradients_and_the_canonical_norm_are_bitwise_the_1d_runs(runs, hsdp_runs, mesh):
+    _, out = runs
+    flat = torch.load(out / "W1.pt")
+    hybrid = torch.load(out / f"W{mesh[0] * mesh[1]}R{mesh[0]}.pt")
+    assert hybrid.keys() == flat.keys()
+    assert not [name for name in flat if not bitwise(hybrid[name], flat[name])]
+    expected = each_rank(runs, 1, "norm")[0]
+    for result in each_hsdp_rank(hsdp_runs, mesh, "norm"):
+        assert result["equals_unsharded"] and result["nan_anywhere_is_nan_everywhere"], result
+        for key in ("hex", "hex64", "wide_hex64", "narrow_hex64"):
+            assert result[key] == expected[key], (key, result)

@@ -17,7 +17,8 @@ import pytest
 from tests.ranks.sharded_logical_worker import CLIPPED
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import launch_results
-from trainer_core.ranks import ShardedLogicalGradients, Topology
+from trainer_core.parallel.fsdp.gradients import ShardedLogicalGradients
+from trainer_core.ranks import Topology
 from trainer_core.training import Trainer
 
 WORLD_SIZES = [1, 2, 4]

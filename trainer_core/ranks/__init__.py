@@ -7,9 +7,9 @@
 - `reduction`: folds over logical ranks in logical order (`sharded_ordered_fold`
   for gradients, `reduce_over_logical_ranks` for losses and counts).
 - `logical_gradients`: each logical rank's gradient kept apart and folded at
-  the step (`deterministic`), or summed by an all-reduce (`fast`);
-  `sharded_gradients`: the deterministic reduction of a sharded model (an
-  ordered fold per FSDP unit, `sharded_fold`; logical ranks round-robin).
+  the step (`deterministic`), or summed by an all-reduce (`fast`); a sharded
+  model's deterministic reduction is its parallelism's
+  (`trainer_core/parallel/fsdp/gradients.py`; logical ranks round-robin).
 - `threads`: intra-op threads pinned per process, never derived from W.
 - `rng`: each logical rank's work under its own seed, the caller's RNG streams
   restored after it.
@@ -33,7 +33,6 @@ _NAMES_BY_MODULE = {
     "logical_gradients": ("REDUCTION_MODES", "LogicalGradients", "ReductionMode"),
     "rank_zero": ("RankZeroTrainer", "run_rank_zero"),
     "reduction": ("ordered_fold", "reduce_over_logical_ranks", "sharded_ordered_fold"),
-    "sharded_gradients": ("ShardedLogicalGradients",),
     "commands": ("RankContext",),
     "threads": ("pin_threads", "threads_for"),
     "topology": ("Topology", "check_topology", "logical_row_ranges", "step_seed"),
@@ -47,6 +46,5 @@ if TYPE_CHECKING:
     from .logical_gradients import REDUCTION_MODES, LogicalGradients, ReductionMode
     from .rank_zero import RankZeroTrainer, run_rank_zero
     from .reduction import ordered_fold, reduce_over_logical_ranks, sharded_ordered_fold
-    from .sharded_gradients import ShardedLogicalGradients
     from .threads import pin_threads, threads_for
     from .topology import Topology, check_topology, logical_row_ranges, step_seed

@@ -21,6 +21,9 @@ with W and the result moves by an ulp (measured: equal at W = 1, 2, off by
 
 A replicated (unsharded) gradient fills all its rows on every process and is
 not all-reduced, so the sharded and the unsharded trainer agree to the bit.
+Over HSDP's 2-D mesh (`Replicate()` over the replicas, `Shard(0)` within
+each) the same vector is completed within each replica's shard group: every
+replica holds the same shards, so every replica gets the same bits.
 A non-finite element anywhere makes the norm non-finite on every process
 (inf and NaN survive the sums), which is what skips a step everywhere.
 
@@ -47,15 +50,11 @@ def row_count(shape: Sequence[int]) -> int:
 def _owned_rows(gradient: torch.Tensor) -> tuple[int, torch.Tensor]:
     """(index of this process's first row in the whole tensor, the rows it holds as [rows, -1] float64)."""
     if isinstance(gradient, DTensor):
-        placements = gradient.placements
-        if len(placements) != 1 or not placements[0].is_shard(0):
-            raise ValueError(
-                f"canonical_norm takes gradients sharded on dim 0 over a 1-D mesh (FSDP2's layout), got {placements}"
-            )
+        shard_dim = _shard_dim(gradient)
         local = gradient._local_tensor
         whole_rows = row_count(gradient.shape)
-        world_size = gradient.device_mesh.size()
-        coordinate = gradient.device_mesh.get_local_rank()
+        world_size = gradient.device_mesh.size(shard_dim)
+        coordinate = gradient.device_mesh.get_local_rank(shard_dim)
         # torch.chunk's layout, which FSDP2 uses: ceil(rows / W) rows per process, the last ones short or empty.
         start = min(coordinate * -(-whole_rows // world_size), whole_rows)
     else:
@@ -65,6 +64,18 @@ def _owned_rows(gradient: torch.Tensor) -> tuple[int, torch.Tensor]:
     width = math.prod(local.shape[1:]) if local.dim() else 1
     rows = local.detach().reshape(row_count(local.shape), width)
     return start, rows.to(torch.float64)
+
+
+def _shard_dim(gradient: DTensor) -> int:
+    """The mesh dimension `gradient` is sharded over (on its dim 0); every other mesh dimension replicates it."""
+    placements = gradient.placements
+    sharded = [i for i, placement in enumerate(placements) if placement.is_shard(0)]
+    if len(sharded) != 1 or any(not p.is_replicate() for i, p in enumerate(placements) if i != sharded[0]):
+        raise ValueError(
+            "canonical_norm takes gradients sharded on dim 0 over one mesh dimension and replicated over any other "
+            f"(FSDP2's and HSDP's layouts), got {placements}"
+        )
+    return sharded[0]
 
 
 def canonical_norm(
@@ -96,7 +107,7 @@ def canonical_norm(
             rows[offset + start : offset + start + owned.shape[0]] = owned.square().sum(dim=1)
         if isinstance(gradient, DTensor):
             sharded_any = True
-            group = group or gradient.device_mesh.get_group()
+            group = group or gradient.device_mesh.get_group(_shard_dim(gradient))
         offset += size
     if sharded_any and dist.get_world_size(group) > 1:
         # Replicated rows would be counted W times: keep them on one process only before the sum.

@@ -27,7 +27,7 @@ shuffle of the next batch — are the same on every process and at every W.
 On a sharded trainer (`Trainer(model, sharding=...)`) with the deterministic
 reduction, the logical ranks run round-robin (`self.topology.assignment`:
 process p runs ℓ = j·W + p) and every process's j-th block runs in lockstep
-(`sharded_gradients`): each block runs one forward and one backward, or
+(`trainer_core/parallel/fsdp/gradients.py`): each block runs one forward and one backward, or
 none — then the facade runs a dummy forward/backward (`empty_mode`) whose
 gradient counts as zeros, so an empty shard may still be skipped.
 
@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trainer_core.parallel.fsdp.gradients import ShardedLogicalGradients
 from trainer_core.run.faults import maybe_inject_command_fault
 from trainer_core.training.memory import BackwardMode
 
@@ -54,7 +55,6 @@ from .coordination import coordinated
 from .logical_gradients import LogicalGradients, ReductionMode
 from .reduction import ReduceOp, reduce_over_logical_ranks
 from .rng import logical_rank_rng, model_device
-from .sharded_gradients import ShardedLogicalGradients
 from .topology import Topology, step_seed
 
 
@@ -117,7 +117,7 @@ class LogicalDataParallel:
         empty_mode: BackwardMode = "retain",
     ):
         """On a sharded trainer (`Trainer(..., sharding=...)`) with the deterministic reduction, the logical
-        ranks run round-robin (`self.topology`; `sharded_gradients`), and an empty logical rank's block runs a
+        ranks run round-robin (`self.topology`; `parallel/fsdp/gradients.py`), and an empty logical rank's block runs a
         dummy forward/backward in `empty_mode` (the mode of the real blocks' forwards, retain or offload)."""
         self.trainer = trainer
         self.seed = seed

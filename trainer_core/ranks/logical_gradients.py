@@ -48,7 +48,7 @@ class LogicalGradients:
         self, trainer, topology: Topology, mode: ReductionMode = "deterministic", *, replicated_only: bool = False
     ):
         """`replicated_only`: keep apart only parameters that are not sharded (DTensors are the sharded fold's,
-        `sharded_gradients.ShardedLogicalGradients`, which uses this for a sharded model's heads)."""
+        `parallel.fsdp.gradients.ShardedLogicalGradients`, which uses this for a sharded model's heads)."""
         if mode not in REDUCTION_MODES:
             raise ValueError(
                 f"reduction={mode!r}; choose 'deterministic' (bitwise the same at any world size) or 'fast'"

@@ -5,7 +5,7 @@
 - `sharding = "none"`: `LogicalDataParallel` with the configured reduction.
 - `sharding = "fsdp"`, `deterministic`: `LogicalDataParallel` too, which on
   a sharded trainer installs `ShardedLogicalGradients` (the ordered fold of
-  every logical rank's gradient shards, trainer_core/ranks/sharded_gradients.py):
+  every logical rank's gradient shards, trainer_core/parallel/fsdp/gradients.py):
   losses, weights and moments are bitwise the same at any W, and resuming at
   another W continues the same run. Its logical ranks run round-robin
   (`assignment_for`: process p runs ℓ = j·W + p), so the segment's topology is

@@ -58,15 +58,16 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from ..parallel import local_tensor
-from ..training.checkpoints import Checkpoint
-from ..training.memory import BACKWARD_STATES, BackwardMode
-from ..training.transaction import ranks_agree
-from .coordination import raised_together
-from .logical_gradients import LogicalGradients
-from .rng import caller_streams_kept, model_device
-from .sharded_fold import OrderedFolds
-from .topology import Topology
+from trainer_core.parallel.tensors import local_tensor
+from trainer_core.ranks.coordination import raised_together
+from trainer_core.ranks.logical_gradients import LogicalGradients
+from trainer_core.ranks.rng import caller_streams_kept, model_device
+from trainer_core.ranks.topology import Topology
+from trainer_core.training.checkpoints import Checkpoint
+from trainer_core.training.memory import BACKWARD_STATES, BackwardMode
+from trainer_core.training.transaction import ranks_agree
+
+from .fold import OrderedFolds
 
 __all__ = ["ShardedLogicalGradients"]
 

@@ -28,6 +28,17 @@ holds FSDP's own reduce-scatter buffers (one unsharded unit's gradient and
 its shard) plus one shard; never the L/W full gradients per process the
 unsharded reduction keeps (`ranks/logical_gradients.py`). The price is W
 sequential scatters per unit instead of one reduce-scatter.
+
+HSDP (a 2-D mesh: R replicas × S shards, process p = r·S + s): FSDP
+reduce-scatters over the shard dimension, then all-reduces over the replicas.
+The ordered fold must still add all W = R·S processes' chunks in process
+order, which no sum of per-replica partials gives (float addition does not
+associate). So replica 0's owners fold every process's chunk, in process
+order, each sent to them point to point (one chunk at a time: still one
+shard beyond FSDP's buffers); the other replicas write -0.0, the exact
+identity of addition (x + -0.0 is x, -0.0 included), so FSDP's all-reduce
+hands every replica replica 0's fold bit for bit. One process per node
+(S = 1) is refused: FSDP then calls no reduce-scatter at all.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
 from torch.distributed.tensor import DTensor
 
-from trainer_core.parallel.fsdp.shard import ShardedModel, recover_after_failed_pass
+from .shard import ShardedModel, recover_after_failed_pass
 
 __all__ = ["OrderedFolds", "OrderedScatterFold", "round_robin_logical_ranks"]
 
@@ -95,17 +106,50 @@ class OrderedScatterFold(ReduceScatter):
             chunks.zero_()  # +0, not 0·g: a dummy loss times zero can still carry NaN or -0.0
         received = torch.empty_like(output_tensor)
         self.peak_own_bytes = max(self.peak_own_bytes, received.numel() * received.element_size())
-        for source in range(world_size):
-            # Every owner receives `source`'s chunk of the elements it owns, then adds it: sources in order.
-            scatter_list = list(chunks.unbind(0)) if source == rank else None
-            dist.scatter(received, scatter_list, group=group, group_src=source)
-            if source == 0 and self.committed is None:
-                output_tensor.copy_(received)
-            else:
-                if source == 0:
-                    output_tensor.copy_(self.committed)  # type: ignore[arg-type]  # not None here
-                output_tensor.add_(received)
+        if self._folds.process_grid is not None:
+            self._fold_over_replicas(output_tensor, chunks, received, self._folds.process_grid)
+        else:
+            for source in range(world_size):
+                # Every owner receives `source`'s chunk of the elements it owns, then adds it: sources in order.
+                scatter_list = list(chunks.unbind(0)) if source == rank else None
+                dist.scatter(received, scatter_list, group=group, group_src=source)
+                self._add(output_tensor, received, first=source == 0)
         self.staged = output_tensor
+
+    def _add(self, output_tensor: torch.Tensor, received: torch.Tensor, *, first: bool) -> None:
+        """Add one source's chunk onto the fold: the first source's onto the committed shard (or in its place)."""
+        if first and self.committed is None:
+            output_tensor.copy_(received)
+        else:
+            if first:
+                output_tensor.copy_(self.committed)  # type: ignore[arg-type]  # not None here
+            output_tensor.add_(received)
+
+    def _fold_over_replicas(
+        self, output_tensor: torch.Tensor, chunks: torch.Tensor, received: torch.Tensor, grid: list[list[int]]
+    ) -> None:
+        """HSDP (module docstring): every process's chunk, in process order, to its owner in replica 0.
+
+        `grid[r][s]` is the global rank of replica r's shard s. Point to point, every process walking the sources
+        in the same order: a source's sends are matched by owners that reached the same source, so none waits on
+        a later one.
+        """
+        me = dist.get_rank()
+        owners = grid[0]
+        for index, source in enumerate(rank for replica in grid for rank in replica):
+            if source == me:
+                for shard, owner in enumerate(owners):
+                    if owner == me:
+                        self._add(output_tensor, chunks[shard], first=index == 0)
+                    else:
+                        dist.send(chunks[shard].contiguous(), dst=owner)
+            elif me in owners:
+                dist.recv(received, src=source)
+                self._add(output_tensor, received, first=index == 0)
+        if me not in owners:
+            # -0.0 is the identity of addition for every value: FSDP's all-reduce over the replicas gives each one
+            # replica 0's fold bit for bit.
+            output_tensor.fill_(-0.0)
 
 
 class OrderedFolds:
@@ -137,7 +181,18 @@ class OrderedFolds:
         self.empty = False
         self._stash: dict[FSDPParam, torch.Tensor | None] = {}
         first = next((params[0] for _, params in self._units if params), None)
-        self._world_size = first.sharded_param.device_mesh.size() if first is not None else 1  # type: ignore[attr-defined]
+        mesh = first.sharded_param.device_mesh if first is not None else None  # type: ignore[attr-defined]
+        self._world_size = mesh.size() if mesh is not None else 1
+        self.process_grid: list[list[int]] | None = None
+        """HSDP: the global rank of each (replica, shard), when a 2-D mesh has several replicas; else None."""
+        if mesh is not None and mesh.ndim == 2 and mesh.size(0) > 1:
+            if mesh.size(1) == 1:
+                raise ValueError(
+                    f"the deterministic fold over HSDP needs at least 2 processes per replica, got a mesh of "
+                    f"{tuple(mesh.shape)} (FSDP reduces nothing within a replica of one); use train.sharding = "
+                    "'fsdp' at one process per node, or train.reduction = 'fast'"
+                )
+            self.process_grid = mesh.mesh.tolist()
 
     @property
     def peak_own_bytes(self) -> int:
