@@ -14,6 +14,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
+from trainer_core.parallel.export_side import export_side_of
 from trainer_core.run.checkpoint_layout import write_checkpoint_files
 from trainer_core.run.manifest import write_manifest
 
@@ -40,7 +41,7 @@ def build_export_tokenizer(config: RunConfig) -> PreTrainedTokenizerFast:
 
 def write_export_files(config: RunConfig, trainer: Trainer, directory: Path) -> None:
     """Every file of the checkpoint but its manifest (which files: `checkpoint_layout.py`)."""
-    write_checkpoint_files(config, trainer, directory, build_export_tokenizer(config))
+    write_checkpoint_files(config, trainer, directory, build_export_tokenizer(config), export_side_of(trainer))
 
 
 def export_checkpoint(config: RunConfig, trainer: Trainer, out_dir: Path, manifest_extra: dict) -> dict:

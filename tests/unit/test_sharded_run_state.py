@@ -22,8 +22,7 @@ from trainer_core.config import config_from_dict
 from trainer_core.model import build_trainer
 from trainer_core.ranks.topology import Topology
 from trainer_core.run.distributed import training_mesh
-from trainer_core.run.export_prepare import ExportPreparationError
-from trainer_core.run.sharded_export_prepare import prepare_sharded_export
+from trainer_core.run.export_prepare import ExportPreparationError, prepare_export
 from trainer_core.run.state import has_state, load_training_state, save_sharded_training_state
 from trainer_core.training.lora_injection import inject_lora
 from trainer_core.training.sharded_checkpoint_io import restore_sharded_checkpoint
@@ -113,13 +112,13 @@ def test_a_state_directory_that_is_a_symlink_is_replaced_never_written_through(t
 def test_the_export_from_shards_loads_in_transformers_with_the_trainer_s_weights(tmp_path, mesh):
     config, trainer = _trainer(tmp_path, mesh, seed=1)
     out = tmp_path / "export"
-    done = prepare_sharded_export(TOPOLOGY, config, trainer, out, {"run_id": "r", "step": 0})
+    done = prepare_export(TOPOLOGY, config, trainer, out, {"run_id": "r", "step": 0})
     assert not done["reused"] and (out / "MANIFEST.json").is_file() and (out / "tokenizer.json").is_file()
     loaded = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True, dtype=torch.float32)
     weights = _full(trainer)
     for name, tensor in loaded.state_dict().items():
         assert torch.equal(tensor, weights[name]), name
-    again = prepare_sharded_export(TOPOLOGY, config, trainer, out, {"run_id": "r", "step": 0})
+    again = prepare_export(TOPOLOGY, config, trainer, out, {"run_id": "r", "step": 0})
     assert again == {**done, "reused": True}  # the same shards: the staging is kept
 
 
@@ -133,7 +132,7 @@ def test_a_fault_in_any_phase_aborts_and_leaves_no_staging(tmp_path, mesh, phase
             raise OSError(f"injected at {at}")
 
     with pytest.raises(ExportPreparationError, match=f"failed on rank 0 .*OSError: injected at {phase}"):
-        prepare_sharded_export(TOPOLOGY, config, trainer, out, {"run_id": "r", "step": 0}, fault)
+        prepare_export(TOPOLOGY, config, trainer, out, {"run_id": "r", "step": 0}, fault)
     assert not out.exists() and not out.with_name("export.tmp").exists()
 
 

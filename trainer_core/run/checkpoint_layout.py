@@ -24,13 +24,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer_core.config import RunConfig
 from trainer_core.run.parent_record import run_parent
-from trainer_core.training import Trainer, export_checkpoint_module, save_hf_model
+from trainer_core.training import Trainer, export_checkpoint_module
+
+if TYPE_CHECKING:
+    from trainer_core.parallel.export_side import ReplicatedExportSide
+    from trainer_core.parallel.fsdp.export_side import FullyShardExportSide
+
+    ExportSide = ReplicatedExportSide | FullyShardExportSide
 
 MERGED_DIR = "merged"
 HEADS_DIR = "heads"
@@ -38,62 +43,37 @@ BASE_DIR = "base"
 ADAPTER_CONFIG = "adapter_config.json"
 
 
-@dataclass(frozen=True)
-class LayoutWriter:
-    """How the layout's pieces get written: by the one process that holds the model whole (the default), or
-    collectively from shards (`sharded_checkpoint_layout`). The layout itself is decided once, below."""
-
-    model: Callable[[Path, str | None], None]
-    """Write the full model into a directory that exists: (directory, the adapter merged into it or None)."""
-    adapter: Callable[[str, Path], None]
-    """Write adapter NAME in PEFT layout into a directory that exists."""
-    writes_files: bool = True
-    """This process writes the files only one process writes (directories, the base's name in each adapter's
-    config, heads, tokenizer): True but on the other ranks of a collective export."""
-
-
-def replicated_writer(config: RunConfig, trainer: Trainer) -> LayoutWriter:
-    """The writer of a trainer that holds every weight (unsharded)."""
-
-    def model(directory: Path, merge_adapter: str | None) -> None:
-        save_hf_model(
-            trainer.model,
-            directory,
-            vocab_size=trainer.vocab_size,
-            merge_adapter=merge_adapter,
-            max_shard_size=config.export.max_shard_size,
-        )
-
-    def adapter(name: str, directory: Path) -> None:
-        export_checkpoint_module(trainer, name, directory)
-
-    return LayoutWriter(model=model, adapter=adapter)
-
-
 def write_checkpoint_files(
-    config: RunConfig, trainer: Trainer, directory: Path, tokenizer, writer: LayoutWriter | None = None
+    config: RunConfig,
+    trainer: Trainer,
+    directory: Path,
+    tokenizer,
+    side: ExportSide,
+    *,
+    writes_files: bool = True,
 ) -> None:
     """Write every file of the checkpoint but its manifest into `directory` (which exists, empty).
 
-    `writer`: how the pieces are written (default: `replicated_writer`). `tokenizer`: used where
-    `writer.writes_files`.
+    `side`: how the pieces are written, the parallelism's export side (`parallel/export_side.py`): by the one
+    process that holds the model whole, or collectively from shards. `writes_files`: this process writes the
+    files only one process writes (directories, the base's name in each adapter's config, heads, tokenizer):
+    True but on the other ranks of a collective export. `tokenizer`: used where `writes_files`.
     """
-    writer = writer or replicated_writer(config, trainer)
 
     def subdirectory(name: str) -> Path:
         path = directory / name
-        if writer.writes_files:  # a collective export's other ranks only read it, after its first agreement
+        if writes_files:  # a collective export's other ranks only read it, after its first agreement
             path.mkdir(parents=True)
         return path
 
     adapters = [c.name for c in trainer.checkpoints.values() if c.kind == "lora"]
     model_dirs: list[Path] = []
     if not adapters:
-        writer.model(directory, None)
+        side.export_model(config, trainer, directory, None)
         model_dirs.append(directory)
     adapter_dirs = [directory] if len(adapters) == 1 else [subdirectory(name) for name in adapters]
     for name, adapter_dir in zip(adapters, adapter_dirs, strict=True):
-        writer.adapter(name, adapter_dir)
+        side.export_adapter(config, trainer, name, adapter_dir)
     if len(adapters) == 1:
         model_dirs.append(directory)
     if adapters and (config.model.path is None or run_parent(config) is not None):
@@ -101,18 +81,18 @@ def write_checkpoint_files(
         # So for a base fetched from a committed checkpoint (a full model's, or the base of an adapter that
         # continues): it lies in this run's work dir, a cache, and a name pointing there would not outlive it.
         base = subdirectory(BASE_DIR)
-        writer.model(base, None)
+        side.export_model(config, trainer, base, None)
         model_dirs.append(base)
-        if writer.writes_files:
+        if writes_files:
             for adapter_dir in adapter_dirs:
                 _name_base(adapter_dir, os.path.relpath(base, adapter_dir))
     if config.export.merge_lora:
         if len(adapters) != 1:
             raise ValueError(f"export.merge_lora merges one adapter; this trainer has {len(adapters)} ({adapters})")
         merged = subdirectory(MERGED_DIR)
-        writer.model(merged, adapters[0])
+        side.export_model(config, trainer, merged, adapters[0])
         model_dirs.append(merged)
-    if not writer.writes_files:
+    if not writes_files:
         return
     for name, checkpoint in trainer.checkpoints.items():
         if checkpoint.kind == "module":  # heads are never sharded: whoever writes holds them whole

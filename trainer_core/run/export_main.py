@@ -5,7 +5,7 @@
 Every rank loads segment K's state (a rank that fails to load fails every rank
 at once, through `trainer_core.ranks.exchange`, with its rank and error named)
 and takes part in preparing the checkpoint (trainer_core/run/export_prepare.py; from the shards,
-rank by rank, under train.sharding = "fsdp": sharded_export_prepare.py): if
+rank by rank, when the model is sharded): if
 any rank fails, every rank aborts and the error names the failing rank. A
 staged directory whose manifest still verifies with the same weights is kept as
 it is: a retried export does not serialize the same checkpoint again. The
@@ -33,7 +33,6 @@ from trainer_core.run.plan import Plan, read_plan
 from trainer_core.run.progress import ProgressWriter, export_progress_path
 from trainer_core.run.rank_process import leave_now
 from trainer_core.run.records import ExportResult, StateMeta, export_result_path
-from trainer_core.run.sharded_export_prepare import prepare_sharded_export
 from trainer_core.run.state import load_training_state, state_dir_for
 
 
@@ -94,8 +93,7 @@ def _export(
         if phase == "weights":
             maybe_inject_export_fault(rank)
 
-    prepare = prepare_sharded_export if trainer.sharding is not None else prepare_export
-    prepared = prepare(topology, config, trainer, out_dir, provenance, at_phase)
+    prepared = prepare_export(topology, config, trainer, out_dir, provenance, at_phase)
     if topology.rank == 0:
         ExportResult(
             segment=segment_index,

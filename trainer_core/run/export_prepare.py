@@ -1,16 +1,27 @@
 """Distributed export preparation: every rank prepares its part, or every rank aborts.
 
-The preparation runs in phases; after each, the ranks exchange their status
+One flow for every parallelism; what differs (what a rank holds, who writes)
+is asked of the parallelism's export side (`parallel/export_side.py`). The
+preparation runs in phases; after each, the ranks exchange their status
 (`all_gather_object`), so all of them take the same decision:
 
-1. every rank checks what it holds: its weights' digest (ranks that disagree
-   are named; a diverged replica is never published);
-2. rank 0 reuses a staging whose manifest still verifies with these weights,
-   or writes the files into `<staging>.tmp`;
-3. every rank verifies its share of the staged files (file i goes to rank
-   i mod W): it loads each safetensors file, compares every tensor it also
-   holds bitwise with its own, and hashes the file for the manifest;
-4. rank 0 writes the manifest (provenance included); once every rank has
+1. weights: every rank digests what it holds. Replicas must agree (ranks
+   that disagree are named; a diverged replica is never published), and
+   their digest is the checkpoint's; shards differ by design, and the
+   checkpoint's digest is the sha256 of the ranks' digests in rank order
+   (so a staging is reused only at the world size that wrote it), the
+   per-rank digests going into the manifest's provenance;
+2. write: rank 0 reuses a staging whose manifest still verifies with this
+   digest, or writes the files (`checkpoint_layout.write_checkpoint_files`)
+   into `<staging>.tmp`: alone when it holds the model whole; else it makes
+   the staging, and then every rank takes part in writing the files from the
+   shards (each tensor gathered one at a time, rank 0 writing, every rank
+   comparing the rows it owns bitwise with its shard as it goes);
+3. verify: every rank hashes its share of the staged files for the manifest
+   (file i goes to rank i mod W); a rank that holds the model whole first
+   loads each safetensors file and compares every tensor it also holds
+   bitwise with its own;
+4. manifest: rank 0 writes it (provenance included); once every rank has
    reported success, it moves the staging into place.
 
 If any rank fails any phase, every rank raises ExportPreparationError naming
@@ -33,8 +44,10 @@ import torch.distributed as dist
 from safetensors import safe_open
 
 from trainer_core.config import RunConfig
-from trainer_core.export import write_export_files
+from trainer_core.export import build_export_tokenizer
 from trainer_core.files import tensors_sha256
+from trainer_core.parallel.export_side import export_side_of
+from trainer_core.run.checkpoint_layout import write_checkpoint_files
 from trainer_core.run.distributed import Topology
 from trainer_core.run.manifest import (
     FileEntry,
@@ -80,12 +93,14 @@ def _phase(topology: Topology, what: str, action: Callable[[], Any]) -> list[Any
 
 
 def _verify_share(
-    directory: Path, files: list[Path], own: dict[str, torch.Tensor], true_vocab: int | None
+    directory: Path, files: list[Path], own: dict[str, torch.Tensor] | None, true_vocab: int | None
 ) -> list[FileEntry]:
-    """Check every tensor of this rank's files against its own weights; `true_vocab`: rows the export keeps of padded ones."""
+    """Hash this rank's files for the manifest, first checking every tensor of them against its own weights
+    `own` (None: its rows were checked as the files were written); `true_vocab`: rows the export keeps of
+    padded ones."""
     entries = []
     for path in files:
-        if path.suffix == ".safetensors":
+        if own is not None and path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt") as tensors:
                 for name in tensors.keys():
                     loaded = tensors.get_tensor(name)  # parses the header and reads every byte range
@@ -123,21 +138,25 @@ def prepare_export(
     (phases: weights, write, verify, manifest); tests make it raise.
     """
     inject_fault = inject_fault or (lambda rank, phase: None)
+    side = export_side_of(trainer)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
-    own = trainer.model.state_dict()
     try:
 
         def check_weights() -> str:
             inject_fault(topology.rank, "weights")
-            return tensors_sha256(own)
+            return tensors_sha256(side.held_weights(trainer))
 
         digests = _phase(topology, "checking its weights", check_weights)
-        disagreeing = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
+        disagreeing = side.diverged_ranks(digests)
         if disagreeing:
             raise ExportPreparationError(
                 f"ranks {disagreeing} hold weights that differ from rank 0's; refusing to export a diverged replica"
             )
-        digest = digests[0]
+        digest, digest_provenance = side.export_digest(digests)
+
+        def write_the_files() -> None:
+            tokenizer = build_export_tokenizer(config) if topology.rank == 0 else None
+            write_checkpoint_files(config, trainer, tmp, tokenizer, side, writes_files=topology.rank == 0)
 
         def reuse_or_write() -> bool:
             inject_fault(topology.rank, "write")
@@ -148,12 +167,17 @@ def prepare_export(
                 return True
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            write_export_files(config, trainer, tmp)
+            if not side.writes_export_together:
+                write_the_files()
             return False
 
         reused = _phase(topology, "writing the checkpoint files", reuse_or_write)[0]
         if not reused:
+            if side.writes_export_together:
+                # Collective: a failure on any rank raises ShardedExportError on every rank, inside this phase.
+                _phase(topology, "writing the checkpoint files from the shards", write_the_files)
             share = staged_files(tmp)[topology.rank :: topology.world_size]
+            own = side.staged_tensors_to_check(trainer)
 
             def verify() -> list[FileEntry]:
                 inject_fault(topology.rank, "verify")
@@ -165,7 +189,8 @@ def prepare_export(
                 inject_fault(topology.rank, "manifest")
                 if topology.rank == 0:
                     manifest = manifest_of(
-                        [e for part in entries for e in part], {**provenance, "weights_sha256": digest}
+                        [e for part in entries for e in part],
+                        {**provenance, "weights_sha256": digest, **digest_provenance},
                     )
                     write_checkpoint_manifest(tmp, manifest)
 
