@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from .config_base import _Beta, _Section
 from .lr_schedule import SCHEDULE_KINDS, LRSchedule
+from .parallel import PARALLELISM_NAMES, REPLICATED  # torch-free: the package loads its classes lazily
 from .ranks.topology import topology_problem  # a light module: trainer_core.ranks loads its names lazily
 from .registry_names import BACKWARD_MODES, OBJECTIVE_NEEDS, PLANNER
 
@@ -73,13 +74,15 @@ class TrainSection(_Section):
     snapshots stale graphs hold."""
     max_gradient_staleness: int = Field(default=2, ge=0, strict=True)
     """Optimizer steps a forward's graph may lag behind at backward (0 = strict)."""
-    sharding: Literal["none", "fsdp"] = "none"
+    sharding: Literal[PARALLELISM_NAMES] = "none"  # pyright: ignore[reportInvalidTypeForm]
     """`fsdp`: every decoder layer and the root are FSDP2-sharded over the W processes (weights, FP32 masters, AdamW
     moments and gradients live as 1/W shards; the state is saved with torch.distributed.checkpoint). With
     train.reduction = "deterministic" the logical ranks run round-robin over the processes and their gradient
     shards are folded in logical-rank order: bitwise the same at any W, so a run resumes at another W (W stays out
     of the run id); with `fast`, FSDP's reduce-scatter. With [model.lora] the adapter trains as shards over the
-    frozen sharded base. `none`: every process holds a full replica."""
+    frozen sharded base. `hsdp`: sharded like `fsdp` over the processes of a node (train.nproc_per_node, at least
+    2), replicated over the nodes (train.nnodes), bitwise alike under the deterministic reduction. `none`: every
+    process holds a full replica. The choices are the parallelism registry's (`trainer_core.parallel`)."""
     activation_checkpointing: Literal["none", "blocks"] = "none"
     """`blocks`: every decoder layer keeps only its input and runs again in backward (about one more forward per
     layer) for far fewer saved bytes; gradients, weights and run id are bitwise those of `none`."""
@@ -145,16 +148,21 @@ class TrainSection(_Section):
         if self.global_batch_size % self.logical_dp:
             return self  # _divisibility says what is wrong first
         rows = self.global_batch_size // self.logical_dp
-        if self.sharding == "fsdp" and self.micro_batch_size is not None and self.micro_batch_size < rows:
+        if self.shards_weights and self.micro_batch_size is not None and self.micro_batch_size < rows:
             # The sharded fold takes one backward per logical rank's turn (trainer_core/parallel/fsdp/gradients.py);
             # a second would fold in another association than the unsharded run's.
             raise ValueError(
-                f'train.micro_batch_size={self.micro_batch_size} with train.sharding = "fsdp": a sharded logical '
+                f'train.micro_batch_size={self.micro_batch_size} with train.sharding = "{self.sharding}": a sharded logical '
                 "rank runs its rows in one forward; cut the rows per forward with more logical ranks instead (a "
                 f"train.logical_dp that divides global_batch_size={self.global_batch_size} into shares of at most "
                 f"{self.micro_batch_size} row(s), run in turn on every process), or remove micro_batch_size"
             )
         return self
+
+    @property
+    def shards_weights(self) -> bool:
+        """Whether `sharding` spreads the weights over the processes: every parallelism but the replicated one."""
+        return self.sharding != REPLICATED
 
     @property
     def rows_per_forward(self) -> int:

@@ -5,6 +5,8 @@
 - `base`: the `Parallelism` protocol, what the trainer asks of one;
 - `replicated`: `Replicated`, the whole model on every rank;
 - `fsdp`: `FullyShard`, FSDP2 units (`fsdp/shard.py` makes them);
+- `hsdp`: `HybridShard`, the same units sharded within a node, replicated
+  across nodes (a 2-D mesh);
 - `registry`: `PARALLELISMS`, each class by its `train.sharding` name;
 - `tensors`, `autograd`: a distributed tensor read the same way as a plain
   one (local part, whole value, gradients), for every parallelism.
@@ -20,25 +22,29 @@ from typing import TYPE_CHECKING
 
 from ..lazy_exports import lazy_exports
 
-PARALLELISM_NAMES: tuple[str, ...] = ("none", "fsdp")
+PARALLELISM_NAMES: tuple[str, ...] = ("none", "fsdp", "hsdp")
 """Every parallelism by its `train.sharding` name (the registry's keys, in order; checked when it is built)."""
+REPLICATED = "none"
+"""The name of the parallelism that spreads nothing (every process holds the whole model)."""
 
 _NAMES_BY_MODULE = {
     "autograd": ("gradients",),
     "base": ("Parallelism", "WeightSnapshot"),
     "fsdp": ("FullyShard",),
+    "hsdp": ("HybridShard",),
     "registry": ("PARALLELISMS", "parallelism_for"),
     "replicated": ("Replicated",),
     "tensors": ("is_distributed", "local_tensor", "whole"),
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _NAMES_BY_MODULE, globals())
-__all__ += ["PARALLELISM_NAMES"]
+__all__ += ["PARALLELISM_NAMES", "REPLICATED"]
 
 if TYPE_CHECKING:  # the lazy names, for type checkers (`X as X`: re-exported on purpose)
     from .autograd import gradients as gradients
     from .base import Parallelism as Parallelism
     from .base import WeightSnapshot as WeightSnapshot
     from .fsdp import FullyShard as FullyShard
+    from .hsdp import HybridShard as HybridShard
     from .registry import PARALLELISMS as PARALLELISMS
     from .registry import parallelism_for as parallelism_for
     from .replicated import Replicated as Replicated

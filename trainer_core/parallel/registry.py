@@ -15,9 +15,10 @@ from torch import nn
 from . import PARALLELISM_NAMES
 from .base import Parallelism
 from .fsdp import FullyShard
+from .hsdp import HybridShard
 from .replicated import Replicated
 
-PARALLELISMS: dict[str, type[Parallelism]] = {cls.name: cls for cls in (Replicated, FullyShard)}
+PARALLELISMS: dict[str, type[Parallelism]] = {cls.name: cls for cls in (Replicated, FullyShard, HybridShard)}
 """Every parallelism by its `train.sharding` name, in `PARALLELISM_NAMES`' order."""
 
 if tuple(PARALLELISMS) != PARALLELISM_NAMES:

@@ -117,13 +117,12 @@ class SegmentRun:
         )
         phases.mark("process_group")
 
-        sharded = config.train.sharding == "fsdp"
         trainer = build_trainer(
             config,
             miss_reports=MissReports(
                 planner_reports_dir(run_dir), prefix=f"segment-{segment_index:04d}-rank-{topology.rank}-"
             ),
-            mesh=training_mesh(topology) if sharded else None,
+            mesh=training_mesh(topology) if config.train.shards_weights else None,
             weights_from_state=segment_index > 0,  # _resume below writes every weight of a full fine-tune
         )
         (base,) = trainer.checkpoints.values()  # the full model, or the LoRA adapter

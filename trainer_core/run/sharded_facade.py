@@ -3,7 +3,7 @@
 `segment_facade` picks it:
 
 - `sharding = "none"`: `LogicalDataParallel` with the configured reduction.
-- `sharding = "fsdp"`, `deterministic`: `LogicalDataParallel` too, which on
+- `sharding = "fsdp"` or `"hsdp"` (a parallelism that shards), `deterministic`: `LogicalDataParallel` too, which on
   a sharded trainer installs `ShardedLogicalGradients` (the ordered fold of
   every logical rank's gradient shards, trainer_core/parallel/fsdp/gradients.py):
   losses, weights and moments are bitwise the same at any W, and resuming at
@@ -17,7 +17,7 @@
   empty (the config holds `global_batch_size` to a multiple of `logical_dp`),
   so the dummy turn of an empty block — run in `empty_mode`, the segment's
   forward mode — does not occur in the pipeline.
-- `sharding = "fsdp"`, `fast`: `ShardedLogicalDataParallel` below, which
+- a sharded model, `fast`: `ShardedLogicalDataParallel` below, which
   keeps the trainer's FSDP reduction.
 
 `ShardedLogicalDataParallel`: `LogicalDataParallel` installs its
@@ -33,6 +33,7 @@ runner has them.
 
 from __future__ import annotations
 
+from trainer_core.parallel import PARALLELISMS
 from trainer_core.ranks import LogicalDataParallel
 from trainer_core.ranks.logical_gradients import LogicalGradients, ReductionMode
 from trainer_core.ranks.topology import Assignment, Topology
@@ -41,8 +42,10 @@ from trainer_core.training.memory import BackwardMode
 
 
 def assignment_for(sharding: str, reduction: str) -> Assignment:
-    """How the segment maps logical ranks to processes: round-robin for deterministic logical ranks on shards."""
-    return "round_robin" if sharding == "fsdp" and reduction == "deterministic" else "contiguous"
+    """How the segment maps logical ranks to processes: round-robin for deterministic logical ranks on a
+    parallelism whose backward is a collective (every process's j-th logical rank in lockstep)."""
+    lockstep = PARALLELISMS[sharding].reduces_in_backward
+    return "round_robin" if lockstep and reduction == "deterministic" else "contiguous"
 
 
 def segment_facade(
