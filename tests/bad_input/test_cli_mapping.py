@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flows import cli
+from infra.launch.warm_ranks import DISABLE_ENV
 from tests.conftest import EXAMPLES
 from trainer_core.errors import BadInputError
 
@@ -16,6 +17,7 @@ class StoreSettingError(BadInputError):
 @pytest.mark.parametrize("secret_in_message", [False, True])
 def test_bad_input_found_inside_the_flow_exits_2_without_credentials(tmp_path, capsys, monkeypatch, secret_in_message):
     import flows.pipeline
+    import flows.temporary_server
 
     secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
@@ -29,6 +31,10 @@ def test_bad_input_found_inside_the_flow_exits_2_without_credentials(tmp_path, c
         )
 
     monkeypatch.setattr(flows.pipeline, "train_flow", flow_that_finds_a_bad_store)
+    # Neither Prefect's temporary server nor a warm process serves a flow that raises at once: the mapping of its
+    # error is the test (starting both cost this unit test a server and a torch import per case).
+    monkeypatch.setattr(flows.temporary_server, "start_temporary_server", lambda: None)
+    monkeypatch.setenv(DISABLE_ENV, "0")
     monkeypatch.chdir(tmp_path)
     code = cli.main(
         [
