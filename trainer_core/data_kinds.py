@@ -1,21 +1,42 @@
 """The kinds of training data (`data.kind`), torch-free: what each kind's shards carry and what it trains by default.
 
 A kind is a value object, not a flag: the config checks an objective's
-`needs` against `kind.shard_names(packed)`, the plan records `kind.name`, and
-the data stages ask the kind of the records they read (`of_records`) rather
-than testing for trajectories. Adding a kind (preference pairs, say) is its
-record format and schema under `trainer_core/data/`, its objective under
+`needs` against `kind.shard_names(packed)`, the plan records `kind.name` and
+sizes its shards from the kind's columns, and the data stages produce and
+store the columns the kind carries (`kind.carries("advantages")`) rather than
+testing for RL. Adding a kind (preference pairs, say) is its record format and
+schema under `trainer_core/data/`, its objective under
 `trainer_core/objectives/`, and one `DataKind` here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class HasTrajectory(Protocol):
+    """What `kind_of` reads of a record (`trainer_core.data.schema.Conversation`)."""
+
+    @property
+    def is_trajectory(self) -> bool: ...
+
 
 UNPACKED_NAMES = ("input_ids", "loss_mask", "attention_mask")
 """The shard tensors of every kind (`trainer_core/data/shards.py`)."""
 PACKED_NAMES = ("position_ids", "document_ids")
 """The shard tensors a packed plan (`data.pack`) adds."""
+COLUMN_BYTES: dict[str, int] = {
+    "input_ids": 8,
+    "loss_mask": 1,
+    "attention_mask": 1,
+    "position_ids": 8,
+    "document_ids": 4,
+    "advantages": 4,
+    "behaviour_logprobs": 4,
+    "policy_version": 8,
+}
+"""Bytes a token of each shard tensor takes (`trainer_core/data/shards.py` gives the dtypes)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +55,14 @@ class DataKind:
     def shard_names(self, *, packed: bool) -> tuple[str, ...]:
         """Every shard tensor a plan of this kind writes."""
         return UNPACKED_NAMES + (PACKED_NAMES if packed else ()) + self.columns
+
+    def carries(self, column: str) -> bool:
+        """Whether this kind's documents and shards carry `column` (beyond the tensors of every kind)."""
+        return column in self.columns
+
+    def shard_bytes_per_token(self, *, packed: bool) -> int:
+        """What a token of a row takes in a shard of this kind."""
+        return sum(COLUMN_BYTES[name] for name in self.shard_names(packed=packed))
 
 
 SFT_DATA = DataKind(
@@ -61,6 +90,6 @@ DATA_KINDS: dict[str, DataKind] = {kind.name: kind for kind in (SFT_DATA, RL_DAT
 """Every data kind by its `data.kind` name."""
 
 
-def of_records(is_trajectory: bool) -> DataKind:
-    """The kind of records whose first one is (or is not) a trajectory: the schema's one distinction today."""
-    return RL_DATA if is_trajectory else SFT_DATA
+def kind_of(conversation: HasTrajectory) -> DataKind:
+    """The kind of data whose first record is `conversation`: a trajectory (rewards, logprobs) is RL data."""
+    return RL_DATA if conversation.is_trajectory else SFT_DATA

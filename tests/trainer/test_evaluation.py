@@ -125,10 +125,11 @@ def test_the_split_is_disjoint_complete_and_keeps_file_order():
     import numpy as np
 
     from trainer_core.data import Prepared
+    from trainer_core.data_kinds import SFT_DATA
     from trainer_core.run.held_out import split_held_out
 
     names = [f"doc-{i}" for i in range(50)]
-    prepared = Prepared(names, [f"f:{i}" for i in range(50)], np.arange(50) + 10, False, 50)
+    prepared = Prepared(names, [f"f:{i}" for i in range(50)], np.arange(50) + 10, SFT_DATA, 50)
     trained, held = split_held_out(prepared, 0.2, seed=3, label="f")
     assert len(held.documents) == 10 and len(trained.documents) == 40
     assert sorted([*trained.documents, *held.documents], key=names.index) == names

@@ -108,8 +108,8 @@ def layout_rows(documents: Sequence[Aligned], rows: Sequence[Sequence[int]], row
     attention_mask = np.zeros(shape, dtype=bool)
     position_ids = np.zeros(shape, dtype=np.int64)
     document_ids = np.zeros(shape, dtype=np.int32)
-    is_rl = any(documents[i].advantages is not None for row in rows for i in row)
-    rl = _RlColumns.empty(shape) if is_rl else None
+    carries_advantages = any(documents[i].advantages is not None for row in rows for i in row)
+    rl = _RlColumns.empty(shape) if carries_advantages else None
     for r, row in enumerate(rows):
         cursor = 0
         for number, index in enumerate(row, start=1):

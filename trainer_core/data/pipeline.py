@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from tokenizers import Tokenizer
 
+from ..data_kinds import SFT_DATA, DataKind, kind_of
 from .advantages import AdvantageStats, Normalization, resolve_advantages
 from .align import Aligned, align
 from .mask import mask
@@ -64,7 +65,8 @@ class Prepared:
     """`FILE:LINE` of each kept document."""
     lengths: np.ndarray
     """int64 [documents]: each kept document's token count (what ordering and packing need, without the tokens)."""
-    is_rl: bool
+    kind: DataKind
+    """The data's kind: what its documents and shards carry."""
     num_records: int
     num_truncated: int = 0
     num_dropped: int = 0
@@ -78,7 +80,7 @@ class Staged:
     """The outputs of the cached stages (up to align) over a whole file, in record order."""
 
     documents: list[Aligned]
-    is_rl: bool
+    kind: DataKind
     advantage_stats: AdvantageStats | None
     stage_digests: dict[str, str]
 
@@ -125,15 +127,15 @@ def fit_length(
 
 def _stage_outputs(
     records: Sequence[Record], tokenizer: Tokenizer, template: str | None, normalization: Normalization
-) -> tuple[list[Aligned], bool, AdvantageStats | None, dict[str, str]]:
+) -> tuple[list[Aligned], DataKind, AdvantageStats | None, dict[str, str]]:
     conversations = [r.conversation for r in records]
     wheres = [r.where for r in records]
     rendered = [render(c, template, where=w) for c, w in zip(conversations, wheres)]
     tokenized = tokenize(tokenizer, rendered)
     masked = [mask(t, r) for t, r in zip(tokenized, rendered)]
-    is_rl = bool(conversations) and conversations[0].is_trajectory
+    kind = kind_of(conversations[0]) if conversations else SFT_DATA
     stats = None
-    if is_rl:
+    if kind.carries("advantages"):
         message_advantages, stats = resolve_advantages(conversations, wheres, normalization)
     else:
         message_advantages = [None] * len(conversations)
@@ -144,15 +146,15 @@ def _stage_outputs(
         "mask": _stage_digest(masked),
         "align": _stage_digest(aligned),
     }
-    return aligned, is_rl, stats, digests
+    return aligned, kind, stats, digests
 
 
 def stage_documents(
     records: Sequence[Record], tokenizer: Tokenizer, template: str | None, normalization: Normalization
 ) -> Staged:
     """render → tokenize → mask → [advantages] → align over `records`; the first bad record raises DataError."""
-    aligned, is_rl, stats, digests = _stage_outputs(records, tokenizer, template, normalization)
-    return Staged(aligned, is_rl, stats, digests)
+    aligned, kind, stats, digests = _stage_outputs(records, tokenizer, template, normalization)
+    return Staged(aligned, kind, stats, digests)
 
 
 def finish(staged: Staged, records: Sequence[Record], options: DataOptions) -> Prepared:
@@ -172,7 +174,7 @@ def finish(staged: Staged, records: Sequence[Record], options: DataOptions) -> P
         documents=documents,
         wheres=kept_wheres,
         lengths=np.array([d.num_tokens for d in documents], dtype=np.int64),
-        is_rl=staged.is_rl,
+        kind=staged.kind,
         num_records=len(records),
         num_truncated=truncated,
         num_dropped=dropped,

@@ -32,6 +32,7 @@ from typing import overload
 
 import numpy as np
 
+from ..data_kinds import RL_DATA, SFT_DATA, DataKind
 from ..data_sources import DataFile
 from .advantages import AdvantageStats
 from .align import Aligned
@@ -39,6 +40,8 @@ from .align import Aligned
 DOCUMENTS_FILE = "documents.bin"
 INDEX_FILE = "index.npz"
 META_FILE = "meta.json"
+_STORED_KIND = "is_rl"
+"""The meta key of the store's kind, a flag since before kinds had names (cached stores keep their format)."""
 INDEX_BYTES_PER_DOCUMENT = 5 * 8
 """offset, length, first target, line, and (RL) policy version: int64 each (the offsets have one more entry)."""
 
@@ -52,10 +55,10 @@ def first_target(loss_mask: np.ndarray) -> int:
 class StoreWriter:
     """Appends aligned documents to a new store directory (buffered writes; nothing held per token)."""
 
-    def __init__(self, directory: Path, *, is_rl: bool, num_files: int = 1) -> None:
+    def __init__(self, directory: Path, *, kind: DataKind, num_files: int = 1) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        self.is_rl = is_rl
+        self.kind = kind
         self._file = open(directory / DOCUMENTS_FILE, "wb", buffering=1 << 20)
         self._offset = 0
         # array('q'): 8 bytes an entry while the file streams in (a list of ints would take ~36).
@@ -66,7 +69,7 @@ class StoreWriter:
     def append(self, document: Aligned, line: int, file_index: int = 0) -> None:
         """Add the next document, from `line` (or row) of data file `file_index` (files come in order)."""
         parts = [document.input_ids.astype(np.int64, copy=False)]
-        if self.is_rl:
+        if self.kind.carries("advantages"):
             if document.behaviour_logprobs is None or document.advantages is None or document.policy_version is None:
                 raise ValueError("an RL document without its behaviour logprobs, advantages or version")
             parts += [document.behaviour_logprobs.astype(np.float32, copy=False), document.advantages]
@@ -84,12 +87,12 @@ class StoreWriter:
     def finish(self, *, num_records: int, stats: AdvantageStats | None, digests: dict[str, str]) -> "DocumentStore":
         self._file.close()
         columns = {name: np.frombuffer(values, dtype=np.int64) for name, values in self._columns.items()}
-        if not self.is_rl:
+        if not self.kind.carries("policy_version"):
             columns.pop("versions")
         np.savez(self.directory / INDEX_FILE, allow_pickle=False, **columns)
         meta = {
             "num_records": num_records,
-            "is_rl": self.is_rl,
+            _STORED_KIND: self.kind is RL_DATA,
             "stats": asdict(stats) if stats else None,
             "digests": digests,
             "file_documents": self._file_documents,
@@ -114,7 +117,7 @@ class DocumentStore:
         self.lines = columns["lines"]
         self.versions = columns.get("versions")
         self.num_records: int = meta["num_records"]
-        self.is_rl: bool = meta["is_rl"]
+        self.kind = RL_DATA if meta[_STORED_KIND] else SFT_DATA
         self.stats = AdvantageStats(**meta["stats"]) if meta["stats"] else None
         self.stage_digests: dict[str, str] = meta["digests"]
         # Entries written before data.path could name several files hold one file's documents.
@@ -142,7 +145,7 @@ class DocumentStore:
         start = int(self.offsets[index])
         raw = os.pread(self._fd, int(self.offsets[index + 1]) - start, start)
         input_ids = np.frombuffer(raw, dtype=np.int64, count=length)
-        if not self.is_rl:
+        if not self.kind.carries("advantages"):
             return Aligned(input_ids=input_ids, loss_mask=np.frombuffer(raw, dtype=bool, offset=8 * length))
         assert self.versions is not None  # an RL store keeps one version per document
         return Aligned(

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from ..data_kinds import kind_of
 from .advantages import AdvantageStats, Normalization, resolve_advantages
 from .align import align
 from .mask import mask
@@ -99,13 +100,13 @@ def stage_source(
 ) -> DocumentStore:
     """Stream the data through the stages into a store at `directory`; the first bad record raises DataError."""
     first = next(iter_source(source))  # the kind decides whether advantages need a pass of their own
-    is_rl = first.conversation.is_trajectory
+    kind = kind_of(first.conversation)
     advantages: list[np.ndarray] | None = None
     stats = None
-    if is_rl:
+    if kind.carries("advantages"):
         advantages, stats = _rewards_pass(source, normalization)
     hashers = {stage: hashlib.sha256() for stage in STAGES}
-    writer = StoreWriter(directory, is_rl=is_rl, num_files=len(source.files))
+    writer = StoreWriter(directory, kind=kind, num_files=len(source.files))
     num_records = 0
     try:
         for chunk in _chunks(iter_source(source)):
@@ -166,7 +167,7 @@ def fit_store(store: DocumentStore, source: DataSource, options: DataOptions) ->
         documents=KeptDocuments(store, indices, kept_lengths[indices]),
         wheres=KeptWheres(source.files, store.file_ends, indices, store.lines[indices]),
         lengths=kept_lengths[indices],
-        is_rl=store.is_rl,
+        kind=store.kind,
         num_records=store.num_records,
         num_truncated=int((over & keep).sum()) if options.overflow == "truncate" else 0,
         num_dropped=len(store) - len(indices),

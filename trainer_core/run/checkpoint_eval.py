@@ -35,6 +35,7 @@ import torch
 from trainer_core.data import DataError, DataOptions, DataSource, load_chat_template, load_tokenizer
 from trainer_core.data.shards import stack_rows, unpacked_steps
 from trainer_core.data.streaming import fit_store, stage_source
+from trainer_core.data_kinds import SFT_DATA
 from trainer_core.errors import ConfigError
 from trainer_core.model_config import quiet_transformers
 from trainer_core.objectives import SFT
@@ -202,7 +203,7 @@ def _stage(source: DataSource, directory: Path, settings: EvalSettings, max_seq_
     template = load_chat_template(directory)
     store = stage_source(source, tokenizer, template, DataOptions().advantage_normalization, scratch)
     try:
-        if store.is_rl:
+        if store.kind is not SFT_DATA:
             raise DataError(
                 f"{source.label}: the records are RL trajectories (rewards, logprobs); rankflow eval computes the "
                 "SFT loss of conversations: drop the RL fields, or read an RL run's eval loss from its summary"

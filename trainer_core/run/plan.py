@@ -309,7 +309,7 @@ def _plan(
             )
             for i, (start, end) in enumerate(bounds)
         ],
-        data_kind="rl" if prepared.is_rl else "sft",
+        data_kind=prepared.kind.name,
         packed=options.pack,
         num_flat_groups=prepared.advantage_stats.num_flat_groups if prepared.advantage_stats else 0,
         stage_digests=prepared.stage_digests,

@@ -27,10 +27,6 @@ from trainer_core.data.shards import round_up
 from trainer_core.data.store import INDEX_BYTES_PER_DOCUMENT
 from trainer_core.errors import ConfigError
 
-# Bytes per token of each shard tensor (see trainer_core/data/shards.py).
-_UNPACKED_BYTES = 8 + 1 + 1  # input_ids int64, loss_mask bool, attention_mask bool
-_PACKED_BYTES = 8 + 4  # position_ids int64, document_ids int32
-_RL_BYTES = 4 + 4 + 8  # advantages f32, behaviour_logprobs f32, policy_version int64
 _ORDER_BYTES_PER_ROW = 16  # the unpacked step order: int64 indices, plus the permutations they are cut from
 BYTES_PER_CONVERSATION = INDEX_BYTES_PER_DOCUMENT + 8 + 16 + 8
 """The store's index (RL: and a policy version), the kept documents' indices and lengths, and one epoch's
@@ -54,7 +50,7 @@ def estimate_plan_size(config: RunConfig, prepared: Prepared) -> PlanSize:
     train, data = config.train, config.data
     longest = int(prepared.lengths.max())
     row_len = round_up(data.max_seq_len if data.pack else longest)
-    bytes_per_token = _UNPACKED_BYTES + (_PACKED_BYTES if data.pack else 0) + (_RL_BYTES if prepared.is_rl else 0)
+    bytes_per_token = prepared.kind.shard_bytes_per_token(packed=data.pack)
     bytes_per_row = row_len * bytes_per_token
     rows = train.steps * train.global_batch_size
     segment_rows = min(train.steps_per_segment, train.steps) * train.global_batch_size

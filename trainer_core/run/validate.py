@@ -167,16 +167,8 @@ def _check_template(template: str, config: RunConfig) -> None:
 
 
 def check_kind(config: RunConfig, source: DataSource, store: DocumentStore) -> None:
-    if config.data.kind == "rl" and not store.is_rl:
-        raise DataError(
-            f"{source.label}: data.kind='rl' but the records carry no reward or advantage; add them "
-            "(see the README's Data section) or set data.kind='sft'"
-        )
-    if config.data.kind == "sft" and store.is_rl:
-        raise DataError(
-            f"{source.label}: the records are RL trajectories (rewards, logprobs) but data.kind='sft'; "
-            "set data.kind='rl', or drop the RL fields to train SFT on them"
-        )
+    if store.kind.name != config.data.kind:
+        raise DataError(f"{source.label}: {store.kind.misread_as_other.format(configured=config.data.kind)}")
 
 
 def check_positions(config: RunConfig, prepared: Prepared, model_config: PretrainedConfig) -> None:
@@ -229,10 +221,9 @@ def validate_inputs(config: RunConfig) -> CheckedInputs:
             held_out_count(len(prepared.lengths), config.data.eval_fraction, source.label)
         held_out = stage_eval_files(config, tokenizer, template, fingerprint["tokenizer"], options)
         if held_out is not None:
-            if held_out.store.is_rl != (config.data.kind == "rl"):
-                what = "RL trajectories" if held_out.store.is_rl else "conversations without rewards (SFT)"
+            if held_out.store.kind.name != config.data.kind:
                 raise DataError(
-                    f"{held_out.source.label}: data.eval_path holds {what}, and the run trains "
+                    f"{held_out.source.label}: data.eval_path holds {held_out.store.kind.records}, and the run trains "
                     f"data.kind={config.data.kind!r}; hold out data of the kind the run trains on"
                 )
             check_positions(config, held_out.prepared, model_config)
