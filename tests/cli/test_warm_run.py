@@ -3,7 +3,9 @@
 Two real `rankflow` processes on the same tiny config (2 segments of 2 gloo
 ranks, then an export), one as a user runs it (the run's warm process forks
 every rank) and one with `RANKFLOW_WARM_RANKS=0` (every rank imports by
-itself, as before warm processes). The reference is the second run: its
+itself, as before warm processes), side by side (each in directories of its
+own, with its own temporary Prefect server; nothing asserted depends on
+timing). The reference is the second run: its
 committed weights and its losses. The progress records say which ranks were
 forked; a child subreaper (tests/cli/watch_exit.py) finds what the command
 left running.
@@ -12,6 +14,7 @@ left running.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -50,7 +53,10 @@ def _run(root: Path, warm: bool) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("warm-run")
-    return {"warm": _run(root / "warm", warm=True), "anew": _run(root / "anew", warm=False)}
+    # Side by side: each run waits most of its time on its own Prefect server's start and its ranks' imports.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        warm, anew = pool.submit(_run, root / "warm", True), pool.submit(_run, root / "anew", False)
+        return {"warm": warm.result(), "anew": anew.result()}
 
 
 def test_a_run_with_warm_ranks_commits_bitwise_what_ranks_started_anew_commit(runs):
