@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 from huggingface_hub import split_torch_state_dict_into_shards
@@ -29,7 +29,7 @@ from transformers.modeling_utils import remove_tied_weights_from_state_dict
 from ..parallel.fsdp.shard import ShardedModel
 from .hf_weights import hf_name, hf_vocab_names
 
-__all__ = ["DTYPE_CODES", "INDEX_FILE", "Entry", "ExportPlan", "plan_export"]
+__all__ = ["DTYPE_CODES", "INDEX_FILE", "Entry", "ExportOptions", "ExportPlan", "export_dtype", "plan_export"]
 
 WEIGHTS_PATTERN = "model{suffix}.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -125,14 +125,28 @@ def _merging(model: nn.Module, adapter: str | None) -> dict[str, tuple[str, nn.M
     return found
 
 
-def plan_export(
-    sharded: ShardedModel,
-    *,
-    vocab_size: int | None,
-    dtype: torch.dtype | None,
-    max_shard_size: int | str,
-    merge_adapter: str | None = None,
-) -> ExportPlan:
+class ExportOptions(TypedDict, total=False):
+    """How a sharded model is exported: the same for its plan, its write and its verify."""
+
+    vocab_size: int | None
+    """The true vocabulary of a padded one (its per-token rows are cut to it); None: not padded."""
+    dtype: torch.dtype | None
+    """The export dtype of floating-point tensors; None: their own."""
+    max_shard_size: int | str
+    """Split the weights into files past this size, as `save_pretrained` does (default "2GB")."""
+    merge_adapter: str | None
+    """The LoRA adapter to merge into the base weights (the `merged/` export); None: none."""
+
+
+def export_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype `tensor` is exported in: `dtype` for a floating-point one, else its own."""
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+
+def plan_export(sharded: ShardedModel, **options: Unpack[ExportOptions]) -> ExportPlan:
+    """The files `save_hf_model` would write for `sharded`'s weights, from their global shapes (no collective)."""
+    vocab_size, dtype = options.get("vocab_size"), options.get("dtype")
+    merge_adapter = options.get("merge_adapter")
     model = sharded.model
     state: dict[str, torch.Tensor] = model.state_dict(keep_vars=True)  # the parameters themselves: no gather
     vocab_names = hf_vocab_names(model) if vocab_size is not None else set()
@@ -144,7 +158,7 @@ def plan_export(
         if exported is None:
             continue
         rows = vocab_size if exported in vocab_names and tensor.shape[0] > vocab_size else None  # type: ignore[operator]
-        cast = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+        cast = export_dtype(tensor, dtype)
         chosen[exported] = (tensor, rows, cast)
         if name in merging:
             merges[exported] = merging[name]
@@ -167,7 +181,9 @@ def plan_export(
     for name, (tensor, rows, cast) in chosen.items():
         whole = torch.empty(tuple(tensor.shape), dtype=cast, device="meta")
         sized[name] = whole if rows is None else whole[:rows]
-    split = split_torch_state_dict_into_shards(sized, filename_pattern=WEIGHTS_PATTERN, max_shard_size=max_shard_size)
+    split = split_torch_state_dict_into_shards(
+        sized, filename_pattern=WEIGHTS_PATTERN, max_shard_size=options.get("max_shard_size", "2GB")
+    )
 
     placed: dict[str, Entry] = {}
     headers, sizes = {}, {}

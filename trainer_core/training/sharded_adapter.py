@@ -23,8 +23,8 @@ from torch.distributed.tensor import DTensor
 
 from ..parallel.fsdp.shard import ShardedModel
 from .adapter_config import save_adapter_config
-from .export_plan import Entry, ExportPlan
-from .sharded_export import _agree, _rank_group, _verify
+from .export_plan import Entry, ExportPlan, export_dtype
+from .sharded_export import agree, failure, rank_of, verify_rows
 
 __all__ = ["ADAPTER_FILE", "export_sharded_adapter", "verify_sharded_adapter"]
 
@@ -48,12 +48,8 @@ def _adapter_state(sharded: ShardedModel, adapter: str) -> dict[str, torch.Tenso
     return {_PREFIX + name: by_stand_in[id(stand_in)] for name, stand_in in state.items()}
 
 
-def _export_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
-    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
-
-
 def _plan(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> ExportPlan:
-    entries = tuple(Entry(name, t, None, _export_dtype(t, dtype), ADAPTER_FILE, 0, 0) for name, t in state.items())
+    entries = tuple(Entry(name, t, None, export_dtype(t, dtype), ADAPTER_FILE, 0, 0) for name, t in state.items())
     return ExportPlan(entries, (entries,), {}, {}, None)
 
 
@@ -61,15 +57,8 @@ def verify_sharded_adapter(
     sharded: ShardedModel, adapter: str, directory: Path, *, dtype: torch.dtype | None = None
 ) -> int:
     """Every rank checks its rows of `directory`'s adapter file bitwise (collective); returns the bytes it read."""
-    rank, _, _ = _rank_group(sharded.model)
     plan = _plan(_adapter_state(sharded, adapter), dtype)
-    error, read = None, 0
-    try:
-        read = _verify(plan, directory, rank)
-    except Exception as failed:  # noqa: BLE001 - reported to every rank, raised below
-        error = f"{type(failed).__name__}: {failed}"
-    _agree(sharded.model, "verifying its rows of the adapter", error)
-    return read
+    return verify_rows(sharded.model, plan, directory, "verifying its rows of the adapter")
 
 
 def export_sharded_adapter(
@@ -82,21 +71,21 @@ def export_sharded_adapter(
     run's bf16 adapter). Returns the bytes this rank verified. Raises ShardedExportError on every rank when any
     rank failed to write or verify.
     """
-    rank, _, _ = _rank_group(sharded.model)
+    rank = rank_of(sharded.model)
     state = _adapter_state(sharded, adapter)
     whole: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, tensor in state.items():
             gathered = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
             if rank == 0:
-                whole[name] = gathered.to(_export_dtype(gathered, dtype)).contiguous()
+                whole[name] = gathered.to(export_dtype(gathered, dtype)).contiguous()
     error = None
     if rank == 0:
         try:
             save_file(whole, str(directory / ADAPTER_FILE))
             save_adapter_config(adapter_config, directory)
         except OSError as failed:
-            error = f"{type(failed).__name__}: {failed}"
+            error = failure(failed)
     del whole
-    _agree(sharded.model, "writing the adapter files", error)
+    agree(sharded.model, "writing the adapter files", error)
     return verify_sharded_adapter(sharded, adapter, directory, dtype=dtype)

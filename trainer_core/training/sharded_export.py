@@ -44,11 +44,12 @@ dtypes and shapes are.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Unpack
 
 import safetensors
 import torch
@@ -58,11 +59,20 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from ..parallel.fsdp.shard import ShardedModel
-from .export_plan import DTYPE_CODES, INDEX_FILE, Entry, ExportPlan, plan_export
+from .export_plan import DTYPE_CODES, INDEX_FILE, Entry, ExportOptions, ExportPlan, export_dtype, plan_export
 from .hf_weights import _merged_layer
 from .vocab import true_vocab_config
 
-__all__ = ["ExportReport", "ShardedExportError", "export_sharded_hf", "verify_sharded_hf", "write_sharded_hf"]
+__all__ = [
+    "ExportReport",
+    "ShardedExportError",
+    "agree",
+    "export_sharded_hf",
+    "failure",
+    "rank_of",
+    "verify_rows",
+    "verify_sharded_hf",
+]
 
 
 class ShardedExportError(RuntimeError):
@@ -90,7 +100,17 @@ def _rank_group(model: nn.Module) -> tuple[int, int, Any]:
     return 0, 1, None
 
 
-def _agree(model: nn.Module, what: str, error: str | None) -> None:
+def failure(error: BaseException) -> str:
+    """How a rank reports its failure to the others: the exception's type and message."""
+    return f"{type(error).__name__}: {error}"
+
+
+def rank_of(model: nn.Module) -> int:
+    """This process's rank in the mesh the model is sharded over (0 when unsharded)."""
+    return _rank_group(model)[0]
+
+
+def agree(model: nn.Module, what: str, error: str | None) -> None:
     """Exchange every rank's outcome of a phase; raise ShardedExportError on every rank if any failed."""
     rank, world_size, group = _rank_group(model)
     outcomes: list[Any] = [(rank, error)]
@@ -129,8 +149,7 @@ def _merged(module_name: str, module: nn.Module, adapter: str, dtype: torch.dtyp
         for param in module.parameters():  # the same order on every rank
             detached = param.detach()
             whole = detached.full_tensor() if isinstance(detached, DTensor) else detached.clone()
-            cast = dtype if dtype is not None and whole.is_floating_point() else whole.dtype
-            memo[id(param)] = nn.Parameter(whole.to(cast), requires_grad=False)
+            memo[id(param)] = nn.Parameter(whole.to(export_dtype(whole, dtype)), requires_grad=False)
     plain = copy.deepcopy(module, memo)  # the layer over the whole tensors, in the export dtype
     return {name.replace(".base_layer", ""): t for name, t in _merged_layer(plain, module_name, adapter).items()}
 
@@ -150,26 +169,14 @@ def _write_config(model: nn.Module, directory: Path, true_size: int, dtype_name:
         model.generation_config.save_pretrained(str(directory))  # pyright: ignore[reportCallIssue, reportAttributeAccessIssue]
 
 
-def write_sharded_hf(
-    sharded: ShardedModel,
-    directory: Path,
-    *,
-    vocab_size: int | None = None,
-    dtype: torch.dtype | None = None,
-    max_shard_size: int | str = "2GB",
-    merge_adapter: str | None = None,
-) -> ExportReport:
+def _write(sharded: ShardedModel, plan: ExportPlan, directory: Path, options: ExportOptions) -> ExportReport:
     """Write the weights and config into `directory` (which exists, empty: a staging), streamed from the shards.
 
-    Collective: every rank of the model's mesh calls it with the same arguments; only rank 0 writes. `dtype`: the
-    export dtype of floating-point tensors (None: their own). `vocab_size`: the true vocabulary of a padded one.
-    `merge_adapter`: the LoRA adapter to merge into the base weights (module docstring).
+    Collective: every rank of the model's mesh calls it with the same arguments; only rank 0 writes.
     """
     model = sharded.model
-    rank, _, _ = _rank_group(model)
-    plan = plan_export(
-        sharded, vocab_size=vocab_size, dtype=dtype, max_shard_size=max_shard_size, merge_adapter=merge_adapter
-    )
+    rank = rank_of(model)
+    vocab_size, dtype, merge_adapter = options.get("vocab_size"), options.get("dtype"), options.get("merge_adapter")
     error: str | None = None
     peak = 0
     with ExitStack() as files:
@@ -189,7 +196,7 @@ def write_sharded_hf(
                     handle.truncate(plan.sizes[file])
                     handles[file] = handle
             except OSError as failed:
-                error = f"{type(failed).__name__}: {failed}"
+                error = failure(failed)
         merged: dict[int, dict[str, torch.Tensor]] = {}  # a peft layer's merged tensors, until all are written
         for entry in plan.entries:
             if entry.merge is not None and merge_adapter is not None:
@@ -212,7 +219,7 @@ def write_sharded_hf(
                     handle.seek(entry.begin)
                     handle.write(exported.cpu().reshape(-1).view(torch.uint8).numpy().data)
                 except OSError as failed:
-                    error = f"{type(failed).__name__}: {failed}"
+                    error = failure(failed)
             del whole, exported  # before the next gather: one tensor's full copy at a time
     if rank == 0 and error is None:
         try:
@@ -223,8 +230,8 @@ def write_sharded_hf(
             export_dtype = dtype or next(e.dtype for e in plan.entries if e.source.is_floating_point())
             _write_config(model, directory, true_size, str(export_dtype).split(".")[1])
         except OSError as failed:
-            error = f"{type(failed).__name__}: {failed}"
-    _agree(model, "writing the checkpoint files", error)
+            error = failure(failed)
+    agree(model, "writing the checkpoint files", error)
     files_written = (*plan.headers, *([INDEX_FILE] if plan.index is not None else []))
     largest = max(sum(_nbytes(e.source) for e in unit) for unit in plan.units)
     return ExportReport(files_written, peak, largest, 0)
@@ -285,44 +292,34 @@ def _verify(plan: ExportPlan, directory: Path, rank: int) -> int:
     return read
 
 
-def verify_sharded_hf(
-    sharded: ShardedModel,
-    directory: Path,
-    *,
-    vocab_size: int | None = None,
-    dtype: torch.dtype | None = None,
-    max_shard_size: int | str = "2GB",
-    merge_adapter: str | None = None,
-) -> int:
-    """Every rank checks the rows it owns in `directory` against its shards (collective; same arguments as the write).
+def verify_rows(model: nn.Module, plan: ExportPlan, directory: Path, what: str) -> int:
+    """Every rank checks `plan`'s files in `directory` and its rows of them bitwise (collective); returns the bytes
+    it read. Raises ShardedExportError on every rank, naming `what` it was doing, when any rank found a difference
+    (or could not read the files)."""
+    error, read = None, 0
+    try:
+        read = _verify(plan, directory, rank_of(model))
+    except Exception as failed:  # noqa: BLE001 - reported to every rank, raised below
+        error = failure(failed)
+    agree(model, what, error)
+    return read
+
+
+def verify_sharded_hf(sharded: ShardedModel, directory: Path, **options: Unpack[ExportOptions]) -> int:
+    """Every rank checks the rows it owns in `directory` against its shards (collective; the export's options).
 
     Returns the tensor bytes this rank read; raises ShardedExportError on every rank when any rank found a
     difference (or could not read the files).
     """
-    rank, _, _ = _rank_group(sharded.model)
-    plan = plan_export(
-        sharded, vocab_size=vocab_size, dtype=dtype, max_shard_size=max_shard_size, merge_adapter=merge_adapter
-    )
-    error, read = None, 0
-    try:
-        read = _verify(plan, directory, rank)
-    except Exception as failed:  # noqa: BLE001 - reported to every rank, raised below
-        error = f"{type(failed).__name__}: {failed}"
-    _agree(sharded.model, "verifying its rows of the files", error)
-    return read
+    return verify_rows(sharded.model, plan_export(sharded, **options), directory, "verifying its rows of the files")
 
 
-def export_sharded_hf(
-    sharded: ShardedModel,
-    directory: Path,
-    *,
-    vocab_size: int | None = None,
-    dtype: torch.dtype | None = None,
-    max_shard_size: int | str = "2GB",
-    merge_adapter: str | None = None,
-) -> ExportReport:
-    """`write_sharded_hf`, then `verify_sharded_hf` (collective)."""
-    options: dict[str, Any] = {"vocab_size": vocab_size, "dtype": dtype, "max_shard_size": max_shard_size}
-    written = write_sharded_hf(sharded, directory, merge_adapter=merge_adapter, **options)
-    read = verify_sharded_hf(sharded, directory, merge_adapter=merge_adapter, **options)
-    return ExportReport(written.files, written.peak_gathered_bytes, written.largest_unit_bytes, read)
+def export_sharded_hf(sharded: ShardedModel, directory: Path, **options: Unpack[ExportOptions]) -> ExportReport:
+    """Write the weights and config into `directory` (which exists, empty: a staging), then have every rank
+    verify its rows of them (collective: every rank of the model's mesh calls it with the same arguments; only
+    rank 0 writes). `options`: the export dtype of floating-point tensors (None: their own), the true vocabulary
+    of a padded one, the file size past which the weights are split, the adapter to merge (module docstring)."""
+    plan = plan_export(sharded, **options)
+    written = _write(sharded, plan, directory, options)
+    read = verify_rows(sharded.model, plan, directory, "verifying its rows of the files")
+    return dataclasses.replace(written, verified_bytes=read)
