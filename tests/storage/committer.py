@@ -1,6 +1,6 @@
 """A committing process for tests that race, pause and kill committers.
 
-    python -m tests.storage.committer STAGED RUN_ID STORE_URL [--pause EVENT:SECONDS] [--wait-go] [--latest-only STEP]
+    python -m tests.storage.committer STAGED RUN_ID STORE_URL [--hold EVENT] [--wait-go] [--latest-only STEP]
                                       [--kill-at N]
 
 Prints `ready` once imported and connected; with --wait-go it then waits for a
@@ -8,7 +8,10 @@ line on stdin before committing, so a test can time a SIGKILL from the start
 of the commit. With --kill-at N it SIGKILLs itself when the commit reaches its
 N-th event (0: right after the go, before the commit starts), after printing
 `killed at EVENT`: a crash at an exact phase boundary, whatever the machine's
-load. Prints one JSON line with the outcome and the events it passed at the end.
+load. With --hold EVENT it prints `held at EVENT` when the commit reaches EVENT
+and waits there for a line on stdin: a test lets a second committer run into
+that window and releases the first once the second is where it must be.
+Prints one JSON line with the outcome and the events it passed at the end.
 """
 
 from __future__ import annotations
@@ -31,14 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("staged", type=Path)
     parser.add_argument("run_id")
     parser.add_argument("store_url")
-    parser.add_argument("--pause", default=None, help="EVENT:SECONDS, sleep when the commit reaches EVENT")
+    parser.add_argument("--hold", default=None, help="EVENT: at EVENT, say so and wait for a line on stdin")
     parser.add_argument("--wait-go", action="store_true")
     parser.add_argument("--latest-only", type=int, default=None, help="only move LATEST to this step (no lease)")
     parser.add_argument("--kill-at", type=int, default=None, help="SIGKILL this process at the commit's N-th event")
     args = parser.parse_args(argv)
     store = open_store(args.store_url)
     store.fs.exists(store.path(args.run_id))  # connect before saying ready
-    pause_event, _, pause_s = (args.pause or "::").partition(":")
 
     events: list[str] = []
 
@@ -46,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         events.append(event)
         if len(events) == args.kill_at:
             die_at(event)
-        if event == pause_event:
-            time.sleep(float(pause_s))
+        if event == args.hold:
+            print(f"held at {event}", flush=True)
+            sys.stdin.readline()
 
     print("ready", flush=True)
     if args.wait_go:

@@ -39,7 +39,7 @@ def temporaries(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if TEMP_MARKER in p.name)
 
 
-def kill_when_a_temporary_appears(process: subprocess.Popen, where: Path, timeout_s: float = 60.0) -> list[Path]:
+def kill_when_a_temporary_appears(process: subprocess.Popen, where: Path, timeout_s: float = 300.0) -> list[Path]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = temporaries(where) if where.is_dir() else []

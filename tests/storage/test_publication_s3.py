@@ -9,7 +9,6 @@ prefix that had no trailing '/'; retries by size only).
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -31,6 +30,7 @@ from infra.store.lease import Lease
 from infra.store.objects import SHA256_METADATA_KEY
 from tests.publication_helpers import RUN, random_files, same_size_other_bytes, stage
 from tests.storage.processes import result, spawn, wait_ready
+from tests.waits import wait_for
 from trainer_core.run.manifest import write_manifest
 
 pytestmark = pytest.mark.s3
@@ -149,15 +149,28 @@ def test_defect_cleanup_aborts_only_this_checkpoints_uploads(store, tmp_path):
     }
 
 
+def _say(committer, line: str) -> None:
+    committer.stdin.write(f"{line}\n")
+    committer.stdin.flush()
+
+
+def _wait_held(committer, event: str) -> None:
+    """Until the committer says it is held at `event` (tests/storage/committer.py --hold)."""
+    line = committer.stdout.readline().strip()
+    assert line == f"held at {event}", f"{line!r} {committer.stderr.read()[-2000:] if not line else ''}"
+
+
 def test_defect_two_committers_in_two_processes_never_move_latest_back(store, tmp_path, s3_bucket_url):
     older, newer = stage(tmp_path, 10, random_files(2, 20_000)), stage(tmp_path, 20, random_files(2, 20_000))
-    # The older commit pauses between reading and writing LATEST, the window that used to lose the race.
-    slow = spawn("tests.storage.committer", [str(older), RUN, s3_bucket_url, "--pause", "latest-read:4", "--wait-go"])
+    # The older commit is held between reading and writing LATEST, the window that used to lose the race, until the
+    # newer one is waiting for the finalizer behind it.
+    slow = spawn("tests.storage.committer", [str(older), RUN, s3_bucket_url, "--hold", "latest-read", "--wait-go"])
     fast = spawn("tests.storage.committer", [str(newer), RUN, s3_bucket_url, "--wait-go"])
     wait_ready(slow), wait_ready(fast)
-    slow.stdin.write("go\n"), slow.stdin.flush()
-    time.sleep(1.5)
-    fast.stdin.write("go\n"), fast.stdin.flush()
+    _say(slow, "go"), _wait_held(slow, "latest-read")
+    _say(fast, "go")
+    wait_for(lambda: store.fs.exists(store.path(RUN, "finalizer-queue", "step-00000020.json")), "step 20 to queue")
+    _say(slow, "on")
     slow_result, fast_result = result(slow), result(fast)
     assert read_latest(store, RUN) == {"checkpoint": "step-00000020", "step": 20}
     assert fast_result["started"] < slow_result["ended"] <= fast_result["ended"]  # they overlapped; one waited
@@ -170,14 +183,15 @@ def test_defect_latest_compare_and_swap_holds_without_the_lease(store, tmp_path,
     store.fs.rm_file(store.path(RUN, "LATEST"))  # both checkpoints exist; LATEST is up for grabs
     slow = spawn(
         "tests.storage.committer",
-        ["-", RUN, s3_bucket_url, "--latest-only", "10", "--pause", "latest-read:3", "--wait-go"],
+        ["-", RUN, s3_bucket_url, "--latest-only", "10", "--hold", "latest-read", "--wait-go"],
     )
     fast = spawn("tests.storage.committer", ["-", RUN, s3_bucket_url, "--latest-only", "20", "--wait-go"])
     wait_ready(slow), wait_ready(fast)
-    slow.stdin.write("go\n"), slow.stdin.flush()
-    time.sleep(1.0)
-    fast.stdin.write("go\n"), fast.stdin.flush()
-    fast_result, slow_result = result(fast), result(slow)
+    _say(slow, "go"), _wait_held(slow, "latest-read")  # it has read LATEST (absent) and not yet written it
+    _say(fast, "go")
+    fast_result = result(fast)  # moved LATEST to 20 while the slow one was held
+    _say(slow, "on")
+    slow_result = result(slow)
     assert fast_result["moved"] and fast_result["ended"] < slow_result["ended"]
     # The slow one's write lost its condition, it read again and found 20: no move back.
     assert (slow_result["moved"], slow_result["step"]) == (False, 20)
@@ -194,10 +208,8 @@ def test_checkpoints_become_visible_in_step_order(store, tmp_path, s3_bucket_url
         committer = spawn("tests.storage.committer", [str(staged[step]), RUN, s3_bucket_url])
         wait_ready(committer)
         committers.append(committer)
-        deadline = time.monotonic() + 30
-        while not store.fs.exists(store.path(RUN, "finalizer-queue", f"step-{step:08d}.json")):
-            assert time.monotonic() < deadline, f"step {step} never started waiting"
-            time.sleep(0.2)
+        queued = store.path(RUN, "finalizer-queue", f"step-{step:08d}.json")
+        wait_for(lambda: store.fs.exists(queued), f"step {step} to start waiting")  # noqa: B023
     blocker.release()
     outcomes = [result(c) for c in committers]
     committed_at = {}

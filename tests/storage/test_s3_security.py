@@ -31,7 +31,7 @@ def _request(url: str, method: str, data: bytes | None = None, context: ssl.SSLC
     """What came back: an HTTP status, or the name of the error that stopped the request."""
     try:
         with urllib.request.urlopen(
-            urllib.request.Request(url, data=data, method=method), timeout=10, context=context
+            urllib.request.Request(url, data=data, method=method), timeout=120, context=context
         ) as response:
             return str(response.status)
     except urllib.error.HTTPError as error:
@@ -88,7 +88,7 @@ def test_every_internal_http_and_grpc_port_demands_the_servers_certificate(s3_se
     for port in ports:
         context = ssl.create_default_context(cafile=ca)  # trusts the server, presents no certificate
         context.set_alpn_protocols(["h2", "http/1.1"])
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with socket.create_connection(("127.0.0.1", port), timeout=120) as raw:
             with pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError)):
                 with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
                     # TLS 1.3 reports a missing client certificate at the first read.
@@ -113,7 +113,7 @@ def test_weed_shell_without_the_certificate_cannot_delete(s3_server, s3_bucket_u
         start_new_session=True,
     )
     try:
-        output, _ = shell.communicate(f"fs.rm -r /buckets/{TEST_BUCKET}/{prefix}\nexit\n".encode(), timeout=15)
+        output, _ = shell.communicate(f"fs.rm -r /buckets/{TEST_BUCKET}/{prefix}\nexit\n".encode(), timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(shell.pid, 9)
         output, _ = shell.communicate()

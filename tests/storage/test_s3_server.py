@@ -258,7 +258,7 @@ def test_serve_until_interrupted_prints_usable_exports_and_stops_on_sigterm(tmp_
     assert serve.stdout is not None
     weed_pid: int | None = None
     try:
-        lines = _read_lines_until(serve.stdout, "Ctrl-C", timeout_s=60)
+        lines = _read_lines_until(serve.stdout, "Ctrl-C", timeout_s=300)  # a server start, on a loaded machine
         exports = dict(shlex.split(line)[1].split("=", 1) for line in lines if line.startswith("export "))
         assert set(STANDARD_AWS_VARS) <= exports.keys()
         weed_pid = int(next(line for line in lines if "(pid " in line).split("(pid ")[1].rstrip(")"))
@@ -276,7 +276,7 @@ def test_serve_until_interrupted_prints_usable_exports_and_stops_on_sigterm(tmp_
         assert pasted.cat("served-bucket/hello.txt") == b"hi"
 
         serve.send_signal(signal.SIGTERM)
-        assert serve.wait(timeout=30) == 0
+        assert serve.wait(timeout=300) == 0  # its exit status: SIGTERM stopped it cleanly
     finally:
         if serve.poll() is None:
             serve.kill()

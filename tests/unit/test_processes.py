@@ -14,7 +14,7 @@ from infra.launch.processes import child_pids, descendant_pids, is_alive, is_sto
 from trainer_core.run.plan_size import available_memory_bytes
 
 
-def _until(condition, timeout_s: float = 10.0) -> bool:
+def _until(condition, timeout_s: float = 300.0) -> bool:  # returns as soon as it holds
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
