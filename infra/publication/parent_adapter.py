@@ -30,10 +30,10 @@ def continue_adapter(config: RunConfig, checkpoint_dir: Path, label: str) -> Non
             f"{label} is a LoRA adapter checkpoint without its base model (no base/config.json); set model.path "
             "to the base model it was trained on and model.lora.init_from to the adapter's directory"
         )
-    if config.train.sharding == "fsdp":
+    if config.train.shards_weights:
         raise ConfigError(
-            f'{label} is a LoRA adapter checkpoint, and continuing an adapter with train.sharding = "fsdp" is not '
-            'supported yet; set train.sharding = "none" to continue it'
+            f"{label} is a LoRA adapter checkpoint, and continuing an adapter with train.sharding = "
+            f'"{config.train.sharding}" is not supported yet; set train.sharding = "none" to continue it'
         )
     saved = adapter_settings(checkpoint_dir)
     if config.model.lora is None:
