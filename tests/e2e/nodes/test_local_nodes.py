@@ -4,7 +4,8 @@ Real processes, rendezvous on 127.0.0.1: a segment on 2 nodes × 1 process
 commits bitwise the weights (and losses) of 1 node × 2 processes at the same
 train.logical_dp; a node whose rank is killed mid-segment stops every node
 (each pid of that attempt gone before the retry starts one process) and the
-retry resumes to the same result.
+retry resumes to the same result. One 2-node run serves both: its first
+segment trains undisturbed, its second is killed once and retried.
 """
 
 from __future__ import annotations
@@ -75,19 +76,16 @@ def _same_result(a: dict, b: dict) -> None:
     assert (a["run_id"], a["losses"], a["weights_sha256"]) == (b["run_id"], b["losses"], b["weights_sha256"])
 
 
-def test_two_nodes_of_one_process_equal_one_node_of_two_bitwise(one_node_two_processes, tmp_path):
-    two_nodes = _run_capturing(tmp_path, "train.nproc_per_node=1", "train.nnodes=2")
-    assert len(two_nodes["losses"]) == 2
-    _same_result(two_nodes, one_node_two_processes)
-    entries = ledger.read(tmp_path / "work" / two_nodes["run_id"])
+def test_two_nodes_of_one_process_equal_one_node_of_two_bitwise(one_node_two_processes, two_nodes):
+    run_dir = two_nodes["base"] / "work" / two_nodes["summary"]["run_id"]
+    assert len(two_nodes["summary"]["losses"]) == 2
+    _same_result(two_nodes["summary"], one_node_two_processes)
+    entries = ledger.read(run_dir)
     assert [e["segment"] for e in entries if e["stage"] == "segment" and e["status"] == "completed"] == [0, 1]
-    # Each node kept its own rank logs, one folder per node of each segment's attempt.
-    for segment in (0, 1):
-        node_logs = sorted(
-            p.name
-            for p in (tmp_path / "work" / two_nodes["run_id"] / "logs" / f"segment-{segment:04d}").glob("*/node-*")
-        )
-        assert node_logs == ["node-0", "node-1"]
+    # Each node kept its own rank logs, one folder per node of each segment's attempt (segment 1 had two).
+    for segment, attempts in ((0, 1), (1, 2)):
+        node_logs = sorted(p.name for p in (run_dir / "logs" / f"segment-{segment:04d}").glob("*/node-*"))
+        assert node_logs == sorted(["node-0", "node-1"] * attempts), (segment, node_logs)
 
 
 class AttemptSampler:
@@ -134,22 +132,30 @@ class AttemptSampler:
         self._thread.join(timeout=10)
 
 
-def test_a_killed_node_stops_every_node_and_the_retry_resumes_to_the_same_result(
-    one_node_two_processes, tmp_path, monkeypatch
-):
-    marker = tmp_path / "fault-happened"
-    monkeypatch.setenv(FAULT_ENV, f"1:1:{marker}")  # rank 1 (node 1's only rank... or node 0's: c10d decides) at step 1
-    monkeypatch.setenv(FAULT_KIND_ENV, "kill")  # SIGKILL, as the OOM killer would
-    started = time.monotonic()
-    with AttemptSampler() as sampler:
-        resumed = _run_capturing(tmp_path, "train.nproc_per_node=1", "train.nnodes=2")
-    assert marker.is_file()
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory, prefect_harness) -> dict:
+    """The same job on 2 nodes × 1 process; rank 1 is SIGKILLed (as the OOM killer would) once, at step 1."""
+    base = tmp_path_factory.mktemp("two-nodes")
+    marker = base / "fault-happened"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(FAULT_ENV, f"1:1:{marker}")  # rank 1 (node 1's only rank... or node 0's: c10d decides)
+        patch.setenv(FAULT_KIND_ENV, "kill")
+        started = time.monotonic()
+        with AttemptSampler() as sampler:
+            summary = _run_capturing(base, "train.nproc_per_node=1", "train.nnodes=2")
+        elapsed_s = time.monotonic() - started
+    return {"base": base, "marker": marker, "sampler": sampler, "summary": summary, "elapsed_s": elapsed_s}
+
+
+def test_a_killed_node_stops_every_node_and_the_retry_resumes_to_the_same_result(one_node_two_processes, two_nodes):
+    sampler, resumed = two_nodes["sampler"], two_nodes["summary"]
+    assert two_nodes["marker"].is_file()
     assert len(sampler.order) == 2, sampler.order  # the failed attempt and its retry, each under its own rdzv id
     failed_attempt = sampler.pids[sampler.order[0]]
     assert len(failed_attempt) >= 4, failed_attempt  # two torchruns and their ranks: both nodes were running
     assert sampler.overlaps == []  # every node's processes were gone before the retry started
     assert [p for pids in sampler.pids.values() for p in pids if pid_alive(p)] == []
-    entries = ledger.read(tmp_path / "work" / resumed["run_id"])
+    entries = ledger.read(two_nodes["base"] / "work" / resumed["run_id"])
     failures = [e for e in entries if e["stage"] == "segment" and e["status"] == "failed"]
     assert len(failures) == 1 and failures[0]["segment"] == 1, failures
     assert failures[0]["failure"]["cause"] == "rank_died" and failures[0]["failure"]["rank"] == 1, failures[0]
@@ -157,4 +163,4 @@ def test_a_killed_node_stops_every_node_and_the_retry_resumes_to_the_same_result
     trained = [e["segment"] for e in entries if e["stage"] == "segment" and e["status"] == "completed"]
     assert trained == [0, 1]  # segment 0 was not trained again: the retry resumed from its state
     _same_result(resumed, one_node_two_processes)
-    assert time.monotonic() - started < 600
+    assert two_nodes["elapsed_s"] < 600
