@@ -30,7 +30,7 @@ What the trainer trains follows the config:
   dtype (FSDP's `MixedPrecisionPolicy`), so no second copy of the weights
   exists, and the masters are bitwise a replica's (its bf16 weights upcast).
   A `model.path` run is loaded straight into shards on the meta device, each
-  rank reading its own rows (`training/sharded_load.py`), rounded through
+  rank reading its own rows (`parallel/fsdp/load.py`), rounded through
   bf16 the same way, activation checkpointing and the adapter applied on
   meta: bitwise what from_pretrained then `shard_model` give. With
   `[model.lora]` the adapter is injected before sharding (build → inject →
@@ -51,12 +51,12 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .config import RunConfig
 from .model_config import peft_lora_config, read_model_config
+from .parallel.fsdp.load import load_sharded
 from .parallel.fsdp.shard import ShardedModel, shard_model
 from .training import MemoryPlanner, MissReports, OptimizerConfig, StalenessPolicy, Trainer, pad_vocabulary
 from .training.activation_checkpointing import checkpoint_blocks
 from .training.lora_init import adapter_values
 from .training.lora_injection import inject_lora, inject_lora_on_meta
-from .training.sharded_load import load_sharded
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BASE_CHECKPOINT = "base"
@@ -141,7 +141,7 @@ def _compute_dtype(config: RunConfig) -> torch.dtype | None:
 
 
 def _load_sharded(config: RunConfig, mesh: DeviceMesh, lora) -> tuple[ShardedModel, int | None]:
-    """`model.path` under fsdp: built on meta, each rank reading its own rows (`sharded_load`); the true vocabulary.
+    """`model.path` under fsdp: built on meta, each rank reading its own rows (`fsdp.load`); the true vocabulary.
 
     Bitwise the model `build_model` then `shard_model` give: activation checkpointing and the LoRA adapter are
     applied on meta, and the adapter's initial weights are peft's own draws at the seed, as unsharded.

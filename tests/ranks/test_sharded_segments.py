@@ -29,6 +29,7 @@ from infra.launch.launcher import launch
 from tests.ranks.test_segments_across_world_sizes import copy_plan, launch_segment, planned
 from tests.trainer.models import tiny_qwen3
 from trainer_core.model import build_trainer
+from trainer_core.parallel.fsdp.checkpoint_io import restore_sharded_checkpoint
 from trainer_core.ranks import LogicalDataParallel, Topology
 from trainer_core.run.export_main import export_segment
 from trainer_core.run.plan import read_plan
@@ -37,7 +38,6 @@ from trainer_core.run.segment_main import segment_result_path, train_segment
 from trainer_core.run.sharded_facade import ShardedLogicalDataParallel, assignment_for, segment_facade
 from trainer_core.run.state import load_training_state, state_dir_for
 from trainer_core.training import Trainer
-from trainer_core.training.sharded_checkpoint_io import restore_sharded_checkpoint
 
 CLIP = 0.05
 # 9 held-out rows over L = 4 logical ranks of 2 rows per forward: 2, 1, 1, 1 forwards, so on 2 processes one logical

@@ -25,11 +25,11 @@ from infra.store import open_store
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
 from trainer_core.model import build_trainer
+from trainer_core.parallel.fsdp.checkpoint_io import missing_shard_files
 from trainer_core.ranks.topology import Topology
 from trainer_core.run.distributed import training_mesh
 from trainer_core.run.state import load_training_state, save_sharded_training_state
 from trainer_core.training.dcp_checked_read import checked_metadata
-from trainer_core.training.sharded_checkpoint_io import missing_shard_files
 
 RUN = "hostile-state"
 STATE = "state/segment-0000"

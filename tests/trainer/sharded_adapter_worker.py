@@ -23,11 +23,11 @@ from peft import LoraConfig, PeftModel, inject_adapter_in_model
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import bitwise, emit, max_diff, rank_batch, start
+from trainer_core.parallel.fsdp.adapter_export import ADAPTER_FILE, export_sharded_adapter, verify_sharded_adapter
+from trainer_core.parallel.fsdp.export import ShardedExportError
 from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.run.distributed import run_rank_process
 from trainer_core.training.checkpoint_io import export_checkpoint_module
-from trainer_core.training.sharded_adapter import ADAPTER_FILE, export_sharded_adapter, verify_sharded_adapter
-from trainer_core.training.sharded_export import ShardedExportError
 
 ADAPTER = "adapter"
 

@@ -3,7 +3,7 @@
 Every check prints one RESULT line per rank (tests/trainer/sharded_ranks.py).
 Rank 0 saves the tiny example model into `--out/model`; every rank builds the
 trainer of a `model.path` config twice: with `build_trainer` (the meta-device
-load, `sharded_load`: each rank reads its own rows, the LoRA adapter injected
+load, `fsdp.load`: each rank reads its own rows, the LoRA adapter injected
 on meta) and with the from_pretrained path it replaces (the whole model
 loaded on every rank, the adapter injected at the seed, then `shard_model`).
 It compares every FSDP shard (padding included) bitwise, then runs one

@@ -27,10 +27,10 @@ from transformers import AutoModelForCausalLM
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import bf16_reference, bitwise, emit, start
+from trainer_core.parallel.fsdp.export import ShardedExportError, export_sharded_hf, verify_sharded_hf
 from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.run.distributed import run_rank_process
 from trainer_core.training.hf_weights import save_hf_model
-from trainer_core.training.sharded_export import ShardedExportError, export_sharded_hf, verify_sharded_hf
 from trainer_core.training.vocab import pad_vocabulary
 
 

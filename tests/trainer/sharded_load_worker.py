@@ -21,10 +21,10 @@ from transformers import AutoModelForCausalLM
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import bitwise, emit, rank_batch, start
+from trainer_core.parallel.fsdp.load import load_sharded
 from trainer_core.parallel.fsdp.shard import fsdp_params, shard_model, shard_units
 from trainer_core.run.distributed import run_rank_process
 from trainer_core.training.hf_weights import save_hf_model
-from trainer_core.training.sharded_load import load_sharded
 from trainer_core.training.vocab import pad_vocabulary
 
 

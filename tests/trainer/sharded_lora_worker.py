@@ -37,12 +37,12 @@ from tests.trainer.sharded_ranks import (
 )
 from tests.trainer.sharded_trainer_recipe import OPTIMIZER, token_loss
 from trainer_core.parallel import local_tensor
+from trainer_core.parallel.fsdp.adapter_export import export_sharded_adapter
 from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.run.distributed import run_rank_process
 from trainer_core.training import Trainer
 from trainer_core.training.lora_injection import adapter_parameters, inject_lora
 from trainer_core.training.outputs import HEAD_PREFIX, ForwardCall, compute_outputs
-from trainer_core.training.sharded_adapter import export_sharded_adapter
 
 LORA = {
     "a": (LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False), 1),

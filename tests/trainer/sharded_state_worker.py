@@ -19,14 +19,14 @@ import torch
 
 from tests.trainer.models import tiny_qwen3
 from tests.trainer.sharded_ranks import all_bitwise, emit, full, loss, start
-from trainer_core.parallel.fsdp.shard import shard_model
-from trainer_core.run.distributed import run_rank_process
-from trainer_core.training.checkpoints import Checkpoint, OptimizerConfig
-from trainer_core.training.sharded_checkpoint_io import (
+from trainer_core.parallel.fsdp.checkpoint_io import (
     is_sharded,
     restore_sharded_checkpoint,
     save_sharded_checkpoint,
 )
+from trainer_core.parallel.fsdp.shard import shard_model
+from trainer_core.run.distributed import run_rank_process
+from trainer_core.training.checkpoints import Checkpoint, OptimizerConfig
 
 OPTIMIZER = OptimizerConfig(learning_rate=1e-2, weight_decay=0.1)
 

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from tests.page_cache import resident_pages
 from trainer_core import direct_write
-from trainer_core.training.dcp_direct_write import DirectStream, direct_writer
+from trainer_core.parallel.fsdp.dcp_direct_write import DirectStream, direct_writer
 
 
 def state() -> dict:

@@ -1,4 +1,4 @@
-"""A LoRA adapter exported from a sharded peft model (trainer_core/training/sharded_adapter.py), W = 1 and 2 (gloo).
+"""A LoRA adapter exported from a sharded peft model (trainer_core/parallel/fsdp/adapter_export.py), W = 1 and 2 (gloo).
 
 One launch per world size (tests/trainer/sharded_adapter_worker.py). The
 reference is the unsharded export (`export_checkpoint_module`) of the same

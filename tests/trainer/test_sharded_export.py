@@ -1,4 +1,4 @@
-"""The streaming HF export of a sharded model (trainer_core/training/sharded_export.py), W = 1 and 2 (gloo).
+"""The streaming HF export of a sharded model (trainer_core/parallel/fsdp/export.py), W = 1 and 2 (gloo).
 
 One launch per world size runs every check (tests/trainer/sharded_export_worker.py).
 The reference is the unsharded export (`save_hf_model`) of a model holding the

@@ -1,4 +1,4 @@
-"""`load_sharded` (trainer_core/training/sharded_load.py): meta-device init, each rank reading its own rows, W = 1, 2.
+"""`load_sharded` (trainer_core/parallel/fsdp/load.py): meta-device init, each rank reading its own rows, W = 1, 2.
 
 One launch per world size runs every check (tests/trainer/sharded_load_worker.py).
 The reference is `from_pretrained` then `shard_model` on every rank: the loaded

@@ -20,12 +20,12 @@ from transformers import AutoModelForCausalLM
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
 from trainer_core.model import build_trainer
+from trainer_core.parallel.fsdp.checkpoint_io import restore_sharded_checkpoint
 from trainer_core.ranks.topology import Topology
 from trainer_core.run.distributed import training_mesh
 from trainer_core.run.export_prepare import ExportPreparationError, prepare_export
 from trainer_core.run.state import has_state, load_training_state, save_sharded_training_state
 from trainer_core.training.lora_injection import inject_lora
-from trainer_core.training.sharded_checkpoint_io import restore_sharded_checkpoint
 
 TOPOLOGY = Topology(rank=0, world_size=1, logical_dp=2)
 
@@ -139,7 +139,7 @@ def test_a_fault_in_any_phase_aborts_and_leaves_no_staging(tmp_path, mesh, phase
 def test_a_sharded_state_whose_shards_another_machine_wrote_is_refused_not_put_in_place(tmp_path, mesh, monkeypatch):
     """Nodes with their own work dirs: a rank's shards land on its machine; rank 0 must not publish a partial state."""
     import trainer_core.run.state as state_module
-    from trainer_core.training.sharded_checkpoint_io import DCP_DIR, missing_shard_files
+    from trainer_core.parallel.fsdp.checkpoint_io import DCP_DIR, missing_shard_files
 
     _, saved = _trainer(tmp_path, mesh, seed=1)
     save = state_module.save_sharded_checkpoint

@@ -10,7 +10,7 @@ data-parallel ranks, so one copy is enough.
 Under `train.sharding = "fsdp"` no rank holds the weights whole: every rank
 takes part (`save_sharded_training_state`). Rank 0 makes the temporary
 directory, every rank writes its shards of each checkpoint into it
-(`sharded_checkpoint_io`, torch.distributed.checkpoint), and rank 0 writes
+(`fsdp.checkpoint_io`, torch.distributed.checkpoint), and rank 0 writes
 `meta.json` and renames it into place, with a status exchange after each
 rank-0 part (a failure there fails every rank at once, naming it, instead of
 leaving the peers in the next collective until it times out); the ranks
@@ -37,16 +37,16 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainer_core.ranks.coordination import exchange
-from trainer_core.run.layout import RunDir
-from trainer_core.run.state_record import forget_record, make_durable, make_durable_rename, write_record
-from trainer_core.training import Checkpoint, restore_checkpoint, save_checkpoint
-from trainer_core.training.sharded_checkpoint_io import (
+from trainer_core.parallel.fsdp.checkpoint_io import (
     is_sharded,
     missing_shard_files,
     restore_sharded_checkpoint,
     save_sharded_checkpoint,
 )
+from trainer_core.ranks.coordination import exchange
+from trainer_core.run.layout import RunDir
+from trainer_core.run.state_record import forget_record, make_durable, make_durable_rename, write_record
+from trainer_core.training import Checkpoint, restore_checkpoint, save_checkpoint
 
 META_FILE = "meta.json"
 

@@ -1,4 +1,4 @@
-"""Reading a stored DCP state (`sharded_checkpoint_io`) without trusting what its files say.
+"""Reading a stored DCP state (`fsdp.checkpoint_io`) without trusting what its files say.
 
 A sharded state comes back from the store verified against its bundle's
 manifest (infra/runs/run_state.py), but whoever can write the store can write

@@ -91,7 +91,7 @@ def _every_adapter(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 def inject_lora_on_meta(
     model: nn.Module, name: str, lora_config, *, round_to: torch.dtype | None = None
 ) -> dict[str, torch.Tensor]:
-    """`inject_lora` into a meta-device model (`sharded_load`); returns the adapter's initial values, whole, on CPU.
+    """`inject_lora` into a meta-device model (`fsdp.load`); returns the adapter's initial values, whole, on CPU.
 
     peft creates and initialises the adapter's layers on the CPU, drawing from the global RNG as it does for a
     CPU model, then moves them to the base layer's device: on meta, the values would be lost. They are kept

@@ -27,7 +27,7 @@ class FullyShard:
 
     def __init__(self, sharded: ShardedModel) -> None:
         self.sharded = sharded
-        """The FSDP units and parameters (`shard_model`'s or `sharded_load`'s result)."""
+        """The FSDP units and parameters (`shard_model`'s or `fsdp.load`'s result)."""
 
     @property
     def model(self) -> nn.Module:

@@ -2,8 +2,8 @@
 
 The same files in the same places as the unsharded run writes
 (`run/checkpoint_layout.py` decides them), their pieces written from the
-shards: the full model by `sharded_export.export_sharded_hf`, a LoRA adapter
-in PEFT layout by `sharded_adapter.export_sharded_adapter`. Every tensor is
+shards: the full model by `fsdp.export.export_sharded_hf`, a LoRA adapter
+in PEFT layout by `fsdp.adapter_export.export_sharded_adapter`. Every tensor is
 gathered one at a time; rank 0 writes (byte for byte what the unsharded
 export writes for the same weights, in the dtype the run trained in: an FP32
 shard cast to bf16 is bitwise the unsharded bf16 run's parameter), then every
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from trainer_core.parallel.fsdp.adapter_export import export_sharded_adapter
+from trainer_core.parallel.fsdp.export import export_sharded_hf
 from trainer_core.parallel.fsdp.shard import ShardedModel
 from trainer_core.parallel.tensors import local_tensor
-from trainer_core.training.sharded_adapter import export_sharded_adapter
-from trainer_core.training.sharded_export import export_sharded_hf
 
 if TYPE_CHECKING:
     from trainer_core.config import RunConfig

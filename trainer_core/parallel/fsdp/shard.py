@@ -174,7 +174,7 @@ def recover_after_failed_pass(sharded: ShardedModel) -> None:
 def shard_units(model: nn.Module, mesh: DeviceMesh, policy: MixedPrecisionPolicy) -> tuple[FSDPModule, ...]:
     """`fully_shard` `model` in place into the units of the module docstring, root last, without the lazy init.
 
-    `shard_model` adds the lazy init; `sharded_load` calls this on a meta-device model, where a forward cannot
+    `shard_model` adds the lazy init; `fsdp.load` calls this on a meta-device model, where a forward cannot
     run. Raises ValueError, before anything is sharded, for a model whose decoder layers cannot be found.
     """
     layers = decoder_layers(model)

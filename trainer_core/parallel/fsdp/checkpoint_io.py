@@ -1,7 +1,7 @@
 """Save and restore a sharded checkpoint's training state with `torch.distributed.checkpoint` (DCP).
 
 A checkpoint whose parameters are FSDP2 shards (DTensors) cannot be saved the
-way `checkpoint_io.save_checkpoint` saves a replicated one (rank 0 writes the
+way `training.checkpoint_io.save_checkpoint` saves a replicated one (rank 0 writes the
 whole tensors): no rank holds them whole, and gathering 100 GB of state onto
 one rank is what sharding exists to avoid. Here every rank writes its own
 shards of the weights and of the AdamW moments (DCP: one `__<rank>_0.distcp`
@@ -34,8 +34,9 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
-from .checkpoints import Checkpoint
-from .dcp_checked_read import CheckedReader, PlainValuesPlanner, stored_metadata
+from trainer_core.training.checkpoints import Checkpoint
+from trainer_core.training.dcp_checked_read import CheckedReader, PlainValuesPlanner, stored_metadata
+
 from .dcp_direct_write import direct_writer
 
 __all__ = ["DCP_DIR", "is_sharded", "missing_shard_files", "restore_sharded_checkpoint", "save_sharded_checkpoint"]

@@ -55,8 +55,9 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-from ..parallel.fsdp.shard import ShardedModel, _know_fsdp_params, _lazy_init, shard_units
-from .vocab import _vocab_parameters, pad_vocabulary
+from trainer_core.training.vocab import _vocab_parameters, pad_vocabulary
+
+from .shard import ShardedModel, _know_fsdp_params, _lazy_init, shard_units
 
 __all__ = ["LoadReport", "load_sharded"]
 

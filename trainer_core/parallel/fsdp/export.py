@@ -58,10 +58,11 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from ..parallel.fsdp.shard import ShardedModel
+from trainer_core.training.hf_weights import _merged_layer
+from trainer_core.training.vocab import true_vocab_config
+
 from .export_plan import DTYPE_CODES, INDEX_FILE, Entry, ExportOptions, ExportPlan, export_dtype, plan_export
-from .hf_weights import _merged_layer
-from .vocab import true_vocab_config
+from .shard import ShardedModel
 
 __all__ = [
     "ExportReport",

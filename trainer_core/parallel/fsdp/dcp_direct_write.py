@@ -1,6 +1,6 @@
 """DCP's file-system writer, its files written straight to the disk (`trainer_core.direct_write`).
 
-A sharded state (`sharded_checkpoint_io`) is written by
+A sharded state (`fsdp.checkpoint_io`) is written by
 `torch.distributed.checkpoint`'s `FileSystemWriter`: each rank streams its
 shards into one `__<rank>_0.distcp` through a Python file, then fsyncs it.
 That is the page cache's slow path measured in `direct_write` (2.6–3.3 s/GB

@@ -10,7 +10,7 @@ header as safetensors does (tensors by descending dtype, then name; compact
 JSON with the metadata first; padded with spaces to 8 bytes; an 8-byte
 little-endian length in front). Writing each tensor's bytes at its planned
 offset therefore gives the unsharded export's files byte for byte
-(`sharded_export.py` writes them, `tests/trainer/test_sharded_export.py`
+(`fsdp.export.py` writes them, `tests/trainer/test_sharded_export.py`
 compares them).
 """
 
@@ -26,8 +26,9 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
-from ..parallel.fsdp.shard import ShardedModel
-from .hf_weights import hf_name, hf_vocab_names
+from trainer_core.training.hf_weights import hf_name, hf_vocab_names
+
+from .shard import ShardedModel
 
 __all__ = ["DTYPE_CODES", "INDEX_FILE", "Entry", "ExportOptions", "ExportPlan", "export_dtype", "plan_export"]
 

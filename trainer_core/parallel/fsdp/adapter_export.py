@@ -3,11 +3,11 @@
 The adapter's tensors live as dim-0 shards inside their decoder layers'
 FSDP units. They are small (a few MB even for an 8B base), so every rank
 gathers each of them (`full_tensor()`, collective, in the same order) and
-rank 0 writes what the unsharded export (`checkpoint_io.export_checkpoint_module`)
+rank 0 writes what the unsharded export (`training.checkpoint_io.export_checkpoint_module`)
 writes: `adapter_model.safetensors` under the keys `PeftModel.from_pretrained`
 expects (`base_model.model.` + peft's own), and `adapter_config.json`. The
 file is byte for byte the unsharded one. Then every rank reads back the rows
-it owns and compares them bitwise with its shards, as `sharded_export` does
+it owns and compares them bitwise with its shards, as `fsdp.export` does
 for the full model; a failure on any rank fails every rank
 (ShardedExportError).
 """
@@ -21,10 +21,11 @@ import torch
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
-from ..parallel.fsdp.shard import ShardedModel
-from .adapter_config import save_adapter_config
+from trainer_core.training.adapter_config import save_adapter_config
+
+from .export import agree, failure, rank_of, verify_rows
 from .export_plan import Entry, ExportPlan, export_dtype
-from .sharded_export import agree, failure, rank_of, verify_rows
+from .shard import ShardedModel
 
 __all__ = ["ADAPTER_FILE", "export_sharded_adapter", "verify_sharded_adapter"]
 
