@@ -11,8 +11,9 @@ against it twice with `rankflow run`, and drives Debian's headless Chromium
    filled in mid-segment, and is screenshotted so; the watchdog then ends the
    launch, the segment is retried and the run completes with its checkpoint
    and loss curve;
-2. a run with a code error at step 4: the flow run fails, not retried, and
-   its failure report names rank 1 and `code_error`.
+2. a run with a code error at step 4, started once the first is stalled (it
+   trains while the first waits for its watchdog): the flow run fails, not
+   retried, and its failure report names rank 1 and `code_error`.
 
 Screenshots go to WORK_DIR/screenshots (and, with --keep-screenshots-in, are
 copied there). Exit status 0 when every check passed. `tests/e2e/ui/test_ui_smoke.py`
@@ -178,6 +179,8 @@ def run_smoke(work: Path) -> Smoke:
             runs.append(smoke.start_run(_write_config(work, "smoke", 6), fault="stop"))
             stalled = smoke.wait_for("the stalled segment's live metrics", lambda: _live_metrics(smoke))
             run, artifacts = stalled
+            # 2. starts now: it trains while the first waits out its watchdog, idle.
+            runs.append(smoke.start_run(_write_config(work, "smoke-failed", 6), fault="code"))
             smoke.check(run["state_type"] == "RUNNING", "the flow run is running while the segment is stalled")
             smoke.check(
                 0 < artifacts["progress"]["data"] < 100, f"progress is partial: {artifacts['progress']['data']}%"
@@ -218,7 +221,6 @@ def run_smoke(work: Path) -> Smoke:
             image = page.locator("img[alt^='loss curve']").first
             smoke.check(image.evaluate("img => img.complete && img.naturalWidth > 0"), "the loss curve image renders")
             # 2. A run that fails with a code error: not retried, the report names the rank and the cause.
-            runs.append(smoke.start_run(_write_config(work, "smoke-failed", 6), fault="code"))
             smoke.check(runs[1].wait(timeout=300) == 1, "the failing run exits 1")
             failed_run = smoke.wait_for("the failed flow run", lambda: _failed_run(smoke))
             report = smoke.artifacts(failed_run["id"])[f"{failed_run['name']}-failure"]
