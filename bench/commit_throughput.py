@@ -21,7 +21,7 @@ from bench._storage import BUCKET, checkpoint_arguments, median, seaweedfs, stag
 from infra.publication.commit import commit_checkpoint
 from infra.publication.journal import journal_path_for
 from infra.store import open_store
-from infra.store.s3 import bounded_s3_filesystem
+from infra.store.s3_client import bounded_s3_filesystem
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,7 +31,8 @@ _NAMES_BY_MODULE = {
     "store.lease": ("Lease", "LeaseHeldError", "LeaseLostError", "LeaseRecord", "read_lease"),
     "publication.manifests": ("ManifestError", "checkpoint_name"),
     "publication.orphans": ("GarbageReport", "collect_garbage"),
-    "store.preflight": ("StoreUnavailable", "check_store_writable"),
+    "store.preflight": ("StoreUnavailable",),
+    "store.writable": ("check_store_writable",),
     "publication.commit": ("CommitOutcome", "PublishSettings", "StagedFileChanged", "commit_checkpoint"),
     "publication.cleanup": ("CleanupOutcome", "abort_publication", "cleanup_staging"),
     "runs.run_lease": ("RunAlreadyActive", "RunLeaseLost", "acquire_run_lease", "check_run_lease"),
@@ -43,7 +44,8 @@ _NAMES_BY_MODULE = {
         "read_bundle_manifest",
         "stored_bundle",
     ),
-    "store.base": ("StorageTimeoutError", "StoreLocation", "StoreTimeouts", "open_store"),
+    "store.base": ("StorageTimeoutError", "StoreLocation", "StoreTimeouts"),
+    "store": ("open_store",),
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _NAMES_BY_MODULE, globals())
 
@@ -77,7 +79,9 @@ if TYPE_CHECKING:
         stored_bundle,
     )
 
-    from .store.base import StorageTimeoutError, StoreLocation, StoreTimeouts, open_store
+    from .store import open_store
+    from .store.base import StorageTimeoutError, StoreLocation, StoreTimeouts
     from .store.lease import Lease, LeaseHeldError, LeaseLostError, LeaseRecord, read_lease
-    from .store.preflight import StoreUnavailable, check_store_writable
+    from .store.preflight import StoreUnavailable
     from .store.verified import StoredObjectCorrupt
+    from .store.writable import check_store_writable

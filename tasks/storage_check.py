@@ -11,6 +11,6 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.store.preflight import check_store_writable
+from infra.store.writable import check_store_writable
 
 check_storage = task(name="storage-check", task_run_name="storage-check", cache_policy=NO_CACHE)(check_store_writable)

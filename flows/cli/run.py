@@ -222,7 +222,8 @@ def print_memory(report: MemoryReport | None) -> None:
 
 def _storage_preflight(config: RunConfig) -> ConnectionError | None:
     """Probe the store: a refused setting raises (bad input, exit 2); a store that does not answer is returned."""
-    from infra.store.preflight import StoreUnavailable, check_store_writable
+    from infra.store.preflight import StoreUnavailable
+    from infra.store.writable import check_store_writable
 
     try:
         check_store_writable(config.storage.url)

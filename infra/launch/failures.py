@@ -233,7 +233,7 @@ def classify_exception(error: BaseException) -> FailureClass:
         return diagnosed.cause
     if no_space_error(error) is not None:
         return FailureClass.NO_SPACE
-    if _caused_by(error, _CREDENTIAL_TYPES):  # s3fs and storage_errors wrap botocore's error in an OSError
+    if _caused_by(error, _CREDENTIAL_TYPES):  # s3fs and S3Store.errors wrap botocore's error in an OSError
         return FailureClass.BAD_INPUT
     for kind in type(error).__mro__:  # a subclass of ConnectionError is a storage outage, and so on
         cause = classify_error(kind.__name__, str(error))

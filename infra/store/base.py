@@ -2,45 +2,30 @@
 
 Backends: LocalStore (local.py), S3Store (s3.py, through s3fs), MemoryStore
 (memory.py, for tests); `open_store` (infra/store/__init__.py) picks one by
-the URL's scheme. This module also holds the time limits and the
-translation of client failures into OSErrors.
-
-Credentials and the endpoint come from the standard `AWS_*` variables, read
-when a filesystem is made (never at import), and never logged.
-
-Every S3 request has a connect and a read timeout and a bounded number of
-attempts (`StoreTimeouts`), and each publication step runs under an overall
-`Deadline`: a stopped or wedged server turns into a `StorageTimeoutError` (an
-`OSError`, so Prefect retries it) instead of a hang.
-
-Who retries what: botocore retries each request (`max_attempts`: connection
-errors, 5xx, and an answer cut short before its end, which aiobotocore reports
-as a closed connection); s3fs's own retry loop is off (`fs.retries = 1`) since
-it would multiply those attempts for a dead or stopped server. What botocore
-cannot see is a streamed body (GetObject) cut short after its headers came:
-`cat_file` and `read_body` read those again, up to `max_attempts` times. A
-cut answer that outlasts every attempt is a `ConnectionError` like any other
-outage (`storage_errors`), never an unclassified client error; so is a server
-error (HTTP 5xx: a server stopping mid-request answers 500 InternalError) that
-outlasts botocore's attempts, named by the store it came from.
+the URL's scheme. This module also holds the limits every store is held to:
+one request's (`StoreTimeouts`) and one operation's overall `Deadline`, past
+which a stopped or wedged store is a `StorageTimeoutError` (an `OSError`, so
+Prefect retries it) instead of a hang. How a backend's client failures become
+OSErrors is the backend's own (`ObjectStore.errors`; S3's: infra/store/s3_errors.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import posixpath
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, BinaryIO, Literal, Protocol, runtime_checkable
 
 import fsspec
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from infra.publication.manifests import FileEntry
+
+    from .uploads import RemoteObject, UploadJob
 
 
 @dataclass(frozen=True)
@@ -56,7 +41,7 @@ class StoreTimeouts:
 
     @property
     def request_limit_s(self) -> float:
-        """The wall-clock limit of one request, every attempt included (infra/store/s3.py)."""
+        """The wall-clock limit of one request, every attempt included (infra/store/s3_client.py)."""
         return self.max_attempts * (self.connect_s + self.read_s)
 
     @classmethod
@@ -216,8 +201,32 @@ class ObjectStore(Protocol):
         """Upload files concurrently, verified: bytes not matching their Upload raise StagedFileChanged."""
         ...
 
+    def upload_jobs(
+        self,
+        jobs: list[UploadJob],
+        deadline: Deadline | None,
+        on_uploaded: Callable,
+        concurrency: int,
+        probe_prefix: str,
+    ) -> None:
+        """`upload` over full store paths (infra/store/objects.py `upload_files`): each job's file to its target,
+        verified, largest first; `probe_prefix` is where a store that probes its server first may write a probe."""
+        ...
+
+    def remote_objects(
+        self, base: str, entries: list[FileEntry], deadline: Deadline | None, concurrency: int = 16
+    ) -> dict[str, RemoteObject]:
+        """What the store holds of each entry present under the full store path `base`, without a download:
+        its size and the evidence of its bytes (what that evidence proves: infra/store/uploads.py)."""
+        ...
+
+    def remove_empty_directories(self, base: str, deepest_first: list[str]) -> None:
+        """Remove the directories `deepest_first` (full store paths under `base`) once nothing is left in them,
+        where the store keeps a directory after its last object (a no-op elsewhere)."""
+        ...
+
     def abort_uploads(self, prefix: str) -> int:
-        """Abort unfinished multipart uploads under `prefix/`; how many."""
+        """Abort unfinished multipart uploads under `prefix/`; how many (0 where every write lands whole)."""
         ...
 
     def check_writable(self) -> None:
@@ -316,29 +325,6 @@ def find_files(fs: fsspec.AbstractFileSystem, base: str) -> dict[str, int]:
     }
 
 
-def s3_options_from_env(timeouts: StoreTimeouts) -> dict:
-    """s3fs options from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_DEFAULT_REGION."""
-    options: dict = {
-        "skip_instance_cache": True,
-        # Listings must be fresh: leases, journals and checkpoints change under us.
-        "use_listings_cache": False,
-        "config_kwargs": {
-            "connect_timeout": timeouts.connect_s,
-            "read_timeout": timeouts.read_s,
-            "retries": {"total_max_attempts": timeouts.max_attempts, "mode": "standard"},
-        },
-    }
-    if os.environ.get("AWS_ACCESS_KEY_ID"):
-        options["key"] = os.environ["AWS_ACCESS_KEY_ID"]
-        options["secret"] = os.environ.get("AWS_SECRET_ACCESS_KEY", "")
-    if os.environ.get("AWS_ENDPOINT_URL"):
-        options["endpoint_url"] = os.environ["AWS_ENDPOINT_URL"]
-    region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
-    if region:
-        options["client_kwargs"] = {"region_name": region}
-    return options
-
-
 def location_of(store: "ObjectStore") -> StoreLocation:
     """The filesystem and root behind `store`, for the helpers of infra/store/ that work on full store paths.
 
@@ -350,16 +336,6 @@ def location_of(store: "ObjectStore") -> StoreLocation:
             "filesystem (infra/store/)"
         )
     return store
-
-
-def open_store(storage: "str | StorageSettings", timeouts: StoreTimeouts | None = None) -> "ObjectStore":
-    """The store for a `storage.url` (or a storage section): `s3://bucket/prefix`, `file://path` or a path.
-
-    Defined in infra/store/__init__.py (the registry of backends); importable from here too.
-    """
-    from . import open_store as registered
-
-    return registered(storage, timeouts)
 
 
 class StorageTimeoutError(TimeoutError):
@@ -388,137 +364,3 @@ class Deadline:
             "stopped answering or is too slow; retry when it is back (raise storage.timeout_s for a slow "
             "store) — finished uploads are kept and are not uploaded again"
         )
-
-
-def cut_answer_errors() -> tuple[type[BaseException], ...]:
-    """What an answer cut short or garbled on the way raises (aiohttp, http.client, botocore's parser)."""
-    import http.client
-
-    import aiohttp
-    from botocore.parsers import ResponseParserError
-
-    return aiohttp.ClientError, http.client.IncompleteRead, ResponseParserError
-
-
-async def read_body(timeouts: StoreTimeouts, read: Callable[[], Awaitable[T]]) -> T:
-    """Run `read` (a request and the reading of its streamed body) again when the body came cut short.
-
-    Up to `timeouts.max_attempts` tries, with a short pause between them; the
-    last error propagates (`storage_errors` makes it a ConnectionError).
-    """
-    import asyncio
-
-    errors = cut_answer_errors()
-    for attempt in range(1, timeouts.max_attempts + 1):
-        try:
-            return await read()
-        except errors:
-            if attempt >= timeouts.max_attempts:
-                raise
-            await asyncio.sleep(0.1 * 2 ** (attempt - 1))
-    raise AssertionError("unreachable: the loop returns or raises")
-
-
-def run_async(
-    store: StoreLocation, deadline: Deadline | None, function: Callable[..., Awaitable[T]], *args, **kwargs
-) -> T:
-    """Run an s3fs coroutine on the filesystem's event loop, cancelled at the deadline.
-
-    The deadline cancels the coroutine on its loop, and this waits for its
-    clean-up (an upload's record, a multipart abort) before raising: the
-    caller releases its lease right after, and nothing of the batch may write
-    past that. fsspec's own `timeout` would raise here while the clean-up
-    still runs; it only backs the deadline up, one request's limit later.
-    """
-    from fsspec.asyn import sync
-    from fsspec.exceptions import FSTimeoutError
-
-    timeout = deadline.remaining() if deadline is not None else None
-    backstop = None if timeout is None else timeout + store.timeouts.request_limit_s
-    try:
-        # The filesystem is s3fs's (an AsyncFileSystem, which has a loop).
-        return sync(store.fs.loop, _within, deadline, timeout, function(*args, **kwargs), timeout=backstop)  # pyright: ignore[reportAttributeAccessIssue, reportReturnType]
-    except FSTimeoutError as error:
-        if isinstance(error.__cause__, StorageTimeoutError):  # one request's limit, or the deadline
-            raise error.__cause__ from None
-        assert deadline is not None  # no timeout of ours, no FSTimeoutError
-        raise deadline.error() from error
-
-
-async def _within(deadline: Deadline | None, timeout: float | None, coroutine: Awaitable[T]) -> T:
-    """`coroutine`, cancelled after `timeout` seconds (wait_for waits until it has stopped)."""
-    import asyncio
-
-    if timeout is None:
-        return await coroutine
-    try:
-        return await asyncio.wait_for(coroutine, timeout)
-    except StorageTimeoutError:
-        raise  # one request's own limit: its message says more
-    except TimeoutError as error:
-        assert deadline is not None
-        raise deadline.error() from error
-
-
-_RETRIED_SERVER_ERRORS = frozenset({500, 502, 503, 504})
-"""The 5xx botocore's standard mode retries: an outage. A 501 (a header the server does not support) is not one."""
-
-
-def server_error_status(error: BaseException) -> int | None:
-    """The HTTP status of a retried server error (500, 502, 503, 504) that s3fs translated into `error`."""
-    from botocore.exceptions import ClientError
-
-    # s3fs raises its OSError from botocore's error; an error already translated here names its store.
-    cause = error.__cause__
-    if not isinstance(cause, ClientError):
-        return None
-    status = cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return status if status in _RETRIED_SERVER_ERRORS else None
-
-
-@contextlib.contextmanager
-def storage_errors(store: "ObjectStore | StoreLocation", what: str) -> Iterator[None]:
-    """Translate client-level failures (an unreachable endpoint, a cut answer) into ConnectionError.
-
-    s3fs already maps S3's HTTP errors to OSError subclasses; a refused or
-    dropped connection surfaces as a botocore exception, and a body cut short
-    (or garbled) as an aiohttp or parser error, which callers and Prefect's
-    retries should see as the OSError (a storage outage) it is.
-    """
-    if isinstance(store, StoreLocation) and store.is_local:  # every backend is a StoreLocation
-        yield
-        return
-    from botocore.exceptions import BotoCoreError
-    from fsspec.exceptions import FSTimeoutError
-
-    try:
-        yield
-    except BotoCoreError as error:
-        raise ConnectionError(
-            f"{what}: object storage at {store.url} is unreachable ({error}); "
-            "check the endpoint and retry — finished uploads are kept"
-        ) from error
-    except FSTimeoutError as error:
-        if isinstance(error.__cause__, StorageTimeoutError):  # a request's own limit: its message says more
-            raise StorageTimeoutError(f"{what}: {error.__cause__}") from error
-        raise StorageTimeoutError(
-            f"{what}: object storage at {store.url} did not answer in time; "
-            "retry when it is back — finished uploads are kept"
-        ) from error
-    except OSError as error:
-        status = server_error_status(error)
-        if status is None:
-            raise  # already an OSError (aiohttp's ClientOSError among them): callers see it as it is
-        # s3fs's OSError for a 5xx ("[Errno 121] We encountered an internal error") names no
-        # store; it is an outage like a refused connection (the request may or may not have been
-        # applied), so it reads like one.
-        raise ConnectionError(
-            f"{what}: object storage at {store.url} answered HTTP {status} on every attempt ({error}); "
-            "retry when it is back — finished uploads are kept"
-        ) from error
-    except cut_answer_errors() as error:
-        raise ConnectionError(
-            f"{what}: object storage at {store.url} cut its answer short "
-            f"({type(error).__name__}: {error}) on every attempt; retry when the connection "
-            "holds — finished uploads are kept"
-        ) from error

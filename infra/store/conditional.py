@@ -33,7 +33,7 @@ import secrets
 import threading
 from collections.abc import Callable
 
-from .base import ObjectStore, PutMode, StoreLocation, Versioned, location_of, storage_errors
+from .base import ObjectStore, PutMode, StoreLocation, Versioned, location_of
 
 _PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
 
@@ -60,7 +60,7 @@ def is_precondition_failure(error: BaseException) -> bool:
 
 def read_versioned(store: ObjectStore, path: str) -> Versioned | None:
     """The object's bytes and tag, or None if it does not exist."""
-    with storage_errors(store, f"read of {path}"):
+    with store.errors(f"read of {path}"):
         return store.get(store.key_of(path))
 
 
@@ -73,7 +73,7 @@ def _holding(store: ObjectStore, path: str, data: bytes) -> str | None:
 def _confirmed(store: ObjectStore, path: str, data: bytes, what: str, write: Callable[[], str | None]) -> str | None:
     """Run a conditional `write`; a refused or failed one that nonetheless landed (its answer lost) wins."""
     try:
-        with storage_errors(store, what):
+        with store.errors(what):
             tag = write()
     except OSError:
         try:

@@ -23,14 +23,16 @@ from typing import BinaryIO
 
 import fsspec
 
+from infra.publication.manifests import FileEntry
 from trainer_core.storage_url import overlap
 
 from .base import Deadline, ObjectInfo, PutMode, StoreLocation, StoreTimeouts, Upload, Versioned, find_files
 from .conditional import put_conditional
 from .durable import create_exclusive, fsync_dir, temp_name, write_durable
+from .local_tree import remove_empty_directories as _remove_empty_local
 from .local_tree import remove_paths
 from .preflight import probe_round_trip
-from .uploads import UploadJob, changed
+from .uploads import RemoteObject, UploadJob, changed, hashed_where_they_lie
 from .verified import BLOCK_BYTES, sha256_of_file
 
 
@@ -248,6 +250,15 @@ class LocalStore(StoreLocation):
         """Copy every job into place (a thread pool, largest first); `probe_prefix` is S3's, unused here."""
         if jobs:
             _upload_local(jobs, deadline, on_uploaded, concurrency)
+
+    def remote_objects(
+        self, base: str, entries: list[FileEntry], deadline: Deadline | None, concurrency: int = 16
+    ) -> dict[str, RemoteObject]:
+        return hashed_where_they_lie(self, base, entries, deadline)
+
+    def remove_empty_directories(self, base: str, deepest_first: list[str]) -> None:
+        """A local disk keeps a directory after its last file is removed (never through a link: local_tree.py)."""
+        _remove_empty_local(self.root, base, deepest_first)
 
     def abort_uploads(self, prefix: str) -> int:
         return 0  # a local copy is renamed into place whole: nothing is ever left half-uploaded

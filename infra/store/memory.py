@@ -20,8 +20,10 @@ from typing import BinaryIO, cast
 
 import fsspec
 
+from infra.publication.manifests import FileEntry
+
 from .base import Deadline, ObjectInfo, PutMode, StoreLocation, Upload, Versioned
-from .uploads import changed
+from .uploads import RemoteObject, UploadJob, changed, hashed_where_they_lie
 
 _BLOCK_BYTES = 4 * 2**20
 
@@ -151,6 +153,30 @@ class MemoryStore(StoreLocation):
                 raise changed(upload.local, upload, digest, len(data))
             self.fs.pipe_file(self.path(upload.key), data)
             on_uploaded(upload)
+
+    def upload_jobs(
+        self,
+        jobs: list[UploadJob],
+        deadline: Deadline | None,
+        on_uploaded: Callable,
+        concurrency: int,
+        probe_prefix: str,
+    ) -> None:
+        items = {Upload(job.local, self.key_of(job.target), job.item.size, job.item.sha256): job.item for job in jobs}
+        self.upload(
+            list(items),
+            on_uploaded=lambda upload: on_uploaded(items[upload]),
+            concurrency=concurrency,
+            deadline=deadline,
+        )
+
+    def remote_objects(
+        self, base: str, entries: list[FileEntry], deadline: Deadline | None, concurrency: int = 16
+    ) -> dict[str, RemoteObject]:
+        return hashed_where_they_lie(self, base, entries, deadline)
+
+    def remove_empty_directories(self, base: str, deepest_first: list[str]) -> None:
+        return None  # fsspec's memory filesystem keeps no folder once its last object is gone
 
     def abort_uploads(self, prefix: str) -> int:
         return 0  # every write lands whole

@@ -2,18 +2,19 @@
 
 - `remote_objects` says what the store holds for each of a checkpoint's
   objects, without a download: on S3 one HEAD in checksum mode each (the
-  recorded sha256, the store's own checksum and ETag: S3Store.remote_objects),
-  on a store that hashes the bytes where they lie (a local disk, memory) their
-  own sha256. What that evidence proves is infra/store/uploads.py's
-  (`object_problem`, `confirmed`, `matches`).
-- `upload_files` uploads many files at once, verified: a thread pool locally
-  (LocalStore), one asyncio batch on s3fs's loop with multipart for large
-  files (infra/store/s3_uploads.py), any other backend through its `upload`.
+  recorded sha256, the store's own checksum and ETag), on a store that hashes
+  the bytes where they lie (a local disk, memory) their own sha256: each
+  backend's `remote_objects`. What that evidence proves is
+  infra/store/uploads.py's (`object_problem`, `confirmed`, `matches`).
+- `upload_files` uploads many files at once, verified, through the backend's
+  `upload_jobs`: a thread pool locally, one asyncio batch on s3fs's loop with
+  multipart for large files (infra/store/s3_uploads.py).
 - Listing, removal, the leftovers of interrupted local writes and dangling
   multipart uploads, never through a symbolic link out of a local store
   (infra/store/local_tree.py).
 
-This module imports the backends; none of them imports it.
+This module imports no backend: what differs between them is a method of the
+`ObjectStore` protocol (infra/store/base.py).
 """
 
 from __future__ import annotations
@@ -24,13 +25,10 @@ from pathlib import Path
 
 from infra.publication.manifests import FileEntry
 
-from .base import Deadline, ObjectStore, Upload, find_files, location_of
-from .local import LocalStore
+from .base import Deadline, ObjectStore, find_files, location_of
 from .local_tree import list_links as _local_links
 from .local_tree import outside_root, remove_paths
-from .local_tree import remove_empty_directories as _remove_empty_local
 from .local_tree import remove_left_temporaries as _remove_local_temporaries
-from .s3 import S3Store
 from .uploads import (
     CHECKSUM_METADATA_KEY,
     ETAG_METADATA_KEY,
@@ -50,18 +48,8 @@ from .uploads import (
 def remote_objects(
     store: ObjectStore, base: str, entries: list[FileEntry], deadline: Deadline | None, concurrency: int = 16
 ) -> dict[str, RemoteObject]:
-    """The entries present under `base`, with their size and recorded digest."""
-    if isinstance(store, S3Store):
-        return store.remote_objects(base, entries, deadline, concurrency)
-    # A store that hashes the bytes where they lie (a local disk, memory): its digest is the bytes' own.
-    by_key = {store.key_of(f"{base}/{entry.path}"): entry for entry in entries}
-    found = {}
-    for key, info in store.head(list(by_key), deadline=deadline).items():
-        entry = by_key[key]
-        # Only hash what could match (the digest is computed when first read); a wrong size is a mismatch already.
-        same_size = info.size == entry.size
-        found[entry.path] = RemoteObject(info.size, info.sha256 if same_size else None, hashed=same_size)
-    return found
+    """The entries present under `base`, with their size and the evidence of their bytes."""
+    return store.remote_objects(base, entries, deadline, concurrency)
 
 
 # -- uploads -----------------------------------------------------------------
@@ -85,28 +73,8 @@ def upload_files(
         UploadJob(entry, staged_dir / entry.path, f"{base.rstrip('/')}/{entry.path}", saved.get(entry.path))
         for entry in entries
     ]
-    upload_jobs(store, jobs, deadline, on_uploaded, concurrency, probe_prefix=base)
-
-
-def upload_jobs(
-    store: ObjectStore,
-    jobs: list[UploadJob],
-    deadline: Deadline | None,
-    on_uploaded: Callable,
-    concurrency: int,
-    probe_prefix: str,
-) -> None:
-    """Upload every job concurrently (a thread pool locally, one asyncio batch on S3), largest first."""
-    if not jobs:
-        return
-    if isinstance(store, (LocalStore, S3Store)):
-        store.upload_jobs(jobs, deadline, on_uploaded, concurrency, probe_prefix=probe_prefix)
-        return
-    # any other backend uploads through its own protocol method
-    items = {Upload(job.local, store.key_of(job.target), job.item.size, job.item.sha256): job.item for job in jobs}
-    store.upload(
-        list(items), on_uploaded=lambda upload: on_uploaded(items[upload]), concurrency=concurrency, deadline=deadline
-    )
+    if jobs:
+        store.upload_jobs(jobs, deadline, on_uploaded, concurrency, probe_prefix=base)
 
 
 # -- small objects, removal, dangling uploads ---------------------------------------
@@ -176,17 +144,11 @@ def remove_empty_directories(store: ObjectStore, base: str, relative_paths: list
             directories.add(path)
             path = posixpath.dirname(path)
     deepest_first = sorted(directories, key=lambda d: d.count("/"), reverse=True)
-    if location_of(store).is_local:
-        _remove_empty_local(store.root, base, deepest_first)
-    elif isinstance(store, S3Store):
-        store.remove_empty_directories(base, deepest_first)
-    # no other backend keeps an empty folder
+    store.remove_empty_directories(base, deepest_first)
 
 
 def abort_dangling_uploads(store: ObjectStore, prefix: str) -> int:
-    """Abort unfinished multipart uploads whose key lies under `prefix/` (S3 only); how many."""
-    if not isinstance(store, S3Store):
-        return 0
+    """Abort unfinished multipart uploads whose key lies under `prefix/` (only S3 leaves any); how many."""
     return store.abort_uploads(store.key_of(prefix))
 
 
@@ -210,5 +172,4 @@ __all__ = [
     "remove_files",
     "remove_left_temporaries",
     "upload_files",
-    "upload_jobs",
 ]

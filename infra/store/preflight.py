@@ -1,7 +1,8 @@
-"""Check, before anything else, that the object store is reachable and writable.
+"""The probe that a store is reachable and writable, and the classes of its failure.
 
-A tiny probe object is written, read back and removed under the store's root.
-The check uses short timeouts and few retries, so a wrong endpoint fails in
+`check_store_writable` (infra/store/writable.py) runs it before anything
+else; each backend's `check_writable` is `probe_round_trip`. A tiny probe
+object is written, read back and removed under the store's root. The check uses short timeouts and few retries, so a wrong endpoint fails in
 seconds with the endpoint named, instead of after the whole run. Messages never
 carry credentials: the secret and key values are scrubbed from any client text.
 
@@ -18,13 +19,12 @@ reaches botocore (which would fail every request the same way, retried or not).
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from urllib.parse import urlsplit
 
 from trainer_core.errors import BadInputError
 
-from .base import ObjectStore, StoreTimeouts, open_store
+from .base import ObjectStore
 
 PROBE_PREFIX = ".rankflow-probe-"
 
@@ -126,31 +126,10 @@ def _scrub(text: str) -> str:
     return text
 
 
-def _probe_store(url: str, connect_timeout_s: float) -> ObjectStore:
-    # Short limits and two attempts: a wrong endpoint must fail in seconds.
-    return open_store(url, StoreTimeouts(connect_s=connect_timeout_s, read_s=connect_timeout_s, max_attempts=2))
-
-
 def endpoint_of(url: str) -> str:
     if url.startswith("s3://"):
         return os.environ.get("AWS_ENDPOINT_URL") or "the default AWS endpoint (AWS_ENDPOINT_URL is not set)"
     return "the local filesystem"
-
-
-def check_store_writable(url: str, connect_timeout_s: float = 5.0) -> dict:
-    """Probe the store at `url` with short limits (`store.check_writable()`); returns the probe's timing.
-
-    Raises StoreSettingError or StoreUnavailable naming the store, its endpoint and what to check.
-    """
-    started = time.perf_counter()
-    check_endpoint_setting(url)
-    check_credentials_setting(url)
-    try:
-        store = _probe_store(url, connect_timeout_s)
-    except Exception as error:  # noqa: BLE001 - a client that cannot even be made is classified like a failed probe
-        raise classified(url, error) from None
-    store.check_writable()
-    return {"store": url, "probe_s": time.perf_counter() - started}
 
 
 def probe_round_trip(store: ObjectStore) -> None:

@@ -5,7 +5,8 @@ Every request S3Store makes itself goes through one async method,
 drop their preconditions. `create` and `if_match` are conditional PutObjects
 (`If-None-Match: *`, `If-Match: ETAG`); a tag is the object's ETag. Request
 limits, the overall `Deadline` and the translation of client failures into
-OSErrors are those of infra/store/base.py.
+OSErrors are the client's (infra/store/s3_client.py) and its error mapping's
+(infra/store/s3_errors.py).
 """
 
 from __future__ import annotations
@@ -24,71 +25,20 @@ from .base import (
     Deadline,
     ObjectInfo,
     PutMode,
-    StorageTimeoutError,
     StoreLocation,
     StoreTimeouts,
     Upload,
     Versioned,
     find_files,
-    read_body,
-    run_async,
-    s3_options_from_env,
-    storage_errors,
 )
 from .conditional import is_precondition_failure, put_conditional
 from .preflight import check_credentials_setting, probe_round_trip
+from .s3_client import bounded_s3_filesystem, read_body, run_async
+from .s3_errors import s3_errors
 from .s3_uploads import server_verifies_checksums, upload_s3
 from .uploads import CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_KEY, RemoteObject, UploadJob
 
 _BLOCK_BYTES = 4 * 2**20
-
-
-def _bounded_s3_filesystem(timeouts: StoreTimeouts):
-    """s3fs whose every request has a wall-clock limit.
-
-    botocore's read timeout does not cover every wait: a PutObject to a
-    stopped (SIGSTOP) server blocks forever in aiohttp, however small its
-    body. Each request therefore gets at most max_attempts × (connect_s +
-    read_s), after which it fails with a StorageTimeoutError.
-    """
-    import asyncio
-
-    import s3fs  # imported here: local runs need no S3 client
-    from fsspec.asyn import sync_wrapper
-
-    limit_s = timeouts.request_limit_s
-
-    class BoundedS3FileSystem(s3fs.S3FileSystem):
-        async def _cat_file(self, path, *args, **kwargs):
-            # A body cut short is no request error botocore could retry (its headers had come).
-            return await read_body(timeouts, lambda: super(BoundedS3FileSystem, self)._cat_file(path, *args, **kwargs))
-
-        async def _call_s3(self, method, *args, **kwargs):
-            try:
-                return await asyncio.wait_for(super()._call_s3(method, *args, **kwargs), limit_s)
-            except asyncio.TimeoutError as error:
-                raise StorageTimeoutError(
-                    f"S3 {method} at {self.endpoint_url} got no answer within {limit_s:g} s (storage.request_timeout_s "
-                    "per attempt); the server is stopped or overloaded — retry when it answers, finished uploads "
-                    "are kept"
-                ) from error
-
-        # s3fs binds its public call_s3 to the base class's _call_s3: bind it to this one.
-        call_s3 = sync_wrapper(_call_s3)
-
-    return BoundedS3FileSystem
-
-
-def bounded_s3_filesystem(timeouts: StoreTimeouts):
-    """An s3fs client whose requests are bounded by `timeouts`, with s3fs's own retry rounds off."""
-    fs = _bounded_s3_filesystem(timeouts)(**s3_options_from_env(timeouts))
-    # s3fs retries connection errors on its own (5 rounds, a class
-    # attribute) on top of botocore's attempts: one round leaves the
-    # count to StoreTimeouts.max_attempts, so a dead endpoint fails in
-    # about max_attempts × read_s. The one thing only s3fs's rounds
-    # retried, a streamed body cut short, `read_body` retries instead.
-    fs.retries = 1
-    return fs
 
 
 def _remote_object(response: dict) -> RemoteObject:
@@ -134,7 +84,7 @@ class S3Store(StoreLocation):
         return "s3://" + self.path(*parts)
 
     def errors(self, what: str):
-        return storage_errors(self, what)
+        return s3_errors(self, what)
 
     async def _request(self, method: str, **kwargs) -> dict:
         """One S3 request (the bounded client's `_call_s3`): the single seam of S3Store's own requests."""

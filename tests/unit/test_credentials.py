@@ -56,7 +56,8 @@ def test_half_a_key_pair_is_bad_input_naming_the_missing_variable(monkeypatch, g
     """Botocore signs with an empty secret and the server answers SignatureDoesNotMatch ("a wrong key"): the
     store refuses to open first, naming the variable that is missing and never the value that is set."""
     from infra.store import open_store
-    from infra.store.preflight import StoreSettingError, check_store_writable
+    from infra.store.preflight import StoreSettingError
+    from infra.store.writable import check_store_writable
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)

@@ -1,4 +1,4 @@
-"""Client-level S3 failures become the OSError a retry policy understands (infra/store/base.py `storage_errors`).
+"""Client-level S3 failures become the OSError a retry policy understands (`S3Store.errors`: infra/store/s3_errors.py).
 
 Before: a body cut short (aiohttp `ClientPayloadError`, `http.client.IncompleteRead`)
 passed through as itself, no OSError: a heartbeat that retries OSErrors died
@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 
 from infra.launch.failures import FailureClass, classify_exception
-from infra.store.base import StorageTimeoutError, StoreLocation, storage_errors
+from infra.store.base import StorageTimeoutError
+from infra.store.s3 import S3Store
 
 
 @pytest.fixture
@@ -21,9 +22,7 @@ def s3_store():
     import s3fs
 
     # No request is ever made: only the error translation of a non-local store is under test.
-    return StoreLocation(
-        fs=s3fs.S3FileSystem(anon=True, skip_instance_cache=True), root="bucket/run", url="s3://bucket/run"
-    )
+    return S3Store(fs=s3fs.S3FileSystem(anon=True, skip_instance_cache=True), root="bucket/run", url="s3://bucket/run")
 
 
 @pytest.mark.parametrize(
@@ -35,7 +34,7 @@ def s3_store():
 )
 def test_a_body_cut_short_is_a_storage_outage(s3_store, cut):
     with pytest.raises(ConnectionError) as caught:
-        with storage_errors(s3_store, "reading s3://bucket/run/run-state/plan.json"):
+        with s3_store.errors("reading s3://bucket/run/run-state/plan.json"):
             raise cut
     error = caught.value
     assert error.__cause__ is cut and "s3://bucket/run" in str(error) and "cut its answer short" in str(error)
@@ -44,10 +43,10 @@ def test_a_body_cut_short_is_a_storage_outage(s3_store, cut):
 
 def test_oserrors_and_timeouts_pass_as_they_were(s3_store):
     with pytest.raises(FileNotFoundError):
-        with storage_errors(s3_store, "x"):
+        with s3_store.errors("x"):
             raise FileNotFoundError("bucket/run/missing")
     with pytest.raises(StorageTimeoutError):
-        with storage_errors(s3_store, "x"):
+        with s3_store.errors("x"):
             raise StorageTimeoutError("S3 put_object got no answer within 210 s")
 
 
@@ -64,7 +63,7 @@ def _translated(status: int, code: str) -> OSError:
 def test_a_retried_server_error_is_an_outage_naming_the_store(s3_store, status, code):
     translated = _translated(status, code)
     with pytest.raises(ConnectionError) as caught:
-        with storage_errors(s3_store, "commit of step-00000008"):
+        with s3_store.errors("commit of step-00000008"):
             raise translated
     error = caught.value
     assert error.__cause__ is translated
@@ -77,6 +76,6 @@ def test_other_error_answers_pass_as_s3fs_translated_them(s3_store, status, code
     """A 501 (a header the server does not support) is no outage botocore retried: no "on every attempt"."""
     translated = _translated(status, code)
     with pytest.raises(OSError) as caught:
-        with storage_errors(s3_store, "commit of step-00000008"):
+        with s3_store.errors("commit of step-00000008"):
             raise translated
     assert caught.value is translated

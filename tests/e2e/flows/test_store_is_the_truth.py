@@ -28,7 +28,7 @@ from infra.publication.manifests import ManifestError
 from infra.runs import ledger
 from infra.runs.run_state import stored_bundle
 from infra.store import S3Store, open_store
-from infra.store.base import run_async
+from infra.store.s3_client import run_async
 from tests.conftest import tiny_tree
 from trainer_core.config import config_from_dict
 
