@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,11 +175,10 @@ def _rankflow() -> list[str]:
 
 @dataclass(frozen=True)
 class _Ran:
-    """One `rankflow` process on a case: where it ran, what it did, how long it took."""
+    """One `rankflow` process on a case: where it ran and what it did."""
 
     tmp_path: Path
     outcome: Outcome
-    wall_s: float
 
 
 def _run_rankflow(tmp_path: Path, name: str) -> _Ran:
@@ -188,23 +186,21 @@ def _run_rankflow(tmp_path: Path, name: str) -> _Ran:
     case_dir = tmp_path / name
     argv = materialize(case, case_dir, Assets(tmp_path))
     before = listing(case_dir)
-    started = time.perf_counter()
     done = subprocess.run(
         [*_rankflow(), *argv],
         capture_output=True,
         text=True,
         cwd=case_dir,
         env=case_env(case, case_dir, _env(tmp_path)),
-        timeout=120,
-    )  # a FIFO read would block: the timeout fails the test
-    wall_s = time.perf_counter() - started
+        timeout=600,
+    )  # a FIFO read would block: the timeout fails the test (a right refusal takes a minute on a loaded machine)
     outcome = Outcome(
         code=done.returncode,
         stdout=done.stdout,
         stderr=done.stderr,
         written=sorted(set(listing(case_dir)) - set(before)),
     )
-    return _Ran(tmp_path, outcome, wall_s)
+    return _Ran(tmp_path, outcome)
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +218,8 @@ def rankflow_runs(request, tmp_path_factory) -> dict[str, Future]:
     pool.shutdown(wait=True)
 
 
+# A whole `rankflow` program run end to end (its interpreter, imports and exit): the e2e tier, not the unit one.
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", SUBPROCESS_CASES)
 def test_rankflow_command_on_bad_input(rankflow_runs, name):
     case = BY_NAME[name]
@@ -263,6 +261,8 @@ PERMISSION_CASES = {
 NOBODY = ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
+# A whole `rankflow` program run end to end (its interpreter, imports and exit): the e2e tier, not the unit one.
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(PERMISSION_CASES))
 def test_permission_denied(name):
     """chmod does not stop root, so under root the CLI runs as `nobody` (setpriv) on files it may not use."""
@@ -272,7 +272,7 @@ def test_permission_denied(name):
         if not Path(NOBODY[0]).is_file():
             pytest.skip("running as root without setpriv: root ignores file modes, so nothing is unreadable")
         prefix = NOBODY
-        reach = subprocess.run([*prefix, *_rankflow(), "--help"], capture_output=True, cwd="/", timeout=120)
+        reach = subprocess.run([*prefix, *_rankflow(), "--help"], capture_output=True, cwd="/", timeout=600)
         if reach.returncode != 0:
             pytest.skip("user nobody cannot run this checkout's rankflow (its directories are private to root)")
     # pytest's tmp_path is private to root; nobody needs a directory it can enter (removed below).
@@ -294,7 +294,7 @@ def test_permission_denied(name):
             text=True,
             cwd=case_dir,
             env={**_env(root), "HOME": str(root), "HF_HOME": str(root / "hf")},
-            timeout=120,
+            timeout=600,
         )
         outcome = Outcome(
             code=done.returncode,

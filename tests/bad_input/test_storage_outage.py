@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import time
+
+import pytest
 
 from .harness import Assets, Case, listing, materialize
 from .test_corpus import _env, _rankflow
@@ -24,6 +25,8 @@ def _closed_port() -> int:
         return probe.getsockname()[1]
 
 
+# A whole `rankflow` program run end to end (its interpreter, imports and exit): the e2e tier, not the unit one.
+@pytest.mark.e2e
 def test_an_s3_endpoint_on_a_closed_port_is_one_line_exit_1_and_writes_nothing(tmp_path):
     case = Case("s3_closed_port", "storage", "", "", config={"storage": {"url": "s3://rankflow/runs"}})
     case_dir = tmp_path / "case"
@@ -36,9 +39,9 @@ def test_an_s3_endpoint_on_a_closed_port_is_one_line_exit_1_and_writes_nothing(t
         "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
         "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
     }
-    started = time.perf_counter()
-    done = subprocess.run([*_rankflow(), *argv], capture_output=True, text=True, cwd=case_dir, env=env, timeout=120)
-    assert time.perf_counter() - started < 60
+    # Failed in the storage check (below), whose client gives up after two short tries (tests/storage/test_preflight.py):
+    # that, not a wall time, is what keeps it to seconds. The timeout only ends a command that hangs.
+    done = subprocess.run([*_rankflow(), *argv], capture_output=True, text=True, cwd=case_dir, env=env, timeout=600)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()

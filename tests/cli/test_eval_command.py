@@ -148,6 +148,8 @@ def test_rows_laid_out_chunk_by_chunk_give_the_loss_of_one_layout(committed, cap
     assert (chunked["loss_tokens"], chunked["tokens"]) == (whole["loss_tokens"], whole["tokens"])
 
 
+# A whole `rankflow` program run end to end (its interpreter, imports and exit): the e2e tier, not the unit one.
+@pytest.mark.e2e
 def test_the_command_prints_one_json_line_and_reads_the_store_from_a_config(committed, tmp_path):
     """As a user runs it: a `rankflow` process, RUN@step-N in the store of a run config, a --work-dir cache."""
     config_file = tmp_path / "run.toml"
@@ -166,6 +168,8 @@ def test_the_command_prints_one_json_line_and_reads_the_store_from_a_config(comm
     assert sorted(p.name for p in work.iterdir()) == ["cache"]  # the data stages' scratch is gone
 
 
+# A whole `rankflow` program run end to end (its interpreter, imports and exit): the e2e tier, not the unit one.
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("command", "where"),
     [("eval", "/dev/full"), ("eval", "a pipe its reader closed"), ("checkpoints verify", "/dev/full")],
@@ -192,6 +196,8 @@ def test_a_result_line_standard_output_refuses_is_one_line_and_exit_1(committed,
     assert len(stderr.strip().splitlines()) == 1, stderr
 
 
+# A whole `rankflow` program run end to end (its interpreter, imports and exit): the e2e tier, not the unit one.
+@pytest.mark.e2e
 def test_standard_output_closed_is_refused_before_anything_runs(committed, tmp_path):
     work = tmp_path / "work"
     for args in (
