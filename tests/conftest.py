@@ -97,14 +97,18 @@ def tiny_config(tmp_path: Path) -> RunConfig:
     return config_from_dict(tiny_tree(tmp_path), config_dir=tmp_path)
 
 
+HARNESS_START_S = 300
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """One temporary Prefect API for the whole session (starting one takes ~15 s)."""
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    """One temporary Prefect API for the whole session (starting one takes ~15 s; minutes on a loaded machine: the
+    bound only ends a start that hangs, the wait ends when the server answers)."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(HARNESS_START_S))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # as rankflow's own commands do
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=90):
+    with prefect_test_harness(server_startup_timeout=HARNESS_START_S):
         yield
 
 

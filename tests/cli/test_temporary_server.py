@@ -31,7 +31,7 @@ from tests.processes import descendants, pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300.0  # two imports of Prefect and a migration of an empty database, on a loaded machine
-GONE_TIMEOUT_S = 60.0
+GONE_TIMEOUT_S = 300.0  # gone in a second when quiet: the bound only ends a test that would hang
 
 pytestmark = pytest.mark.flow  # Prefect's temporary server
 
@@ -144,5 +144,5 @@ def test_a_preexec_fn_prefect_passes_is_kept_beside_the_tie(tmp_path):
     tie, theirs = tmp_path / "tie", tmp_path / "theirs"
     spawn = _TiedSubprocess(lambda: os.close(os.open(tie, os.O_CREAT | os.O_WRONLY)))
     child = spawn.Popen(["true"], preexec_fn=lambda: os.close(os.open(theirs, os.O_CREAT | os.O_WRONLY)))
-    assert child.wait(timeout=60) == 0
+    assert child.wait(timeout=300) == 0
     assert tie.exists() and theirs.exists()

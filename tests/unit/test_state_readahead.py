@@ -28,7 +28,7 @@ def test_the_weights_are_in_the_page_cache_once_the_reader_ends_and_the_moments_
     before = resident_pages(params)
     reader = read_ahead(state)
     assert reader is not None and reader.daemon
-    reader.join(timeout=60)
+    reader.join(timeout=300)  # ends as soon as the files are read
     assert resident_pages(params) >= -(-params.stat().st_size // 4096) - 2 > before
     assert (
         resident_pages(optimizer) <= 2
@@ -39,7 +39,7 @@ def test_a_launch_of_several_ranks_per_node_has_the_moments_read_ahead_too(tmp_p
     state, (optimizer, params) = written_past_the_cache(tmp_path)
     reader = read_ahead(state, moments=True)
     assert reader is not None
-    reader.join(timeout=60)
+    reader.join(timeout=300)  # ends as soon as the files are read
     for path in (optimizer, params):
         assert resident_pages(path) >= -(-path.stat().st_size // 4096) - 2
 
@@ -54,7 +54,7 @@ def test_a_state_larger_than_half_the_available_memory_is_left_on_disk(tmp_path,
     monkeypatch.setattr(state_readahead, "available_memory_bytes", lambda: 2 * size)
     reader = read_ahead(state)
     assert reader is not None
-    reader.join(timeout=60)
+    reader.join(timeout=300)  # ends as soon as the files are read
 
 
 def test_nothing_is_read_where_there_is_no_state_and_links_are_not_followed(tmp_path):

@@ -16,103 +16,33 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from infra.publication.checkpoints import download_checkpoint, latest_checkpoint
-from infra.services.local_process import pick_free_port, stop_process_group
-from infra.services.s3_server import CONFLICTING_AWS_ENV_VARS
+from infra.services.local_process import pick_free_port
 from infra.store import open_store
 from tests.conftest import tiny_tree
-from tests.processes import descendants, group_members, pid_alive
+from tests.e2e.deployments.prefect_server import (
+    GONE_S,
+    PREFECT,
+    RANKFLOW,
+    SERVER_START_TIMEOUT_S,
+    client_env,
+    stop_and_check_gone,
+    wait_for_output,
+    wait_terminal,
+    write_config,
+)
 
 pytestmark = [pytest.mark.postgres]
 
-RANKFLOW = str(Path(sys.executable).parent / "rankflow")
-PREFECT = str(Path(sys.executable).parent / "prefect")
-_SERVER_START_TIMEOUT_S = 240  # migrating an empty database: ~10 s on a quiet machine
 _RUN_TIMEOUT_S = 400
 _FIRST_STEP = re.compile(r"\] step 0 loss ")
-
-
-@dataclass(frozen=True)
-class RunningServer:
-    api_url: str
-    process: subprocess.Popen
-    log_dir: Path
-
-
-def _client_env(api_url: str, home: Path) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if name not in CONFLICTING_AWS_ENV_VARS}
-    env.update(
-        PREFECT_API_URL=api_url, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1"
-    )
-    return env
-
-
-def _wait_for_output(path: Path, needle: str, process: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while needle not in path.read_text(errors="replace"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"{needle!r} never appeared (exit code {process.poll()}):\n{path.read_text()[-3000:]}")
-        time.sleep(0.5)
-
-
-def _stop_and_check_gone(process: subprocess.Popen, first_signal: signal.Signals, timeout_s: float, what: str) -> int:
-    """Stop `process` (and its group), then check that no process it started survives; returns its exit code."""
-    family = descendants(process.pid)
-    if process.poll() is None:
-        process.send_signal(first_signal)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            stop_process_group(process.pid, process, signal.SIGKILL, 10, what)
-            pytest.fail(f"{what} did not stop within {timeout_s}s of {first_signal.name}")
-    deadline = time.monotonic() + 15
-    while (alive := [pid for pid in family if pid_alive(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in alive:
-        os.kill(pid, signal.SIGKILL)
-    assert alive == [], f"processes started by {what} outlived it: {alive}"
-    assert group_members(process.pid) == []
-    return process.returncode
-
-
-@pytest.fixture(scope="module")
-def prefect_server(postgres_cluster, tmp_path_factory) -> Iterator[RunningServer]:
-    """`rankflow server` on the session's PostgreSQL (URL from the environment, as a user may give it)."""
-    log_dir = tmp_path_factory.mktemp("prefect-server")
-    port = pick_free_port()
-    env = _client_env("unused", log_dir / "home")
-    del env["PREFECT_API_URL"]
-    env["PREFECT_API_DATABASE_CONNECTION_URL"] = postgres_cluster.url(driver="postgresql")  # the command adds asyncpg
-    output = log_dir / "stdout.txt"
-    with output.open("wb") as sink:
-        process = subprocess.Popen(
-            [RANKFLOW, "server", "--port", str(port), "--log", str(log_dir / "server.log")],
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=log_dir,
-            start_new_session=True,
-        )
-    try:
-        _wait_for_output(output, "Stop with Ctrl-C", process, _SERVER_START_TIMEOUT_S)
-        api_url = f"http://127.0.0.1:{port}/api"
-        assert f"export PREFECT_API_URL={api_url}" in output.read_text()
-        assert postgres_cluster.password not in output.read_text()
-        yield RunningServer(api_url=api_url, process=process, log_dir=log_dir)
-    finally:
-        exit_code = _stop_and_check_gone(process, signal.SIGTERM, 60, "rankflow server")
-    assert exit_code == 0, output.read_text()[-3000:]
 
 
 @contextmanager
@@ -131,33 +61,10 @@ def running_worker(pool: str, env: dict[str, str], cwd: Path) -> Iterator[Path]:
             start_new_session=True,
         )
     try:
-        _wait_for_output(log, "started!", process, 120)
+        wait_for_output(log, "started!", process, 120)
         yield log
     finally:
-        _stop_and_check_gone(process, signal.SIGINT, 60, "the worker")
-
-
-def _write_config(tmp_path: Path, **sections) -> Path:
-    tree = tiny_tree(tmp_path, **sections)
-    path = tmp_path / "run.toml"
-    path.write_text(
-        "\n".join(
-            f"[{section}]\n" + "\n".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
-            for section, values in tree.items()
-        )
-    )
-    return path
-
-
-def _wait_terminal(client, flow_run_ids, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        runs = {run_id: client.read_flow_run(run_id) for run_id in flow_run_ids}
-        if all(run.state is not None and run.state.is_final() for run in runs.values()):
-            return runs
-        if time.monotonic() > deadline:
-            pytest.fail(f"runs not finished after {timeout_s}s: {[(str(i), r.state_name) for i, r in runs.items()]}")
-        time.sleep(1)
+        stop_and_check_gone(process, signal.SIGINT, GONE_S, "the worker")
 
 
 def _first_step_latency(client, flow_run) -> dict:
@@ -213,12 +120,12 @@ def test_deployed_tiny_job_runs_on_a_worker_and_commits_to_s3(
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     work_dir = tmp_path / "worker-work"  # the worker's, absolute; the deployer never touches it
-    config_file = _write_config(tmp_path, storage={"url": s3_bucket_url}, run={"work_dir": str(work_dir)})
+    config_file = write_config(tmp_path, storage={"url": s3_bucket_url}, run={"work_dir": str(work_dir)})
     deployer_dir = tmp_path / "deployer"
     deployer_dir.mkdir()
     deployed_cli = subprocess.run(
         [RANKFLOW, "deploy", str(config_file), "--pool", "tiny-pool", "--name", "tiny"],
-        env=_client_env(prefect_server.api_url, tmp_path / "deployer-home"),
+        env=client_env(prefect_server.api_url, tmp_path / "deployer-home"),
         cwd=deployer_dir,
         capture_output=True,
         text=True,
@@ -238,12 +145,12 @@ def test_deployed_tiny_job_runs_on_a_worker_and_commits_to_s3(
         assert deployment.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.CANCEL_NEW
         assert client.read_work_pool("tiny-pool").type == "process"
 
-        worker_env = _client_env(prefect_server.api_url, tmp_path / "worker-home")
+        worker_env = client_env(prefect_server.api_url, tmp_path / "worker-home")
         worker_env["PREFECT_WORKER_QUERY_SECONDS"] = "2"  # default 10: up to 8 s more before a run is picked up
         with running_worker("tiny-pool", worker_env, tmp_path / "worker-cwd") as worker_log:
             # Two runs at once: the deployment's limit of 1 cancels the one that comes second.
             flow_runs = [client.create_flow_run_from_deployment(deployment.id) for _ in range(2)]
-            runs = _wait_terminal(client, [run.id for run in flow_runs], _RUN_TIMEOUT_S)
+            runs = wait_terminal(client, [run.id for run in flow_runs], _RUN_TIMEOUT_S)
         states = sorted(run.state.type.value for run in runs.values())
         assert states == ["CANCELLED", "COMPLETED"], worker_log.read_text()[-5000:]
         (completed,) = [run for run in runs.values() if run.state.is_completed()]
@@ -318,7 +225,7 @@ def test_rankflow_server_with_its_own_cluster_stops_everything_on_ctrl_c(postgre
     try:
         pg_dir, logs = base / "pg", tmp_path_factory.mktemp("own-cluster")
         port = pick_free_port()
-        env = _client_env("unused", logs / "home")
+        env = client_env("unused", logs / "home")
         for name in (
             "PREFECT_API_URL",
             "PREFECT_API_DATABASE_CONNECTION_URL",
@@ -337,14 +244,14 @@ def test_rankflow_server_with_its_own_cluster_stops_everything_on_ctrl_c(postgre
                 start_new_session=True,
             )
         try:
-            _wait_for_output(output, "Stop with Ctrl-C", process, _SERVER_START_TIMEOUT_S)
+            wait_for_output(output, "Stop with Ctrl-C", process, SERVER_START_TIMEOUT_S)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=10) as response:
                 assert response.status == 200
             password = (pg_dir / "password").read_text().strip()
             assert "postgresql+asyncpg://rankflow:***@127.0.0.1:" in output.read_text()
             assert password not in output.read_text() and password not in (logs / "server.log").read_text()
         finally:
-            exit_code = _stop_and_check_gone(process, signal.SIGINT, 60, "rankflow server --pg-dir")
+            exit_code = stop_and_check_gone(process, signal.SIGINT, GONE_S, "rankflow server --pg-dir")
         assert exit_code == 0, output.read_text()[-3000:]
         assert "database system is shut down" in (pg_dir / "postgres.log").read_text()
         assert (pg_dir / "pgdata" / "PG_VERSION").is_file()  # kept for the next start

@@ -38,7 +38,7 @@ def table_rows(artifact) -> list[dict]:
     return artifact.data if isinstance(artifact.data, list) else json.loads(artifact.data)
 
 
-def run_events(run_id: str, expected: dict[str, int], timeout_s: float = 30.0) -> list:
+def run_events(run_id: str, expected: dict[str, int], timeout_s: float = 300.0) -> list:
     """The rankflow events of a run, waiting until at least `expected` {name: count} have arrived."""
     deadline = time.monotonic() + timeout_s
     while True:

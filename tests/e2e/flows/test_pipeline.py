@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from infra.runs.run_state import read_bundle_manifest, segment_bundle, stored_bu
 from infra.store import open_store
 from tests.conftest import EXAMPLES, tiny_tree
 from tests.e2e.flows.prefect_queries import artifacts_of, flow_runs_named, run_events, table_rows, task_runs_of
+from tests.waits import wait_for
 from trainer_core.config import config_from_dict
 from trainer_core.model import build_trainer
 from trainer_core.run.faults import EXPORT_FAULT_ENV, FAULT_ENV, FAULT_KIND_ENV
@@ -328,10 +328,10 @@ def test_a_work_dir_deleted_mid_run_and_a_fresh_worker_resume_from_the_store(
             # disk that held it before it was stored is trained again, not resumed (a loaded machine got here first).
             # The upload waits for segment 1's first step (tasks/upload_hold.py): let it go, as that step would.
             upload_hold.release(planned.run_dir, 0)
-            store, deadline = open_store(planned.storage), time.monotonic() + 120
-            while read_bundle_manifest(store, planned.run_id, segment_bundle(0)) is None:
-                assert time.monotonic() < deadline, "segment 0's state was never stored"
-                time.sleep(0.05)
+            store = open_store(planned.storage)
+            wait_for(
+                lambda: read_bundle_manifest(store, planned.run_id, segment_bundle(0)) is not None, "segment 0 stored"
+            )
             shutil.rmtree(planned.run_dir)
         real_fetch(planned, segment_index)
 

@@ -31,7 +31,7 @@ def _post(port: int, path: str, body: dict) -> dict:
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=10) as answer:
+    with urllib.request.urlopen(request, timeout=120) as answer:  # an answer, however loaded the machine
         return json.loads(answer.read())
 
 
@@ -49,7 +49,7 @@ def test_mlflow_ui_shows_the_runs_steps_and_checkpoint(tmp_path):
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 300  # its first start migrates the database: slow on a loaded machine
         while True:
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
@@ -63,7 +63,7 @@ def test_mlflow_ui_shows_the_runs_steps_and_checkpoint(tmp_path):
         assert run["info"]["run_name"] == RUN_ID
         history = urllib.request.urlopen(
             f"http://127.0.0.1:{port}/api/2.0/mlflow/metrics/get-history?run_id={run['info']['run_id']}&metric_key=loss",
-            timeout=10,
+            timeout=120,
         )
         steps = [m["step"] for m in json.loads(history.read())["metrics"]]
         assert sorted(steps) == list(range(8))
@@ -71,4 +71,4 @@ def test_mlflow_ui_shows_the_runs_steps_and_checkpoint(tmp_path):
         assert tags["checkpoint_url"].endswith("step-00000008")
     finally:
         os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        server.wait(timeout=300)
