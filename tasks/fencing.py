@@ -1,7 +1,8 @@
 """Fencing for the pipeline's writing stages: write only while this run holds its run lease.
 
 Each stage that writes (segment, export, commit, cleanup, report) calls
-`fence` before its first write and again before recording its outcome; a
+`fence` before its first write, and segment and export again before
+recording their outcome (through `tasks.stage.Stage`); a
 segment also checks during its launch (`fenced_monitor`), so a run whose lease
 was taken over stops its torchrun launch within `every_s` seconds instead of
 training on beside the new holder. Commit, cleanup and the state uploads pass

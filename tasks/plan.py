@@ -22,10 +22,10 @@ from trainer_core.run.parent_record import run_parent
 from trainer_core.run.plan import Plan, build_plan, read_plan, run_dir_for, write_plan
 from trainer_core.run.plan_shards import StagedShards
 
-from .failure_report import reports_failures
 from .outcomes import PlannedRun
 from .retry_policy import retry_if_retriable
 from .run_state import publish_plan
+from .stage import stage_task
 
 
 @dataclass(frozen=True)
@@ -108,11 +108,11 @@ def plan_run_fn(config: RunConfig) -> PlannedRun:
 compute_plan = task(name="plan", task_run_name="plan-{config.run.name}", cache_policy=NO_CACHE)(compute_plan_fn)
 # Writing the plan is idempotent (the same digest, the same bytes; stored objects are skipped when they
 # verify), so a storage hiccup during its upload is retried like any other stage's.
-write_plan_task = task(
-    name="plan-write",
-    task_run_name="plan-write-{computed.run_id}",
-    cache_policy=NO_CACHE,
+write_plan_task = stage_task(
+    "plan-write",
+    run_name="plan-write-{computed.run_id}",
     retries=2,
     retry_delay_seconds=[2, 5],
     retry_condition_fn=retry_if_retriable,
-)(reports_failures("plan-write")(write_plan_fn))
+    rides_out=False,
+)(write_plan_fn)

@@ -16,21 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from infra.publication.cleanup import CleanupOutcome, cleanup_staging
 from infra.publication.commit import EXPORT_AGAIN, CommitOutcome, PublishSettings, commit_checkpoint
-from infra.runs import ledger
-from infra.runs.run_lease import RunLeaseLost
 from infra.store import open_store
 
 from ._logging import rank_line_logger
 from .export import export_segment_fn
-from .failure_report import reports_failures
-from .fencing import fence, fenced_settings
+from .fencing import fenced_settings
 from .outcomes import ExportOutcome, PlannedRun
-from .retry_policy import retry_unless_final, rides_out_outages
+from .retry_policy import retry_unless_final
+from .stage import Stage, stage_task
 
 
 class _Recorded(Protocol):
@@ -45,33 +40,25 @@ def _recorded(
     exported: ExportOutcome,
     stage: str,
     action: Callable[..., T],
-    handled: tuple[type[BaseException], ...] = (),
+    handled: tuple[type[Exception], ...] = (),
 ) -> T:
     """Run one publication stage and record its outcome in the ledger (a failed attempt: `reports_failures`).
 
     An error in `handled` is the caller's to resolve: recorded as resolved by it, not reported as a failure."""
-    run_dir = Path(planned.run_dir)
-    fence(planned, f"{stage} of step {exported.step}")
-    try:
+    attempt = Stage.enter(planned, stage, f"{stage} of step {exported.step}")
+
+    def resolved_by_the_caller(error: Exception) -> None:
+        error_line = f"{type(error).__name__}: {error}"
+        attempt.record("failed", step=exported.step, error=error_line, resolved_by="export again")
+
+    with attempt.on_failure(resolved_by_the_caller, errors=handled):
         outcome = action(
             Path(exported.staged_dir),
             open_store(planned.storage),
             planned.run_id,
             settings=fenced_settings(planned, PublishSettings),
         )
-    except RunLeaseLost:
-        raise  # the run directory and its ledger belong to the run that holds the lease now
-    except handled as error:
-        ledger.record(
-            run_dir,
-            stage,
-            "failed",
-            step=exported.step,
-            error=f"{type(error).__name__}: {error}",
-            resolved_by="export again",
-        )
-        raise
-    ledger.record(run_dir, stage, "completed", **outcome.to_dict())
+    attempt.record("completed", **outcome.to_dict())
     return outcome
 
 
@@ -97,19 +84,16 @@ def cleanup_fn(planned: PlannedRun, exported: ExportOutcome) -> CleanupOutcome:
     return _recorded(planned, exported, "cleanup", cleanup_staging)
 
 
-commit = task(
-    name="commit",
-    task_run_name="commit-step-{exported.step}",
-    retries=3,
-    retry_delay_seconds=[2, 5, 15],
-    retry_condition_fn=retry_unless_final,
-    cache_policy=NO_CACHE,
-)(reports_failures("commit")(rides_out_outages("commit")(commit_fn)))
-cleanup = task(
-    name="cleanup",
-    task_run_name="cleanup-step-{exported.step}",
-    retries=3,
-    retry_delay_seconds=[2, 5, 15],
-    retry_condition_fn=retry_unless_final,
-    cache_policy=NO_CACHE,
-)(reports_failures("cleanup")(rides_out_outages("cleanup")(cleanup_fn)))
+def _publication_task(stage: str, function: Callable[[PlannedRun, ExportOutcome], object]):
+    """The commit or cleanup task: each retried on its own, by the same rule (`retry_unless_final`)."""
+    return stage_task(
+        stage,
+        run_name=stage + "-step-{exported.step}",
+        retries=3,
+        retry_delay_seconds=[2, 5, 15],
+        retry_condition_fn=retry_unless_final,
+    )(function)
+
+
+commit = _publication_task("commit", commit_fn)
+cleanup = _publication_task("cleanup", cleanup_fn)

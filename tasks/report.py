@@ -13,9 +13,6 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from infra.publication.commit import CommitOutcome
 from infra.runs import ledger
 from infra.runs.loss_curve import LOSS_CURVE_FILE, write_loss_curve
@@ -23,8 +20,6 @@ from infra.store import open_store
 from infra.store.base import Deadline
 from infra.store.objects import put_small
 
-from .failure_report import reports_failures
-from .fencing import fence
 from .live import (
     artifact_key,
     artifact_link,
@@ -34,7 +29,8 @@ from .live import (
     upsert_table_artifact,
 )
 from .outcomes import PlannedRun, SegmentOutcome
-from .retry_policy import retry_unless_fenced, rides_out_outages
+from .retry_policy import retry_unless_fenced
+from .stage import Stage, stage_task
 
 
 def publish_run_files_fn(planned: PlannedRun) -> dict[str, str]:
@@ -114,16 +110,13 @@ def settle_failure_report(planned: PlannedRun) -> bool:
     return True
 
 
-@task(
-    name="report",
-    task_run_name="report-{planned.run_id}",
-    cache_policy=NO_CACHE,
+@stage_task(
+    "report",
+    run_name="report-{planned.run_id}",
     retries=2,
     retry_delay_seconds=[2, 5],
     retry_condition_fn=retry_unless_fenced,
 )
-@reports_failures("report")
-@rides_out_outages("report")
 def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[CommitOutcome]) -> dict[str, str]:
     upsert_table_artifact(
         artifact_key(planned.run_id, "segments"),
@@ -144,7 +137,7 @@ def report(planned: PlannedRun, segments: list[SegmentOutcome], commits: list[Co
         ],
         f"Segment metrics of run {planned.run_id}",
     )
-    fence(planned, "report")
+    Stage.enter(planned, "report", "report")  # the table above is an artifact; from here it writes the run's files
     curve = write_run_loss_curve(planned, segments)
     locations = publish_run_files_fn(planned)
     upsert_markdown_artifact(

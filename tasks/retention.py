@@ -14,21 +14,16 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from infra.publication.commit import CommitOutcome
 from infra.publication.finalizer import FinalizerSettings
 from infra.publication.retention import RetentionPolicy, RetentionReport, SegmentStates, apply_retention
-from infra.runs import ledger
 from infra.runs.run_lease import RunAlreadyActive, RunLeaseLost
 from infra.store import open_store
 from trainer_core.run.state import state_dir_for
 
-from .failure_report import reports_failures
-from .fencing import fence
 from .outcomes import PlannedRun
 from .retry_policy import retry_unless_final
+from .stage import Stage, stage_task
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +42,7 @@ def segment_states(planned: PlannedRun, step: int) -> SegmentStates:
 
 
 def retain_fn(planned: PlannedRun, committed: CommitOutcome) -> RetentionReport:
-    fence(planned, f"retention after step {committed.step}")
+    attempt = Stage.enter(planned, "retention", f"retention after step {committed.step}")
     report = apply_retention(
         open_store(planned.storage),
         planned.run_id,
@@ -56,18 +51,19 @@ def retain_fn(planned: PlannedRun, committed: CommitOutcome) -> RetentionReport:
         FinalizerSettings(run_lease_token=planned.lease_token),
         segment_states(planned, committed.step),
     )
-    ledger.record(Path(planned.run_dir), "retention", "completed", step=committed.step, **report.to_dict())
+    attempt.record("completed", step=committed.step, **report.to_dict())
     return report
 
 
-retain = task(
-    name="retention",
-    task_run_name="retention-after-step-{committed.step}",
+# An outage is not ridden out within the attempt: a failed retention is a warning, the next one catches up.
+retain = stage_task(
+    "retention",
+    run_name="retention-after-step-{committed.step}",
     retries=2,
     retry_delay_seconds=[2, 10],
     retry_condition_fn=retry_unless_final,
-    cache_policy=NO_CACHE,
-)(reports_failures("retention")(retain_fn))
+    rides_out=False,
+)(retain_fn)
 
 
 def apply_retention_after(planned: PlannedRun, committed: CommitOutcome) -> RetentionReport | None:

@@ -19,12 +19,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 from prefect.states import Completed
 
-from infra.runs import ledger
 from infra.tracking import tracking_sink_for
 from trainer_core.run.progress import progress_path
 from trainer_core.run.records import SegmentResult
@@ -36,13 +33,13 @@ from . import upload_hold
 from ._launch import launch_stage
 from ._logging import rank_line_logger
 from .events import SEGMENT_COMPLETED, emit_run_event, flow_run_url
-from .failure_report import reports_failures
-from .fencing import fence, fenced_monitor
+from .fencing import fenced_monitor
 from .live import LiveArtifacts, in_prefect_run, publisher_for
 from .nodes import launch_segment_nodes, nodes_move_their_files
 from .outcomes import PlannedRun, SegmentOutcome
-from .retry_policy import retry_if_retriable, rides_out_outages
+from .retry_policy import retry_if_retriable
 from .run_state import fetch_segment_inputs, saved_here, stored_segment_result
+from .stage import Stage, stage_task
 from .watchdog import SegmentWatch
 
 REUSED = "Reused"
@@ -78,14 +75,14 @@ def train_segment_fn(
 
 def _train_segment(planned: PlannedRun, segment_index: int, on_line, live: LiveArtifacts | None) -> SegmentOutcome:  # noqa: ANN001 - on_line: a line callback
     run_dir = Path(planned.run_dir)
-    fence(planned, f"segment {segment_index}")
+    attempt = Stage.enter(planned, "segment", f"segment {segment_index}")
     result_path = segment_result_path(run_dir, segment_index)
     stored = stored_segment_result(planned, segment_index)
     if stored is None and has_state(state_dir_for(run_dir, segment_index)) and result_path.is_file():
         stored = saved_here(planned, segment_index)  # trained here; its upload had not finished
     if stored is not None:
         outcome = _outcome(stored, 0.0, reused=True)
-        ledger.record(run_dir, "segment", "reused", segment=segment_index)
+        attempt.record("reused", segment=segment_index)
         return outcome
     moments_cached = planned.train.nproc_per_node > 1  # several ranks per node read them through the cache
     if segment_index > 0:  # its ranks then load the state from memory (trainer_core/run/state_readahead.py)
@@ -101,21 +98,9 @@ def _train_segment(planned: PlannedRun, segment_index: int, on_line, live: LiveA
     if segment_index + 1 < planned.num_segments:  # the next segment loads this state: read it ahead once saved
         consumers.append(ReadAheadWhenSaved(state_dir_for(run_dir, segment_index), moments=moments_cached))
     watch = SegmentWatch(progress_file, planned.train.stall_timeout_s, on_records=_each(*consumers))
-    monitor = fenced_monitor(planned, f"segment {segment_index}", watch)
+    monitor = fenced_monitor(planned, attempt.what, watch)
     try:
-        if planned.train.nnodes > 1:
-            launch_wall_s = launch_segment_nodes(planned, segment_index, on_line, monitor)
-        else:
-            launch_wall_s = launch_stage(
-                planned,
-                "segment",
-                "trainer_core.run.segment_main",
-                segment_index,
-                [],
-                on_line,
-                timeout_s=planned.train.segment_timeout_s,
-                monitor=monitor,
-            ).wall_s
+        launch_wall_s = _launch(planned, segment_index, on_line, monitor)
         watch()  # the records written after the last poll
     finally:  # a failed launch's steps are logged too (a retry skips them): the record holds what was trained
         tracking_failures = tracking.close() if tracking is not None else 0
@@ -125,10 +110,8 @@ def _train_segment(planned: PlannedRun, segment_index: int, on_line, live: LiveA
     # nodes keep their own work dirs, the node holding global rank 0 has stored it already).
     result = SegmentResult.read(result_path)
     outcome = _outcome(result, launch_wall_s, reused=False).model_copy(update={"tracking_failures": tracking_failures})
-    fence(planned, f"segment {segment_index}")
-    ledger.record(
-        run_dir,
-        "segment",
+    attempt.fence()
+    attempt.record(
         "completed",
         launch_wall_s=launch_wall_s,
         tracking_failures=tracking_failures,
@@ -145,6 +128,22 @@ def _train_segment(planned: PlannedRun, segment_index: int, on_line, live: LiveA
             url=flow_run_url(),
         )
     return outcome
+
+
+def _launch(planned: PlannedRun, segment_index: int, on_line, monitor) -> float:  # noqa: ANN001 - callbacks
+    """Train the segment: one torchrun launch, or one per node (`tasks.nodes`); the launch's wall time."""
+    if planned.train.nnodes > 1:
+        return launch_segment_nodes(planned, segment_index, on_line, monitor)
+    return launch_stage(
+        planned,
+        "segment",
+        "trainer_core.run.segment_main",
+        segment_index,
+        [],
+        on_line,
+        timeout_s=planned.train.segment_timeout_s,
+        monitor=monitor,
+    ).wall_s
 
 
 def _each(*consumers):
@@ -177,16 +176,9 @@ def _run_name() -> str:
     return f"segment-{parameters['segment_index']} steps {start}-{end - 1}"
 
 
-@task(
-    name="segment",
-    task_run_name=_run_name,
-    retries=2,
-    retry_delay_seconds=[2, 10],
-    retry_condition_fn=retry_if_retriable,
-    cache_policy=NO_CACHE,
+@stage_task(
+    "segment", run_name=_run_name, retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=retry_if_retriable
 )
-@reports_failures("segment")
-@rides_out_outages("segment")
 def train_segment(planned: PlannedRun, segment_index: int, live: LiveArtifacts | None = None) -> SegmentOutcome:
     outcome = train_segment_fn(planned, segment_index, on_line=rank_line_logger(), live=live)
     if not outcome.reused:

@@ -23,8 +23,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture
 from prefect.runtime import task_run
 
@@ -33,11 +31,10 @@ from trainer_core.run.segment_main import segment_result_path
 from trainer_core.run.state import has_state, state_dir_for
 
 from . import upload_hold
-from .failure_report import reports_failures
-from .fencing import fence
 from .outcomes import PlannedRun
-from .retry_policy import retry_unless_fenced, rides_out_outages
+from .retry_policy import retry_unless_fenced
 from .run_state import publish_segment_state, stored_segment_result
+from .stage import Stage, stage_task
 
 
 def upload_state_fn(planned: PlannedRun, segment_index: int) -> dict:
@@ -45,9 +42,10 @@ def upload_state_fn(planned: PlannedRun, segment_index: int) -> dict:
 
     Held first while the next segment loads the state (`tasks.upload_hold`)."""
     run_dir = Path(planned.run_dir)
-    fence(planned, f"state upload of segment {segment_index}")  # a run lease lost is told at once, not after the hold
+    # Fenced before the hold too: a run lease lost is told at once, not after the hold.
+    attempt = Stage.enter(planned, "state-upload", f"state upload of segment {segment_index}")
     held_s = upload_hold.wait_for_release(run_dir, segment_index)
-    fence(planned, f"state upload of segment {segment_index}")
+    attempt.fence()
     started = time.perf_counter()
     if stored_segment_result(planned, segment_index) is not None:
         return {
@@ -76,16 +74,13 @@ def _run_name() -> str:
     return f"state-upload-{task_run.parameters['segment_index']}"
 
 
-@task(
-    name="state-upload",
-    task_run_name=_run_name,
+@stage_task(
+    "state-upload",
+    run_name=_run_name,
     retries=3,
     retry_delay_seconds=[2, 10, 30],
     retry_condition_fn=retry_unless_fenced,
-    cache_policy=NO_CACHE,
 )
-@reports_failures("state-upload")
-@rides_out_outages("state-upload")
 def upload_state(planned: PlannedRun, segment_index: int) -> dict:
     return upload_state_fn(planned, segment_index)
 

@@ -82,7 +82,7 @@ def test_a_lost_run_lease_still_ends_the_run(prefect_harness, planned, no_retry_
     def fenced(*args, **kwargs):
         raise RunLeaseLost("another run holds the run lease")
 
-    monkeypatch.setattr(retention_stage, "fence", fenced)
+    monkeypatch.setattr("tasks.stage.fence", fenced)  # the stage envelope fences on entry
     with pytest.raises(RunLeaseLost):
         retention_stage.apply_retention_after(planned, committed_at(6))
     assert list_checkpoints(open_store(planned.storage), RUN) == ["step-00000003", "step-00000006"]
