@@ -33,6 +33,10 @@ rank, the bytes of:
   block checkpointing, each layer's input, plus one layer recomputed;
 - head: the logits in the compute dtype, their FP32 upcast and log-softmax.
 
+Under `hsdp` every term is `fsdp`'s with W the processes of one node
+(`train.nproc_per_node`, `SHARD_GROUP`): each node holds a replica of the
+shards, so more nodes add throughput, not memory per rank.
+
 The total is the sum: an upper bound on the peak, since the activations peak
 as backward starts and the gradients as it ends. Allocator slack and CUDA's own
 context are not in it; compare with the device's memory with some margin.
@@ -40,10 +44,27 @@ context are not in it; compare with the device's memory with some margin.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Literal
 
-Sharding = Literal["none", "fsdp"]
+from .parallel import PARALLELISM_NAMES, REPLICATED  # torch-free names
+
+Sharding = Literal["none", "fsdp", "hsdp"]
+
+SHARD_GROUP: dict[str, Callable[[int, int], int]] = {
+    "none": lambda world_size, nodes: 1,
+    "fsdp": lambda world_size, nodes: world_size,
+    "hsdp": lambda world_size, nodes: world_size // nodes,
+}
+"""Per parallelism (`train.sharding`), the processes one tensor is sharded over, from the world size and the nodes:
+none, all of them (fsdp), or those of one node (hsdp: the nodes hold replicas). A torch-free table, checked
+against the parallelism registry's names at import."""
+if tuple(SHARD_GROUP) != PARALLELISM_NAMES:
+    raise ImportError(
+        f"memory_model.SHARD_GROUP names {tuple(SHARD_GROUP)}, the parallelism registry {PARALLELISM_NAMES}; "
+        "give every parallelism its shard group here"
+    )
 
 GB = 10**9
 FP32 = 4
@@ -125,6 +146,18 @@ class MemorySettings:
     seq_len: int = 512
     held_revisions: int = 0
     """Revisions a live graph lags behind (snapshots kept); 0 for a run's segments."""
+    nodes: int = 1
+    """train.nnodes: under hsdp each node holds a replica, sharded over its own processes."""
+
+    @property
+    def shards_weights(self) -> bool:
+        """Whether the weights, FP32 masters, moments and gradients are shards (any parallelism but replicas)."""
+        return self.sharding != REPLICATED
+
+    @property
+    def shard_group(self) -> int:
+        """The processes one tensor is sharded over (`SHARD_GROUP`); 1 for replicas."""
+        return SHARD_GROUP[self.sharding](self.world_size, self.nodes)
 
     @property
     def compute_bytes(self) -> int:
@@ -165,21 +198,21 @@ class MemoryEstimate:
 
 def _unit_in_flight(unit: Unit, settings: MemorySettings) -> int:
     """An unsharded unit in backward: its gathered weights, their gradients, and the FP32 reduce-scatter input."""
-    w, cb = settings.world_size, settings.compute_bytes
+    w, cb = settings.shard_group, settings.compute_bytes
     weights = sum(p.padded_numel(w) for p in unit.params) * cb
     grads = sum(p.padded_numel(w) for p in unit.params if p.trainable) * (cb + FP32)
     return weights + grads
 
 
 def _in_flight(shape: ModelShape, settings: MemorySettings) -> int:
-    if settings.sharding != "fsdp":
+    if not settings.shards_weights:
         return 0
     backward = [u for u in reversed(shape.units) if u.params]
     each = [_unit_in_flight(u, settings) for u in backward]
     window = max((sum(each[i : i + 3]) for i in range(max(1, len(each) - 2))), default=0)
     if settings.reduction == "deterministic":
         # The ordered fold receives one source's chunk of a unit's gradient at a time: one FP32 shard.
-        w = settings.world_size
+        w = settings.shard_group
         largest = max((sum(p.padded_numel(w) for p in u.params if p.trainable) for u in backward), default=0)
         window += largest // w * FP32
     return window
@@ -210,8 +243,7 @@ def _staged(n_trainable: int, accumulator_bytes: int, extra_local: int, sharded:
 
 def predict(shape: ModelShape, fit: ActivationFit, settings: MemorySettings) -> MemoryEstimate:
     """The bytes of the most loaded rank, per term."""
-    w, cb = settings.world_size, settings.compute_bytes
-    sharded = settings.sharding == "fsdp"
+    w, cb, sharded = settings.shard_group, settings.compute_bytes, settings.shards_weights
     trainable = [p for p in shape.params if p.trainable]
 
     def held(params: list[ParamShape] | tuple[ParamShape, ...]) -> int:
@@ -279,7 +311,7 @@ def fixes(settings: MemorySettings, *, lora: bool, can_shard: bool) -> list[str]
     `can_shard`: whether the config offers `train.sharding` (more processes only help a sharded model).
     """
     found = []
-    if can_shard and settings.sharding != "fsdp":
+    if can_shard and not settings.shards_weights:
         found.append('train.sharding = "fsdp"')
     if not lora:
         found.append("[model.lora]")
@@ -287,7 +319,7 @@ def fixes(settings: MemorySettings, *, lora: bool, can_shard: bool) -> list[str]
         found.append('train.dtype = "bfloat16"')
     if settings.activation_checkpointing != "blocks":
         found.append('train.activation_checkpointing = "blocks"')
-    if settings.rows_per_logical_rank > 1 and settings.sharding == "fsdp":  # one forward per sharded logical rank
+    if settings.rows_per_logical_rank > 1 and settings.shards_weights:  # one forward per sharded logical rank
         found.append(f"fewer rows per forward (more logical ranks: train.logical_dp above {settings.logical_dp})")
     elif settings.rows_per_logical_rank > 1:
         found.append(f"fewer rows per forward (train.micro_batch_size below {settings.rows_per_logical_rank})")

@@ -9,8 +9,8 @@ weights exist, are readable and hold every tensor the model needs at the right
 shape (transformers' own loader, on the meta device: no tensor data is read).
 With `[model.lora]`, the adapter is injected into a meta-device model as
 training will inject it, so a target module the model lacks fails here.
-With `train.sharding = "fsdp"`, the decoder layers FSDP shards one unit each
-must be found on a meta-device model (`training.sharding.decoder_layers`).
+With a sharding `train.sharding` (fsdp, hsdp), the decoder layers FSDP shards one unit each
+must be found on a meta-device model (`parallel/fsdp/shard.py:decoder_layers`).
 torch and transformers are imported by the checks that use them, so that
 importing this module (through `validate` and `plan`) costs nothing.
 """
@@ -132,7 +132,7 @@ def _linear_names(model: torch.nn.Module) -> list[str]:
     )
 
 
-def _check_shardable(model_config: PretrainedConfig, file_label: str) -> None:
+def _check_shardable(model_config: PretrainedConfig, file_label: str, sharding: str) -> None:
     """Find the decoder layers `shard_model` makes its units of, on a meta-device model, as the ranks will."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -146,7 +146,7 @@ def _check_shardable(model_config: PretrainedConfig, file_label: str) -> None:
     except ValueError:
         names = sorted(set(getattr(model, "_no_split_modules", None) or ()))
         raise ConfigError(
-            f'train.sharding = "fsdp": {file_label} builds a {type(model).__name__}, whose decoder layers cannot be '
+            f'train.sharding = "{sharding}": {file_label} builds a {type(model).__name__}, whose decoder layers cannot be '
             f"found (no module class in _no_split_modules={names}, no model.model.layers); "
             'set train.sharding = "none", or train a model with decoder layers (e.g. Qwen3, Llama)'
         ) from None
@@ -232,8 +232,8 @@ def check_model(config: RunConfig, tokenizer_vocab_size: int) -> PretrainedConfi
         )
     with quiet_transformers():
         _check_forward(model_config, str(file))
-        if config.train.sharding == "fsdp":
-            _check_shardable(model_config, str(file))
+        if config.train.shards_weights:
+            _check_shardable(model_config, str(file), config.train.sharding)
         if config.model.lora is not None:
             _check_lora(config, model_config)
         if config.model.path is not None:

@@ -244,3 +244,29 @@ def test_sharded_turns_after_the_first_stage_one_fp32_gradient_shard_beside_the_
         )
         assert one.staged == 0 and two.staged == two.gradients == one.gradients, reduction
         assert two.partials == 0, reduction
+
+
+def test_hsdp_holds_per_rank_what_fsdp_over_one_node_holds_at_any_number_of_nodes(qwen3_8b):
+    shape, fit = qwen3_8b
+    for reduction in ("fast", "deterministic"):
+        common = dict(dtype="bfloat16", reduction=reduction, rows_per_logical_rank=1, seq_len=4096)
+        one_node = predict(shape, fit, MemorySettings(sharding="fsdp", world_size=8, logical_dp=8, **common))
+        for nodes in (1, 2, 4):
+            hybrid = MemorySettings(sharding="hsdp", world_size=8 * nodes, logical_dp=8 * nodes, nodes=nodes, **common)
+            assert hybrid.shard_group == 8
+            assert predict(shape, fit, hybrid) == one_node, (reduction, nodes)
+    # the docs' row (docs/scale.md): Qwen3-8B at 2 nodes x 8 GPUs, bf16, one row of 4,096 tokens, deterministic
+    row = predict(
+        shape,
+        fit,
+        MemorySettings(
+            sharding="hsdp",
+            world_size=16,
+            dtype="bfloat16",
+            logical_dp=16,
+            nodes=2,
+            seq_len=4096,
+            rows_per_logical_rank=1,
+        ),
+    )
+    assert (_gb(row.state), _gb(row.in_flight), round(row.total / GB, 1)) == (16.38, 8.38, 62.9)

@@ -69,6 +69,7 @@ def memory_settings(config: RunConfig, row_len: int) -> MemorySettings:
         activation_checkpointing=train.activation_checkpointing,
         rows_per_logical_rank=train.rows_per_forward,  # one micro-batch's activations are alive at a time
         seq_len=row_len,
+        nodes=train.nnodes,
     )
 
 

@@ -68,9 +68,9 @@ def _export(
 ) -> None:
     error = trainer = meta = None
     try:
-        sharded = config.train.sharding == "fsdp"
+        mesh = training_mesh(topology) if config.train.shards_weights else None
         # The state loaded next writes every weight of a full fine-tune: its random initialisation is skipped.
-        trainer = build_trainer(config, mesh=training_mesh(topology) if sharded else None, weights_from_state=True)
+        trainer = build_trainer(config, mesh=mesh, weights_from_state=True)
         meta = load_training_state(state_dir_for(run_dir, segment_index), trainer.checkpoints, with_optimizer=False)
     except Exception as failure:  # noqa: BLE001 - every rank hears of it in the exchange, then raises
         error = failure
