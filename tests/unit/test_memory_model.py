@@ -249,10 +249,22 @@ def test_sharded_turns_after_the_first_stage_one_fp32_gradient_shard_beside_the_
 def test_hsdp_holds_per_rank_what_fsdp_over_one_node_holds_at_any_number_of_nodes(qwen3_8b):
     shape, fit = qwen3_8b
     for reduction in ("fast", "deterministic"):
-        common = dict(dtype="bfloat16", reduction=reduction, rows_per_logical_rank=1, seq_len=4096)
-        one_node = predict(shape, fit, MemorySettings(sharding="fsdp", world_size=8, logical_dp=8, **common))
+
+        def settings(sharding: str, world_size: int, nodes: int, reduction: str = reduction) -> MemorySettings:
+            return MemorySettings(
+                sharding=sharding,  # type: ignore[arg-type]  # a Sharding literal
+                world_size=world_size,
+                dtype="bfloat16",
+                logical_dp=world_size,
+                reduction=reduction,
+                rows_per_logical_rank=1,
+                seq_len=4096,
+                nodes=nodes,
+            )
+
+        one_node = predict(shape, fit, settings("fsdp", 8, 1))
         for nodes in (1, 2, 4):
-            hybrid = MemorySettings(sharding="hsdp", world_size=8 * nodes, logical_dp=8 * nodes, nodes=nodes, **common)
+            hybrid = settings("hsdp", 8 * nodes, nodes)
             assert hybrid.shard_group == 8
             assert predict(shape, fit, hybrid) == one_node, (reduction, nodes)
     # the docs' row (docs/scale.md): Qwen3-8B at 2 nodes x 8 GPUs, bf16, one row of 4,096 tokens, deterministic
