@@ -14,7 +14,9 @@ those of 1 node × 2 processes. A rank killed on one node fails both node runs
 of that attempt, every process of it is gone before the retry's first one
 starts, and the retried segment ends bitwise equal. A node queue no worker
 serves fails the attempt naming the queue. Every worker, torchrun and rank is
-checked gone at the end.
+checked gone at the end. One deployed run of 2 segments serves the first two
+tests: its first segment trains undisturbed, its second is killed once and
+retried; one local 1 node × 2 processes run is their reference.
 """
 
 from __future__ import annotations
@@ -31,15 +33,14 @@ import pytest
 
 from flows.node import NODE_ADDRESS_ENV, NODE_WORK_DIR_ENV
 from infra.runs import ledger
-from tests.e2e.deployments.test_work_pool import (  # noqa: F401 - prefect_server is a fixture
+from tests.e2e.deployments.prefect_server import (
     PREFECT,
     RANKFLOW,
-    _client_env,
-    _stop_and_check_gone,
-    _wait_for_output,
-    _wait_terminal,
-    _write_config,
-    prefect_server,
+    client_env,
+    stop_and_check_gone,
+    wait_for_output,
+    wait_terminal,
+    write_config,
 )
 from tests.e2e.flows.test_logical_ranks_flow import committed_weights_sha256
 from trainer_core.run.faults import FAULT_ENV, FAULT_KIND_ENV
@@ -67,10 +68,10 @@ def running_queue_worker(pool: str, queue: str, env: dict[str, str], cwd: Path):
             start_new_session=True,
         )
     try:
-        _wait_for_output(log, "started!", process, 120)
+        wait_for_output(log, "started!", process, 120)
         yield log
     finally:
-        _stop_and_check_gone(process, signal.SIGINT, 60, f"the {queue} worker")
+        stop_and_check_gone(process, signal.SIGINT, 60, f"the {queue} worker")
 
 
 FAULT_STEP = 3
@@ -100,10 +101,10 @@ def _deploy(config_file: Path, name: str, env: dict, cwd: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def node_pool(prefect_server, tmp_path_factory) -> Iterator[NodePool]:  # noqa: F811 - the fixture, by name
+def node_pool(prefect_server, tmp_path_factory) -> Iterator[NodePool]:
     """Three workers of `nodes-pool`, each in its own directory: the default queue, node-0 and node-1."""
     base = tmp_path_factory.mktemp("node-pool")
-    env = _client_env(prefect_server.api_url, base / "client-home")
+    env = client_env(prefect_server.api_url, base / "client-home")
     marker = base / "fault-happened"
     worker_env = {
         **env,
@@ -141,7 +142,7 @@ def _run_deployed(pool: NodePool, tmp_path: Path, steps: int, name: str):
         "nproc_per_node": 1,
         "nnodes": 2,
     }
-    config_file = _write_config(tmp_path, train=train)
+    config_file = write_config(tmp_path, train=train)
     deployed = _deploy(config_file, name, pool.env, tmp_path)
     with temporary_settings(updates={PREFECT_API_URL: pool.api_url}), get_client(sync_client=True) as client:
         deployment = client.read_deployment(deployed["deployment_id"])
@@ -149,7 +150,7 @@ def _run_deployed(pool: NodePool, tmp_path: Path, steps: int, name: str):
         node_deployment = client.read_deployment_by_name(f"rankflow-node/{name}")
         assert node_deployment.work_pool_name == "nodes-pool" and node_deployment.global_concurrency_limit is None
         flow_run = client.create_flow_run_from_deployment(deployment.id)
-        (finished,) = _wait_terminal(client, [flow_run.id], _RUN_TIMEOUT_S).values()
+        (finished,) = wait_terminal(client, [flow_run.id], _RUN_TIMEOUT_S).values()
         assert finished.state.is_completed(), "\n".join(log.read_text()[-4000:] for log in pool.logs.values())
         node_runs = client.read_flow_runs(
             flow_run_filter=FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[node_deployment.id]))
@@ -197,43 +198,61 @@ def _reference(pool: NodePool, config_file: Path, base: Path) -> tuple:
     )
 
 
-def test_two_node_workers_train_a_segment_bitwise_like_one_node_of_two_processes(node_pool, tmp_path):
-    config_file, node_runs, _, result = _run_deployed(node_pool, tmp_path, steps=2, name="two-nodes")
+@dataclass(frozen=True)
+class KilledNodeRun:
+    tmp_path: Path
+    node_runs: list
+    entries: list
+    result: tuple
+    reference: tuple
+    sampler: object
+
+
+@pytest.fixture(scope="module")
+def killed_node_run(node_pool, tmp_path_factory) -> KilledNodeRun:
+    """4 steps in 2 segments on the node workers (rank 1 SIGKILLed once, at step 3), and the local reference."""
+    from tests.e2e.nodes.test_local_nodes import AttemptSampler
+
+    tmp_path = tmp_path_factory.mktemp("killed-node")
+    with AttemptSampler() as sampler:  # the workers are this process's children: their flow runs' torchruns too
+        config_file, node_runs, entries, result = _run_deployed(node_pool, tmp_path, steps=4, name="killed-node")
+    reference = _reference(node_pool, config_file, tmp_path / "reference")
+    return KilledNodeRun(tmp_path, node_runs, entries, result, reference, sampler)
+
+
+def test_two_node_workers_train_a_segment_bitwise_like_one_node_of_two_processes(node_pool, killed_node_run):
+    run = killed_node_run
     worker_logs = {queue: log.read_text() for queue, log in node_pool.logs.items()}
-    # One run per node, each on its own queue, each run by the worker of that queue only.
-    assert sorted((run.work_queue_name, run.state.type.value) for run in node_runs) == [
+    # Segment 0, undisturbed: one run per node, each on its own queue, each run by the worker of that queue only.
+    segment_0 = [node_run for node_run in run.node_runs if " segment-0 " in node_run.name]
+    assert sorted((node_run.work_queue_name, node_run.state.type.value) for node_run in segment_0) == [
         ("node-0", "COMPLETED"),
         ("node-1", "COMPLETED"),
     ]
-    for run in node_runs:
-        assert str(run.id) in worker_logs[run.work_queue_name]
-        assert all(str(run.id) not in text for queue, text in worker_logs.items() if queue != run.work_queue_name)
-    assert not node_pool.fault_marker.exists()  # 2 steps never reach the fault
-    assert len(result[1]) == 2
-    _nodes_moved_their_files(node_pool, tmp_path, result[0], num_segments=1)
-    _prefect_got_the_readable_lines_and_the_files_every_line(node_pool, node_runs, result[0])
-    assert result == _reference(node_pool, config_file, tmp_path / "reference")
+    for node_run in run.node_runs:
+        assert str(node_run.id) in worker_logs[node_run.work_queue_name]
+        assert all(str(node_run.id) not in text for q, text in worker_logs.items() if q != node_run.work_queue_name)
+    assert len(run.result[1]) == 4
+    _prefect_got_the_readable_lines_and_the_files_every_line(node_pool, segment_0, run.result[0])
+    assert run.result == run.reference
 
 
-def test_a_killed_node_fails_both_node_runs_and_the_retried_segment_ends_bitwise_equal(node_pool, tmp_path):
-    from tests.e2e.nodes.test_local_nodes import AttemptSampler
-
-    with AttemptSampler() as sampler:  # the workers are this process's children: their flow runs' torchruns too
-        config_file, node_runs, entries, result = _run_deployed(node_pool, tmp_path, steps=4, name="killed-node")
+def test_a_killed_node_fails_both_node_runs_and_the_retried_segment_ends_bitwise_equal(node_pool, killed_node_run):
+    run, sampler = killed_node_run, killed_node_run.sampler
     assert node_pool.fault_marker.is_file()
     # Segment 1's first attempt: both node runs ended (one failed, the other failed or was cancelled); its retry's
     # two node runs completed. Every process of the failed attempt was gone before the retry's first one started.
-    segment_1 = sorted((run.state.type.value for run in node_runs if "segment-1" in run.name))
-    assert len(segment_1) == 4 and segment_1.count("COMPLETED") == 2, [(r.name, r.state_name) for r in node_runs]
+    segment_1 = sorted((node_run.state.type.value for node_run in run.node_runs if "segment-1" in node_run.name))
+    assert len(segment_1) == 4 and segment_1.count("COMPLETED") == 2, [(r.name, r.state_name) for r in run.node_runs]
     assert set(segment_1) - {"COMPLETED"} <= {"FAILED", "CANCELLED", "CRASHED"}
     assert len(sampler.order) == 2 and len(sampler.pids[sampler.order[0]]) >= 4, sampler.pids
     assert sampler.overlaps == []
-    failures = [e for e in entries if e["stage"] == "segment" and e["status"] == "failed"]
+    failures = [e for e in run.entries if e["stage"] == "segment" and e["status"] == "failed"]
     assert len(failures) == 1 and failures[0]["segment"] == 1, failures
     assert failures[0]["failure"]["cause"] in ("rank_died", "collective_timeout"), failures[0]
-    assert len(result[1]) == 4
-    _nodes_moved_their_files(node_pool, tmp_path, result[0], num_segments=2)
-    assert result == _reference(node_pool, config_file, tmp_path / "reference")
+    assert len(run.result[1]) == 4
+    _nodes_moved_their_files(node_pool, run.tmp_path, run.result[0], num_segments=2)
+    assert run.result == run.reference
 
 
 def _nodes_moved_their_files(pool: NodePool, tmp_path: Path, run_id: str, num_segments: int) -> None:
@@ -264,8 +283,8 @@ def _nodes_moved_their_files(pool: NodePool, tmp_path: Path, run_id: str, num_se
 
 
 def _prefect_got_the_readable_lines_and_the_files_every_line(pool: NodePool, node_runs, run_id: str) -> None:
-    """Prefect's log rows of the node runs: rank 0's first step line only (2 steps in well under 30 s), no ordinary
-    line of another rank; the rank log files (their copies in the store were compared above) hold every line."""
+    """Prefect's log rows of one segment's node runs (2 steps in well under 30 s): rank 0's first step line only, no
+    ordinary line of another rank; the rank log files (their copies in the store are compared) hold every line."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.settings import PREFECT_API_URL, temporary_settings
