@@ -78,7 +78,7 @@ class CuttingProxy:
 
         self._thread = threading.Thread(target=serve, name="cutting-proxy", daemon=True)
         self._thread.start()
-        if not ready.wait(10):
+        if not ready.wait(300):  # set at once when quiet: the bound only ends a start that hangs
             raise RuntimeError("the cutting proxy did not start")
         return self
 
@@ -92,9 +92,9 @@ class CuttingProxy:
                 task.cancel()
             await asyncio.gather(*relays, return_exceptions=True)
 
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(300)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._thread.join(300)
         self._loop.close()
 
     def drop_answer(self, matches: Callable[[Request], bool], times: int = 1) -> None:

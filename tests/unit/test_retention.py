@@ -141,7 +141,7 @@ class PausedPull:
         def fetch_then_pause(*args, **kwargs):
             fetched = real_fetch(*args, **kwargs)
             self.after_first_file.set()
-            assert self.release.wait(30)
+            assert self.release.wait(300)  # until finish(): a loaded machine may take long to get there
             return fetched
 
         self._patch = pytest.MonkeyPatch()
@@ -155,11 +155,11 @@ class PausedPull:
 
         self.thread = threading.Thread(target=pull)
         self.thread.start()
-        assert self.after_first_file.wait(30)
+        assert self.after_first_file.wait(300)
 
     def finish(self) -> None:
         self.release.set()
-        self.thread.join(30)
+        self.thread.join(300)
         self._patch.undo()
 
 

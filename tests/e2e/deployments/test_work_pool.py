@@ -208,7 +208,7 @@ def test_redeploy_updates_the_deployment_in_place(prefect_server, tmp_path):
 
 def test_the_servers_ui_calls_the_api_on_the_servers_own_port(prefect_server):
     """The UI's pages read their API address from /ui-settings: `--port` must reach it (it said :4200)."""
-    with urllib.request.urlopen(prefect_server.api_url.removesuffix("/api") + "/ui-settings", timeout=30) as response:
+    with urllib.request.urlopen(prefect_server.api_url.removesuffix("/api") + "/ui-settings", timeout=120) as response:
         settings = json.loads(response.read())
     assert settings["api_url"] == prefect_server.api_url
 
@@ -245,7 +245,7 @@ def test_rankflow_server_with_its_own_cluster_stops_everything_on_ctrl_c(postgre
             )
         try:
             wait_for_output(output, "Stop with Ctrl-C", process, SERVER_START_TIMEOUT_S)
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=10) as response:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=120) as response:
                 assert response.status == 200
             password = (pg_dir / "password").read_text().strip()
             assert "postgresql+asyncpg://rankflow:***@127.0.0.1:" in output.read_text()
