@@ -13,6 +13,7 @@ its file, its registry line and its name here.
 | `BACKWARD_MODES` (+ `PLANNER`) | `train.backward_mode` | `trainer_core.training.memory.BACKWARD_STATES` |
 | `OBJECTIVE_NEEDS` | `train.objective` | `trainer_core.objectives.OBJECTIVES` (each class's `needs`) |
 | `TRACKING_BACKENDS` (+ `NO_TRACKING`) | `tracking.backend` | `infra.tracking.BACKENDS` |
+| `STORE_SCHEMES` | the scheme of `storage.url` (trainer_core/storage_url.py) | `infra.store.BACKENDS` |
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ TRACKING_BACKENDS: tuple[str, ...] = ("mlflow", "tensorboard", "wandb")
 """Every experiment-tracking backend by name."""
 NO_TRACKING = "none"
 """The config's name for "track nothing"."""
+
+STORE_SCHEMES: tuple[str, ...] = ("file", "s3")
+"""Every `storage.url` scheme by name (a URL with no scheme is a local path, as `file://` is)."""
 
 
 def check_names(field: str, names: Iterable[str] | Mapping[str, object], registered: Mapping[str, object]) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from .input_files import resolved_path
+from .registry_names import STORE_SCHEMES
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # S3's rules (3-63 characters of lowercase letters, digits, '.' and '-', starting and
@@ -34,12 +35,13 @@ def check_storage_url(url: str) -> str:
     scheme = _SCHEME.match(url)
     if scheme is None:
         return url  # a local path
+    if scheme[1] not in STORE_SCHEMES:
+        raise ValueError(f"storage.url={url!r}: unsupported scheme {scheme[1]!r}; use {_FORMS}")
     if scheme[1] == "file":
         if not url.removeprefix("file://"):
             raise ValueError(f"storage.url={url!r} has no path; write file:///absolute/path or a plain path")
         return url
-    if scheme[1] != "s3":
-        raise ValueError(f"storage.url={url!r}: unsupported scheme {scheme[1]!r}; use {_FORMS}")
+    assert scheme[1] == "s3", f"storage.url scheme {scheme[1]!r} is registered but its URL is not checked here"
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
     if not bucket:
         raise ValueError(f"storage.url={url!r} names no bucket; write s3://BUCKET/PREFIX, e.g. s3://rankflow/runs")

@@ -1,8 +1,9 @@
 """Object storage: the `ObjectStore` protocol, its backends, and the operations built on them.
 
 `open_store` is the one constructor: it picks the backend for a
-`storage.url` scheme from `BACKENDS` (adding a backend is one file and one
-line there). Layers, each importing only those above it (no cycle):
+`storage.url` scheme from `BACKENDS` (adding a backend is one file, one line
+there and its scheme in trainer_core/registry_names.py). Layers, each
+importing only those above it (no cycle, function-local imports included):
 
 - durable.py (crash-safe local writes), uploads.py (the metadata an uploaded
   object carries and what that evidence proves), base.py (the protocol, the
@@ -20,6 +21,8 @@ line there). Layers, each importing only those above it (no cycle):
 from __future__ import annotations
 
 from typing import Protocol
+
+from trainer_core.registry_names import STORE_SCHEMES, check_names
 
 from .base import (
     Deadline,
@@ -47,7 +50,10 @@ class Backend(Protocol):
 
 
 BACKENDS: dict[str, Backend] = {"file": LocalStore, "s3": S3Store}
-"""storage.url scheme → backend (a URL with no scheme is a local path). MemoryStore is built directly by tests."""
+"""storage.url scheme → backend (a URL with no scheme is a local path). MemoryStore is built directly by tests.
+
+The config's choices of scheme are `STORE_SCHEMES` (trainer_core/registry_names.py, torch-free), checked here."""
+check_names("storage.url", STORE_SCHEMES, BACKENDS)
 
 
 def open_store(storage: str | StorageSettings, timeouts: StoreTimeouts | None = None) -> ObjectStore:
