@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from bench._models import BETAS, EPS, GRAD_CLIP, LEARNING_RATE, ModelSpec, make_batch, synchronize
-from trainer_core.parallel import local_tensor
+from trainer_core.parallel import FullyShard, local_tensor
 from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.ranks import LogicalDataParallel, Topology, pin_threads
 from trainer_core.run.distributed import run_rank_process
@@ -87,7 +87,7 @@ class Side:
         if name == "fsdp":
             # The FP32 shards are the masters; the all-gather and compute run in bf16 (MixedPrecisionPolicy).
             sharding = shard_model(model, mesh, param_dtype=torch.bfloat16 if bf16 else None)
-            self.trainer = Trainer(model, sharding=sharding)
+            self.trainer = Trainer(model, parallelism=FullyShard(sharding))
         else:
             if bf16:  # the unsharded bf16 recipe: bf16 weights from FP32 masters, RoPE's inv_freq kept FP32
                 rotary = model.get_submodule("model.rotary_emb")

@@ -51,6 +51,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .config import RunConfig
 from .model_config import peft_lora_config, read_model_config
+from .parallel import FullyShard
 from .parallel.fsdp.load import load_sharded
 from .parallel.fsdp.shard import ShardedModel, shard_model
 from .training import MemoryPlanner, MissReports, OptimizerConfig, StalenessPolicy, Trainer, pad_vocabulary
@@ -207,7 +208,7 @@ def build_trainer(
         sharding = shard_model(model, mesh, param_dtype=_compute_dtype(config))
     trainer = Trainer(
         model,
-        sharding=sharding,
+        parallelism=None if sharding is None else FullyShard(sharding),
         staleness=StalenessPolicy(max_gradient_staleness=train.max_gradient_staleness),
         planner=MemoryPlanner(
             budget_bytes=train.saved_bytes_budget,

@@ -18,7 +18,7 @@ import torch
 
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.sharded_ranks import VOCAB, bitwise, emit, full, start
-from trainer_core.parallel import local_tensor
+from trainer_core.parallel import FullyShard, local_tensor
 from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.ranks import LogicalDataParallel, Topology
 from trainer_core.run.distributed import run_rank_process
@@ -78,7 +78,7 @@ def train(
     value_head = torch.nn.Linear(master.config.hidden_size, 1)
     model = copy.deepcopy(master)
     if sharded:
-        trainer = Trainer(model, sharding=shard_model(model, mesh))
+        trainer = Trainer(model, parallelism=FullyShard(shard_model(model, mesh)))
         topology = Topology(rank, world_size, LOGICAL_DP)
     else:  # replicated on every process: the unsharded deterministic reduction (LogicalGradients)
         trainer, topology = Trainer(model), Topology(rank, world_size, LOGICAL_DP)
@@ -144,7 +144,7 @@ def train(
 def check_second_backward(rank, world_size, mesh) -> None:
     """A second backward inside one logical rank's block is refused on every process; the first one stays."""
     model = tiny_qwen3(vocab=VOCAB)
-    trainer = Trainer(model, sharding=shard_model(model, mesh))
+    trainer = Trainer(model, parallelism=FullyShard(shard_model(model, mesh)))
     trainer.add_base_checkpoint(optimizer=OPTIMIZER)
     ldp = LogicalDataParallel(trainer, Topology(rank, world_size, LOGICAL_DP), seed=7)
     ids, mask = batch(seed=50, size=4, vocab=VOCAB)
@@ -189,7 +189,7 @@ def check_empty_rank_rng(rank, world_size, mesh) -> None:
     """Dropout on, a step with an empty logical rank: the caller's RNG after the step draws what it draws at W = 1
     (at W > 1 the empty rank's dummy forward runs its dropout; it must not draw from the caller's streams)."""
     model = tiny_qwen3(vocab=VOCAB, dropout=0.1)
-    trainer = Trainer(model, sharding=shard_model(model, mesh))
+    trainer = Trainer(model, parallelism=FullyShard(shard_model(model, mesh)))
     trainer.add_base_checkpoint(optimizer=OPTIMIZER)
     ldp = LogicalDataParallel(trainer, Topology(rank, world_size, LOGICAL_DP), seed=7)
     torch.manual_seed(11)  # the caller's streams, the same on every process and at every W
@@ -203,7 +203,7 @@ def check_replay_beside_empty(rank, world_size, mesh) -> None:
     on every process before any collective of the turn (then the processes are still in step: a retain step
     follows, bitwise the same at every W); at W = 1 no dummy runs, so it trains."""
     model = tiny_qwen3(vocab=VOCAB)
-    trainer = Trainer(model, sharding=shard_model(model, mesh))
+    trainer = Trainer(model, parallelism=FullyShard(shard_model(model, mesh)))
     trainer.add_base_checkpoint(optimizer=OPTIMIZER)
     ldp = LogicalDataParallel(trainer, Topology(rank, world_size, LOGICAL_DP), seed=7)
     try:

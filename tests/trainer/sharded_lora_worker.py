@@ -1,7 +1,7 @@
 """Run under torchrun by test_sharded_lora: LoRA adapters and a head over a sharded frozen base vs unsharded peft.
 
 Every check prints one RESULT line per rank (tests/trainer/sharded_ranks.py).
-The sharded side: `inject_lora` before `shard_model`, `Trainer(sharding=...)`,
+The sharded side: `inject_lora` before `shard_model`, `Trainer(parallelism=FullyShard(...))`,
 `add_lora_checkpoint` adopting the injected adapter. The reference, built on
 every rank: the unsharded model with the same adapters injected by peft at
 the same seeds (bf16: the model cast to bf16 first, as the unsharded bf16 run
@@ -36,7 +36,7 @@ from tests.trainer.sharded_ranks import (
     worst,
 )
 from tests.trainer.sharded_trainer_recipe import OPTIMIZER, token_loss
-from trainer_core.parallel import local_tensor
+from trainer_core.parallel import FullyShard, local_tensor
 from trainer_core.parallel.fsdp.adapter_export import export_sharded_adapter
 from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.run.distributed import run_rank_process
@@ -128,7 +128,9 @@ def sharded_lora_trainer(master, mesh, adapters, dtype=torch.float32, head=None)
         config, seed = LORA[name]
         torch.manual_seed(seed)
         inject_lora(model, name, config, round_to=None if dtype == torch.float32 else dtype)
-    trainer = Trainer(model, sharding=shard_model(model, mesh, param_dtype=None if dtype == torch.float32 else dtype))
+    trainer = Trainer(
+        model, parallelism=FullyShard(shard_model(model, mesh, param_dtype=None if dtype == torch.float32 else dtype))
+    )
     for name in adapters:
         trainer.add_lora_checkpoint(name, LORA[name][0], optimizer=OPTIMIZER)
     if head is not None:
@@ -317,7 +319,7 @@ def check_refusals(rank, world_size, mesh):
             messages.append(str(error))
     model = copy.deepcopy(master)
     inject_lora(model, "a", LORA["a"][0])
-    fresh = Trainer(model, sharding=shard_model(model, mesh))
+    fresh = Trainer(model, parallelism=FullyShard(shard_model(model, mesh)))
     try:
         fresh.add_lora_checkpoint("a", other)
         messages.append(None)

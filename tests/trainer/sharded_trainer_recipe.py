@@ -15,7 +15,7 @@ import copy
 import torch
 
 from tests.trainer.sharded_ranks import bf16_reference, full, num_tokens, rank_batch
-from trainer_core.parallel import local_tensor
+from trainer_core.parallel import FullyShard, local_tensor
 from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.training import Trainer
 from trainer_core.training.checkpoints import OptimizerConfig
@@ -82,7 +82,7 @@ class Recipe:
 
 def sharded_trainer(master, mesh, *, dtype=torch.float32, nonfinite: NonFinitePolicy = "error", optimizer=OPTIMIZER):
     model = copy.deepcopy(master)
-    trainer = Trainer(model, sharding=shard_model(model, mesh, param_dtype=dtype), nonfinite=nonfinite)
+    trainer = Trainer(model, parallelism=FullyShard(shard_model(model, mesh, param_dtype=dtype)), nonfinite=nonfinite)
     trainer.add_base_checkpoint(optimizer=optimizer)
     return trainer
 

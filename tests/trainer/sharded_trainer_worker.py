@@ -1,4 +1,4 @@
-"""Run under torchrun by test_sharded_trainer: `Trainer(model, sharding=...)` against unsharded references.
+"""Run under torchrun by test_sharded_trainer: `Trainer(model, parallelism=FullyShard(...))` against unsharded references.
 
 Every check prints one RESULT line per rank (tests/trainer/sharded_ranks.py).
 References, built on every rank from the unsharded model fed every rank's
@@ -43,7 +43,7 @@ from tests.trainer.sharded_trainer_recipe import (
     sharded_weights,
     token_loss,
 )
-from trainer_core.parallel import local_tensor
+from trainer_core.parallel import FullyShard, local_tensor
 from trainer_core.parallel.fsdp.shard import ShardSnapshot, shard_model
 from trainer_core.run.distributed import run_rank_process
 from trainer_core.training import Trainer
@@ -420,7 +420,7 @@ def check_stale_importance(rank, world_size, mesh):
     master = tiny_qwen3(vocab=VOCAB)
     policy = StalenessPolicy(stale_mode="importance")
     model = copy.deepcopy(master)
-    sharded = Trainer(model, sharding=shard_model(model, mesh), staleness=policy)
+    sharded = Trainer(model, parallelism=FullyShard(shard_model(model, mesh)), staleness=policy)
     plain = Trainer(copy.deepcopy(master), staleness=policy)
     for trainer in (sharded, plain):
         trainer.add_base_checkpoint(optimizer=OPTIMIZER)
@@ -442,7 +442,7 @@ def check_head(rank, world_size, mesh):
     torch.manual_seed(3)
     head = torch.nn.Linear(master.config.hidden_size, 1)
     model = copy.deepcopy(master)
-    sharded = Trainer(model, sharding=shard_model(model, mesh))
+    sharded = Trainer(model, parallelism=FullyShard(shard_model(model, mesh)))
     plain = Trainer(copy.deepcopy(master))
     for trainer in (sharded, plain):
         trainer.add_base_checkpoint(optimizer=OPTIMIZER)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from tests.trainer.models import batch, tiny_qwen3
+from trainer_core.parallel import FullyShard
 from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.training import Trainer
 
@@ -53,7 +54,7 @@ def one_process_group():
 
 def test_under_a_sharded_bf16_policy_the_fp32_head_is_refused_and_a_bf16_one_runs(one_process_group):
     model = tiny_qwen3()  # FP32 weights: the masters; bf16 the all-gather and the compute
-    trainer = Trainer(model, sharding=shard_model(model, one_process_group, param_dtype=torch.bfloat16))
+    trainer = Trainer(model, parallelism=FullyShard(shard_model(model, one_process_group, param_dtype=torch.bfloat16)))
     with pytest.raises(ValueError, match=r"head 'value': .* torch\.float32, and the model computes in torch\.bfloat16"):
         trainer.add_module_checkpoint("value", torch.nn.Linear(HIDDEN, 1))
     trainer.add_module_checkpoint("value", torch.nn.Linear(HIDDEN, 1).to(torch.bfloat16))

@@ -1,4 +1,4 @@
-"""`Trainer(model, sharding=shard_model(...))`: step, transactions, modes and stale graphs on shards, W = 1 and 2.
+"""`Trainer(model, parallelism=FullyShard(...))`: step, transactions, modes and stale graphs on shards, W = 1 and 2.
 
 One launch per world size runs every check (tests/trainer/sharded_trainer_worker.py).
 The reference is the unsharded recipe by hand on every rank: plain autograd

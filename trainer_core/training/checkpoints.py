@@ -33,11 +33,9 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from ..lr_schedule import LRSchedule
-from ..parallel import local_tensor
-from ..parallel.fsdp.shard import fsdp_param_of
+from ..parallel import is_distributed, local_tensor, whole
 from .versions import Version, new_identity
 
 CheckpointKind = Literal["base", "lora", "module"]
@@ -225,16 +223,15 @@ class Checkpoint:
             from ..ranks.canonical_norm import canonical_norm  # ranks imports training: not at module load
 
             return canonical_norm(grads)
-        norm = torch.nn.utils.get_total_norm(grads)
         # Sharded: a partial norm per rank; the whole one (collective, every rank steps) is what clips, and a
         # non-finite shard anywhere makes it non-finite on every rank.
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        return whole(torch.nn.utils.get_total_norm(grads))
 
     def apply(self, norm: torch.Tensor, learning_rate: float) -> None:
         """Clip with the precomputed norm and take one AdamW step at `learning_rate`; the revision advances."""
         clip = self.optimizer_config.grad_clip
         tensors = [s.optimized for s in self._slots if s.optimized.grad is not None]
-        if clip > 0 and any(isinstance(t, DTensor) for t in tensors):
+        if clip > 0 and any(is_distributed(t) for t in tensors):
             _clip_shards(tensors, clip, norm)
         elif clip > 0:
             torch.nn.utils.clip_grads_with_norm_(tensors, clip, norm)
@@ -272,13 +269,13 @@ class Checkpoint:
                     self.optimizer.state[new] = self.optimizer.state.pop(old)
 
     def _refuse_sharded(self, what: str) -> None:
-        """FSDP binds the module's parameter objects to its units: replacing one would leave FSDP gathering the
-        old one. A sharded revision is kept as a `sharding.ShardSnapshot` instead (the trainer does that)."""
-        sharded = next((s.name for s in self._slots if fsdp_param_of(s.param) is not None), None)
+        """A sharded engine binds the module's parameter objects to its units: replacing one would leave it gathering
+        the old one. A sharded revision is kept as the parallelism's snapshot instead (the trainer does that)."""
+        sharded = next((s.name for s in self._slots if is_distributed(s.param)), None)
         if sharded is not None:
             raise RuntimeError(
-                f"checkpoint '{self.name}': {what} would replace the sharded parameter {sharded} that FSDP holds; "
-                "keep a sharded revision with ShardSnapshot.capture and swap it in around the backward"
+                f"checkpoint '{self.name}': {what} would replace the sharded parameter {sharded} that its sharded engine "
+                "holds; keep a sharded revision with Parallelism.snapshot and swap it in around the backward"
             )
 
     def _where(self, slot: _Slot) -> list[tuple[nn.Module, str]]:

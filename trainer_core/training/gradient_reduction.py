@@ -7,9 +7,9 @@ all-reduce. `trainer_core.ranks` installs a logical-rank reduction instead
 (`Trainer.gradient_reduction`), which keeps each logical rank's gradient
 apart and folds them in logical order, so results do not depend on the
 number of processes. `ShardedSum` is the reduction of a sharded model
-(`Trainer(model, sharding=...)`): FSDP's reduce-scatter SUM already ran in
-backward, so the step only all-reduces what is not sharded (heads). Its
-deterministic counterpart is `trainer_core.ranks.sharded_gradients`.
+(`Trainer(model, parallelism=FullyShard...)`): its engine's reduce-scatter SUM
+already ran in backward, so the step only all-reduces what is not sharded (heads). Its
+deterministic counterpart is `trainer_core.parallel.fsdp.gradients`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
+from ..parallel import is_distributed
 from .checkpoints import Checkpoint
 from .transaction import ranks_agree
 
@@ -71,7 +71,7 @@ class RankSum:
 
 
 class ShardedSum:
-    """A sharded model's `fast` reduction: FSDP's native reduce-scatter SUM, run inside every backward.
+    """A sharded model's `fast` reduction: its engine's native reduce-scatter SUM, run inside every backward.
 
     Each rank's `.grad` of a sharded parameter is already its shard of the sum over ranks (the backward was a
     collective: `backward_is_collective`), so `reduce` adds nothing for them; parameters that are not sharded
@@ -90,7 +90,7 @@ class ShardedSum:
     def reduce(self, checkpoints: Sequence[Checkpoint], anywhere: Sequence[Sequence[bool]]) -> None:
         replicated: list[torch.Tensor] = []
         for checkpoint, flags in zip(checkpoints, anywhere, strict=True):
-            replicated += [g for g in checkpoint.gather_gradients(flags) if not isinstance(g, DTensor)]
+            replicated += [g for g in checkpoint.gather_gradients(flags) if not is_distributed(g)]
         all_reduce_sum_(replicated)
 
     def clear(self) -> None:

@@ -26,8 +26,7 @@ from typing import Literal
 
 import torch
 
-from ..parallel import local_tensor
-from ..parallel.fsdp.shard import ShardSnapshot
+from ..parallel import WeightSnapshot, local_tensor
 from .memory.base import BackwardMode, BackwardState
 from .outputs import FIELDS, HEAD_PREFIX
 from .versions import Version
@@ -54,9 +53,9 @@ class Graph:
     status: GraphStatus = "live"
     consumed_because: str = ""
     """Why a consumed graph cannot be differentiated again, when not because a backward succeeded."""
-    snapshots: dict[str, ShardSnapshot] = field(default_factory=dict)
+    snapshots: dict[str, WeightSnapshot] = field(default_factory=dict)
     """Per sharded checkpoint that stepped since the forward, its shards at the forward's revision (this rank's
-    1/W): swapped in for the backward, since FSDP gathers the weights again there (`sharding.ShardSnapshot`)."""
+    1/W): swapped in for the backward, since a sharded engine gathers the weights again there (`Parallelism.snapshot`)."""
     mode: BackwardMode = field(init=False)
 
     def __post_init__(self) -> None:

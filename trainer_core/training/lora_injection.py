@@ -1,8 +1,8 @@
 """Inject a peft LoRA adapter into a model: for `add_lora_checkpoint`, and before `shard_model` for a sharded one.
 
-`fully_shard` turns the parameters a unit holds into sharded DTensors when
-it is applied; peft injecting later would put plain parameters inside FSDP's
-units, which FSDP never gathers or reduces. So a sharded model's adapters are
+Sharding turns the parameters a unit holds into distributed tensors when it
+is applied; peft injecting later would put plain parameters inside the
+engine's units, which it never gathers or reduces. So a sharded model's adapters are
 injected first, with `inject_lora` (each adapter's parameters then become
 dim-0 shards inside their decoder layer's unit), and the sharded trainer's
 `add_lora_checkpoint` adopts the injected adapter by name.
@@ -24,6 +24,8 @@ from collections.abc import Collection
 
 import torch
 from torch import nn
+
+from ..parallel import is_distributed
 
 __all__ = ["adapter_parameters", "inject_lora", "inject_lora_on_meta"]
 
@@ -64,10 +66,8 @@ def inject_lora(model: nn.Module, name: str, lora_config, *, round_to: torch.dty
     """
     if name in getattr(model, "peft_config", {}):
         raise ValueError(f"the model already holds a LoRA adapter named '{name}'; choose another name")
-    from torch.distributed.fsdp import FSDPModule
-
-    if any(isinstance(module, FSDPModule) for module in model.modules()):
-        # Checked before peft touches it: an adapter injected now would sit unsharded inside FSDP's units.
+    if any(is_distributed(param) for param in model.parameters()):
+        # Checked before peft touches it: an adapter injected now would sit unsharded inside the sharded units.
         raise ValueError(
             f"cannot inject LoRA adapter '{name}' into a model that is already sharded: inject every adapter "
             "before shard_model"
@@ -79,7 +79,7 @@ def inject_lora(model: nn.Module, name: str, lora_config, *, round_to: torch.dty
             for _, param in new:
                 param.copy_(param.to(round_to))
     # peft leaves only the newest adapter trainable; each one trains once registered, as the unsharded slots do
-    # (FSDP's lazy init in shard_model then sets every adapter up as a trained parameter).
+    # (the sharded engine's lazy init in shard_model then sets every adapter up as a trained parameter).
     for _, param in _every_adapter(model):
         param.requires_grad_(True)
 

@@ -14,9 +14,10 @@ each forward activates the adapter it was asked for (`activate_adapter`, with
 peft's own `set_adapter`) and turns every registered parameter back on, so an
 adapter's live graphs still get their gradients while another is active.
 
-On a sharded model (`shard_model`) peft cannot inject any more: its new
-parameters would sit unsharded inside FSDP's units. Its adapters are injected
-before sharding (`lora_injection.inject_lora`, drawn as here), and
+On a model whose parallelism holds the parameters (a sharded one,
+`Parallelism.adopts_injected_adapters`) peft cannot inject any more: its new
+parameters would sit unsharded inside the engine's units. Its adapters are
+injected before sharding (`lora_injection.inject_lora`, drawn as here), and
 `add_lora_checkpoint` adopts the injected, now sharded, adapter by name. The
 base stays frozen there (a base checkpoint beside adapters is refused); heads
 (`add_module_checkpoint`) stay unsharded beside it.
@@ -26,24 +27,31 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..parallel import local_tensor
-from ..parallel.fsdp.shard import ShardedModel, fsdp_param_of
+from ..parallel import Parallelism, local_tensor
 from .checkpoints import LOW_PRECISION, Checkpoint, OptimizerConfig
 from .lora_injection import adapter_parameters, inject
 
 
 class CheckpointRegistry:
-    def __init__(self, model: nn.Module, sharding: ShardedModel | None = None):
+    def __init__(self, model: nn.Module, parallelism: Parallelism):
         self.model = model
-        self.sharding = sharding
-        """The model's FSDP sharding (`shard_model`), None when every rank holds all of it."""
+        self.parallelism = parallelism
+        """How the model is spread over the processes (`trainer_core.parallel`)."""
         self.checkpoints: dict[str, Checkpoint] = {}
         self.heads: dict[str, nn.Module] = {}
         self._active_adapter: str | None = None
+
+    @property
+    def sharding(self) -> Any:
+        """The sharded model's units (`FullyShard.sharded`), None when the parallelism shards nothing.
+
+        For the run code that still reads it while it moves behind `parallelism`; new code asks `parallelism`."""
+        return getattr(self.parallelism, "sharded", None)
 
     def _add(self, checkpoint: Checkpoint) -> Checkpoint:
         if checkpoint.name in self.checkpoints:
@@ -62,7 +70,7 @@ class CheckpointRegistry:
     def add_base_checkpoint(self, name: str = "base", optimizer: OptimizerConfig = OptimizerConfig()) -> Checkpoint:
         """Full fine-tuning: every trainable parameter of the model that no other checkpoint owns."""
         injected = sorted(getattr(self.model, "peft_config", {}))
-        if self.sharding is not None and injected:
+        if self.parallelism.adopts_injected_adapters and injected:
             raise ValueError(
                 f"cannot register a base checkpoint on a sharded model with LoRA adapters ({', '.join(injected)}): "
                 "inject_lora froze the base before sharding; a sharded LoRA run trains the adapters (and heads) "
@@ -85,7 +93,7 @@ class CheckpointRegistry:
         `lora_config`); this adopts its sharded parameters by name."""
         if name in self.checkpoints:
             raise ValueError(f"a checkpoint named '{name}' is already registered; choose another name")
-        if self.sharding is not None:
+        if self.parallelism.adopts_injected_adapters:
             adapter = self._injected_adapter(name, lora_config)
             # peft left the last injected adapter active; the newest registered one is, as unsharded.
             self._active_adapter = None
@@ -106,7 +114,7 @@ class CheckpointRegistry:
         if name not in injected:
             raise ValueError(
                 f"cannot add LoRA adapter '{name}' to a sharded model: peft would inject unsharded parameters "
-                f"into FSDP's units; inject it before sharding (lora_injection.inject_lora(model, '{name}', "
+                f"into the sharded model's units; inject it before sharding (lora_injection.inject_lora(model, '{name}', "
                 f"lora_config), then shard_model) and register it here by name (injected: {sorted(injected) or 'none'})"
             )
         if lora_config is not None and injected[name].to_dict() != lora_config.to_dict():
@@ -115,7 +123,7 @@ class CheckpointRegistry:
                 "it was injected with (its adapter_config.json is written from this one)"
             )
         adapter = adapter_parameters(self.model, name)
-        unsharded = [n for n, p in adapter if fsdp_param_of(p) is None]
+        unsharded = [n for n, p in adapter if not self.parallelism.manages(p)]
         if unsharded:
             raise ValueError(
                 f"LoRA adapter '{name}' is not sharded ({unsharded[0]} is a plain parameter): inject it before "
@@ -147,8 +155,7 @@ class CheckpointRegistry:
             weight = next((p for p in self.model.parameters() if p.is_floating_point()), None)
         if weight is None:
             return None
-        fsdp_param = fsdp_param_of(weight)
-        return (fsdp_param.param_dtype if fsdp_param is not None else None) or weight.dtype
+        return self.parallelism.compute_dtype(weight)
 
     def _check_head_dtype(self, name: str, module: nn.Module) -> None:
         dtype = self._compute_dtype()

@@ -16,14 +16,17 @@ graph depends on that adapter only (besides the base and the heads).
 Registration lives in `registry.py`, the optimizer step in `stepping.py`,
 backward state in `memory/`, the staleness rule in `staleness.py`.
 
-A sharded model trains the same way: `Trainer(model, sharding=shard_model(model, mesh))`
-(`sharding.py`). Parameters, AdamW moments and gradients are then this rank's
-shards (DTensors); the FP32 sharded parameters are the masters under a bf16
-`MixedPrecisionPolicy`; forward and backward are collectives (FSDP all-gathers
-and reduce-scatters inside them), so every rank runs the same forwards and
-backwards; gradients are summed by FSDP's reduce-scatter (`ShardedSum`), or, under
+How the model is spread over the processes is the trainer's `parallelism`
+(`trainer_core.parallel`), which the trainer asks and never names:
+`Replicated(model)` by default, or a sharded one such as
+`Trainer(model, parallelism=FullyShard.wrap(model, mesh))`. Parameters, AdamW
+moments and gradients are then this rank's shards; the FP32 sharded parameters
+are the masters under a bf16 mixed-precision policy; forward and backward are
+collectives (the engine gathers and reduces inside them), so every rank runs
+the same forwards and backwards; gradients are summed by the engine inside
+backward (`ShardedSum`), or, under
 the logical-DP facade with the deterministic reduction, folded in logical order
-(`trainer_core.ranks.sharded_gradients`). LoRA adapters over a sharded frozen
+(`trainer_core.parallel.fsdp.gradients`). LoRA adapters over a sharded frozen
 base are injected before sharding (`lora_injection.inject_lora`) and then
 registered by name with `add_lora_checkpoint`; their stale graphs snapshot the
 adapter's shards only.
@@ -40,8 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..parallel import local_tensor
-from ..parallel.fsdp.shard import ShardedModel, ShardSnapshot, fsdp_param_of, recover_after_failed_pass
+from ..parallel import Parallelism, Replicated, local_tensor
 from .checkpoints import Checkpoint, StepReport
 from .gradient_reduction import GradientReduction, RankSum, ShardedSum
 from .graphs import (
@@ -94,16 +96,21 @@ class Trainer(CheckpointRegistry):
         offload_target: OffloadTarget | None = None,
         nonfinite: NonFinitePolicy = "error",
         vocab_size: int | None = None,
-        sharding: ShardedModel | None = None,
+        parallelism: Parallelism | None = None,
     ):
         """`vocab_size`: the true vocabulary when the model's embedding rows were padded past it (outputs cover
-        the true vocabulary only); None when they were not. `sharding`: what `shard_model(model, mesh)` returned,
-        when the model is sharded (register checkpoints after sharding: they hold the sharded parameters)."""
-        if sharding is not None and sharding.model is not model:
-            raise ValueError("sharding= describes another model; pass what shard_model(model, mesh) returned for it")
-        super().__init__(model, sharding)
-        # Stable for the model's life (fsdp contract test): FSDP's unsharded parameters, whose data_ptr moves.
-        self._weight_impls = frozenset() if sharding is None else sharding.unsharded_storages()
+        the true vocabulary only); None when they were not. `parallelism`: how the model is spread over the
+        processes (`trainer_core.parallel`; None: `Replicated(model)`, the whole model on every rank); register
+        checkpoints after wrapping the model (a sharded one's checkpoints hold the sharded parameters)."""
+        parallelism = parallelism or Replicated(model)
+        if parallelism.model is not model:
+            raise ValueError(
+                "parallelism= describes another model; pass the parallelism built around this one "
+                "(e.g. FullyShard.wrap(model, mesh))"
+            )
+        super().__init__(model, parallelism)
+        # Stable for the model's life: the whole weights a sharded engine gathers, whose data_ptr moves.
+        self._weight_impls = parallelism.weight_storages()
         self.vocab_size = vocab_size
         self.staleness = staleness or StalenessPolicy()
         self.planner = planner or MemoryPlanner()
@@ -119,7 +126,8 @@ class Trainer(CheckpointRegistry):
         self.graphs = GraphTable()
         self.peak_saved_bytes = 0
         """The highest `resident_bytes()` seen right after a forward or a step."""
-        self._gradient_reduction: GradientReduction = RankSum() if sharding is None else ShardedSum()
+        # An engine that sums its gradients inside backward leaves the step only what it does not hold (heads).
+        self._gradient_reduction: GradientReduction = ShardedSum() if parallelism.reduces_in_backward else RankSum()
 
     @property
     def gradient_reduction(self) -> GradientReduction:
@@ -128,12 +136,7 @@ class Trainer(CheckpointRegistry):
 
     @gradient_reduction.setter
     def gradient_reduction(self, reduction: GradientReduction) -> None:
-        if self.sharding is not None and not getattr(reduction, "for_sharded_model", False):
-            raise ValueError(
-                f"a sharded model's gradients are summed by FSDP's reduce-scatter (ShardedSum) or, for logical ranks "
-                "(train.reduction = 'deterministic'), folded by trainer_core.ranks.ShardedLogicalGradients; not by "
-                f"{type(reduction).__name__}, which reduces full gradients — use one of those two"
-            )
+        self.parallelism.check_reduction(reduction)
         self._gradient_reduction = reduction
 
     # -- forward -----------------------------------------------------------------
@@ -219,13 +222,12 @@ class Trainer(CheckpointRegistry):
 
     @contextlib.contextmanager
     def _resharded_on_error(self):
-        """Whatever a forward raises, a sharded model is left as before it: FSDP's units the forward had gathered
+        """Whatever a forward raises, a sharded model is left as before it: the units the forward had gathered
         are resharded (left gathered, the next forward would skip its all-gather and run at their old values)."""
         try:
             yield
         except BaseException:
-            if self.sharding is not None:
-                recover_after_failed_pass(self.sharding)
+            self.parallelism.recover_after_failed_pass()
             raise
 
     def _run(self, call: ForwardCall, topk_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -322,7 +324,7 @@ class Trainer(CheckpointRegistry):
         entered: list[Graph] = []
         try:
             begin = getattr(self.gradient_reduction, "begin_backward", None)
-            if begin is not None:  # e.g. a sharded fold's turn opens before FSDP reduces anything
+            if begin is not None:  # e.g. a sharded fold's turn opens before the engine reduces anything
                 begin()
             graphs, staged, ages = self._stage(loss, gradient, retain_graph, entered)
             staged.validate(self.nonfinite)
@@ -330,10 +332,10 @@ class Trainer(CheckpointRegistry):
         except Exception as failure:  # noqa: BLE001 - every rank must hear of it before anyone raises
             error = failure
         error = self.gradient_reduction.agree_on_backward(error)
-        if error is not None and self.sharding is not None:
-            # An exception inside autograd leaves FSDP's gathered units and partial gradients behind: the next
-            # backward would add onto them (every rank heard of the error, so every rank recovers).
-            recover_after_failed_pass(self.sharding)
+        if error is not None:
+            # An exception inside autograd leaves a sharded engine's gathered units and partial gradients behind:
+            # the next backward would add onto them (every rank heard of the error, so every rank recovers).
+            self.parallelism.recover_after_failed_pass()
         self._settle(entered, error, retain_graph=retain_graph)
         if error is not None:
             raise error
@@ -513,16 +515,13 @@ class Trainer(CheckpointRegistry):
         ]
         if not holders:
             return
-        params = list(checkpoint.parameters().values())
-        if self.sharding is not None and any(fsdp_param_of(p) is not None for p in params):
-            # FSDP holds the parameter objects (its units gather them), so they stay; and it gathers the shards
-            # again in backward, so a graph differentiated after this step would get the new weights' Jacobian.
-            # Its backward gathers a copy of this rank's shards at this revision instead (1/W of the weights).
-            snapshot = ShardSnapshot.capture(self.sharding.fsdp_params(params))
-            for graph in holders:
-                graph.snapshots[checkpoint.name] = snapshot
-        else:
+        # A sharded engine holds the parameter objects, so they stay, and its backward reads a snapshot instead.
+        snapshot = self.parallelism.snapshot(checkpoint.parameters().values())
+        if snapshot is None:
             checkpoint.detach_revision()
+            return
+        for graph in holders:
+            graph.snapshots[checkpoint.name] = snapshot
 
     def _expire_graphs(self) -> None:
         """Release every graph that can never be differentiated again: its weights and saved tensors go now.

@@ -15,8 +15,8 @@ twice, or fail the next in-place add after some accumulators already changed.
 A staged gradient is adopted as it is only when it provably has none of those
 properties; otherwise it is copied.
 
-Under sharding a gradient is a DTensor, this rank's shard of the sum over ranks
-(FSDP reduce-scattered it in backward). Every test here reads the local shard
+Under sharding a gradient is distributed, this rank's shard of the sum over ranks
+(its engine reduced it in backward). Every test here reads the local shard
 only: no check may start a collective, because a rank that failed earlier
 would not join it. The commit's add is elementwise on the shards.
 """

@@ -62,7 +62,8 @@ class FullyShard:
         if not getattr(reduction, "for_sharded_model", False):
             raise ValueError(
                 f"a sharded model's gradients are summed by FSDP's reduce-scatter (ShardedSum) or, for logical ranks "
-                "(train.reduction = 'deterministic'), folded by trainer_core.ranks.ShardedLogicalGradients; not by "
+                "(train.reduction = 'deterministic'), folded by "
+                "trainer_core.parallel.fsdp.gradients.ShardedLogicalGradients; not by "
                 f"{type(reduction).__name__}, which reduces full gradients — use one of those two"
             )
 

@@ -33,9 +33,8 @@ from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-from ...parallel.fsdp.shard import backward_to_shards
+from ...parallel import gradients as parallel_gradients
 from ..outputs import ForwardCall
 from .costs import Evidence, OffloadTarget, PlanInputs
 from .timing import Stopwatch
@@ -80,7 +79,7 @@ class ForwardRecording:
     """Whether the planner measures: time copies and count bytes."""
     weight_impls: Callable[[], frozenset[int]] = frozenset
     """StorageImpl ids (`untyped_storage()._cdata`) of weights whose `data_ptr` moves: a sharded model's
-    unsharded parameters, freed after forward and allocated again for backward (`ShardedModel.unsharded_storages`).
+    unsharded parameters, freed after forward and allocated again for backward (`Parallelism.weight_storages`).
     A saved tensor on one of them is a weight: referenced, not copied, and not counted."""
 
     def timed(self) -> dict[str, torch.Tensor]:
@@ -228,20 +227,12 @@ def gradients(
 ) -> Gradients:
     """Autograd from the outputs `names` (see `differentiable_outputs`) to `inputs`.
 
-    Inputs that are sharded parameters (DTensors) get this rank's shard of the gradient summed over ranks, FSDP's
-    reduce-scatter inside the backward (`sharding.backward_to_shards`): a collective, like the forward was."""
+    Inputs that are sharded parameters get this rank's shard of the gradient summed over ranks, reduced by their
+    engine inside the backward (`parallel.autograd.gradients`): a collective, like the forward was."""
     if not names or not inputs:
         return tuple(None for _ in inputs)
-    if any(isinstance(t, DTensor) for t in inputs):
-        return backward_to_shards(
-            [outputs[n] for n in names], [cotangents[n] for n in names], list(inputs), retain_graph=keep_graph
-        )
-    return torch.autograd.grad(
-        [outputs[n] for n in names],
-        list(inputs),
-        grad_outputs=[cotangents[n] for n in names],
-        retain_graph=keep_graph,
-        allow_unused=True,
+    return parallel_gradients(
+        [outputs[n] for n in names], [cotangents[n] for n in names], list(inputs), retain_graph=keep_graph
     )
 
 

@@ -62,7 +62,7 @@ class OffloadHooks:
         keep_impls: frozenset[int] = frozenset(),
     ):
         """`keep_storages`: data_ptrs of weights, `keep_impls`: StorageImpl ids of weights whose data_ptr moves
-        (FSDP's unsharded parameters): tensors on either are referenced, not copied."""
+        (a sharded engine's gathered parameters): tensors on either are referenced, not copied."""
         self.target: OffloadTarget = target
         self._keep = keep_storages
         self._keep_impls = keep_impls

@@ -45,7 +45,7 @@ def saved_tensor_bytes(
     outputs: Outputs, excluded_storages: set[int], excluded_impls: frozenset[int] = frozenset()
 ) -> int:
     """Bytes of the distinct storages the graph behind `outputs` saved, parameters' storages excluded (by data_ptr,
-    or by StorageImpl id for weights whose data_ptr moves: FSDP's unsharded parameters)."""
+    or by StorageImpl id for weights whose data_ptr moves: a sharded engine's gathered parameters)."""
     counted: dict[int, int] = {}
     seen: set = set()
     stack: list[torch.autograd.graph.Node | None] = [t.grad_fn for t in outputs.values() if t.grad_fn is not None]
