@@ -103,7 +103,7 @@ class _Starter:
 
 
 def _healthy(api_url: str) -> bool:
-    with urllib.request.urlopen(f"{api_url}/health", timeout=30) as response:
+    with urllib.request.urlopen(f"{api_url}/health", timeout=120) as response:
         return response.status == 200
 
 

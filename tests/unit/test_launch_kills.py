@@ -6,8 +6,10 @@ SIGKILLs the launcher's whole process group, as a user's kill would: half
 the trials at a point of the launch's first 10 s (torchrun starting), half
 at a point of the ranks' first 4 s (the ranks importing torch: how long
 after the launch starts depends on the machine's load). The reference is
-/proc: 3 s later no process carrying the trial's mark (torchrun and every
-rank inherit it) may be alive, wherever it was re-parented.
+/proc: every process carrying the trial's mark (torchrun and every rank
+inherit it) must end, wherever it was re-parented; it is waited for with a
+bound far above what any load makes it take (it ends within a second when
+quiet), so a survivor is one the kill left behind, not a slow machine.
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ from pathlib import Path
 import pytest
 
 from tests.processes import descendants, pid_alive
+from tests.waits import wait_for
 
 pytestmark = pytest.mark.distributed
 
 NUM_TRIALS_PER_WINDOW = 3
 WINDOWS_S = {"launch": 10.0, "ranks": 4.0}
 """Where the kill falls: within this many seconds of the launch's start, or of the first rank's appearance."""
-SURVIVAL_LIMIT_S = 3.0
+SURVIVAL_LIMIT_S = 120.0
+"""How long a killed launch's processes may take to end on a loaded machine before they count as left behind."""
 _MARK = "RANKFLOW_TEST_LAUNCH_TRIAL"
 
 # A rank whose first import takes seconds (trainer_core and torch), as the segment and export entry points do.
@@ -67,6 +71,14 @@ def _marked(token: str) -> list[int]:
     return found
 
 
+def _left_after_kill(token: str) -> list[int]:
+    """The trial's processes still alive once they have all ended or SURVIVAL_LIMIT_S has passed."""
+    deadline = time.monotonic() + SURVIVAL_LIMIT_S
+    while (left := _marked(token)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 def _ranks_started(pids: list[int]) -> int:
     count = 0
     for pid in pids:
@@ -77,7 +89,7 @@ def _ranks_started(pids: list[int]) -> int:
     return count
 
 
-def test_a_kill_at_a_random_point_of_a_launch_s_first_10_s_leaves_no_process_after_3_s(tmp_path):
+def test_a_kill_at_a_random_point_of_a_launch_s_first_10_s_leaves_no_process(tmp_path):
     (tmp_path / "slow_import_rank.py").write_text(textwrap.dedent(_RANK))
     (tmp_path / "launcher.py").write_text(textwrap.dedent(_LAUNCHER))
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -99,19 +111,15 @@ def test_a_kill_at_a_random_point_of_a_launch_s_first_10_s_leaves_no_process_aft
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            deadline = time.monotonic() + 120
-            while not started.exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert started.exists(), "the launcher never started its launch"
-            while window == "ranks" and not _ranks_started(descendants(launcher.pid)) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(delay_s)
+            wait_for(started.exists, "the launcher to start its launch")
+            if window == "ranks":
+                wait_for(lambda: _ranks_started(descendants(launcher.pid)), "a rank to start")  # noqa: B023
+            time.sleep(delay_s)  # the kill's random point in the window, not a wait for an event
             in_launch = descendants(launcher.pid)
             num_ranks = _ranks_started(in_launch)
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
-            time.sleep(SURVIVAL_LIMIT_S)
-            left = _marked(token)
+            left = _left_after_kill(token)
             print(
                 f"trial {trial}: killed {delay_s:.1f} s after the {window} started, {len(in_launch)} launch processes "
                 f"({num_ranks} ranks) then; alive {SURVIVAL_LIMIT_S:g} s later: {left}"

@@ -77,7 +77,7 @@ def test_a_segment_s_watch_reads_its_state_ahead_from_its_saved_record_and_the_n
 
     def slow_read(files):
         reading.set()
-        let_go.wait(30)
+        let_go.wait(300)  # until the test lets it go
         real_read(files)
 
     monkeypatch.setattr(state_readahead, "_read", slow_read)
@@ -85,11 +85,11 @@ def test_a_segment_s_watch_reads_its_state_ahead_from_its_saved_record_and_the_n
     when_saved([{"event": "step"}, {"event": "saving"}])
     assert when_saved.started is None and not reading.is_set()
     when_saved([{"event": "saved"}])
-    assert when_saved.started is not None and reading.wait(10)
+    assert when_saved.started is not None and reading.wait(300)
     assert read_ahead(state) is when_saved.started  # the next segment's task: the same read, not a second one
     when_saved([{"event": "saved"}])  # a record seen again starts nothing
     let_go.set()
-    when_saved.started.join(60)
+    when_saved.started.join(300)
     assert resident_pages(params) >= -(-params.stat().st_size // 4096) - 2
     assert read_ahead(state) is when_saved.started  # done: read once per state, not again by the next task
 

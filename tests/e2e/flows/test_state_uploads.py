@@ -33,7 +33,7 @@ def planned(tmp_path) -> PlannedRun:
 
 @pytest.fixture
 def uploads_seen(monkeypatch):
-    """Replace the upload task: segment 0's waits until the flow has gone on (up to 30 s); a segment in `failing`
+    """Replace the upload task: segment 0's waits until the flow has gone on (up to 300 s); a segment in `failing`
     fails; each records its times."""
     seen: dict = {"ran": [], "failing": set(), "flow_went_on": threading.Event()}
 
@@ -43,7 +43,7 @@ def uploads_seen(monkeypatch):
         if segment_index in seen["failing"]:
             raise ConnectionError(f"injected failure of upload {segment_index}")
         if segment_index == 0:
-            seen["overlapped"] = seen["flow_went_on"].wait(timeout=30)
+            seen["overlapped"] = seen["flow_went_on"].wait(timeout=300)  # set at once unless it waits behind
             time.sleep(0.5)  # long enough for upload 1 to start beside it, if nothing held it back
         seen["ran"].append((segment_index, started, time.monotonic()))
         return {"segment": segment_index}
