@@ -51,9 +51,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .config import RunConfig
 from .model_config import peft_lora_config, read_model_config
-from .parallel import FullyShard
+from .parallel import PARALLELISMS, Parallelism
 from .parallel.fsdp.load import load_sharded
-from .parallel.fsdp.shard import ShardedModel, shard_model
+from .parallel.fsdp.shard import ShardedModel
 from .training import MemoryPlanner, MissReports, OptimizerConfig, StalenessPolicy, Trainer, pad_vocabulary
 from .training.activation_checkpointing import checkpoint_blocks
 from .training.lora_init import adapter_values
@@ -66,7 +66,7 @@ LORA_CHECKPOINT = "lora"
 
 def build_dtype(config: RunConfig) -> torch.dtype:
     """The dtype the model's parameters are built in: `train.dtype`, or FP32 under fsdp (the shards are the masters)."""
-    return torch.float32 if config.train.sharding == "fsdp" else DTYPES[config.train.dtype]
+    return torch.float32 if config.train.shards_weights else DTYPES[config.train.dtype]
 
 
 def _no_init_weights():
@@ -111,7 +111,7 @@ def build_model(config: RunConfig, *, weights_from_state: bool = False) -> tuple
     true_vocab = None
     if config.model.pad_vocab_to_multiple_of is not None:
         true_vocab = pad_vocabulary(model, config.model.pad_vocab_to_multiple_of)
-    if config.train.sharding == "fsdp":
+    if config.train.shards_weights:
         _upcast_parameters(model, build_dtype(config))
     if config.train.activation_checkpointing == "blocks":
         checkpoint_blocks(model)
@@ -186,17 +186,19 @@ def build_trainer(
     random initialisation (`build_model`), since its one checkpoint owns, and the restore writes, every weight.
     """
     train = config.train
-    sharding = None
+    spread = PARALLELISMS[train.sharding]
+    parallelism: Parallelism | None = None  # None: the Trainer's default, Replicated
     lora = None if config.model.lora is None else peft_lora_config(config, config.model.lora)
     # A LoRA run's base is not in its state: it keeps its initialisation.
     weights_from_state = weights_from_state and lora is None
-    if train.sharding != "fsdp":
+    if not train.shards_weights:
         model, true_vocab = build_model(config, weights_from_state=weights_from_state)
     elif mesh is None:
-        raise ValueError('train.sharding = "fsdp" needs the mesh of the training processes (mesh=)')
+        raise ValueError(f'train.sharding = "{train.sharding}" needs the mesh of the training processes (mesh=)')
     elif config.model.path is not None:
-        sharding, true_vocab = _load_sharded(config, mesh, lora)
-        model = sharding.model
+        sharded, true_vocab = _load_sharded(config, mesh, lora)
+        parallelism = spread(sharded)  # type: ignore[call-arg]  # a sharding parallelism takes the loaded units
+        model = sharded.model
     else:
         model, true_vocab = build_model(config, weights_from_state=weights_from_state)
         if lora is not None:
@@ -205,10 +207,10 @@ def build_trainer(
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.run.seed)
                 inject_lora(model, LORA_CHECKPOINT, lora, round_to=_compute_dtype(config))
-        sharding = shard_model(model, mesh, param_dtype=_compute_dtype(config))
+        parallelism = spread.wrap(model, mesh, param_dtype=_compute_dtype(config))
     trainer = Trainer(
         model,
-        parallelism=None if sharding is None else FullyShard(sharding),
+        parallelism=parallelism,
         staleness=StalenessPolicy(max_gradient_staleness=train.max_gradient_staleness),
         planner=MemoryPlanner(
             budget_bytes=train.saved_bytes_budget,
@@ -234,7 +236,7 @@ def build_trainer(
             owned = {id(p) for p in base.parameters().values()}
             if unowned := [n for n, p in model.named_parameters() if id(p) not in owned]:
                 raise RuntimeError(f"weights {unowned[:4]} are in no checkpoint; build without weights_from_state")
-    elif sharding is not None:
+    elif trainer.parallelism.adopts_injected_adapters:
         trainer.add_lora_checkpoint(LORA_CHECKPOINT, lora, optimizer=optimizer)  # adopts the injected adapter
     else:
         # peft draws the adapter's initial A matrices from the global RNG: seed it, so every rank agrees.

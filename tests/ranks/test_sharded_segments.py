@@ -44,7 +44,13 @@ CLIP = 0.05
 # rank runs a throwaway forward to keep FSDP's all-gathers in step.
 HELD_OUT = {"eval_fraction": 0.0075}
 CLIPPED = {"train": {"grad_clip": CLIP, "steps": 6, "eval_every": 1}, "data": HELD_OUT}
-SHARDED = {"train": {**CLIPPED["train"], "sharding": "fsdp"}, "data": HELD_OUT}
+SHARDINGS = ["fsdp", "hsdp"]  # HSDP at 1 node x W processes: its 2-D mesh is (1, W), resumed at (1, 1)
+
+
+def sharded(sharding: str) -> dict:
+    return {"train": {**CLIPPED["train"], "sharding": sharding}, "data": HELD_OUT}
+
+
 SEGMENTS = range(3)
 LAST = SEGMENTS[-1]
 
@@ -102,15 +108,15 @@ def exported(run_dir: Path, out: Path, world_size: int) -> dict[str, torch.Tenso
 
 
 def test_only_deterministic_logical_ranks_on_shards_run_round_robin():
-    assert assignment_for("fsdp", "deterministic") == "round_robin"
-    assert {assignment_for(s, r) for s, r in [("fsdp", "fast"), ("none", "deterministic"), ("none", "fast")]} == {
-        "contiguous"
-    }
+    assert assignment_for("fsdp", "deterministic") == assignment_for("hsdp", "deterministic") == "round_robin"
+    fast_or_replicated = [("fsdp", "fast"), ("hsdp", "fast"), ("none", "deterministic"), ("none", "fast")]
+    assert {assignment_for(s, r) for s, r in fast_or_replicated} == {"contiguous"}
 
 
 def test_the_facade_refuses_a_contiguous_topology_for_deterministic_logical_ranks_on_shards():
-    class Sharded:  # what segment_facade looks at first: a trainer whose model is sharded
-        sharding = object()
+    class Sharded:  # what segment_facade looks at first: a trainer whose parallelism reduces in backward
+        class parallelism:  # noqa: N801 - stands in for the trainer's attribute
+            reduces_in_backward = True
 
     with pytest.raises(ValueError, match="run round-robin"):
         segment_facade(Sharded(), Topology(0, 1, 4), reduction="deterministic", seed=0, mode="retain")  # type: ignore[arg-type]
@@ -125,7 +131,8 @@ def test_an_unsharded_trainer_keeps_the_facade_of_its_reduction():
 
 @pytest.mark.distributed
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP read in this process, on purpose
-def test_a_sharded_deterministic_run_is_bitwise_the_unsharded_one_at_any_w_and_resumed_at_another_w(tmp_path):
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_a_sharded_deterministic_run_is_bitwise_the_unsharded_one_at_any_w_and_resumed_at_another_w(tmp_path, sharding):
     reference_dir = planned(tmp_path / "none", CLIPPED)
     for segment in SEGMENTS:
         train_segment(reference_dir, segment)  # W = 1, unsharded, in this process
@@ -133,7 +140,7 @@ def test_a_sharded_deterministic_run_is_bitwise_the_unsharded_one_at_any_w_and_r
     assert all(norm > 2 * CLIP for r in reference for norm in r.grad_norms)  # every step clips
     assert read_plan(reference_dir).num_eval_conversations == 9 and all(len(r.eval_losses) == 2 for r in reference)
 
-    steady = planned(tmp_path / "fsdp", SHARDED)
+    steady = planned(tmp_path / sharding, sharded(sharding))
     changing = copy_plan(steady, tmp_path / "changing")
     assert read_plan(steady).run_id != read_plan(reference_dir).run_id  # sharding is in the digest
     launch_segment(steady, 0, 2)
@@ -158,7 +165,9 @@ def test_a_sharded_deterministic_run_is_bitwise_the_unsharded_one_at_any_w_and_r
     assert_bitwise(sharded_state(steady, reference_dir), expected)
     assert_bitwise(sharded_state(changing, reference_dir), expected)
 
-    assert_bitwise(exported(steady, tmp_path / "export-fsdp", 2), exported(reference_dir, tmp_path / "export-none", 1))
+    assert_bitwise(
+        exported(steady, tmp_path / f"export-{sharding}", 2), exported(reference_dir, tmp_path / "export-none", 1)
+    )
 
 
 @pytest.mark.distributed

@@ -24,7 +24,7 @@ seeded with (seed, step, logical rank); at the block's end the caller's
 streams are back as they were (`rng`), so draws outside the blocks — a
 shuffle of the next batch — are the same on every process and at every W.
 
-On a sharded trainer (`Trainer(model, sharding=...)`) with the deterministic
+On a sharded trainer (`Trainer(model, parallelism=...)` that reduces in backward) with the deterministic
 reduction, the logical ranks run round-robin (`self.topology.assignment`:
 process p runs ℓ = j·W + p) and every process's j-th block runs in lockstep
 (`trainer_core/parallel/fsdp/gradients.py`): each block runs one forward and one backward, or
@@ -56,6 +56,13 @@ from .logical_gradients import LogicalGradients, ReductionMode
 from .reduction import ReduceOp, reduce_over_logical_ranks
 from .rng import logical_rank_rng, model_device
 from .topology import Topology, step_seed
+
+
+def backward_is_collective(trainer) -> bool:
+    """Whether the trainer's parallelism sums gradients inside backward (a collective: every process's logical
+    ranks run in lockstep); False for a stand-in trainer without one."""
+    parallelism = getattr(trainer, "parallelism", None)
+    return bool(parallelism is not None and parallelism.reduces_in_backward)
 
 
 @dataclass(eq=False)
@@ -96,7 +103,7 @@ class LogicalShard:
         with coordinated(
             f"the logical ranks' work of step {self._step}",
             where=f"logical rank {self.logical_rank}",
-            lockstep=getattr(facade.trainer, "sharding", None) is not None,
+            lockstep=backward_is_collective(facade.trainer),
         ):
             seed = step_seed(facade.seed, self._step, self.logical_rank)
             with facade.gradients.scope(self.logical_rank), logical_rank_rng(seed, model_device(facade.trainer.model)):
@@ -116,13 +123,13 @@ class LogicalDataParallel:
         seed: int = 0,
         empty_mode: BackwardMode = "retain",
     ):
-        """On a sharded trainer (`Trainer(..., sharding=...)`) with the deterministic reduction, the logical
+        """On a sharded trainer (`Trainer(..., parallelism=...)`) with the deterministic reduction, the logical
         ranks run round-robin (`self.topology`; `parallel/fsdp/gradients.py`), and an empty logical rank's block runs a
         dummy forward/backward in `empty_mode` (the mode of the real blocks' forwards, retain or offload)."""
         self.trainer = trainer
         self.seed = seed
         self.gradients: LogicalGradients | ShardedLogicalGradients
-        if getattr(trainer, "sharding", None) is not None and reduction == "deterministic":
+        if backward_is_collective(trainer) and reduction == "deterministic":
             topology = dataclasses.replace(topology, assignment="round_robin")
             self.gradients = ShardedLogicalGradients(trainer, topology, empty_mode=empty_mode)
         else:

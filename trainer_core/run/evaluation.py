@@ -27,6 +27,7 @@ from ..data.trim import trim_padding
 from ..objectives import Objective
 from ..ranks import LogicalDataParallel
 from ..ranks.coordination import coordinated
+from ..ranks.logical_dp import backward_is_collective
 from ..ranks.rng import model_device
 from ..training import Trainer
 from .steps import micro_batches
@@ -46,15 +47,15 @@ def evaluate(
     objective = objective.for_evaluation()  # every held-out loss token counts (no staleness bound)
     num_rows = next(iter(rows.values())).shape[0]
     ranges = ldp.topology.logical_row_ranges(num_rows)
-    sharded = trainer.sharding is not None
+    lockstep = backward_is_collective(trainer)  # its forwards gather weights collectively too
     # Forwards per logical rank on a sharded model: the most any logical rank needs, so every process runs as many.
-    in_step = max(-(-len(r) // rows_per_forward) for r in ranges) if sharded else 0
+    in_step = max(-(-len(r) // rows_per_forward) for r in ranges) if lockstep else 0
     sums: dict[int, torch.Tensor] = {}
     model = trainer.model
     modes = [(module, module.training) for module in model.modules()]  # each module's own, put back as it was
     device = model_device(model)
     with (
-        coordinated("evaluation", lockstep=sharded),
+        coordinated("evaluation", lockstep=lockstep),
         torch.no_grad(),
         torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
     ):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from trainer_core.parallel import PARALLELISMS
 from trainer_core.ranks import LogicalDataParallel
+from trainer_core.ranks.logical_dp import backward_is_collective
 from trainer_core.ranks.logical_gradients import LogicalGradients, ReductionMode
 from trainer_core.ranks.topology import Assignment, Topology
 from trainer_core.training import Trainer
@@ -53,7 +54,7 @@ def segment_facade(
 ) -> LogicalDataParallel:
     """The facade for the trainer's sharding and `reduction` (module docstring); `mode`: the forwards' mode
     (None where the planner chooses), which an empty block's dummy turn would use on a sharded model."""
-    if trainer.sharding is None:
+    if not backward_is_collective(trainer):
         return LogicalDataParallel(trainer, topology, reduction=reduction, seed=seed)
     if reduction == "fast":
         return ShardedLogicalDataParallel(trainer, topology, seed=seed)
@@ -69,7 +70,7 @@ class ShardedLogicalDataParallel(LogicalDataParallel):
     """`LogicalDataParallel` with the `fast` reduction that leaves the sharded trainer's FSDP reduction in place."""
 
     def __init__(self, trainer: Trainer, topology: Topology, *, seed: int = 0):
-        if trainer.sharding is None:
+        if not backward_is_collective(trainer):
             raise ValueError("ShardedLogicalDataParallel runs a sharded trainer; use LogicalDataParallel otherwise")
         # Not LogicalDataParallel.__init__: it would replace the trainer's ShardedSum, which the Trainer refuses.
         self.trainer = trainer

@@ -95,8 +95,10 @@ def _rank_group(model: nn.Module) -> tuple[int, int, Any]:
     for param in model.parameters():
         if isinstance(param, DTensor):
             mesh = param.device_mesh
+            if mesh.ndim == 2:  # HSDP's (replicas, shards): every process of the run takes part, world rank 0 writes
+                return dist.get_rank(), dist.get_world_size(), None
             if mesh.ndim != 1:
-                raise ValueError(f"sharded export supports a 1-D device mesh; this model's is {mesh.ndim}-D")
+                raise ValueError(f"sharded export supports a 1-D or 2-D device mesh; this model's is {mesh.ndim}-D")
             return mesh.get_local_rank(), mesh.size(), mesh.get_group()
     return 0, 1, None
 
@@ -251,7 +253,7 @@ def _owned_rows(entry: Entry, rank: int) -> tuple[int, int, torch.Tensor] | None
     source = entry.source.detach()
     kept = entry.shape[0] if entry.shape else 0
     if isinstance(source, DTensor) and any(isinstance(p, Shard) for p in source.placements):
-        if tuple(source.placements) != (Shard(0),):
+        if tuple(source.placements) not in ((Shard(0),), (Replicate(), Shard(0))):  # FSDP's, HSDP's
             raise ValueError(f"{entry.name}: placements {source.placements} (the export reads dim-0 shards only)")
         local_shape, offset = compute_local_shape_and_global_offset(source.shape, source.device_mesh, source.placements)
         first, stop = min(offset[0], kept), min(offset[0] + local_shape[0], kept)
