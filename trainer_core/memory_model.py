@@ -1,7 +1,7 @@
 """How many bytes one training process holds, predicted from the model's shape before any GPU is rented.
 
 Pure arithmetic (no torch): the inputs are a `ModelShape` (every parameter's
-rows and numel, grouped into the FSDP units `training.sharding.shard_model`
+rows and numel, grouped into the FSDP units `parallel.fsdp.shard.shard_model`
 makes: the embedding, each decoder layer, [norm, lm_head], the root) and an
 `ActivationFit` (saved bytes per token, measured once on the meta device), both
 built by `trainer_core.memory_shape`. `predict` returns, for the most loaded

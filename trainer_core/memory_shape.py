@@ -1,7 +1,7 @@
 """The inputs of the memory model (`trainer_core.memory_model`), read off meta-device models: no memory, no weights.
 
 - `model_shape(model)`: every parameter's rows and numel, grouped into the FSDP
-  units `training.sharding.shard_model` makes (the input embedding, each decoder
+  units `parallel.fsdp.shard.shard_model` makes (the input embedding, each decoder
   layer, [final norm, lm_head], the root with the rest; a tied embedding stays in
   the root). Exact: the shapes are those the run builds.
 - `activation_fit(model_config, dtype)`: saved bytes per token of a decoder
@@ -42,7 +42,7 @@ _LENGTHS = (64, 128)
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
-    # The rule of training.sharding.decoder_layers, without importing torch.distributed.fsdp.
+    # The rule of parallel.fsdp.shard.decoder_layers, without importing torch.distributed.fsdp.
     names = set(getattr(model, "_no_split_modules", None) or ())
     layers, inside = [], []
     for name, module in model.named_modules():

@@ -23,9 +23,11 @@ What the trainer trains follows the config:
 - `train.activation_checkpointing = "blocks"`: every decoder layer keeps only
   its input and recomputes in backward (`training/activation_checkpointing.py`);
   parameter names and so saved states and exports are those of `"none"`;
-- `train.sharding = "fsdp"`: the model is built as the unsharded run builds
+- `train.sharding = "fsdp"` (or `"hsdp"`: the same units over a (nodes,
+  processes per node) mesh, `parallel/hsdp.py`; the registry's parallelism
+  wraps the model): the model is built as the unsharded run builds
   it, its parameters upcast to FP32, and FSDP2-sharded over the mesh the
-  caller passes (`training/sharding.py`); with `train.dtype = "bfloat16"`
+  caller passes (`parallel/fsdp/shard.py`); with `train.dtype = "bfloat16"`
   the FP32 shards are the masters and bf16 is the all-gather and compute
   dtype (FSDP's `MixedPrecisionPolicy`), so no second copy of the weights
   exists, and the masters are bitwise a replica's (its bf16 weights upcast).
