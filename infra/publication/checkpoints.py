@@ -48,7 +48,7 @@ from infra.publication.readers import reading
 from infra.store.base import ObjectStore
 from infra.store.conditional import read_versioned
 from infra.store.durable import temp_name
-from infra.store.objects import confirmed, list_files, object_problem, remote_objects
+from infra.store.objects import confirmed, list_files, object_problem
 from infra.store.verified import fetch_verified
 
 _BLOCK_BYTES = 4 * 2**20
@@ -145,7 +145,7 @@ def verify_checkpoint(
             )
         base = _base(store, run_id, name)
         problems = []
-        found = remote_objects(store, base, list(manifest.files), deadline=None)
+        found = store.remote_objects(base, list(manifest.files), deadline=None)
         for entry in manifest.files:
             there = found.get(entry.path)
             problem = object_problem(there, entry)

@@ -44,7 +44,6 @@ from infra.store.objects import (
     list_files,
     matches,
     put_small,
-    remote_objects,
     remove_files,
     upload_files,
 )
@@ -360,7 +359,7 @@ def _objects_to_upload(target: _Target, listing: dict[str, int]) -> list:
     """The manifest's files the store does not hold with these bytes (a HEAD only for same-size candidates)."""
     files = target.manifest.files
     candidates = [entry for entry in files if listing.get(entry.path) == entry.size]
-    present = remote_objects(target.store, target.base, candidates, target.deadline)
+    present = target.store.remote_objects(target.base, candidates, target.deadline)
     return [entry for entry in files if not matches(present.get(entry.path), entry)]
 
 

@@ -46,7 +46,7 @@ from infra.publication.manifests import (
     refusal,
 )
 from infra.store.base import Deadline, ObjectStore
-from infra.store.objects import SavedFile, matches, put_small, remote_objects, upload_files
+from infra.store.objects import SavedFile, matches, put_small, upload_files
 from infra.store.verified import fetch_verified, local_copy_matches, sha256_of_file
 
 RUN_STATE_DIR = "run-state"
@@ -156,7 +156,7 @@ def stored_bundle(store: ObjectStore, run_id: str, bundle: str) -> BundleManifes
     if manifest is None:
         return None
     with store.errors(f"checking {_where(store, run_id, bundle)}"):
-        found = remote_objects(store, store.path(run_id), list(manifest.files), deadline=None)
+        found = store.remote_objects(store.path(run_id), list(manifest.files), deadline=None)
     return manifest if all(matches(found.get(e.path), e) for e in manifest.files) else None
 
 
@@ -200,7 +200,7 @@ def publish_bundle(
             # Another version of this bundle is visible: hide it before the objects it lists change.
             lease.check()
             store.remove([store.key_of(manifest_path(store, run_id, bundle))])
-        present = remote_objects(store, base, entries, deadline)
+        present = store.remote_objects(base, entries, deadline)
         todo = [entry for entry in entries if not matches(present.get(entry.path), entry)]
 
         def on_uploaded(entry: FileEntry) -> None:

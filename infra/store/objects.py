@@ -1,11 +1,11 @@
 """The object operations a publication and a collection need, over full store paths, on any backend.
 
-- `remote_objects` says what the store holds for each of a checkpoint's
-  objects, without a download: on S3 one HEAD in checksum mode each (the
-  recorded sha256, the store's own checksum and ETag), on a store that hashes
-  the bytes where they lie (a local disk, memory) their own sha256: each
-  backend's `remote_objects`. What that evidence proves is
-  infra/store/uploads.py's (`object_problem`, `confirmed`, `matches`).
+- What the store holds for each of a checkpoint's objects, without a
+  download, is each backend's `remote_objects` (on S3 one HEAD in checksum
+  mode each: the recorded sha256, the store's own checksum and ETag; on a
+  store that hashes the bytes where they lie, a local disk or memory, their
+  own sha256); what that evidence proves is infra/store/uploads.py's
+  (`object_problem`, `confirmed`, `matches`), re-exported here.
 - `upload_files` uploads many files at once, verified, through the backend's
   `upload_jobs`: a thread pool locally, one asyncio batch on s3fs's loop with
   multipart for large files (infra/store/s3_uploads.py).
@@ -41,16 +41,6 @@ from .uploads import (
     matches,
     object_problem,
 )
-
-# -- what is already there ----------------------------------------------------
-
-
-def remote_objects(
-    store: ObjectStore, base: str, entries: list[FileEntry], deadline: Deadline | None, concurrency: int = 16
-) -> dict[str, RemoteObject]:
-    """The entries present under `base`, with their size and the evidence of their bytes."""
-    return store.remote_objects(base, entries, deadline, concurrency)
-
 
 # -- uploads -----------------------------------------------------------------
 
@@ -167,7 +157,6 @@ __all__ = [
     "object_problem",
     "outside_store",
     "put_small",
-    "remote_objects",
     "remove_empty_directories",
     "remove_files",
     "remove_left_temporaries",

@@ -7,7 +7,7 @@ operations built on them (objects.py) all import it and never each other.
   (`SHA256_METADATA_KEY`), the ETag the verified bytes give
   (`ETAG_METADATA_KEY`), or that the server verified and keeps its sha256
   checksum (`CHECKSUM_METADATA_KEY`).
-- `RemoteObject`: what the store says of one object (infra/store/objects.py
+- `RemoteObject`: what the store says of one object (each backend's
   `remote_objects`; `hashed_where_they_lie` for a store that hashes its own
   bytes), and `object_problem` / `confirmed` / `matches`: what that evidence
   proves. A recorded digest is only what was true at upload; bytes

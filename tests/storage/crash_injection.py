@@ -45,7 +45,7 @@ from infra.publication.latest import read_latest
 from infra.publication.manifests import checkpoint_name
 from infra.store import open_store
 from infra.store.base import StoreLocation
-from infra.store.objects import matches, remote_objects
+from infra.store.objects import matches
 from tests.publication_helpers import stage
 from tests.storage.processes import result, spawn, wait_ready
 
@@ -185,7 +185,7 @@ def run_trials(
             summary.latest_moved_back += 1
             summary.failures.append(f"{label}: LATEST moved back to {latest['step']} from {latest_step}")
         manifest, _ = read_staged_manifest(staged, RUN)
-        found = remote_objects(store, remote_dir(store, RUN, step), list(manifest.files), deadline=None)
+        found = store.remote_objects(remote_dir(store, RUN, step), list(manifest.files), deadline=None)
         complete = {e.path: e.size for e in manifest.files if matches(found.get(e.path), e)}
         summary.bytes_staged += manifest.num_bytes
         summary.bytes_complete_before_retry += sum(complete.values())
