@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch.distributed as dist
 
@@ -89,7 +87,6 @@ def test_a_launch_at_a_world_size_that_does_not_divide_logical_dp_fails_on_every
     )
     planned = plan_run_fn(config)
     lines: list[str] = []
-    started = time.monotonic()
     result = launch(
         "trainer_core.run.segment_main",
         ["--run-dir", planned.run_dir, "--segment", "0"],
@@ -97,7 +94,8 @@ def test_a_launch_at_a_world_size_that_does_not_divide_logical_dp_fails_on_every
         timeout_s=120,
         on_line=lines.append,
     )
-    assert result.returncode != 0 and time.monotonic() - started < 60  # never waited on a collective
+    # Ended by the refusal, not by the launch's timeout: no rank waited on a collective (see check_topology below).
+    assert result.returncode != 0 and not result.timed_out
     refusals = [line for line in lines if "ERROR ValueError: logical_dp=4 is not a multiple of world_size=3" in line]
     assert {line.split("]")[0] for line in refusals} == {"[rank 0", "[rank 1", "[rank 2"}, "\n".join(lines[-30:])
     assert any("in check_topology" in line for line in lines)  # refused there, before init_process_group

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from tests.trainer.models import batch, tiny_qwen3
 from tests.trainer.test_backward_state import sft_loss
+from tests.waits import GENEROUS_S
 from trainer_core.training import (
     OptimizerConfig,
     StaleGraphError,
@@ -175,7 +176,7 @@ def test_the_moments_are_read_beside_the_restore_and_loaded_at_the_optimizer_s_f
     let_go, real_read = threading.Event(), checkpoint_io.read_optimizer_state
 
     def slow_read(directory, direct, checked):
-        assert let_go.wait(30)
+        assert let_go.wait(GENEROUS_S)
         return real_read(directory, direct=direct, checked=checked)
 
     monkeypatch.setattr(checkpoint_io, "read_optimizer_state", slow_read)
@@ -285,7 +286,7 @@ def test_a_save_right_after_a_restore_writes_the_restored_moments_not_a_fresh_op
 
     def slow_read(directory, direct, checked):
         if directory.name == "first":
-            assert let_go.wait(30)
+            assert let_go.wait(GENEROUS_S)
         return real_read(directory, direct=direct, checked=checked)
 
     monkeypatch.setattr(checkpoint_io, "read_optimizer_state", slow_read)
@@ -353,7 +354,7 @@ def test_a_weights_only_restore_after_a_failing_read_raises_at_the_first_use_how
         let_go = threading.Event()
 
         def failing_read(directory, direct, checked, let_go=let_go):
-            assert let_go.wait(30)
+            assert let_go.wait(GENEROUS_S)
             raise OSError(5, "Input/output error")
 
         monkeypatch.setattr(checkpoint_io, "read_optimizer_state", failing_read)
@@ -363,7 +364,7 @@ def test_a_weights_only_restore_after_a_failing_read_raises_at_the_first_use_how
         if finished_first:
             let_go.set()
             with pytest.raises(OSError):
-                pending.result(timeout=30)
+                pending.result(timeout=GENEROUS_S)
         restore_checkpoint(adapter, saved, with_optimizer=False)
         let_go.set()
         with pytest.raises(OSError, match="Input/output error"):

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from tests.trainer.models import tiny_qwen3
+from tests.waits import GENEROUS_S
 from trainer_core.run.state import has_state, load_training_state, save_training_state
 from trainer_core.run.state_record import LocalState, record_path
 from trainer_core.training import Trainer
@@ -57,7 +58,7 @@ def test_a_save_killed_mid_write_leaves_nothing_a_resume_takes_and_the_next_save
         assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
         writer.send_signal(signal.SIGKILL)
     finally:
-        writer.wait(timeout=60)
+        writer.wait(timeout=GENEROUS_S)
     assert writer.returncode == -signal.SIGKILL
     partial = list(state_dir.with_name(state_dir.name + ".tmp").rglob("*.safetensors"))
     assert partial, "the kill did not land during the write"

@@ -59,4 +59,6 @@ def test_a_rank_zero_failure_in_the_sharded_save_fails_every_rank_at_once_naming
         expected = "OSError" if result["rank"] == 0 else "RankFailure"
         assert result["raised"] == expected, result
         assert "injected: the disk refused meta.json" in result["message"], result
-        assert result["seconds"] < 30 and not result["in_place"], result
+        # Every rank names rank 0's OSError: a peer that waited in the next barrier would raise the collective's
+        # timeout instead, whatever the time it took.
+        assert not result["in_place"], result
