@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import constants
 from peft import AutoPeftModelForCausalLM, PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -103,6 +104,10 @@ def test_the_loader_line_loads_a_copy_moved_elsewhere_from_any_directory(tmp_pat
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
+    # Offline, "base" not found here is refused at once; online the hub is asked for a repo named "base" and retried
+    # with backoff (23 s of sleeps) before the same OSError (huggingface_hub reads the setting at import: patched there).
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(OSError):  # peft alone reads the shipped base's name ("base") from the current directory
         AutoPeftModelForCausalLM.from_pretrained(str(copy), local_files_only=True)
     line = loader_line(copy)

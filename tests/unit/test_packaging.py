@@ -94,6 +94,8 @@ def test_every_third_party_module_the_code_imports_is_a_declared_dependency():
     assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
 
 
+# A whole `pip` program resolving the project (30-40 s of its own): the e2e tier, not the unit one.
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("pip", path=str(Path(sys.executable).parent)) is None, reason="no pip in this venv")
 def test_pip_resolves_the_project_offline_without_a_warning_and_pip_check_is_clean(tmp_path):
     # Metadata only: the project file and its readme, built without isolation, resolved against what is installed.
