@@ -1,8 +1,7 @@
 """Every kind of bad input: exit 2, one message naming the input and the fix, no traceback, nothing written.
 
-The corpus (tests/bad_input/corpus/, one module per kind of input) runs through the real CLI (`flows.cli.main`) in one
-fresh process with fd-level capture (worker.py), once per session; each case
-is then its own test. A few cases also run as real `rankflow` subprocesses (as
+The corpus (tests/bad_input/corpus/, one module per kind of input) runs through the real CLI (`flows.cli.main`) in
+fresh processes with fd-level capture (worker.py), one per core, once per session; each case is then its own test. A few cases also run as real `rankflow` subprocesses (as
 many at once as there are cores), and none of them may start Prefect: bad input
 is found before the flow.
 """
@@ -75,21 +74,52 @@ def _env(tmp_path: Path) -> dict:
     }
 
 
+def _worker_shares(names: list[str], workers: int) -> list[list[str]]:
+    """The cases dealt to `workers` processes: the `run` cases in turn, the `serve` cases (which import Prefect) all
+    to the last one, so one process alone pays that import."""
+    shares: list[list[str]] = [[] for _ in range(workers)]
+    run_cases = [name for name in names if BY_NAME[name].command != "serve"]
+    for index, name in enumerate(run_cases):
+        shares[index % workers].append(name)
+    shares[-1] += [name for name in names if BY_NAME[name].command == "serve"]
+    return shares
+
+
 @pytest.fixture(scope="session")
 def corpus_run(tmp_path_factory) -> dict:
-    """The whole corpus through `flows.cli.main`, in one fresh process."""
+    """The whole corpus through `flows.cli.main`, in fresh processes (one per core, each mostly CPU-bound imports and
+    checks), each process's outcomes merged; every worker checks Prefect unimported after its own `run` cases."""
     root = tmp_path_factory.mktemp("bad-input")
-    out = root / "results.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.bad_input.worker", str(out), str(root / "cases")],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=_env(root),
-        timeout=900,
-    )
-    assert done.returncode == 0 and out.is_file(), f"the worker failed:\n{done.stderr[-4000:]}"
-    return {"root": root / "cases", "worker": done, **json.loads(out.read_text())}
+    shares = _worker_shares(sorted(BY_NAME), workers=max(1, min(2, os.cpu_count() or 1)))
+    outs = [root / f"results-{index}.json" for index in range(len(shares))]
+    with ThreadPoolExecutor(max_workers=len(shares)) as pool:
+        workers = list(
+            pool.map(
+                lambda out, names: subprocess.run(
+                    [sys.executable, "-m", "tests.bad_input.worker", str(out), str(root / "cases"), *names],
+                    capture_output=True,
+                    text=True,
+                    cwd=REPO,
+                    env=_env(root),
+                    timeout=900,
+                ),
+                outs,
+                shares,
+            )
+        )
+    for done, out in zip(workers, outs, strict=True):
+        assert done.returncode == 0 and out.is_file(), f"a worker failed:\n{done.stderr[-4000:]}"
+    results = [json.loads(out.read_text()) for out in outs]
+    return {
+        "root": root / "cases",
+        "workers": workers,
+        "cases": {name: outcome for result in results for name, outcome in result["cases"].items()},
+        "prefect_modules_after_run_cases": sorted({m for r in results for m in r["prefect_modules_after_run_cases"]}),
+    }
+
+
+def test_the_workers_ran_every_case(corpus_run):
+    assert sorted(corpus_run["cases"]) == sorted(BY_NAME)
 
 
 def test_the_corpus_covers_what_the_issue_lists():
@@ -138,8 +168,8 @@ def test_a_config_value_error_is_one_line(corpus_run):
 def test_bad_input_never_starts_prefect_and_prints_no_traceback(corpus_run):
     # After every `run` case (the serve cases come last), not one Prefect module was imported.
     assert corpus_run["prefect_modules_after_run_cases"] == []
-    worker = corpus_run["worker"]
-    assert "Traceback" not in worker.stdout + worker.stderr
+    for worker in corpus_run["workers"]:
+        assert "Traceback" not in worker.stdout + worker.stderr
 
 
 # Real `rankflow` processes: the console script, as a user runs it.

@@ -1,6 +1,7 @@
 """Run bad-input cases through the real CLI in one fresh process: `python -m tests.bad_input.worker OUT ROOT [NAME...]`.
 
-Writes OUT (JSON): each case's outcome, and which Prefect modules were
+Each case runs in ROOT/NAME; the costly inputs (a saved tiny model) are made once beside OUT, so several workers can
+share ROOT. Writes OUT (JSON): each case's outcome, and which Prefect modules were
 imported after the `run` cases (none: bad input never starts Prefect) — the
 `serve` cases run last, since checking a schedule uses Prefect's own models.
 The flow and the deployment are replaced by stand-ins that fail at once, so a
@@ -38,8 +39,9 @@ def _guard_the_flow() -> None:
 
 def main(out: Path, root: Path, names: list[str]) -> None:
     _guard_the_flow()
-    assets = Assets(root / "_assets")
-    (root / "_assets").mkdir(parents=True, exist_ok=True)
+    assets_root = out.with_name(f"{out.stem}-assets")
+    assets_root.mkdir(parents=True, exist_ok=True)
+    assets = Assets(assets_root)
     names = sorted(names or BY_NAME, key=lambda name: (BY_NAME[name].command == "serve", name))
     results: dict = {"cases": {}, "prefect_modules_after_run_cases": None}
     started = time.perf_counter()
