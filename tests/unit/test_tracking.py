@@ -17,7 +17,7 @@ import pytest
 from infra.tracking import TrackingSink, missing_library, open_backend
 from infra.tracking.backend import flat_params
 from infra.tracking.sink import CHECKPOINT_URL_TAG, step_metrics
-from tests.waits import wait_for
+from tests.waits import GENEROUS_S
 
 RUN_ID = "tiny-sft-0123456789ab"
 PARAMS = {"run": {"name": "tiny-sft", "seed": 0}, "train": {"steps": 8, "learning_rate": 3e-3, "objective": None}}
@@ -137,7 +137,7 @@ def test_a_server_that_never_answers_costs_the_segment_at_most_the_bound(tmp_pat
             answered.set()
 
     warnings: list[str] = []
-    sink = TrackingSink(Hung, lambda: PARAMS, warnings.append, close_timeout_s=0.5)  # pyright: ignore[reportArgumentType]
+    sink = TrackingSink(Hung, lambda: PARAMS, warnings.append, close_timeout_s=1)  # pyright: ignore[reportArgumentType]
     sink([step_record(s) for s in range(3)])
     try:
         assert sink.close() == 3
@@ -202,19 +202,23 @@ def test_a_sink_given_up_on_logs_nothing_more_when_its_server_answers_late(tmp_p
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     release = threading.Event()
+    on_the_wire = threading.Event()
 
     class HangsAtStepOne(MlflowBackend):
         def log(self, step, metrics):
             if step == 1:
+                on_the_wire.set()
                 release.wait(600)  # until the test releases it, however loaded the machine
             super().log(step, metrics)
 
     warnings: list[str] = []
+    # The close waits out its timeout while step 1 hangs (it hangs until released): a short one proves the same.
     first = TrackingSink(
-        lambda: HangsAtStepOne(uri, "rankflow-test", RUN_ID), lambda: PARAMS, warnings.append, close_timeout_s=5
+        lambda: HangsAtStepOne(uri, "rankflow-test", RUN_ID), lambda: PARAMS, warnings.append, close_timeout_s=1
     )
     first([step_record(s) for s in range(5)])
-    wait_for(lambda: first.logged >= 1, "step 0 to be logged")  # step 0 is in; step 1 hangs
+    assert on_the_wire.wait(GENEROUS_S)  # step 0 is in; step 1 hangs
+    assert first.logged == 1
     assert first.close() == 4 and "4 item(s) were not logged" in warnings[-1]
     retried = sink_for("mlflow", uri, warnings)
     retried([step_record(s) for s in range(5)])
