@@ -147,28 +147,26 @@ def test_rl_trajectories_in_parquet_give_the_jsonl_plan(pack, tmp_path):
 
 
 def _checked(tmp_path: Path, path, **data):
-    return validate_inputs(config_from_dict(tiny_tree(tmp_path, data={"path": path, **data}), config_dir=tmp_path))
+    config = config_from_dict(tiny_tree(tmp_path, data={"path": path, **data}), config_dir=tmp_path)
+    return config, validate_inputs(config)
 
 
 def test_the_fingerprint_names_the_files_and_the_format_not_how_it_was_chosen(tmp_path):
     sharegpt = _write_jsonl(tmp_path / "sharegpt.jsonl", [_sharegpt(r) for r in _records(SFT)])
-    detected = _checked(tmp_path / "a", str(sharegpt))
-    chosen = _checked(tmp_path / "b", str(sharegpt), format="sharegpt")
+    detected_config, detected = _checked(tmp_path / "a", str(sharegpt))
+    chosen_config, chosen = _checked(tmp_path / "b", str(sharegpt), format="sharegpt")
     assert detected.fingerprint == chosen.fingerprint
     assert detected.fingerprint["data_format"] == "sharegpt"
-    plain = _checked(tmp_path / "c", str(SFT))
+    _, plain = _checked(tmp_path / "c", str(SFT))
     assert "data_format" not in plain.fingerprint and isinstance(plain.fingerprint["data"], str)
-    # The same run from the format's auto choice and from the config: one run id.
-    assert (
-        _plan(tmp_path / "d", str(sharegpt))[0].run_id
-        == _plan(tmp_path / "e", str(sharegpt), format="sharegpt")[0].run_id
-    )
+    # The same run from the format's auto choice and from the config: one run id (each planned from its own checks).
+    assert build_plan(detected_config, detected)[0].run_id == build_plan(chosen_config, chosen)[0].run_id
 
 
-def test_the_file_set_and_its_order_are_part_of_the_run_id(tmp_path):
+def test_the_file_set_and_its_order_are_part_of_the_run_id(tmp_path, sft_reference):
     records = _records(SFT)
     first, second = _write_jsonl(tmp_path / "1.jsonl", records[:600]), _write_jsonl(tmp_path / "2.jsonl", records[600:])
-    whole = _plan(tmp_path / "whole", str(SFT))[0]
+    whole = sft_reference[0]
     split = _plan(tmp_path / "split", [str(first), str(second)])[0]
     swapped = _plan(tmp_path / "swapped", [str(second), str(first)])[0]
     assert len({whole.run_id, split.run_id, swapped.run_id}) == 3
