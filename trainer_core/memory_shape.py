@@ -42,7 +42,7 @@ _LENGTHS = (64, 128)
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
-    # The rule of parallel.fsdp.shard.decoder_layers, without importing torch.distributed.fsdp.
+    # The rule of parallel.fsdp.shard.decoder_layers, without importing FSDP.
     names = set(getattr(model, "_no_split_modules", None) or ())
     layers, inside = [], []
     for name, module in model.named_modules():

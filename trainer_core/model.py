@@ -204,8 +204,9 @@ def build_trainer(
     else:
         model, true_vocab = build_model(config, weights_from_state=weights_from_state)
         if lora is not None:
-            # Before fully_shard, so the adapter's parameters become shards of their layers' units; drawn as the
-            # unsharded run draws it (the same seed; rounded to the dtype that run builds the adapter in).
+            # Before the parallelism wraps the model, so a sharded one makes the adapter's parameters shards of their
+            # layers' units; drawn as the unsharded run draws it (the same seed; rounded to the dtype that run builds
+            # the adapter in).
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.run.seed)
                 inject_lora(model, LORA_CHECKPOINT, lora, round_to=_compute_dtype(config))

@@ -1,12 +1,12 @@
 """A global gradient norm whose bits depend neither on W nor on whether the gradients are sharded.
 
-`torch.nn.utils.get_total_norm` over FSDP's DTensor shards sums each
+`torch.nn.utils.get_total_norm` over FSDP's distributed shards sums each
 process's partial sum of squares with an all-reduce: the grouping changes
 with W and the result moves by an ulp (measured: equal at W = 1, 2, off by
 1.19e-7 at W = 4). The canonical norm fixes every addition's order instead:
 
-1. per dim-0 row of every gradient, the sum of squares in float64. Under
-   FSDP's `Shard(0)` a row never straddles two processes, so each row is
+1. per dim-0 row of every gradient, the sum of squares in float64. FSDP
+   shards on dim 0, so a row never straddles two processes and each row is
    computed whole, by one process, on the same elements at any W (torch's
    row reduction depends on the row's length and the machine's kernels,
    never on how many rows a process holds);
@@ -21,9 +21,11 @@ with W and the result moves by an ulp (measured: equal at W = 1, 2, off by
 
 A replicated (unsharded) gradient fills all its rows on every process and is
 not all-reduced, so the sharded and the unsharded trainer agree to the bit.
-Over HSDP's 2-D mesh (`Replicate()` over the replicas, `Shard(0)` within
+Over HSDP's 2-D mesh (replicated over the replicas, sharded on dim 0 within
 each) the same vector is completed within each replica's shard group: every
-replica holds the same shards, so every replica gets the same bits.
+replica holds the same shards, so every replica gets the same bits. Which
+rows a process holds, and over which group, is the parallelism's answer
+(`parallel/norm_parts.py`): this module never asks which one made a gradient.
 A non-finite element anywhere makes the norm non-finite on every process
 (inf and NaN survive the sums), which is what skips a step everywhere.
 
@@ -37,7 +39,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+
+from ..parallel.norm_parts import NormPart, norm_part
 
 __all__ = ["canonical_norm", "row_count"]
 
@@ -47,35 +50,14 @@ def row_count(shape: Sequence[int]) -> int:
     return int(shape[0]) if len(shape) else 1
 
 
-def _owned_rows(gradient: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """(index of this process's first row in the whole tensor, the rows it holds as [rows, -1] float64)."""
-    if isinstance(gradient, DTensor):
-        shard_dim = _shard_dim(gradient)
-        local = gradient._local_tensor
-        whole_rows = row_count(gradient.shape)
-        world_size = gradient.device_mesh.size(shard_dim)
-        coordinate = gradient.device_mesh.get_local_rank(shard_dim)
-        # torch.chunk's layout, which FSDP2 uses: ceil(rows / W) rows per process, the last ones short or empty.
-        start = min(coordinate * -(-whole_rows // world_size), whole_rows)
-    else:
-        local, start = gradient, 0
+def _owned_rows(part: NormPart) -> torch.Tensor:
+    """The rows `part` holds, as [rows, -1] float64."""
+    local = part.local
     # An explicit row width: a shard with no rows (fewer rows than processes, e.g. LoRA's r = 1 at W = 2) is a
     # [0, width] block, which reshape(0, -1) cannot infer.
     width = math.prod(local.shape[1:]) if local.dim() else 1
     rows = local.detach().reshape(row_count(local.shape), width)
-    return start, rows.to(torch.float64)
-
-
-def _shard_dim(gradient: DTensor) -> int:
-    """The mesh dimension `gradient` is sharded over (on its dim 0); every other mesh dimension replicates it."""
-    placements = gradient.placements
-    sharded = [i for i, placement in enumerate(placements) if placement.is_shard(0)]
-    if len(sharded) != 1 or any(not p.is_replicate() for i, p in enumerate(placements) if i != sharded[0]):
-        raise ValueError(
-            "canonical_norm takes gradients sharded on dim 0 over one mesh dimension and replicated over any other "
-            f"(FSDP2's and HSDP's layouts), got {placements}"
-        )
-    return sharded[0]
+    return rows.to(torch.float64)
 
 
 def canonical_norm(
@@ -87,8 +69,8 @@ def canonical_norm(
     """The L2 norm of all `gradients` together (module docstring), a `dtype` scalar, the same on every process.
 
     `dtype=torch.float64` returns the norm before the final cast (its bits are as fixed as the float32's).
-    Collective when any gradient is a DTensor: every process of `group` (its mesh's group by default) calls it
-    with the same list. Plain tensors are taken as replicated: whole on every process.
+    Collective when any gradient is distributed (sharded): every process of `group` (its mesh's group by default)
+    calls it with the same list. Plain tensors are taken as replicated: whole on every process.
     """
     missing = [i for i, g in enumerate(gradients) if g is None]
     if missing:
@@ -99,22 +81,23 @@ def canonical_norm(
     sizes = [row_count(g.shape) for g in gradients]
     device = gradients[0].device if gradients else torch.device("cpu")
     rows = torch.zeros(sum(sizes), dtype=torch.float64, device=device)
+    parts = [norm_part(g) for g in gradients]
     sharded_any = False
     offset = 0
-    for gradient, size in zip(gradients, sizes, strict=True):
-        start, owned = _owned_rows(gradient)
+    for part, size in zip(parts, sizes, strict=True):
+        owned = _owned_rows(part)
         if owned.numel():
-            rows[offset + start : offset + start + owned.shape[0]] = owned.square().sum(dim=1)
-        if isinstance(gradient, DTensor):
+            rows[offset + part.start : offset + part.start + owned.shape[0]] = owned.square().sum(dim=1)
+        if part.group is not None:
             sharded_any = True
-            group = group or gradient.device_mesh.get_group(_shard_dim(gradient))
+            group = group or part.group
         offset += size
     if sharded_any and dist.get_world_size(group) > 1:
         # Replicated rows would be counted W times: keep them on one process only before the sum.
         if dist.get_rank(group) != 0:
             offset = 0
-            for gradient, size in zip(gradients, sizes, strict=True):
-                if not isinstance(gradient, DTensor):
+            for part, size in zip(parts, sizes, strict=True):
+                if part.group is None:
                     rows[offset : offset + size] = 0
                 offset += size
         dist.all_reduce(rows, group=group)

@@ -29,8 +29,8 @@ from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from ..parallel.tensors import is_distributed
 from ..training.checkpoints import Checkpoint
 from ..training.gradient_reduction import RankSum
 from .reduction import shard_layout, sharded_ordered_fold
@@ -47,7 +47,7 @@ class LogicalGradients:
     def __init__(
         self, trainer, topology: Topology, mode: ReductionMode = "deterministic", *, replicated_only: bool = False
     ):
-        """`replicated_only`: keep apart only parameters that are not sharded (DTensors are the sharded fold's,
+        """`replicated_only`: keep apart only parameters that are not sharded (distributed ones are the sharded fold's,
         `parallel.fsdp.gradients.ShardedLogicalGradients`, which uses this for a sharded model's heads)."""
         if mode not in REDUCTION_MODES:
             raise ValueError(
@@ -73,7 +73,7 @@ class LogicalGradients:
     def _parameters(self) -> Iterator[tuple[_Key, torch.nn.Parameter]]:
         for checkpoint_name, checkpoint in self._trainer.checkpoints.items():
             for param_name, param in checkpoint.parameters().items():
-                if not (self._replicated_only and isinstance(param, DTensor)):
+                if not (self._replicated_only and is_distributed(param)):
                     yield (checkpoint_name, param_name), param
 
     @contextlib.contextmanager
