@@ -347,10 +347,10 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _continued_adapter_unsharded(self) -> "RunConfig":
-        if self.model.lora is not None and self.model.lora.init_from is not None and self.train.sharding == "fsdp":
+        if self.model.lora is not None and self.model.lora.init_from is not None and self.train.shards_weights:
             raise ValueError(
                 "a LoRA adapter that continues (model.lora.init_from, or model.path naming a LoRA checkpoint) with "
-                'train.sharding = "fsdp": not supported yet; set train.sharding = "none" to continue it'
+                f'train.sharding = "{self.train.sharding}": not supported yet; set train.sharding = "none" to continue it'
             )
         return self
 
