@@ -24,6 +24,7 @@ from tests.conftest import tiny_tree
 from tests.trainer.sharded_ranks import bitwise, emit, start
 from trainer_core.config import config_from_dict
 from trainer_core.model import LORA_CHECKPOINT, _compute_dtype, build_model, build_trainer
+from trainer_core.parallel import FullyShard
 from trainer_core.parallel.fsdp.shard import shard_model
 from trainer_core.run.distributed import run_rank_process
 from trainer_core.training.lora_injection import inject_lora
@@ -42,8 +43,8 @@ def from_pretrained_then_shard(config, mesh, lora):
 
 
 def shards(trainer) -> dict[str, torch.Tensor]:
-    assert trainer.sharding is not None
-    return {fp._param_fqn: fp._sharded_param_data.clone() for fp in trainer.sharding.fsdp_params()}
+    assert isinstance(trainer.parallelism, FullyShard)
+    return {fp._param_fqn: fp._sharded_param_data.clone() for fp in trainer.parallelism.sharded.fsdp_params()}
 
 
 def first_step(trainer, rank: int):

@@ -216,8 +216,8 @@ def exported_adapter(trainer, master, rank, out_dir: Path) -> dict:
     if rank == 0:
         target.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    assert trainer.sharding is not None
-    export_sharded_adapter(trainer.sharding, "a", LORA["a"][0], target)
+    assert isinstance(trainer.parallelism, FullyShard)
+    export_sharded_adapter(trainer.parallelism.sharded, "a", LORA["a"][0], target)
     ids, mask = rank_batch(0, rank)
     with torch.no_grad():
         logits = trainer.forward(ids, mask, outputs=("logits",), checkpoint="a").logits
@@ -248,9 +248,9 @@ def check_stale(rank, world_size, mesh):
         trainer.step()
         held = trainer.graphs.held_weight_bytes(trainer._parameter_storages())
         trainer.backward(token_loss(out.logprobs, mask, 1, world_size))
-        assert trainer.sharding is not None
+        assert isinstance(trainer.parallelism, FullyShard)
         adapter = [p for _, p in adapter_parameters(trainer.model, "a")]
-        shards = sum(fp._sharded_param_data.numel() * 4 for fp in trainer.sharding.fsdp_params(adapter))
+        shards = sum(fp._sharded_param_data.numel() * 4 for fp in trainer.parallelism.sharded.fsdp_params(adapter))
         got = grads(trainer, "a")
         results[mode] = {
             "bitwise": all_bitwise(got, expected),

@@ -210,7 +210,10 @@ def forward_fault_run(master, mesh, rank: int, world_size: int, fault: str | Non
             handle.remove()
         out = None
         gc.collect()  # the failed backward's error, in a cycle with its frames, held B's loss (and so its graph)
-        found["resharded"] = all(fp.sharded_state is ShardedState.SHARDED for fp in trainer.sharding.fsdp_params())
+        assert isinstance(trainer.parallelism, FullyShard)
+        found["resharded"] = all(
+            fp.sharded_state is ShardedState.SHARDED for fp in trainer.parallelism.sharded.fsdp_params()
+        )
         found["graphs_kept"] = [g.graph_id for g in trainer.graphs.live()] == live
         found["resident_kept"] = trainer.resident_bytes() == resident
     trainer.step()
@@ -342,8 +345,8 @@ def stale_gradient(master, mesh, rank, world_size, mode, *, swap=True):
         trainer.step()
         held = trainer.graphs.held_weight_bytes(trainer._parameter_storages())
         trainer.backward(token_loss(out.logprobs, mask, 1, world_size))
-    assert trainer.sharding is not None
-    shards = sum(fp._sharded_param_data.numel() * 4 for fp in trainer.sharding.fsdp_params())
+    assert isinstance(trainer.parallelism, FullyShard)
+    shards = sum(fp._sharded_param_data.numel() * 4 for fp in trainer.parallelism.sharded.fsdp_params())
     return sharded_grads(trainer), held, shards
 
 
@@ -372,8 +375,8 @@ def check_stale_bf16(rank, world_size, mesh):
     trainer.step()
     held = trainer.graphs.held_weight_bytes(trainer._parameter_storages())
     trainer.backward(token_loss(out.logprobs, mask, 1, world_size))
-    assert trainer.sharding is not None
-    shards = sum(fp._sharded_param_data.numel() * 2 for fp in trainer.sharding.fsdp_params())
+    assert isinstance(trainer.parallelism, FullyShard)
+    shards = sum(fp._sharded_param_data.numel() * 2 for fp in trainer.parallelism.sharded.fsdp_params())
     got = sharded_grads(trainer)
     emit(
         "stale_bf16", rank, bitwise=all_bitwise(got, expected), max_diff=worst(got, expected), held=held, shards=shards
@@ -401,8 +404,8 @@ def check_two_snapshots(rank, world_size, mesh):
     held = trainer.graphs.held_weight_bytes(trainer._parameter_storages())
     trainer.backward(token_loss(out_a.logprobs, mask_a, 1, world_size))
     trainer.backward(token_loss(out_c.logprobs, mask_c, 3, world_size))
-    assert trainer.sharding is not None
-    shards = sum(fp._sharded_param_data.numel() * 4 for fp in trainer.sharding.fsdp_params())
+    assert isinstance(trainer.parallelism, FullyShard)
+    shards = sum(fp._sharded_param_data.numel() * 4 for fp in trainer.parallelism.sharded.fsdp_params())
     got = sharded_grads(trainer)
     emit(
         "two_snapshots",

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from trainer_core.config_train import TrainSection
 from trainer_core.parallel import PARALLELISM_NAMES, PARALLELISMS, Replicated, parallelism_for
 from trainer_core.training import Trainer
 
@@ -22,6 +23,12 @@ from trainer_core.training import Trainer
 def test_the_registry_holds_every_named_parallelism_in_order():
     assert tuple(PARALLELISMS) == PARALLELISM_NAMES
     assert all(cls.name == name for name, cls in PARALLELISMS.items())
+
+
+def test_a_parallelism_shards_the_weights_exactly_when_the_config_says_its_name_does():
+    # The run asks the parallelism (state save, export side); the config's checks ask train.shards_weights.
+    for name, cls in PARALLELISMS.items():
+        assert cls.shards_weights == TrainSection(sharding=name).shards_weights, name
 
 
 def test_the_names_load_without_torch():
@@ -34,7 +41,7 @@ def test_a_trainer_without_a_parallelism_is_replicated():
     model = nn.Linear(3, 2)
     trainer = Trainer(model)
     assert isinstance(trainer.parallelism, Replicated) and trainer.parallelism.model is model
-    assert trainer.sharding is None
+    assert not trainer.parallelism.shards_weights
     assert trainer.parallelism.snapshot(model.parameters()) is None
     assert not any(trainer.parallelism.manages(p) for p in model.parameters())
     assert trainer.parallelism.compute_dtype(model.weight) == torch.float32

@@ -27,6 +27,8 @@ What a parallelism answers, and why the trainer needs it:
   reduction that would sum them again;
 - *recovery*: `recover_after_failed_pass`, after an exception aborted a
   forward or a backward midway (every rank calls it);
+- *state and export*: `shards_weights`, whether each rank holds only its
+  part of the weights and AdamW state (every rank saves and exports its own);
 - *LoRA*: `adopts_injected_adapters`, whether adapters are injected before
   the model is wrapped (the engine holds the parameters: peft cannot add any
   afterwards) and adopted by name.
@@ -68,6 +70,9 @@ class Parallelism(Protocol):
     """Whether the engine sums its parameters' gradients over ranks inside every backward (a collective)."""
     adopts_injected_adapters: ClassVar[bool]
     """Whether LoRA adapters are injected before `wrap` and adopted by name (the engine holds the parameters)."""
+    shards_weights: ClassVar[bool]
+    """Whether each rank holds only its shards of the weights and AdamW state (config: `train.shards_weights`):
+    every rank then saves and exports its own part; otherwise every rank holds them whole and one writes."""
 
     @property
     def model(self) -> nn.Module:

@@ -2,7 +2,7 @@
 
 One export-prepare (`run/export_prepare.py`) and one checkpoint layout
 (`run/checkpoint_layout.py`) serve every parallelism; what differs is asked
-of the parallelism's export side, a mixin its class inherits:
+of the parallelism's export side (`export_side_of` picks it by `shards_weights`):
 
 - `held_weights`: what this rank holds, digested in the first phase;
 - `diverged_ranks` / `export_digest`: what the ranks' digests say (replicas
@@ -72,6 +72,6 @@ class ReplicatedExportSide:
 
 def export_side_of(trainer: Trainer) -> ReplicatedExportSide | FullyShardExportSide:
     """The export side of the parallelism `trainer` runs under."""
-    # The trainer holds its sharded model when the model is sharded; until it holds its parallelism object
-    # (which inherits its export side), that is what tells the two apart.
-    return ReplicatedExportSide() if trainer.sharding is None else FullyShardExportSide()
+    # Asked, not inherited: the parallelisms cannot inherit their export sides (the export writers import the
+    # trainer library, which imports the parallelisms).
+    return FullyShardExportSide() if trainer.parallelism.shards_weights else ReplicatedExportSide()

@@ -22,6 +22,7 @@ class Replicated:
     name: ClassVar[str] = "none"
     reduces_in_backward: ClassVar[bool] = False
     adopts_injected_adapters: ClassVar[bool] = False
+    shards_weights: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module) -> None:
         self._model = model

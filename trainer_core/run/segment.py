@@ -254,7 +254,7 @@ class SegmentRun:
         self.progress.write("saving", segment=self.segment_index)
         state_bytes = 0
         meta = StateMeta(next_step=self.segment.end_step, segment=self.segment_index, plan_digest=self.plan.digest)
-        if self.trainer.sharding is not None:
+        if self.trainer.parallelism.shards_weights:
             # Every rank writes its shards (collectives inside: a failing rank fails the others' save with it).
             with coordinated("save", collectives=True):
                 maybe_inject_command_fault("save", self.topology.rank)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
@@ -45,13 +44,6 @@ class CheckpointRegistry:
         self.checkpoints: dict[str, Checkpoint] = {}
         self.heads: dict[str, nn.Module] = {}
         self._active_adapter: str | None = None
-
-    @property
-    def sharding(self) -> Any:
-        """The sharded model's units (`FullyShard.sharded`), None when the parallelism shards nothing.
-
-        For the run code that still reads it while it moves behind `parallelism`; new code asks `parallelism`."""
-        return getattr(self.parallelism, "sharded", None)
 
     def _add(self, checkpoint: Checkpoint) -> Checkpoint:
         if checkpoint.name in self.checkpoints:

@@ -24,6 +24,7 @@ class FullyShard:
     name: ClassVar[str] = "fsdp"
     reduces_in_backward: ClassVar[bool] = True
     adopts_injected_adapters: ClassVar[bool] = True
+    shards_weights: ClassVar[bool] = True
 
     def __init__(self, sharded: ShardedModel) -> None:
         self.sharded = sharded

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from trainer_core.parallel.fsdp import FullyShard
 from trainer_core.parallel.fsdp.adapter_export import export_sharded_adapter
 from trainer_core.parallel.fsdp.export import export_sharded_hf
 from trainer_core.parallel.fsdp.shard import ShardedModel
@@ -75,9 +76,9 @@ class FullyShardExportSide:
 
 def _sharded(trainer: Trainer) -> ShardedModel:
     """The trainer's sharded model (what its FSDP units were made by)."""
-    sharded = trainer.sharding
-    assert sharded is not None, "FSDP's export side exports a sharded trainer"
-    return sharded
+    parallelism = trainer.parallelism
+    assert isinstance(parallelism, FullyShard), "FSDP's export side exports a sharded trainer"
+    return parallelism.sharded
 
 
 def _export_dtype(config: RunConfig) -> torch.dtype | None:

@@ -67,6 +67,7 @@ from trainer_core.training.checkpoints import Checkpoint
 from trainer_core.training.memory import BACKWARD_STATES, BackwardMode
 from trainer_core.training.transaction import ranks_agree
 
+from . import FullyShard
 from .fold import OrderedFolds
 
 __all__ = ["ShardedLogicalGradients"]
@@ -82,7 +83,8 @@ class ShardedLogicalGradients:
     deterministic = True
 
     def __init__(self, trainer, topology: Topology, *, empty_mode: BackwardMode = "retain"):
-        if trainer.sharding is None:
+        parallelism = trainer.parallelism
+        if not isinstance(parallelism, FullyShard):
             raise ValueError("ShardedLogicalGradients reduces a sharded model; an unsharded one uses LogicalGradients")
         if topology.assignment != "round_robin":
             raise ValueError(
@@ -92,7 +94,7 @@ class ShardedLogicalGradients:
         self._trainer = trainer
         self.topology = topology
         self.empty_mode: BackwardMode = empty_mode
-        self.folds = OrderedFolds(trainer.sharding)
+        self.folds = OrderedFolds(parallelism.sharded)
         self._heads = LogicalGradients(trainer, topology, "deterministic", replicated_only=True)
         self.active: int | None = None
         """The logical rank whose block runs now, or None."""
