@@ -26,6 +26,7 @@ from .data_sources import data_files, entries, resolve_entry
 from .errors import ConfigError
 from .hub_ids import is_hub_id
 from .input_files import resolved_path
+from .parallel.limits import PARALLELISM_LIMITS  # torch-free, like the names
 from .registry_names import NO_TRACKING, OBJECTIVE_NEEDS, TRACKING_BACKENDS
 from .storage_url import check_storage_url, local_path, overlap
 
@@ -351,6 +352,15 @@ class RunConfig(_Section):
             raise ValueError(
                 "a LoRA adapter that continues (model.lora.init_from, or model.path naming a LoRA checkpoint) with "
                 f'train.sharding = "{self.train.sharding}": not supported yet; set train.sharding = "none" to continue it'
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _model_path_loads_under_the_parallelism(self) -> "RunConfig":
+        if self.model.path is not None and not PARALLELISM_LIMITS[self.train.sharding].loads_model_path:
+            raise ValueError(
+                f'model.path with train.sharding = "{self.train.sharding}": loading weights into its parts is not '
+                'supported yet; set train.sharding = "fsdp", or build the model from model.config'
             )
         return self
 

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from .config_base import _Beta, _Section
 from .lr_schedule import SCHEDULE_KINDS, LRSchedule
 from .parallel import PARALLELISM_NAMES, REPLICATED  # torch-free: the package loads its classes lazily
+from .parallel.limits import PARALLELISM_LIMITS  # torch-free, like the names
 from .ranks.topology import topology_problem  # a light module: trainer_core.ranks loads its names lazily
 from .registry_names import BACKWARD_MODES, OBJECTIVE_NEEDS, PLANNER
 
@@ -156,6 +157,18 @@ class TrainSection(_Section):
                 "rank runs its rows in one forward; cut the rows per forward with more logical ranks instead (a "
                 f"train.logical_dp that divides global_batch_size={self.global_batch_size} into shares of at most "
                 f"{self.micro_batch_size} row(s), run in turn on every process), or remove micro_batch_size"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _within_the_parallelism_s_limits(self) -> "TrainSection":
+        fewest = PARALLELISM_LIMITS[self.sharding].deterministic_min_processes_per_node
+        if self.reduction == "deterministic" and self.nnodes > 1 and self.nproc_per_node < fewest:
+            raise ValueError(
+                f'train.sharding = "{self.sharding}" with train.reduction = "deterministic" folds over at least '
+                f"{fewest} processes per node, got train.nproc_per_node = {self.nproc_per_node} on "
+                f'{self.nnodes} nodes; set train.nproc_per_node = {fewest} or more, train.sharding = "fsdp", '
+                'or train.reduction = "fast"'
             )
         return self
 

@@ -79,3 +79,21 @@ def test_the_memory_refusal_offers_sharding_to_a_lora_run_but_not_lora_again(tmp
     message = _past_memory(tmp_path, model=lora, train={"reduction": "fast"})
     assert 'try, in order: train.sharding = "fsdp"; train.dtype' in message, message
     assert "more processes" in message and "[model.lora]" not in message, message
+
+
+def test_hsdp_s_limits_are_refused_before_anything_launches(tmp_path):
+    """HSDP's ranks would refuse these only after the rendezvous and a model build on every process (hsdp.py,
+    fsdp/fold.py); the config refuses them first, naming the fix."""
+    with pytest.raises(ConfigError, match=r"train.nproc_per_node = 2 or more"):
+        _config(tmp_path, "train.sharding=hsdp", "train.nnodes=2", "train.nproc_per_node=1")
+    fast = _config(tmp_path, "train.sharding=hsdp", "train.nnodes=2", "train.nproc_per_node=1", "train.reduction=fast")
+    assert (fast.train.sharding, fast.train.nnodes) == ("hsdp", 2)  # the engine's own reduce has no such limit
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    tree = tiny_tree(tmp_path)
+    tree["model"] = {"path": str(model_dir)}
+    tree["train"] = {**tree["train"], "sharding": "hsdp"}
+    with pytest.raises(ConfigError, match=r'model.path with train.sharding = "hsdp".*train.sharding = "fsdp"'):
+        config_from_dict(tree, config_dir=tmp_path)
+    tree["train"]["sharding"] = "fsdp"
+    assert config_from_dict(tree, config_dir=tmp_path).model.path is not None
