@@ -230,8 +230,8 @@ def _write(sharded: ShardedModel, plan: ExportPlan, directory: Path, options: Ex
                 (directory / INDEX_FILE).write_text(json.dumps(plan.index, indent=2, sort_keys=True) + "\n")
             embed: Any = model.get_input_embeddings()  # pyright: ignore[reportCallIssue]
             true_size = vocab_size if vocab_size is not None else embed.weight.shape[0]
-            export_dtype = dtype or next(e.dtype for e in plan.entries if e.source.is_floating_point())
-            _write_config(model, directory, true_size, str(export_dtype).split(".")[1])
+            config_dtype = dtype or next(e.dtype for e in plan.entries if e.source.is_floating_point())
+            _write_config(model, directory, true_size, str(config_dtype).split(".")[1])
         except OSError as failed:
             error = failure(failed)
     agree(model, "writing the checkpoint files", error)
