@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, BinaryIO, Literal, Protocol, runtime_checkable
 import fsspec
 
 if TYPE_CHECKING:
-    from infra.publication.manifests import FileEntry
+    from trainer_core.run.manifest import FileEntry
 
     from .uploads import RemoteObject, UploadJob
 

@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 import fsspec
 
-from infra.publication.manifests import FileEntry
+from trainer_core.run.manifest import FileEntry
 from trainer_core.storage_url import overlap
 
 from .base import Deadline, ObjectInfo, PutMode, StoreLocation, StoreTimeouts, Upload, Versioned, find_files

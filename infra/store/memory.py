@@ -20,7 +20,7 @@ from typing import BinaryIO, cast
 
 import fsspec
 
-from infra.publication.manifests import FileEntry
+from trainer_core.run.manifest import FileEntry
 
 from .base import Deadline, ObjectInfo, PutMode, StoreLocation, Upload, Versioned
 from .uploads import RemoteObject, UploadJob, changed, hashed_where_they_lie

@@ -23,7 +23,7 @@ import posixpath
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from infra.publication.manifests import FileEntry
+from trainer_core.run.manifest import FileEntry
 
 from .base import Deadline, ObjectStore, find_files, location_of
 from .local_tree import list_links as _local_links

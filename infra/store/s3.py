@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, cast
 
-from infra.publication.manifests import FileEntry
+from trainer_core.run.manifest import FileEntry
 
 from .base import (
     Deadline,

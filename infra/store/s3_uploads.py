@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from infra.publication.manifests import FileEntry
+from trainer_core.run.manifest import FileEntry
 
 from .base import Upload
 from .uploads import CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_KEY, UploadJob, changed

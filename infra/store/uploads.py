@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra.publication.manifests import FileEntry
+from trainer_core.run.manifest import FileEntry
 
 if TYPE_CHECKING:  # base.py lies below this leaf module: only its names are needed here
     from .base import Deadline, ObjectStore, Upload

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import BinaryIO, cast
 
-from infra.publication.manifests import FileEntry
 from trainer_core.files import size_and_sha256
+from trainer_core.run.manifest import FileEntry
 
 from .base import ObjectStore, location_of
 from .durable import temp_name
