@@ -28,6 +28,7 @@ from .output import emit
 
 if TYPE_CHECKING:
     from trainer_core.run.device_memory import MemoryReport
+    from trainer_core.run.validate import CheckedInputs
 
 __all__ = [
     "EXIT_ALREADY_RUNNING",
@@ -121,6 +122,17 @@ def _interrupted(args: argparse.Namespace, so_far: dict | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     config = _load(args)
     check_tracking(config)
+    checked = _checked_before_start(config, args)
+    if isinstance(checked, int):
+        return checked
+    checked.store_cache()
+    # The check the README promises before a run starts: shown before Prefect's server and the first launch.
+    print_memory(checked.memory)
+    return _train(config, args)
+
+
+def _checked_before_start(config: RunConfig, args: argparse.Namespace) -> CheckedInputs | int:
+    """Every input read and checked, and the store probed, before Prefect starts; an exit status when not."""
     # A bad config is reported without transformers or torch.
     from infra.launch.failures import classify_exception
     from infra.publication.parent import resolve_parent, undo, undone_if_refused
@@ -152,9 +164,11 @@ def _run(args: argparse.Namespace) -> int:
             )
         )
         return EXIT_FAILED
-    checked.store_cache()
-    # The check the README promises before a run starts: shown before Prefect's server and the first launch.
-    print_memory(checked.memory)
+    return checked
+
+
+def _train(config: RunConfig, args: argparse.Namespace) -> int:
+    """The flow under Prefect's temporary server, beside warm ranks; the result line; the exit status."""
     from infra.launch.warm_ranks import warm_ranks
     from infra.runs.run_lease import RunAlreadyActive
 
