@@ -18,6 +18,7 @@ from infra.runs.run_lease import run_lease_path
 from infra.store import open_store
 from infra.store.lease import LeaseRecord, read_lease
 from tasks.plan import compute_plan_fn
+from tests import waits
 from tests.bad_input.harness import to_toml
 from tests.conftest import tiny_tree
 from trainer_core.config import load_config
@@ -101,13 +102,8 @@ def finish(process: subprocess.Popen, cwd: Path, timeout_s: float = 600) -> tupl
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    """`tests.waits.wait_for` with the bound first, as this module's callers pass it."""
+    return waits.wait_for(condition, what, timeout_s=timeout_s, poll_s=poll_s)
 
 
 def run_ids(work_dir: Path) -> list[str]:
