@@ -75,18 +75,13 @@ def stop_and_check_gone(process: subprocess.Popen, first_signal: signal.Signals,
     return process.returncode
 
 
-@contextmanager
-def running_prefect_server(postgres_cluster: PostgresCluster, log_dir: Path) -> Iterator[RunningServer]:
-    """`rankflow server` on the session's PostgreSQL (URL from the environment, as a user may give it), logging
-    under `log_dir`; at the end stopped, checked gone, and its exit code checked."""
-    port = pick_free_port()
-    env = client_env("unused", log_dir / "home")
-    del env["PREFECT_API_URL"]
-    env["PREFECT_API_DATABASE_CONNECTION_URL"] = postgres_cluster.url(driver="postgresql")  # the command adds asyncpg
+def start_rankflow_server(args: list[str], env: dict[str, str], log_dir: Path) -> tuple[subprocess.Popen, Path]:
+    """`rankflow server ARGS --log …` in its own session, its output in `log_dir/stdout.txt`; returned once it
+    says it is up (a failed test stops it with `stop_and_check_gone`)."""
     output = log_dir / "stdout.txt"
     with output.open("wb") as sink:
         process = subprocess.Popen(
-            [RANKFLOW, "server", "--port", str(port), "--log", str(log_dir / "server.log")],
+            [RANKFLOW, "server", *args, "--log", str(log_dir / "server.log")],
             stdin=subprocess.DEVNULL,
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -96,6 +91,22 @@ def running_prefect_server(postgres_cluster: PostgresCluster, log_dir: Path) -> 
         )
     try:
         wait_for_output(output, "Stop with Ctrl-C", process, SERVER_START_TIMEOUT_S)
+    except BaseException:
+        stop_and_check_gone(process, signal.SIGTERM, GONE_S, "rankflow server")
+        raise
+    return process, output
+
+
+@contextmanager
+def running_prefect_server(postgres_cluster: PostgresCluster, log_dir: Path) -> Iterator[RunningServer]:
+    """`rankflow server` on the session's PostgreSQL (URL from the environment, as a user may give it), logging
+    under `log_dir`; at the end stopped, checked gone, and its exit code checked."""
+    port = pick_free_port()
+    env = client_env("unused", log_dir / "home")
+    del env["PREFECT_API_URL"]
+    env["PREFECT_API_DATABASE_CONNECTION_URL"] = postgres_cluster.url(driver="postgresql")  # the command adds asyncpg
+    process, output = start_rankflow_server(["--port", str(port)], env, log_dir)
+    try:
         api_url = f"http://127.0.0.1:{port}/api"
         assert f"export PREFECT_API_URL={api_url}" in output.read_text()
         assert postgres_cluster.password not in output.read_text()

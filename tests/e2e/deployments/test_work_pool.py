@@ -31,8 +31,8 @@ from tests.e2e.deployments.prefect_server import (
     GONE_S,
     PREFECT,
     RANKFLOW,
-    SERVER_START_TIMEOUT_S,
     client_env,
+    start_rankflow_server,
     stop_and_check_gone,
     wait_for_output,
     wait_terminal,
@@ -232,19 +232,8 @@ def test_rankflow_server_with_its_own_cluster_stops_everything_on_ctrl_c(postgre
             "PREFECT_SERVER_DATABASE_CONNECTION_URL",
         ):
             env.pop(name, None)
-        output = logs / "stdout.txt"
-        with output.open("wb") as sink:
-            process = subprocess.Popen(
-                [RANKFLOW, "server", "--port", str(port), "--pg-dir", str(pg_dir), "--log", str(logs / "server.log")],
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=logs,
-                start_new_session=True,
-            )
+        process, output = start_rankflow_server(["--port", str(port), "--pg-dir", str(pg_dir)], env, logs)
         try:
-            wait_for_output(output, "Stop with Ctrl-C", process, SERVER_START_TIMEOUT_S)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=120) as response:
                 assert response.status == 200
             password = (pg_dir / "password").read_text().strip()
