@@ -117,10 +117,11 @@ def measure(args: argparse.Namespace, topology: Topology) -> dict:
     model = spec.build(seed=0)
     clock = PhaseClock()
     instrument(clock)
+    deterministic = SegmentLoop(copy.deepcopy(model), topology, "deterministic")
     loops: dict[str, Callable] = {
         "ddp": DDPLoop(copy.deepcopy(model), clock).step,
         "fast": SegmentLoop(copy.deepcopy(model), topology, "fast").step,
-        "deterministic": SegmentLoop(copy.deepcopy(model), topology, "deterministic").step,
+        "deterministic": deterministic.step,
     }
     figures: dict = {side: {"step_s": [], "cpu_s": [], "losses": [], "phases_s": []} for side in SIDES}
     for round_index in range(args.warmup + args.reps):
@@ -146,6 +147,8 @@ def measure(args: argparse.Namespace, topology: Topology) -> dict:
         "world_size": topology.world_size,
         "tokens_per_step": args.batch_size * args.seq_len,
         "threads_per_process": torch.get_num_threads(),
+        # Whether the deterministic fold overlapped the last backward (rounds folded, buckets sent mid-backward).
+        "overlap_counts": getattr(deterministic.ldp.gradients, "overlap_counts", None),
     }
 
 

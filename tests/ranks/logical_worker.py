@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import trainer_core.ranks.fold_buckets as fold_buckets
 from tests.ranks.loops import (
     EVEN_ROWS,
     LOGICAL_DP,
@@ -30,9 +31,19 @@ from tests.ranks.loops import (
     spmd_sft,
     spmd_shuffled,
 )
+from tests.ranks.overlapped_loops import spmd_overlapped
 from trainer_core.ranks import Topology, pin_threads, reduce_over_logical_ranks, run_rank_zero
 from trainer_core.ranks.reduction import sharded_ordered_fold, to_shard_layout
 from trainer_core.run.distributed import init_distributed, log, run_rank_process
+
+# The overlapped fold at the tiny model's size: buckets of about one weight each, so many leave mid-backward.
+OVERLAPPED = (
+    ("overlapped_even", EVEN_ROWS, {}),
+    ("overlapped_uneven", UNEVEN_ROWS, {}),
+    ("overlapped_micro", EVEN_ROWS, {"micro": 2}),
+    ("overlapped_extra_backward", EVEN_ROWS, {"extra": True}),
+    ("overlapped_failed_then_retried", EVEN_ROWS, {"fail": True}),
+)
 
 
 def _partial(logical_rank: int, numel: int = 1001) -> torch.Tensor:
@@ -74,6 +85,14 @@ def run_scenarios(topology: Topology) -> dict[str, dict]:
         "rank_zero_shuffled", trainer, run_rank_zero(trainer, topology, lambda t: rank_zero_shuffled(t, shuffle_pool()))
     )
 
+    overlap: dict[str, dict] = {}
+    for name, rows, options in OVERLAPPED:
+        trainer = make_trainer()
+        losses, overlap[name] = spmd_overlapped(trainer, topology, sft_batches(rows), **options)
+        record(name, trainer, losses)
+    if topology.world_size > 1:  # nothing to overlap at W = 1
+        results["overlap_counts"] = overlap
+
     local = torch.stack([_partial(r) for r in topology.local_logical_ranks])
     folded = sharded_ordered_fold(to_shard_layout(local, topology.world_size), topology)[: local.shape[1]]
     results["fold"] = {"digest": _same_everywhere(folded.numpy().tobytes().hex(), topology)}
@@ -99,6 +118,7 @@ def main() -> None:
     parser.add_argument("--fast", action="store_true")
     args = parser.parse_args()
     pin_threads(1)
+    fold_buckets.BUCKET_BYTES = 4096
     topology = init_distributed(logical_dp=LOGICAL_DP, timeout_s=120)
     results = fast_scenario(topology) if args.fast else run_scenarios(topology)
     name = "fast.json" if args.fast else f"results-w{topology.world_size}.json"

@@ -1,5 +1,6 @@
-"""The deterministic fold's send buffer is written element by element (`LogicalGradients._fold_group`), never
-zero-filled first: a logical rank without a gradient must still count as zeros.
+"""The deterministic fold's send buffer is written element by element (`flat_partials.pack_partials`, used by the
+fold at the step and by the buckets of the overlapped one), never zero-filled first: a logical rank without a
+gradient must still count as zeros.
 
 The buffer is allocated here full of NaN (what reused memory may hold), and the step's gradient is compared with
 the plain sum of each logical rank's gradient, folded in logical order."""
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+import trainer_core.ranks.flat_partials as flat_partials_module
 from trainer_core.ranks import LogicalGradients, Topology
-from trainer_core.ranks import logical_gradients as logical_gradients_module
 from trainer_core.training import Trainer
 
 
@@ -43,7 +44,7 @@ def test_a_missing_gradient_and_the_padding_count_as_zeros_whatever_the_buffer_h
             for (name, _), grad in zip(model.named_parameters(), partial, strict=True):
                 expected[name] = expected[name] + grad
     (checkpoint,) = trainer.checkpoints.values()
-    monkeypatch.setattr(logical_gradients_module, "torch", _NaNMemory())
+    monkeypatch.setattr(flat_partials_module, "torch", _NaNMemory())
     gradients.reduce([checkpoint], [[True] * len(checkpoint.parameters())])
     monkeypatch.undo()
     for name, summed in expected.items():

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from infra.launch.launcher import launch
-from tests.ranks.logical_worker import fast_scenario, run_scenarios
+from tests.ranks.logical_worker import OVERLAPPED, fast_scenario, run_scenarios
 from tests.ranks.loops import LOGICAL_DP
 from tests.trainer.ranks import ROOT
 from trainer_core.ranks import Topology, pin_threads
@@ -57,13 +57,31 @@ def test_every_scenario_is_bitwise_the_same_at_one_two_and_four_processes(tmp_pa
         "rank_zero_shuffled",
         "fold",
         "reduce",
+        *(name for name, _, _ in OVERLAPPED),
     }
     for world_size in (2, 4):
         results = launch_worker(world_size, tmp_path)
         for scenario, expected in reference.items():
             assert results[scenario] == expected, f"{scenario} differs at W={world_size}"
-    # Uneven data matches W = 1 whether the caller sees the empty shards or not.
+        # The overlapped fold was used where the hooks' buckets were the published gradients, and dropped where not.
+        counts = results["overlap_counts"]
+        steps = {name: len(rows) for name, rows, _ in OVERLAPPED}
+        for name in ("overlapped_even", "overlapped_uneven", "overlapped_micro"):
+            assert counts[name]["rounds_folded"] == steps[name] and counts[name]["rounds_dropped"] == 0, counts[name]
+            assert counts[name]["buckets_sent_in_backward"] >= 4 * steps[name], (name, counts[name])
+        assert counts["overlapped_extra_backward"] == {
+            "rounds_folded": 0,
+            "rounds_dropped": 3,
+            "buckets_sent_in_backward": 0,
+        }
+        # The failed try's round is dropped when the retry opens its own; the retry's round is folded.
+        assert counts["overlapped_failed_then_retried"]["rounds_folded"] == 3
+        assert counts["overlapped_failed_then_retried"]["rounds_dropped"] == 1
+    # Uneven data matches W = 1 whether the caller sees the empty shards or not; the overlapped loops train the plain
+    # ones' weights (their losses add in float64).
     assert reference["spmd_uneven"] == reference["spmd_uneven_skipping_empty"]
+    assert reference["overlapped_even"]["digest"] == reference["spmd_even"]["digest"]
+    assert reference["overlapped_uneven"]["digest"] == reference["spmd_uneven"]["digest"]
 
 
 def test_the_comparison_is_sensitive_a_fast_reduction_differs_from_w1(tmp_path, one_thread):

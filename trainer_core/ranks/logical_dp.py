@@ -170,6 +170,17 @@ class LogicalDataParallel:
                 with shard:
                     pass
 
+    def overlapped_step(self) -> contextlib.AbstractContextManager:
+        """Around one step's `forward_batches` loop, on every process: the deterministic fold's messages leave while
+        the backward `final_backward` marks still runs (`fold_buckets.py`); the same bits as without it."""
+        overlapped = getattr(self.gradients, "overlapped_step", None)
+        return overlapped() if overlapped is not None else contextlib.nullcontext()
+
+    def final_backward(self) -> contextlib.AbstractContextManager:
+        """Inside a shard: the backward run in this block is this process's last before the step."""
+        final = getattr(self.gradients, "final_backward", None)
+        return final() if final is not None else contextlib.nullcontext()
+
     def reduce(
         self, values: Mapping[int, torch.Tensor] | Sequence[torch.Tensor | None], op: ReduceOp = "sum"
     ) -> torch.Tensor:

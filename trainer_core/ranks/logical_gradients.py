@@ -29,11 +29,14 @@ from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import torch
+import torch.distributed as dist
 
 from ..parallel.tensors import is_distributed
 from ..training.checkpoints import Checkpoint
 from ..training.gradient_reduction import RankSum
-from .reduction import shard_layout, sharded_ordered_fold
+from .flat_partials import assign_folded, pack_partials
+from .fold_buckets import FoldRound, _Member
+from .reduction import sharded_ordered_fold
 from .topology import Topology
 
 ReductionMode = Literal["deterministic", "fast"]
@@ -60,6 +63,10 @@ class LogicalGradients:
         self._partials: dict[int, dict[_Key, torch.Tensor]] = {rank: {} for rank in topology.local_logical_ranks}
         self.active: int | None = None
         """The logical rank whose backwards run now, or None."""
+        self._round: FoldRound | None = None
+        self._round_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
+        self.overlap_counts = {"rounds_folded": 0, "rounds_dropped": 0, "buckets_sent_in_backward": 0}
+        """What the overlapped fold did (`overlapped_step`): rounds the step used or dropped, buckets sent early."""
 
     @property
     def deterministic(self) -> bool:
@@ -109,6 +116,53 @@ class LogicalGradients:
                 param.grad = outside.get(key)
             self.active = None
 
+    # -- the fold overlapped with the last backward (`fold_buckets.py`) -------------
+
+    @contextlib.contextmanager
+    def overlapped_step(self) -> Iterator[None]:
+        """One step's logical ranks' work (every process alike): the backward `final_backward` marks sends its
+        gradients while it runs, the rest leave at the block's end, and the step folds what they carried."""
+        members = [
+            _Member(key, param, self._optimized(key)) for key, param in self._parameters() if not is_distributed(param)
+        ]
+        if not self.deterministic or self.topology.world_size == 1 or self._replicated_only or not members:
+            yield
+            return
+        self._drop_round()  # a round no step used: its messages still finish on every process alike
+        groups = self._round_groups
+        if groups is None:  # every process opens its first round at the same point: a collective
+            groups = self._round_groups = (_new_group(self.topology), _new_group(self.topology))
+        fold_round = FoldRound(members, self.topology, groups, lambda: self._partials)
+        self._round = fold_round
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            fold_round.close(ok)
+
+    def final_backward(self) -> contextlib.AbstractContextManager:
+        """Mark the backward this process runs last before the step (its last logical rank's last micro-batch)."""
+        fold_round = self._round
+        if fold_round is None or fold_round.closed or self.active is None:
+            return contextlib.nullcontext()
+        return fold_round.watch(self.active)
+
+    def begin_backward(self) -> None:
+        if self._round is not None:
+            self._round.backward_began()
+
+    def _optimized(self, key: _Key) -> torch.Tensor:
+        checkpoint, param = key
+        return self._trainer.checkpoints[checkpoint].optimized_parameters()[param]
+
+    def _drop_round(self) -> None:
+        fold_round, self._round = self._round, None
+        if fold_round is not None:
+            fold_round.close(False)
+            fold_round.drop()
+            self.overlap_counts["rounds_dropped"] += 1
+
     # -- the trainer's GradientReduction -------------------------------------------
 
     def agree_on_backward(self, error: BaseException | None) -> BaseException | None:
@@ -153,11 +207,30 @@ class LogicalGradients:
             for (name, tensor), flag in zip(checkpoint.optimized_parameters().items(), flags, strict=True)
             if flag
         ]
-        by_dtype: dict[torch.dtype, list[tuple[_Key, torch.Tensor]]] = {}
-        for key, tensor in targets:
-            by_dtype.setdefault(tensor.dtype, []).append((key, tensor))
-        for dtype, group in by_dtype.items():
-            self._fold_group(dtype, group)
+        fold_round, self._round = self._round, None
+        if fold_round is not None:
+            # Closed already, unless a step runs inside the step's block (unvouched then, on every process alike).
+            fold_round.close(False)
+            wanted = {key for key, _ in targets}
+            if not fold_round.covers(wanted):  # a checkpoint added since the round opened
+                fold_round.vouched = False
+            if fold_round.vote():
+                self.overlap_counts["rounds_folded"] += 1
+                self.overlap_counts["buckets_sent_in_backward"] += fold_round.sent_in_backward
+                fold_round.fold_into(wanted.__contains__)
+                for key, _ in targets:
+                    for partial in self._partials.values():
+                        partial.pop(key, None)
+            else:
+                self.overlap_counts["rounds_dropped"] += 1
+                fold_round.drop()
+                fold_round = None
+        if fold_round is None:
+            by_dtype: dict[torch.dtype, list[tuple[_Key, torch.Tensor]]] = {}
+            for key, tensor in targets:
+                by_dtype.setdefault(tensor.dtype, []).append((key, tensor))
+            for dtype, group in by_dtype.items():
+                self._fold_group(dtype, group)
         for checkpoint in checkpoints:  # every gradient of these checkpoints now lives on the optimized tensors
             for name, param in checkpoint.parameters().items():
                 if param is not checkpoint.optimized_parameters()[name]:
@@ -168,42 +241,23 @@ class LogicalGradients:
 
     def _fold_group(self, dtype: torch.dtype, group: list[tuple[_Key, torch.Tensor]]) -> None:
         """Fold one dtype's gradients over logical ranks and set them as the optimized tensors' `.grad`."""
-        numel = sum(tensor.numel() for _, tensor in group)
-        world_size = self.topology.world_size
-        chunk = shard_layout(numel, world_size)
-        # [W, L/W, chunk]: each local logical rank's flat partial, cut into the slices the processes own. Every
-        # element is written once (a gradient, or zeros where there is none and in the padding), not zeroed first.
-        local = torch.empty(world_size, len(self._partials), chunk, dtype=dtype, device=group[0][1].device)
-        for row, logical_rank in enumerate(self.topology.local_logical_ranks):
-            flat = local[:, row, :]  # a strided view: flat element i is at [i // chunk, row, i % chunk]
-            offset, partial = 0, self._partials[logical_rank]
-            for key, tensor in group:
-                grad = partial.pop(key, None)
-                # absent: this logical rank's partial is zeros there
-                _write_flat(flat, offset, tensor.numel(), chunk, None if grad is None else grad.reshape(-1))
-                offset += tensor.numel()
-            _write_flat(flat, offset, world_size * chunk - offset, chunk, None)  # the last slice's padding
+        rows = [self._partials[logical_rank] for logical_rank in self.topology.local_logical_ranks]
+        members = [(key, tensor.numel()) for key, tensor in group]
+        local = pack_partials(members, rows, self.topology.world_size, dtype, group[0][1].device)
+        for partial in rows:
+            for key, _ in group:
+                partial.pop(key, None)
         folded = sharded_ordered_fold(local, self.topology)
-        offset = 0
-        for _, tensor in group:
-            tensor.grad = folded[offset : offset + tensor.numel()].view_as(tensor)
-            offset += tensor.numel()
+        assign_folded([(tensor, True) for _, tensor in group], folded)
 
     def clear(self) -> None:
         for partial in self._partials.values():
             partial.clear()
+        if self._round is not None:
+            self._round.vouched = False  # what it sent is gone
 
 
-def _write_flat(sliced: torch.Tensor, offset: int, count: int, chunk: int, values: torch.Tensor | None) -> None:
-    """Write `values` (or zeros: None) at flat positions offset … offset + count of a [W, chunk] view (row-major
-    over slices)."""
-    position, end = offset, offset + count
-    while position < end:
-        row, column = divmod(position, chunk)
-        take = min(chunk - column, end - position)
-        target = sliced[row, column : column + take]
-        if values is None:
-            target.zero_()
-        else:
-            target.copy_(values[position - offset : position - offset + take])
-        position += take
+def _new_group(topology: Topology) -> dist.ProcessGroup:
+    group = dist.new_group(ranks=list(range(topology.world_size)))
+    assert isinstance(group, dist.ProcessGroup), "every process is a member of the round's group"
+    return group

@@ -15,6 +15,9 @@ segment's `FigureLayout` for the one ordered reduction over logical ranks.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import torch
 
 from trainer_core.run.distributed import log
@@ -60,13 +63,19 @@ def logical_rank_work(
     num_loss_tokens: int,
     mode,
     micro_batch_size: int | None = None,
+    last_backward: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> torch.Tensor:
     """Forwards and backwards of one logical rank's rows, micro-batch by micro-batch; returns its figures (summed
-    over the micro-batches, in order), packed by `layout`."""
-    figures = [
-        _micro_batch_work(objective, layout, trainer, micro, step, rank, revision, num_loss_tokens, mode)
-        for micro in micro_batches(rows, micro_batch_size)
-    ]
+    over the micro-batches, in order), packed by `layout`. `last_backward`: the block the last micro-batch runs in
+    when it is this process's last backward before the step (`LogicalDataParallel.final_backward`)."""
+    micros = micro_batches(rows, micro_batch_size)
+    figures = []
+    for index, micro in enumerate(micros):
+        last = last_backward is not None and index == len(micros) - 1
+        with last_backward() if last else contextlib.nullcontext():  # pyright: ignore[reportOptionalCall]
+            figures.append(
+                _micro_batch_work(objective, layout, trainer, micro, step, rank, revision, num_loss_tokens, mode)
+            )
     return torch.stack(figures).sum(dim=0) if len(figures) > 1 else figures[0]
 
 
@@ -113,23 +122,27 @@ def train_step(
     num_loss_tokens = int(batch["loss_mask"][:, 1:].sum())
     rank = ldp.topology.rank
     figures: dict[int, torch.Tensor] = {}
-    for shard in ldp.forward_batches(batch, step=step):
-        with shard:  # one command: a failure here, on any rank, stops every rank with the rank named
-            if shard.logical_rank == ldp.topology.local_logical_ranks[0]:
-                maybe_inject_fault(step, rank)
-            if not shard.empty:
-                figures[shard.logical_rank] = logical_rank_work(
-                    objective,
-                    layout,
-                    ldp.trainer,
-                    shard.rows,
-                    step=step,
-                    rank=rank,
-                    revision=revision,
-                    num_loss_tokens=num_loss_tokens,
-                    mode=mode,
-                    micro_batch_size=micro_batch_size,
-                )
+    local = ldp.topology.local_logical_ranks
+    # The last backward's gradients leave while it runs (the fold overlapped with it, as DDP's all-reduce).
+    with ldp.overlapped_step():
+        for shard in ldp.forward_batches(batch, step=step):
+            with shard:  # one command: a failure here, on any rank, stops every rank with the rank named
+                if shard.logical_rank == local[0]:
+                    maybe_inject_fault(step, rank)
+                if not shard.empty:
+                    figures[shard.logical_rank] = logical_rank_work(
+                        objective,
+                        layout,
+                        ldp.trainer,
+                        shard.rows,
+                        step=step,
+                        rank=rank,
+                        revision=revision,
+                        num_loss_tokens=num_loss_tokens,
+                        mode=mode,
+                        micro_batch_size=micro_batch_size,
+                        last_backward=ldp.final_backward if shard.logical_rank == local[-1] else None,
+                    )
     return layout.unpack(ldp.reduce(figures, "sum"))
 
 
