@@ -28,7 +28,9 @@ from tests.e2e.run_lease.runs import wait_for
 from tests.processes import descendants, pid_alive
 from trainer_core.run.faults import FAULT_ENV, FAULT_KIND_ENV
 
-EXIT_WITHIN_S = 2.0
+# Prefect's own stop of its temporary server waits 5 s: an exit that took that wait is at least 5 s after the
+# last line. The bound sits below it, with room for a loaded machine (it was 2 s).
+EXIT_WITHIN_S = 4.0
 
 pytestmark = [pytest.mark.flow, pytest.mark.distributed]  # `rankflow run`: a Prefect flow over torchrun
 

@@ -16,6 +16,7 @@ import shutil
 import signal
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -364,7 +365,7 @@ def test_starting_a_warm_process_removes_the_directory_a_killed_run_left():
 
     dead = psutil.Popen(["true"])
     dead.wait()
-    left = Path("/tmp") / f"{PREFIX}left-by-a-killed-run"
+    left = Path("/tmp") / f"{PREFIX}left-by-a-killed-run-{uuid.uuid4().hex[:8]}"  # another suite may run beside
     left.mkdir()
     (left / OWNER_FILE).write_text(str(dead.pid))
     (left / "socket").write_text("")
