@@ -42,6 +42,7 @@ OVERLAPPED = (
     ("overlapped_uneven", UNEVEN_ROWS, {}),
     ("overlapped_micro", EVEN_ROWS, {"micro": 2}),
     ("overlapped_extra_backward", EVEN_ROWS, {"extra": True}),
+    ("overlapped_edited_after", EVEN_ROWS, {"edit": True}),
     ("overlapped_failed_then_retried", EVEN_ROWS, {"fail": True}),
 )
 

@@ -1,8 +1,8 @@
 """SPMD SFT whose last backward of each step sends its gradients while it runs (`trainer_core/ranks/fold_buckets.py`).
 
 The loop `steps.train_step` runs, written out so each scenario can bend it:
-two micro-batches per logical rank, a backward after the marked one (what the
-hooks sent is then stale), a marked backward that fails on one logical rank
+two micro-batches per logical rank, a backward after the marked one or its
+gradient edited in place after it (what the hooks sent is then stale), a marked backward that fails on one logical rank
 after some buckets left (the step's work is cleared and run again, as a
 caller retrying it would). At W = 1 there is nothing to overlap, so the W = 1
 run of the same loop is the plain fold's: the tests compare bitwise.
@@ -44,7 +44,7 @@ def _failing_late(trainer):
         handle.remove()
 
 
-def _work(ldp, trainer, batch, step, num_loss_tokens, *, micro: int, extra: bool, fail: bool) -> dict:
+def _work(ldp, trainer, batch, step, num_loss_tokens, *, micro: int, extra: bool, edit: bool, fail: bool) -> dict:
     local = ldp.topology.local_logical_ranks
     loss_sums = {}
     with ldp.overlapped_step():
@@ -68,11 +68,17 @@ def _work(ldp, trainer, batch, step, num_loss_tokens, *, micro: int, extra: bool
                     # look at the same rows, so what its hooks sent is stale.
                     if extra and marked and shard.logical_rank == ldp.topology.logical_dp - 1:
                         trainer.backward(_loss_sum(trainer, micro_rows) / (4 * num_loss_tokens))
+                    if edit and marked and shard.logical_rank == ldp.topology.logical_dp - 1:
+                        for param in trainer.model.parameters():  # its accumulator halved in place after the hooks
+                            if param.grad is not None:
+                                param.grad.mul_(0.5)
                 loss_sums[shard.logical_rank] = total
     return loss_sums
 
 
-def spmd_overlapped(trainer, topology, batches, *, micro: int = 1, extra: bool = False, fail: bool = False):
+def spmd_overlapped(
+    trainer, topology, batches, *, micro: int = 1, extra: bool = False, edit: bool = False, fail: bool = False
+):
     """Per-step losses; with `fail`, step FAILING_STEP's first try fails in logical rank 1's marked backward."""
     ldp = LogicalDataParallel(trainer, topology, seed=0)
     losses = []
@@ -80,12 +86,22 @@ def spmd_overlapped(trainer, topology, batches, *, micro: int = 1, extra: bool =
         num_loss_tokens = int(batch["loss_mask"][:, 1:].sum())
         try:
             loss_sums = _work(
-                ldp, trainer, batch, step, num_loss_tokens, micro=micro, extra=extra, fail=fail and step == FAILING_STEP
+                ldp,
+                trainer,
+                batch,
+                step,
+                num_loss_tokens,
+                micro=micro,
+                extra=extra,
+                edit=edit,
+                fail=fail and step == FAILING_STEP,
             )
         except Exception as error:  # every process fails alike (the logical rank's command exchanged it)
             assert step == FAILING_STEP and "fails late" in str(error), error
             trainer.zero_grad()
-            loss_sums = _work(ldp, trainer, batch, step, num_loss_tokens, micro=micro, extra=extra, fail=False)
+            loss_sums = _work(
+                ldp, trainer, batch, step, num_loss_tokens, micro=micro, extra=extra, edit=edit, fail=False
+            )
         losses.append(float(ldp.reduce(loss_sums, "sum")) / num_loss_tokens)
         ldp.step()
     return losses, dict(getattr(ldp.gradients, "overlap_counts", {}))

@@ -69,11 +69,8 @@ def test_every_scenario_is_bitwise_the_same_at_one_two_and_four_processes(tmp_pa
         for name in ("overlapped_even", "overlapped_uneven", "overlapped_micro"):
             assert counts[name]["rounds_folded"] == steps[name] and counts[name]["rounds_dropped"] == 0, counts[name]
             assert counts[name]["buckets_sent_in_backward"] >= 4 * steps[name], (name, counts[name])
-        assert counts["overlapped_extra_backward"] == {
-            "rounds_folded": 0,
-            "rounds_dropped": 3,
-            "buckets_sent_in_backward": 0,
-        }
+        for name in ("overlapped_extra_backward", "overlapped_edited_after"):
+            assert counts[name] == {"rounds_folded": 0, "rounds_dropped": 3, "buckets_sent_in_backward": 0}, name
         # The failed try's round is dropped when the retry opens its own; the retry's round is folded.
         assert counts["overlapped_failed_then_retried"]["rounds_folded"] == 3
         assert counts["overlapped_failed_then_retried"]["rounds_dropped"] == 1

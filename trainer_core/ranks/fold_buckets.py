@@ -25,7 +25,9 @@ is used only when every process vouches for it:
 - a process vouches for its round when its marked backward succeeded, each
   hooked gradient arrived once and is the very tensor the backward published
   (the accumulator keeps the staged gradient's storage: a second contribution,
-  a copy or another graph's term would not), and no backward ran after it;
+  a copy or another graph's term would not), no backward ran after it, and
+  at the vote each of those accumulators is still the one committed, not
+  edited in place (its version counter) nor cleared;
 - at the step every process votes (one all-reduce on the round's group);
   one vote against and every process drops the round and folds at the step
   as without it. A round never stepped is dropped when the next one opens.
@@ -34,6 +36,7 @@ is used only when every process vouches for it:
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -111,6 +114,10 @@ class FoldRound:
         self._watching: int | None = None
         self._arrived: dict[Key, torch.Tensor] = {}
         self._arrived_storage: dict[Key, int] = {}
+        # What the marked backward committed for what the hooks sent: (logical rank, {key: (accumulator, version)}),
+        # checked again at the vote (an in-place edit or a cleared gradient after the backward is caught there).
+        self._committed: tuple[int, dict[Key, tuple[torch.Tensor | None, int]]] | None = None
+        self._lock = threading.Lock()  # hooks of parameters on several devices run on autograd's device threads
         self.sent_in_backward = 0  # buckets sent from hooks, whose values must turn out to be the published ones
 
     # -- the marked backward ------------------------------------------------------------------------
@@ -140,11 +147,14 @@ class FoldRound:
                 handle.remove()
             self._watching = None
             self.vouched = self.vouched and ok and self._published_what_was_sent()
+            if self.vouched and self.sent_in_backward:
+                self._committed = (logical_rank, self._accumulators_sent())
 
     def _hook(self, member: _Member) -> Callable[[torch.Tensor], None]:
         def arrived(grad: torch.Tensor) -> None:
             try:
-                self._arrive(member, grad)
+                with self._lock:
+                    self._arrive(member, grad)
             except Exception:  # noqa: BLE001 - never fail the backward: the round is only a guess, dropped at the vote
                 self.vouched = False
 
@@ -182,6 +192,27 @@ class FoldRound:
                         return False
                 elif grad is None or grad.untyped_storage().data_ptr() != storage:
                     return False
+        return True
+
+    def _accumulators_sent(self) -> dict[Key, tuple[torch.Tensor | None, int]]:
+        sent = {}
+        for bucket in self.buckets[: self.sent_in_backward]:
+            for member in bucket.members:
+                grad = member.param.grad
+                sent[member.key] = (grad, -1 if grad is None else grad._version)
+        return sent
+
+    def _still_committed(self) -> bool:
+        """The watched logical rank's partials are still what its marked backward committed (same tensors, not
+        edited in place since, none cleared)."""
+        if self._committed is None:
+            return not self.sent_in_backward
+        logical_rank, sent = self._committed
+        partial = self._partials()[logical_rank]
+        for key, (tensor, version) in sent.items():
+            current = partial.get(key)
+            if current is not tensor or (tensor is not None and tensor._version != version):
+                return False
         return True
 
     def backward_began(self) -> None:
@@ -223,6 +254,7 @@ class FoldRound:
 
     def vote(self) -> bool:
         """Whether every process vouches for its round (a collective on the round's group)."""
+        self.vouched = self.vouched and self._still_committed()
         ballot = torch.tensor(
             [1 if self.vouched else 0], dtype=torch.int32, device=self.buckets[0].members[0].optimized.device
         )

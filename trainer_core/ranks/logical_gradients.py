@@ -131,7 +131,8 @@ class LogicalGradients:
         self._drop_round()  # a round no step used: its messages still finish on every process alike
         groups = self._round_groups
         if groups is None:  # every process opens its first round at the same point: a collective
-            groups = self._round_groups = (_new_group(self.topology), _new_group(self.topology))
+            device = members[0].optimized.device
+            groups = self._round_groups = (_new_group(self.topology, device), _new_group(self.topology, device))
         fold_round = FoldRound(members, self.topology, groups, lambda: self._partials)
         self._round = fold_round
         ok = False
@@ -257,7 +258,10 @@ class LogicalGradients:
             self._round.vouched = False  # what it sent is gone
 
 
-def _new_group(topology: Topology) -> dist.ProcessGroup:
+def _new_group(topology: Topology, device: torch.device) -> dist.ProcessGroup:
     group = dist.new_group(ranks=list(range(topology.world_size)))
     assert isinstance(group, dist.ProcessGroup), "every process is a member of the round's group"
+    # Set up now, every process at once: a backend that connects at its first collective (NCCL) must not do it
+    # from a gradient hook, while a peer whose last logical rank is empty waits in another group's collective.
+    dist.all_reduce(torch.zeros(1, device=device), group=group)
     return group
