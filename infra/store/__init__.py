@@ -33,12 +33,12 @@ from .base import (
     StorageTimeoutError,
     StoreLocation,
     StoreTimeouts,
-    Upload,
     Versioned,
 )
 from .local import LocalStore
 from .memory import MemoryStore
 from .s3 import S3Store
+from .uploads import Upload
 
 
 class Backend(Protocol):

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, BinaryIO, Literal, Protocol, runtime_checkable
 
 import fsspec
 
+from .uploads import RemoteObject, Upload, UploadJob
+
 if TYPE_CHECKING:
     from trainer_core.run.manifest import FileEntry
-
-    from .uploads import RemoteObject, UploadJob
 
 
 @dataclass(frozen=True)
@@ -88,16 +88,6 @@ class ObjectInfo:
 
     def __repr__(self) -> str:
         return f"ObjectInfo(size={self.size})"
-
-
-@dataclass(frozen=True)
-class Upload:
-    """One local file to upload to `key`, with the size and sha256 its bytes must have."""
-
-    local: Path
-    key: str
-    size: int
-    sha256: str
 
 
 @runtime_checkable

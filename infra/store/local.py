@@ -26,13 +26,14 @@ import fsspec
 from trainer_core.run.manifest import FileEntry
 from trainer_core.storage_url import overlap
 
-from .base import Deadline, ObjectInfo, PutMode, StoreLocation, StoreTimeouts, Upload, Versioned, find_files
+from .base import Deadline, ObjectInfo, PutMode, StoreLocation, StoreTimeouts, Versioned, find_files
 from .conditional import put_conditional
 from .durable import create_exclusive, fsync_dir, temp_name, write_durable
+from .local_digests import hashed_where_they_lie
 from .local_tree import remove_empty_directories as _remove_empty_local
 from .local_tree import remove_paths
 from .preflight import probe_round_trip
-from .uploads import RemoteObject, UploadJob, changed, hashed_where_they_lie
+from .uploads import RemoteObject, Upload, UploadJob, changed
 from .verified import BLOCK_BYTES, sha256_of_file
 
 

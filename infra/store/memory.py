@@ -22,8 +22,9 @@ import fsspec
 
 from trainer_core.run.manifest import FileEntry
 
-from .base import Deadline, ObjectInfo, PutMode, StoreLocation, Upload, Versioned
-from .uploads import RemoteObject, UploadJob, changed, hashed_where_they_lie
+from .base import Deadline, ObjectInfo, PutMode, StoreLocation, Versioned
+from .local_digests import hashed_where_they_lie
+from .uploads import RemoteObject, Upload, UploadJob, changed
 
 _BLOCK_BYTES = 4 * 2**20
 

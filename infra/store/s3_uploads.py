@@ -27,8 +27,7 @@ from pathlib import Path
 
 from trainer_core.run.manifest import FileEntry
 
-from .base import Upload
-from .uploads import CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_KEY, UploadJob, changed
+from .uploads import CHECKSUM_METADATA_KEY, ETAG_METADATA_KEY, SHA256_METADATA_KEY, Upload, UploadJob, changed
 
 MULTIPART_THRESHOLD_BYTES = 64 * 2**20
 PART_SIZE_BYTES = 16 * 2**20

@@ -8,26 +8,23 @@ operations built on them (objects.py) all import it and never each other.
   (`ETAG_METADATA_KEY`), or that the server verified and keeps its sha256
   checksum (`CHECKSUM_METADATA_KEY`).
 - `RemoteObject`: what the store says of one object (each backend's
-  `remote_objects`; `hashed_where_they_lie` for a store that hashes its own
+  `remote_objects`; `local_digests.py` for a store that hashes its own
   bytes), and `object_problem` / `confirmed` / `matches`: what that evidence
   proves. A recorded digest is only what was true at upload; bytes
   rewritten later keep their metadata. Only a digest the store computed from
   the bytes it holds (or a local hash) *confirms* an object; a recorded digest
   that disagrees, or an ETag other than the one recorded, *refutes* it.
-- `UploadJob`, one planned upload, and `StagedFileChanged`, what an upload of
-  bytes that no longer match their manifest raises.
+- `Upload`, one file to send, `UploadJob`, one planned upload, and
+  `StagedFileChanged`, what an upload of bytes that no longer match their
+  manifest raises.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from trainer_core.run.manifest import FileEntry
-
-if TYPE_CHECKING:  # base.py lies below this leaf module: only its names are needed here
-    from .base import Deadline, ObjectStore, Upload
 
 SHA256_METADATA_KEY = "sha256"
 ETAG_METADATA_KEY = "etag"
@@ -35,6 +32,16 @@ ETAG_METADATA_KEY = "etag"
 CHECKSUM_METADATA_KEY = "checksum"
 """Metadata: "sha256" when the object was sent with an x-amz-checksum-sha256 that the server verified and keeps
 (a rewrite without it leaves the object with no checksum: refuted at no hashing cost)."""
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One local file to upload to `key`, with the size and sha256 its bytes must have."""
+
+    local: Path
+    key: str
+    size: int
+    sha256: str
 
 
 class StagedFileChanged(ValueError):
@@ -87,21 +94,6 @@ class RemoteObject:
     """The ETag rankflow computed from the bytes it verified and uploaded (metadata)."""
     checksum_kept: bool = False
     """rankflow sent the object with a sha256 checksum the server verified and keeps (metadata)."""
-
-
-def hashed_where_they_lie(
-    store: ObjectStore, base: str, entries: list[FileEntry], deadline: Deadline | None
-) -> dict[str, RemoteObject]:
-    """`remote_objects` of a store that hashes the bytes where they lie (a local disk, memory): their own digest.
-
-    Only what could match is hashed (a digest is computed when first read): a wrong size is a mismatch already."""
-    by_key = {store.key_of(f"{base}/{entry.path}"): entry for entry in entries}
-    found = {}
-    for key, info in store.head(list(by_key), deadline=deadline).items():
-        entry = by_key[key]
-        same_size = info.size == entry.size
-        found[entry.path] = RemoteObject(info.size, info.sha256 if same_size else None, hashed=same_size)
-    return found
 
 
 def object_problem(found: RemoteObject | None, entry: FileEntry) -> str | None:

@@ -7,7 +7,8 @@
 - `fsdp`: `FullyShard`, FSDP2 units (`fsdp/shard.py` makes them);
 - `hsdp`: `HybridShard`, the same units sharded within a node, replicated
   across nodes (a 2-D mesh);
-- `registry`: `PARALLELISMS`, each class by its `train.sharding` name;
+- `names`: `PARALLELISM_NAMES`, torch-free; `registry`: `PARALLELISMS`, each
+  class by its `train.sharding` name;
 - `tensors`, `autograd`: a distributed tensor read the same way as a plain
   one (local part, whole value, gradients), for every parallelism.
 
@@ -21,11 +22,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..lazy_exports import lazy_exports
-
-PARALLELISM_NAMES: tuple[str, ...] = ("none", "fsdp", "hsdp")
-"""Every parallelism by its `train.sharding` name (the registry's keys, in order; checked when it is built)."""
-REPLICATED = "none"
-"""The name of the parallelism that spreads nothing (every process holds the whole model)."""
+from .names import PARALLELISM_NAMES as PARALLELISM_NAMES
+from .names import REPLICATED as REPLICATED
 
 _NAMES_BY_MODULE = {
     "autograd": ("gradients",),

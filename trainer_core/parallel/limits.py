@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import PARALLELISM_NAMES
+from .names import PARALLELISM_NAMES
 
 
 class ParallelismLimits(NamedTuple):

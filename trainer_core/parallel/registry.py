@@ -1,6 +1,6 @@
 """`PARALLELISMS`: each parallelism's class by its `train.sharding` name, checked against the torch-free names.
 
-The config offers `PARALLELISM_NAMES` (`__init__`) without importing torch;
+The config offers `PARALLELISM_NAMES` (`names.py`) without importing torch;
 registering a class without naming it there (or the other way round) fails
 here, at the first import of a parallelism, not silently in the config.
 """
@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import PARALLELISM_NAMES
 from .base import Parallelism
 from .fsdp import FullyShard
 from .hsdp import HybridShard
+from .names import PARALLELISM_NAMES
 from .replicated import Replicated
 
 PARALLELISMS: dict[str, type[Parallelism]] = {cls.name: cls for cls in (Replicated, FullyShard, HybridShard)}
@@ -23,7 +23,7 @@ PARALLELISMS: dict[str, type[Parallelism]] = {cls.name: cls for cls in (Replicat
 
 if tuple(PARALLELISMS) != PARALLELISM_NAMES:
     raise ImportError(
-        f"parallelism registry {tuple(PARALLELISMS)} differs from trainer_core.parallel.PARALLELISM_NAMES "
+        f"parallelism registry {tuple(PARALLELISMS)} differs from trainer_core.parallel.names.PARALLELISM_NAMES "
         f"{PARALLELISM_NAMES}; name every registered parallelism there, in the same order"
     )
 
