@@ -189,3 +189,20 @@ def test_a_code_error_on_one_rank_of_a_sharded_step_is_diagnosed_as_its_own_not_
     failure = diagnose_launch(result, "segment")
     assert failure.cause is FailureClass.CODE_ERROR and not failure.retriable, failure.headline()
     assert failure.rank == 1 and "TypeError: injected fault at step 1 on rank 1" in failure.detail, failure.headline()
+
+
+@pytest.mark.distributed
+def test_hsdp_with_the_fast_reduction_trains_as_the_unsharded_run_within_rounding(tmp_path):
+    """`reduction = "fast"`: the engine's own reduce-scatter inside backward (`ShardedSum`), not the ordered fold;
+    the sums associate by W, so the run matches the unsharded one to float32 rounding, not to the bit."""
+    reference_dir = planned(tmp_path / "none", CLIPPED)
+    train_segment(reference_dir, 0)  # W = 1, unsharded, in this process
+    fast = {"train": {**CLIPPED["train"], "sharding": "hsdp", "reduction": "fast"}, "data": HELD_OUT}
+    run_dir = planned(tmp_path / "hsdp-fast", fast)
+    launch_segment(run_dir, 0, 2)
+    expected, got = (SegmentResult.read(segment_result_path(d, 0)) for d in (reference_dir, run_dir))
+    assert got.losses == pytest.approx(expected.losses, rel=1e-4) and got.losses[0] == expected.losses[0]
+    assert got.grad_norms == pytest.approx(expected.grad_norms, rel=1e-3)
+    assert got.eval_losses == pytest.approx(expected.eval_losses, rel=1e-4)
+    # Not the ordered fold: its sums associate differently from the unsharded run's, in the last bits.
+    assert (got.losses, got.grad_norms) != (expected.losses, expected.grad_norms)
