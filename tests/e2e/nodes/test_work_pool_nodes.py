@@ -333,7 +333,8 @@ def test_a_node_queue_no_worker_serves_fails_the_attempt_naming_it(node_pool, tm
             NodeFailed, match=r"no live worker serves work queue 'node-0' of pool 'idle-pool'"
         ) as failed:
             launch_deployed_nodes(planned, 0, "idle-rdzv", "A", lambda: None, queue_silence_s=3)
-        assert time.monotonic() - started < 30
+        # Told within seconds (3 s of silence), not at the launch timeout (minutes): bounded generously for load.
+        assert time.monotonic() - started < 120
         assert "prefect worker start --pool idle-pool --work-queue node-0" in str(failed.value)
         assert failed.value.failure is not None and failed.value.failure.cause.value == "launch_timeout"
         runs = client.read_flow_runs(
