@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from typing import Literal
 
 import torch
@@ -259,9 +260,19 @@ class LogicalGradients:
 
 
 def _new_group(topology: Topology, device: torch.device) -> dist.ProcessGroup:
-    group = dist.new_group(ranks=list(range(topology.world_size)))
+    group = dist.new_group(ranks=list(range(topology.world_size)), timeout=_collective_timeout(device))
     assert isinstance(group, dist.ProcessGroup), "every process is a member of the round's group"
     # Set up now, every process at once: a backend that connects at its first collective (NCCL) must not do it
     # from a gradient hook, while a peer whose last logical rank is empty waits in another group's collective.
     dist.all_reduce(torch.zeros(1, device=device), group=group)
     return group
+
+
+def _collective_timeout(device: torch.device) -> timedelta | None:
+    """The default group's timeout (`train.collective_timeout_s`), which a new group does not inherit: its own
+    default is 30 minutes, and a message pending to a dead peer would hold this process that long."""
+    try:
+        timeout = dist.group.WORLD._get_backend(device).options._timeout  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
+    except (AttributeError, RuntimeError):  # another torch's internals: the backend's default, as before
+        return None
+    return timeout if isinstance(timeout, timedelta) else None
