@@ -35,12 +35,36 @@ def _derived_markers(item: pytest.Item) -> set[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Apply the tier markers: the derived heavy ones, then `fast` to every test left without one."""
+    """Apply the tier markers: the derived heavy ones, then `fast` to every test left without one; then run the
+    heaviest files first (`heaviest_files_first`)."""
     for item in items:
         for name in sorted(_derived_markers(item) - {mark.name for mark in item.iter_markers()}):
             item.add_marker(name)
         if not any(item.get_closest_marker(name) for name in (*HEAVY_MARKERS, "e2e")):
             item.add_marker("fast")
+    items[:] = heaviest_files_first(items)
+
+
+FILE_WEIGHT = ("e2e", "distributed", "flow", "postgres", "ui", "s3")
+"""What a file holds, heaviest first: whole programs, torchrun launches, flows and servers, then the S3 cases."""
+
+
+def heaviest_files_first(items: list) -> list:
+    """The items file by file, the files with the heaviest tests first, each file's tests in their own order.
+
+    The suite's workers (pytest-xdist, `--dist loadfile`) take files in this order as they become free: the long
+    whole-program files start first, and the many short unit files fill in at the end, so neither worker is left
+    running one long file alone while the other has finished."""
+
+    def weight(item) -> int:
+        marked = [index for index, name in enumerate(FILE_WEIGHT) if item.get_closest_marker(name)]
+        return min(marked, default=len(FILE_WEIGHT))
+
+    by_file: dict[str, list] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    order = sorted(by_file, key=lambda path: min(weight(item) for item in by_file[path]))  # stable: ties keep order
+    return [item for path in order for item in by_file[path]]
 
 
 def tiny_tree(tmp_path: Path, **sections) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tests.conftest import _derived_markers, pytest_collection_modifyitems
+from tests.conftest import _derived_markers, heaviest_files_first, pytest_collection_modifyitems
 
 
 class _Item:
@@ -12,6 +12,7 @@ class _Item:
 
     def __init__(self, path: str, fixturenames=(), callspec_id: str | None = None, marks=()):
         self.fspath = path
+        self.nodeid = f"{path}::test_{id(self)}"
         self.fixturenames = list(fixturenames)
         self.callspec = None if callspec_id is None else SimpleNamespace(id=callspec_id)
         self.marks = [SimpleNamespace(name=name) for name in marks]
@@ -57,3 +58,13 @@ def test_only_tests_without_a_heavy_marker_are_fast():
     assert derived.names == {"flow"}
     assert parametrized.names == {"s3"}
     assert e2e.names == {"e2e"}
+
+
+def test_the_heaviest_files_run_first_each_files_tests_in_order():
+    unit_a, unit_b = _Item("tests/unit/test_a.py"), _Item("tests/unit/test_a.py")
+    s3 = _Item("tests/storage/test_s.py", marks=["s3"])
+    launch_fast = _Item("tests/ranks/test_r.py")  # a file is as heavy as its heaviest test
+    launch = _Item("tests/ranks/test_r.py", marks=["distributed"])
+    whole = _Item("tests/e2e/test_w.py", marks=["e2e", "flow"])
+    ordered = heaviest_files_first([unit_a, s3, launch_fast, unit_b, launch, whole])
+    assert ordered == [whole, launch_fast, launch, s3, unit_a, unit_b]
