@@ -123,10 +123,8 @@ class LogicalGradients:
     def overlapped_step(self) -> Iterator[None]:
         """One step's logical ranks' work (every process alike): the backward `final_backward` marks sends its
         gradients while it runs, the rest leave at the block's end, and the step folds what they carried."""
-        members = [
-            _Member(key, param, self._optimized(key)) for key, param in self._parameters() if not is_distributed(param)
-        ]
-        if not self.deterministic or self.topology.world_size == 1 or self._replicated_only or not members:
+        members = self._round_members() if self.deterministic and self.topology.world_size > 1 else []
+        if self._replicated_only or not members:  # a sharded model's heads: its fold runs in backward
             yield
             return
         self._drop_round()  # a round no step used: its messages still finish on every process alike
@@ -154,9 +152,14 @@ class LogicalGradients:
         if self._round is not None:
             self._round.backward_began()
 
-    def _optimized(self, key: _Key) -> torch.Tensor:
-        checkpoint, param = key
-        return self._trainer.checkpoints[checkpoint].optimized_parameters()[param]
+    def _round_members(self) -> list[_Member]:
+        """Every parameter a round folds, with the tensor its sum goes to (the FP32 master where there is one)."""
+        optimized = {name: checkpoint.optimized_parameters() for name, checkpoint in self._trainer.checkpoints.items()}
+        return [
+            _Member(key, param, optimized[key[0]][key[1]])
+            for key, param in self._parameters()
+            if not is_distributed(param)
+        ]
 
     def _drop_round(self) -> None:
         fold_round, self._round = self._round, None
