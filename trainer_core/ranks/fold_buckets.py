@@ -44,12 +44,10 @@ import torch
 import torch.distributed as dist
 
 from .flat_partials import Key, assign_folded, pack_partials
-from .reduction import ordered_fold
+from .reduction import all_gather_single, in_logical_order, ordered_fold
 from .topology import Topology
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
-# torch 2.13 renamed all_gather_into_tensor (deprecated there); the package supports torch >= 2.6.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 @dataclass(eq=False)
@@ -69,10 +67,6 @@ class _Bucket:
     received: torch.Tensor | None = None
     gathered: torch.Tensor | None = None
     gather: dist.Work | None = None
-
-    @property
-    def numel(self) -> int:
-        return sum(member.param.numel() for member in self.members)
 
 
 def buckets_of(members: Sequence[_Member], bucket_bytes: int | None = None) -> list[_Bucket]:
@@ -279,15 +273,10 @@ class FoldRound:
         else at the step), so the gathers pair up on the round's group like the exchanges."""
         assert bucket.exchange is not None and bucket.received is not None, "a bucket folded before it was sent"
         bucket.exchange.wait()
-        world_size = self.topology.world_size
-        _, num_local, chunk = bucket.received.shape
-        if self.topology.assignment == "round_robin":
-            in_order = bucket.received.transpose(0, 1).reshape(world_size * num_local, chunk)
-        else:
-            in_order = bucket.received.view(world_size * num_local, chunk)
-        folded_slice = ordered_fold(in_order)
-        bucket.gathered = torch.empty(world_size * chunk, dtype=bucket.dtype, device=folded_slice.device)
-        bucket.gather = _all_gather_single(bucket.gathered, folded_slice, group=self.gather_group, async_op=True)
+        folded_slice = ordered_fold(in_logical_order(bucket.received, self.topology))
+        size = self.topology.world_size * folded_slice.numel()
+        bucket.gathered = torch.empty(size, dtype=bucket.dtype, device=folded_slice.device)
+        bucket.gather = all_gather_single(bucket.gathered, folded_slice, group=self.gather_group, async_op=True)
         bucket.sent = bucket.received = None
 
     def fold_into(self, takes: Callable[[Key], bool]) -> None:

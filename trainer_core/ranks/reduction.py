@@ -30,7 +30,7 @@ from .topology import Topology
 
 ReduceOp = Literal["sum", "mean"]
 # torch 2.13 renamed all_gather_into_tensor (deprecated there); the package supports torch >= 2.6.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def ordered_fold(partials: torch.Tensor) -> torch.Tensor:
@@ -73,16 +73,20 @@ def sharded_ordered_fold(local_partials: torch.Tensor, topology: Topology) -> to
     # Rank w receives, from each rank p in turn, p's partials of the slice w owns.
     received = torch.empty_like(local_partials)
     dist.all_to_all_single(received, local_partials)
+    folded_slice = ordered_fold(in_logical_order(received, topology))
+    gathered = torch.empty(world_size * chunk, dtype=local_partials.dtype, device=local_partials.device)
+    all_gather_single(gathered, folded_slice)
+    return gathered
+
+
+def in_logical_order(received: torch.Tensor, topology: Topology) -> torch.Tensor:
+    """The [W, L/W, chunk] partials an all-to-all brought this process, as [L, chunk] rows in logical-rank order."""
+    world_size, num_local, chunk = received.shape
     if topology.assignment == "round_robin":
         # Rank p's block holds logical ranks p, p + W, …: row (p, j) is ℓ = j·W + p, so read it j-major.
-        in_order = received.transpose(0, 1).reshape(world_size * num_local, chunk)
-    else:
-        # Rank p's block holds logical ranks p·L/W …, so the rows are in logical order.
-        in_order = received.view(world_size * num_local, chunk)
-    folded_slice = ordered_fold(in_order)
-    gathered = torch.empty(world_size * chunk, dtype=local_partials.dtype, device=local_partials.device)
-    _all_gather_single(gathered, folded_slice)
-    return gathered
+        return received.transpose(0, 1).reshape(world_size * num_local, chunk)
+    # Rank p's block holds logical ranks p·L/W …, so the rows are in logical order.
+    return received.view(world_size * num_local, chunk)
 
 
 def reduce_over_logical_ranks(

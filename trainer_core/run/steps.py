@@ -71,8 +71,8 @@ def logical_rank_work(
     micros = micro_batches(rows, micro_batch_size)
     figures = []
     for index, micro in enumerate(micros):
-        last = last_backward is not None and index == len(micros) - 1
-        with last_backward() if last else contextlib.nullcontext():  # pyright: ignore[reportOptionalCall]
+        last = index == len(micros) - 1
+        with last_backward() if last_backward is not None and last else contextlib.nullcontext():
             figures.append(
                 _micro_batch_work(objective, layout, trainer, micro, step, rank, revision, num_loss_tokens, mode)
             )
